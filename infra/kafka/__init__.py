@@ -1,0 +1,1 @@
+"""ranksight: infra/kafka."""

@@ -1,0 +1,341 @@
+"""Events on disk: JSON Lines (the human form) and Avro Object Container Files of `Event`.
+
+A JSON line is `{"type": "StepCompleted", ...fields}` with timestamps as ISO-8601 UTC strings
+(`2026-11-30T07:00:00.123Z`) and non-finite floats as `NaN` / `Infinity` (as Python's json
+writes them). Reading checks every field against the schema and names the line, the field
+and the reason; writing a container file goes to a temporary file renamed at the end, so a
+failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+import fastavro
+
+from schemas.errors import InvalidEventError, RanksightError
+from schemas.records import NAMESPACE, Event, SchemaSet, default_schemas
+
+__all__ = [
+    "EventFileError",
+    "JsonlFormat",
+    "format_ts",
+    "iter_container",
+    "load_jsonl",
+    "parse_ts",
+    "read_jsonl",
+    "write_container",
+]
+
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+class EventFileError(RanksightError):
+    """An events file could not be read or written; lists the offending lines."""
+
+    def __init__(self, path: str, problems: list[InvalidEventError]) -> None:
+        self.path = path
+        self.problems = problems
+        shown = "\n".join(f"  {p}" for p in problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        super().__init__(f"{path}: {len(problems)} invalid line(s), nothing written:\n{shown}{more}")
+
+
+def format_ts(ms: int) -> str:
+    """UTC milliseconds -> `2026-11-30T07:00:00.123Z`."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def parse_ts(value: Any) -> int:
+    """ISO-8601 string (UTC if no offset) or integer milliseconds -> UTC milliseconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a timestamp, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.endswith("Z"):
+            text = text[:-1] + "+00:00"
+        dt = datetime.fromisoformat(text)
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        delta = dt - datetime(1970, 1, 1, tzinfo=UTC)
+        return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+    raise ValueError(f"expected an ISO-8601 time or integer milliseconds, got {type(value).__name__}")
+
+
+Converter = Callable[[Any, str], Any]
+
+
+def _compile(schema: Any, to_json: bool) -> Converter:
+    """A function converting one value of `schema` between the JSON form and the in-memory form."""
+    if isinstance(schema, str):
+        schema = {"type": schema}
+    if isinstance(schema, list):
+        branches = [(b, _compile(b, to_json)) for b in schema]
+        nullable = any((b == "null" or (isinstance(b, dict) and b.get("type") == "null")) for b in schema)
+        others = [c for b, c in branches if b != "null"]
+
+        def union(v: Any, path: str) -> Any:
+            if v is None:
+                if nullable:
+                    return None
+                raise InvalidEventError(path, "must not be null")
+            errors = []
+            for conv in others:
+                try:
+                    return conv(v, path)
+                except InvalidEventError as exc:
+                    errors.append(exc.reason)
+            raise InvalidEventError(path, "; ".join(errors))
+
+        return union
+    kind = schema["type"]
+    if isinstance(kind, dict | list):
+        return _compile(kind, to_json)
+    logical = schema.get("logicalType")
+    if kind == "long" and logical == "timestamp-millis":
+        if to_json:
+            return lambda v, p: format_ts(v)
+
+        def ts(v: Any, path: str) -> int:
+            try:
+                return parse_ts(v)
+            except ValueError as exc:
+                raise InvalidEventError(path, str(exc)) from None
+
+        return ts
+    if kind in ("int", "long"):
+        lo, hi = _INT32 if kind == "int" else _INT64
+        if to_json:
+            return lambda v, p: v
+
+        def integer(v: Any, path: str) -> int:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise InvalidEventError(path, f"expected an integer, got {json.dumps(v)}")
+            if not lo <= v <= hi:
+                raise InvalidEventError(path, f"{v} is out of range for {kind}")
+            return v
+
+        return integer
+    if kind in ("double", "float"):
+        if to_json:
+            return lambda v, p: v
+
+        def number(v: Any, path: str) -> float:
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise InvalidEventError(path, f"expected a number, got {json.dumps(v)}")
+            return float(v)
+
+        return number
+    if kind == "boolean":
+        if to_json:
+            return lambda v, p: v
+
+        def boolean(v: Any, path: str) -> bool:
+            if not isinstance(v, bool):
+                raise InvalidEventError(path, f"expected true or false, got {json.dumps(v)}")
+            return v
+
+        return boolean
+    if kind == "string":
+        if to_json:
+            return lambda v, p: v
+
+        def string(v: Any, path: str) -> str:
+            if not isinstance(v, str):
+                raise InvalidEventError(path, f"expected a string, got {json.dumps(v)}")
+            return v
+
+        return string
+    if kind == "null":
+
+        def null(v: Any, path: str) -> None:
+            if v is not None:
+                raise InvalidEventError(path, "expected null")
+            return None
+
+        return null
+    if kind == "enum":
+        symbols = set(schema["symbols"])
+        if to_json:
+            return lambda v, p: v
+
+        def enum(v: Any, path: str) -> str:
+            if v not in symbols:
+                raise InvalidEventError(path, f"{json.dumps(v)} is not one of {', '.join(schema['symbols'])}")
+            return str(v)
+
+        return enum
+    if kind == "array":
+        item = _compile(schema["items"], to_json)
+
+        def array(v: Any, path: str) -> list[Any]:
+            if not isinstance(v, list):
+                raise InvalidEventError(path, f"expected a list, got {json.dumps(v)}")
+            return [item(x, f"{path}[{i}]") for i, x in enumerate(v)]
+
+        return array
+    if kind == "map":
+        value = _compile(schema["values"], to_json)
+
+        def mapping(v: Any, path: str) -> dict[str, Any]:
+            if not isinstance(v, dict):
+                raise InvalidEventError(path, f"expected an object, got {json.dumps(v)}")
+            return {str(k): value(x, f"{path}.{k}") for k, x in v.items()}
+
+        return mapping
+    if kind == "record":
+        return _compile_record(schema, to_json)
+    raise TypeError(f"unsupported Avro type {kind!r}")
+
+
+_MISSING = object()
+
+
+def _compile_record(schema: dict[str, Any], to_json: bool) -> Converter:
+    fields = [(f["name"], _compile(f["type"], to_json), f.get("default", _MISSING)) for f in schema["fields"]]
+    names = {name for name, _, _ in fields}
+
+    def record(v: Any, path: str) -> dict[str, Any]:
+        if not isinstance(v, dict):
+            raise InvalidEventError(path or "(record)", f"expected an object, got {json.dumps(v)}")
+        if not to_json:
+            unknown = sorted(set(v) - names - ({"type"} if not path else set()))
+            if unknown:
+                raise InvalidEventError(f"{path}{unknown[0]}" if not path else f"{path}.{unknown[0]}", "unknown field")
+        out: dict[str, Any] = {}
+        for name, conv, default in fields:
+            where = f"{path}.{name}" if path else name
+            if name in v:
+                out[name] = conv(v[name], where)
+            elif default is not _MISSING and not to_json:
+                out[name] = default if not isinstance(default, list | dict) else type(default)(default)
+            else:
+                raise InvalidEventError(where, "missing (required, no default)")
+        return out
+
+    return record
+
+
+class JsonlFormat:
+    """Converts `Event`s to and from their JSON-line form, checking fields against the schemas."""
+
+    def __init__(self, schemas: SchemaSet | None = None) -> None:
+        self.schemas = schemas or default_schemas()
+        self._to_json = {n: _compile_record(r.json, True) for n, r in self.schemas.records.items()}
+        self._from_json = {n: _compile_record(r.json, False) for n, r in self.schemas.records.items()}
+
+    def to_line(self, event: Event) -> str:
+        """One JSON line (no newline) for an event; field order is the schema's."""
+        body = self._to_json[event.type](event.record, "")
+        return json.dumps({"type": event.type, **body}, separators=(", ", ": "), allow_nan=True)
+
+    def from_obj(self, obj: Any, line: int | None = None) -> Event:
+        """An event from a parsed JSON object; raises `InvalidEventError` naming the field."""
+        try:
+            if not isinstance(obj, dict):
+                raise InvalidEventError("(line)", "expected a JSON object")
+            kind = obj.get("type")
+            if not isinstance(kind, str) or kind not in self._from_json:
+                raise InvalidEventError("type", f"{json.dumps(kind)} is not a record type")
+            return Event(kind, self._from_json[kind](obj, ""))
+        except InvalidEventError as exc:
+            exc.line = line
+            exc.args = (str(InvalidEventError(exc.field, exc.reason, line=line)),)
+            raise
+
+    def from_line(self, text: str, line: int | None = None) -> Event:
+        """An event from one JSON line."""
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidEventError("(line)", f"not JSON: {exc.msg} at column {exc.colno}", line=line) from None
+        return self.from_obj(obj, line)
+
+    def from_avro(self, event: Event) -> Event:
+        """Normalise a record read from a container file (datetimes -> UTC milliseconds)."""
+        return Event(event.type, _datetimes_to_ms(event.record))
+
+
+def _datetimes_to_ms(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return int(round(value.timestamp() * 1000))
+    if isinstance(value, dict):
+        return {k: _datetimes_to_ms(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_datetimes_to_ms(v) for v in value]
+    return value
+
+
+def read_jsonl(path: str | Path, fmt: JsonlFormat | None = None) -> list[Event]:
+    """Every event of a JSONL file, or `EventFileError` listing every invalid line."""
+    fmt = fmt or JsonlFormat()
+    events: list[Event] = []
+    problems: list[InvalidEventError] = []
+    with open(path, encoding="utf-8") as fh:
+        for number, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            try:
+                events.append(fmt.from_line(text, number))
+            except InvalidEventError as exc:
+                problems.append(exc)
+    if problems:
+        raise EventFileError(str(path), problems)
+    return events
+
+
+def write_container(
+    path: str | Path, events: Iterable[Event], schemas: SchemaSet | None = None, *, codec: str = "deflate"
+) -> int:
+    """Write events to an Avro Object Container File atomically; returns how many were written."""
+    schemas = schemas or default_schemas()
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+
+    def rows() -> Iterator[dict[str, Any]]:
+        nonlocal count
+        for event in events:
+            count += 1
+            yield {"event": (f"{NAMESPACE}.{event.type}", event.record)}
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fastavro.writer(fh, schemas.event_parsed_logical, rows(), codec=codec)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return count
+
+
+def iter_container(source: str | Path | IO[bytes], fmt: JsonlFormat | None = None) -> Iterator[Event]:
+    """Events of an Avro container file of `Event`s, timestamps as UTC milliseconds."""
+    fmt = fmt or JsonlFormat()
+    fh = open(source, "rb") if isinstance(source, str | Path) else source  # noqa: SIM115
+    try:
+        for row in fastavro.reader(fh, return_record_name=True):
+            name, record = row["event"]
+            yield fmt.from_avro(Event(name.rsplit(".", 1)[-1], record))
+    except (ValueError, EOFError, StopIteration) as exc:
+        raise RanksightError(f"{source}: not a readable Avro container file of events ({exc})") from exc
+    finally:
+        if fh is not source:
+            fh.close()
+
+
+def load_jsonl(src: str | Path, dst: str | Path) -> int:
+    """`ranksight events load`: validate every line of `src`, then write `dst` atomically."""
+    events = read_jsonl(src)
+    return write_container(dst, events)
+

@@ -1,0 +1,87 @@
+"""Kafka topic names and which record types travel on each (DESIGN.md, "Topics")."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ALERTS",
+    "ALERTS_REPLAY",
+    "DEADLETTER",
+    "DERIVED_JOB",
+    "DERIVED_RANK",
+    "RECORD_TOPIC",
+    "TELEMETRY_GPU",
+    "TELEMETRY_HOST",
+    "TOPICS",
+    "TRAINING_EVENTS",
+    "TRAINING_STEPS",
+    "key_for",
+    "topic_for",
+]
+
+TELEMETRY_GPU = "rs.telemetry.gpu"
+TELEMETRY_HOST = "rs.telemetry.host"
+TRAINING_STEPS = "rs.training.steps"
+TRAINING_EVENTS = "rs.training.events"
+ALERTS = "rs.alerts"
+ALERTS_REPLAY = "rs.alerts.replay"
+DERIVED_RANK = "rs.derived.rank"
+DERIVED_JOB = "rs.derived.job"
+DEADLETTER = "rs.deadletter"
+
+TOPICS: tuple[str, ...] = (
+    TELEMETRY_GPU,
+    TELEMETRY_HOST,
+    TRAINING_STEPS,
+    TRAINING_EVENTS,
+    ALERTS,
+    ALERTS_REPLAY,
+    DERIVED_RANK,
+    DERIVED_JOB,
+    DEADLETTER,
+)
+
+# Record short name -> topic. Telemetry is keyed by node, training by job, alerts by team.
+RECORD_TOPIC: dict[str, str] = {
+    "GpuSample": TELEMETRY_GPU,
+    "HostSample": TELEMETRY_HOST,
+    "StepCompleted": TRAINING_STEPS,
+    "JobStarted": TRAINING_EVENTS,
+    "RankBound": TRAINING_EVENTS,
+    "CheckpointEvent": TRAINING_EVENTS,
+    "JobStateChanged": TRAINING_EVENTS,
+    "RankFault": TRAINING_EVENTS,
+    "DataLoaderSample": TRAINING_EVENTS,
+    "CollectiveSample": TRAINING_EVENTS,
+    "ValidationResult": TRAINING_EVENTS,
+    "Alert": ALERTS,
+    "RankWindowStats": DERIVED_RANK,
+    "JobWindowStats": DERIVED_JOB,
+}
+
+_KEY_FIELD: dict[str, str] = {
+    TELEMETRY_GPU: "node",
+    TELEMETRY_HOST: "node",
+    TRAINING_STEPS: "job_id",
+    TRAINING_EVENTS: "job_id",
+    ALERTS: "team",
+    ALERTS_REPLAY: "team",
+    DERIVED_RANK: "job_id",
+    DERIVED_JOB: "job_id",
+}
+
+
+def topic_for(record_type: str) -> str:
+    """The topic a record of this short type name is published to."""
+    try:
+        return RECORD_TOPIC[record_type]
+    except KeyError:
+        raise ValueError(f"no topic for record type {record_type!r}") from None
+
+
+def key_for(topic: str, record: dict) -> bytes | None:
+    """The partition key of a record on a topic: node for telemetry, job for training, team for alerts."""
+    field = _KEY_FIELD.get(topic)
+    if field is None:
+        return None
+    value = record.get(field)
+    return None if value is None else str(value).encode()

@@ -1,0 +1,1 @@
+"""ranksight: streams/detectors."""
