@@ -1,0 +1,251 @@
+"""The detector contract: findings, the shared job topology, and the `Detector` base class.
+
+Detectors are pure: no Kafka, Faust or ClickHouse. Time is event time (UTC milliseconds).
+A detector reports *conditions* (`Finding.active` true or false for an identity); the alert
+state machine in `streams.detectors.alerts` turns conditions into pending -> firing ->
+resolved alerts, so no detector re-implements sustain periods or de-duplication.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, Literal
+
+from schemas.records import Event
+
+__all__ = [
+    "Binding",
+    "Category",
+    "Detector",
+    "Finding",
+    "JobInfo",
+    "Severity",
+    "Topology",
+    "dumps_state",
+    "loads_state",
+]
+
+Category = Literal["model", "data", "platform", "infra"]
+Severity = Literal["info", "warning", "critical"]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A detector's verdict on one condition of one identity at one event time.
+
+    `key` is the identity within the rule (e.g. `(job_id, "3")` for rank 3); the alert
+    fingerprint is `rule` + `key`. `active=False` says the condition no longer holds.
+    `sustain_ms` is how long the condition must hold before the alert fires (0: at once).
+    """
+
+    rule: str
+    key: tuple[str, ...]
+    active: bool
+    ts: int
+    category: Category = "platform"
+    severity: Severity = "warning"
+    job_id: str = ""
+    node: str | None = None
+    rank: int | None = None
+    gpu_uuid: str | None = None
+    gpu_index: int | None = None
+    since: int | None = None  # when the condition began (event time), if known
+    invariant: str = ""
+    observed: float | None = None
+    expected: float | None = None
+    summary: str = ""
+    suspected_layer: str = "unknown"
+    history_metric: str = ""
+    history: tuple[tuple[int, float], ...] = ()
+    baseline: str | None = None
+    baseline_runs: int | None = None
+    sustain_ms: int = 0
+
+    @property
+    def fingerprint(self) -> str:
+        """Rule + identity: stable while the condition lasts."""
+        return "/".join((self.rule, *self.key))
+
+
+@dataclass
+class JobInfo:
+    """What JobStarted and JobStateChanged said about a job."""
+
+    job_id: str
+    run_id: str = ""
+    owner: str = ""
+    team: str = ""
+    cluster: str = ""
+    model_name: str = ""
+    model_version: str = ""
+    dataset_version: str = ""
+    workload_family: str = ""
+    world_size: int = 0
+    nodes: list[str] = field(default_factory=list)
+    gpu_class: str = ""
+    global_batch_size: int | None = None
+    seq_len: int | None = None
+    checkpoint_max_age_s: float | None = None
+    checkpoint_timeout_s: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    state: str = "running"
+    state_since: int = 0
+    started_ts: int = 0
+    restart_count: int = 0
+
+
+@dataclass
+class Binding:
+    """RankBound: which node, GPU and process a rank of a job runs on."""
+
+    job_id: str
+    rank: int
+    node: str
+    gpu_uuid: str | None
+    gpu_index: int | None
+    pid: int
+    ts: int = 0
+
+
+class Topology:
+    """Jobs and rank bindings seen so far: the join between training events and node telemetry.
+
+    The engine feeds every event to `observe` before the detectors see it.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobInfo] = {}
+        self.bindings: dict[tuple[str, int], Binding] = {}
+        self._by_gpu: dict[tuple[str, str], Binding] = {}
+
+    def observe(self, event: Event) -> None:
+        """Update jobs and bindings from JobStarted, JobStateChanged and RankBound."""
+        r = event.record
+        if event.type == "JobStarted":
+            job = self.jobs.get(r["job_id"])
+            restart_count = job.restart_count if job else 0
+            self.jobs[r["job_id"]] = JobInfo(
+                job_id=r["job_id"],
+                run_id=r.get("run_id", ""),
+                owner=r.get("owner", ""),
+                team=r.get("team", ""),
+                cluster=r.get("cluster", ""),
+                model_name=r.get("model_name", ""),
+                model_version=r.get("model_version", ""),
+                dataset_version=r.get("dataset_version", ""),
+                workload_family=r.get("workload_family", ""),
+                world_size=r.get("world_size", 0),
+                nodes=list(r.get("nodes") or []),
+                gpu_class=r.get("gpu_class", ""),
+                global_batch_size=r.get("global_batch_size"),
+                seq_len=r.get("seq_len"),
+                checkpoint_max_age_s=r.get("checkpoint_max_age_s"),
+                checkpoint_timeout_s=r.get("checkpoint_timeout_s"),
+                labels=dict(r.get("labels") or {}),
+                state="running",
+                state_since=r["ts"],
+                started_ts=r["ts"],
+                restart_count=restart_count,
+            )
+        elif event.type == "JobStateChanged":
+            job = self.jobs.setdefault(r["job_id"], JobInfo(job_id=r["job_id"]))
+            if job.state != r["state"]:
+                job.state, job.state_since = r["state"], r["ts"]
+            job.restart_count = max(job.restart_count, r.get("restart_count", 0))
+            if r.get("run_id"):
+                job.run_id = r["run_id"]
+        elif event.type == "RankBound":
+            old = self.bindings.get((r["job_id"], r["rank"]))
+            if old is not None and old.gpu_uuid is not None:
+                self._by_gpu.pop((old.node, old.gpu_uuid), None)
+            binding = Binding(r["job_id"], r["rank"], r["node"], r.get("gpu_uuid"), r.get("gpu_index"), r["pid"], r["ts"])
+            self.bindings[(r["job_id"], r["rank"])] = binding
+            if binding.gpu_uuid is not None:
+                self._by_gpu[(binding.node, binding.gpu_uuid)] = binding
+
+    def binding_for_gpu(self, node: str, gpu_uuid: str) -> Binding | None:
+        """The rank bound to a GPU of a node, if any."""
+        return self._by_gpu.get((node, gpu_uuid))
+
+    def ranks_of(self, job_id: str) -> list[Binding]:
+        """Bindings of a job, by rank."""
+        return sorted((b for (j, _), b in self.bindings.items() if j == job_id), key=lambda b: b.rank)
+
+    def bindings_on_node(self, node: str) -> list[Binding]:
+        """Bindings on a node, ordered by job and rank."""
+        return sorted((b for b in self.bindings.values() if b.node == node), key=lambda b: (b.job_id, b.rank))
+
+    def active_jobs(self) -> list[JobInfo]:
+        """Jobs currently running, ordered by id."""
+        return [j for _, j in sorted(self.jobs.items()) if j.state == "running"]
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able state."""
+        return {
+            "jobs": {k: asdict(v) for k, v in sorted(self.jobs.items())},
+            "bindings": [asdict(b) for _, b in sorted(self.bindings.items())],
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Topology:
+        """Rebuild from `state()`."""
+        topo = cls()
+        topo.jobs = {k: JobInfo(**v) for k, v in state["jobs"].items()}
+        for b in state["bindings"]:
+            binding = Binding(**b)
+            topo.bindings[(binding.job_id, binding.rank)] = binding
+            if binding.gpu_uuid is not None:
+                topo._by_gpu[(binding.node, binding.gpu_uuid)] = binding
+        return topo
+
+
+def dumps_state(state: Any) -> bytes:
+    """Deterministic bytes of a JSON-able state (sorted keys, no whitespace, NaN allowed)."""
+    return json.dumps(state, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()
+
+
+def loads_state(data: bytes) -> Any:
+    """Inverse of `dumps_state`."""
+    return json.loads(data)
+
+
+class Detector:
+    """Base class: a pure, event-time detector over the shared topology.
+
+    Subclasses set `rules` (the rule names they emit), implement `observe` and `advance`,
+    and keep all their state in plain JSON-able values returned by `state()` and accepted by
+    `load_state()`; `to_bytes`/`from_bytes` wrap those deterministically.
+    """
+
+    rules: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
+        self.topology = topology
+        self.params = dict(params or {})
+
+    def observe(self, event: Event) -> list[Finding]:
+        """Take one event (event time `event.record['ts']`); return findings it settles."""
+        return []
+
+    def advance(self, watermark: int) -> list[Finding]:
+        """Event time has reached `watermark`: close windows, check timeouts."""
+        return []
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able state of this detector."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore from `state()`."""
+
+    def to_bytes(self) -> bytes:
+        """State as deterministic bytes."""
+        return dumps_state(self.state())
+
+    def from_bytes(self, data: bytes) -> None:
+        """Restore state from `to_bytes()`."""
+        self.load_state(loads_state(data))
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop state of a job that ended (bounded memory)."""
