@@ -1,0 +1,78 @@
+"""`ranksight kafka fetch|up|down|status|topics`: the local single-node KRaft broker."""
+
+from __future__ import annotations
+
+import typer
+
+from infra.kafka import local
+from infra.kafka.topics import create_topics
+from ranksight.console import console, err_console, fail, user_errors
+from ranksight.settings import load_settings
+
+__all__ = ["register"]
+
+kafka_app = typer.Typer(help="Run a local Apache Kafka (KRaft, jars from Maven Central) for development and demos.")
+
+
+def _progress(message: str) -> None:
+    err_console.print(f"[dim]{message}[/]", highlight=False)
+
+
+@kafka_app.command("fetch")
+def fetch() -> None:
+    """Download the Kafka jars once (Maven Central) into the cache."""
+    with user_errors():
+        libs = local.ensure_jars(progress=_progress)
+    console.print(f"Kafka jars ready in {libs}")
+
+
+@kafka_app.command("up")
+def up(create: bool = typer.Option(True, help="Also create the rs.* topics.")) -> None:
+    """Start the local broker in the background (idempotent) and print its bootstrap address."""
+    settings = load_settings()
+    with user_errors():
+        bootstrap = local.up(settings.kafka_state_dir, progress=_progress)
+        if create:
+            create_topics(bootstrap, prefix=settings.topic_prefix)
+    console.print(f"Kafka is up: [bold]{bootstrap}[/]")
+    console.print(f"  export KAFKA_BOOTSTRAP={bootstrap}", highlight=False)
+
+
+@kafka_app.command("down")
+def down() -> None:
+    """Stop the local broker started by `up`."""
+    settings = load_settings()
+    with user_errors():
+        stopped = local.down(settings.kafka_state_dir)
+    console.print("Kafka stopped" if stopped else "no local Kafka was running")
+
+
+@kafka_app.command("status")
+def status() -> None:
+    """Say whether the local broker runs and answers."""
+    settings = load_settings()
+    with user_errors():
+        info = local.status(settings.kafka_state_dir)
+    if info is None:
+        fail("no local Kafka is running (start one with `ranksight kafka up`)", code=3)
+    console.print_json(data=info)
+
+
+@kafka_app.command("topics")
+def topics() -> None:
+    """Create the rs.* topics on KAFKA_BOOTSTRAP (or the local broker) with their partitions and retention."""
+    settings = load_settings()
+    bootstrap = settings.kafka_bootstrap
+    if not bootstrap:
+        info = local.status(settings.kafka_state_dir)
+        if info is None:
+            fail("no Kafka: set KAFKA_BOOTSTRAP or run `ranksight kafka up`")
+        bootstrap = info["bootstrap"]
+    with user_errors():
+        created = create_topics(bootstrap, prefix=settings.topic_prefix)
+    console.print(f"topics ready: {', '.join(created)}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `kafka` group."""
+    app.add_typer(kafka_app, name="kafka")

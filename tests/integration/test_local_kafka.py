@@ -1,0 +1,152 @@
+"""The local broker, topic creation and the detached up/status/down mode, against a real Kafka."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+from infra.errors import KafkaSetupError
+from infra.kafka import local
+from infra.kafka.local import LocalKafka, ensure_jars
+from infra.kafka.topics import DEFAULT_TOPIC_SPECS, TopicSpec, create_topics
+from schemas.topics import ALERTS, DEADLETTER, TELEMETRY_GPU, TOPICS
+
+_DAY_MS = 86_400_000
+
+
+def _admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+
+
+def _produce(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "log_level": 0})
+    producer.produce(topic, key=key, value=value)
+    assert producer.flush(15) == 0
+
+
+def _consume_one(
+    bootstrap: str, topic: str, group_id: str, timeout: float = 30
+) -> tuple[bytes | None, bytes | None]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group_id,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        for _ in range(int(timeout)):
+            message = consumer.poll(1.0)
+            if message is not None and message.error() is None:
+                return message.key(), message.value()
+        raise AssertionError(f"no message on {topic} within {timeout} s")
+    finally:
+        consumer.close()
+
+
+def test_broker_answers_metadata(kafka_bootstrap: str) -> None:
+    """The session broker answers a metadata request and reports one broker."""
+    metadata = _admin(kafka_bootstrap).list_topics(timeout=10)
+    assert len(metadata.brokers) == 1
+
+
+def test_topics_get_their_partitions_and_retention(kafka_bootstrap: str, topics: dict[str, str]) -> None:
+    """Every topic exists with the partition count and retention.ms of its spec."""
+    assert set(topics) == set(TOPICS)
+    admin = _admin(kafka_bootstrap)
+    metadata = admin.list_topics(timeout=10)
+    for spec in DEFAULT_TOPIC_SPECS:
+        assert len(metadata.topics[topics[spec.name]].partitions) == spec.partitions, spec.name
+    resources = [
+        ConfigResource(ResourceType.TOPIC, topics[name]) for name in (TELEMETRY_GPU, ALERTS, DEADLETTER)
+    ]
+    configs = {
+        resource.name: future.result(10) for resource, future in admin.describe_configs(resources).items()
+    }
+    assert configs[topics[TELEMETRY_GPU]]["retention.ms"].value == str(3 * _DAY_MS)
+    assert configs[topics[ALERTS]]["retention.ms"].value == str(30 * _DAY_MS)
+    assert configs[topics[DEADLETTER]]["retention.ms"].value == str(14 * _DAY_MS)
+    assert configs[topics[DEADLETTER]]["cleanup.policy"].value == "delete"
+
+
+def test_create_topics_is_idempotent(kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str) -> None:
+    """Creating topics that already exist succeeds and names the same topics."""
+    again = create_topics(kafka_bootstrap, prefix=topic_prefix)
+    assert again == [topics[spec.name] for spec in DEFAULT_TOPIC_SPECS]
+
+
+def test_create_topics_reports_an_invalid_spec(kafka_bootstrap: str, topic_prefix: str) -> None:
+    """A topic the broker refuses raises KafkaSetupError naming the topic."""
+    bad = TopicSpec("bad", partitions=1, retention_ms=1000, cleanup_policy="no-such-policy")
+    with pytest.raises(KafkaSetupError, match=f"cannot create topic {topic_prefix}bad"):
+        create_topics(kafka_bootstrap, [bad], prefix=topic_prefix)
+
+
+def test_create_topics_says_when_no_broker_answers() -> None:
+    """With nothing listening, the error says how to get a broker."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(KafkaSetupError, match="KAFKA_BOOTSTRAP"):
+        create_topics(f"127.0.0.1:{port}", DEFAULT_TOPIC_SPECS[:1], timeout=3)
+
+
+def test_produce_consume_round_trip(kafka_bootstrap: str, topics: dict[str, str], group_id: str) -> None:
+    """A message produced to a topic is consumed back with its key and value."""
+    _produce(kafka_bootstrap, topics[ALERTS], b"team-a", b"hello")
+    assert _consume_one(kafka_bootstrap, topics[ALERTS], group_id) == (b"team-a", b"hello")
+
+
+def test_restart_keeps_data_and_address(
+    restartable_kafka: LocalKafka, topic_prefix: str, group_id: str
+) -> None:
+    """After stop() and start() on the same data dir, the bootstrap and the stored message are unchanged."""
+    bootstrap = restartable_kafka.bootstrap
+    (topic,) = create_topics(bootstrap, DEFAULT_TOPIC_SPECS[:1], prefix=topic_prefix)
+    _produce(bootstrap, topic, b"node-1", b"before restart")
+    restartable_kafka.stop()
+    assert not restartable_kafka.running
+    assert restartable_kafka.start() == bootstrap
+    assert _consume_one(bootstrap, topic, group_id) == (b"node-1", b"before restart")
+
+
+def test_start_fails_clearly_when_the_port_is_taken(tmp_path: Path) -> None:
+    """A JVM that exits during start-up raises KafkaSetupError instead of waiting out the timeout."""
+    broker = LocalKafka(tmp_path / "kafka", libs=ensure_jars(), progress=lambda _: None)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", int(broker.bootstrap.rsplit(":", 1)[1])))
+        squatter.listen()
+        with pytest.raises(KafkaSetupError, match="exited during start-up"):
+            broker.start(timeout=60)
+    assert not broker.running
+
+
+def test_detached_up_status_down(tmp_path: Path) -> None:
+    """up() starts a broker in its own session, is idempotent, and down() really ends the process."""
+    state_dir = tmp_path / f"state-{uuid.uuid4().hex[:6]}"
+    messages: list[str] = []
+    bootstrap = local.up(state_dir, progress=messages.append)
+    try:
+        state = local.status(state_dir)
+        assert state is not None
+        assert state["alive"] and state["ready"]
+        assert state["bootstrap"] == bootstrap
+        pid = int(state["pid"])
+        assert psutil.Process(pid).cmdline().count("kafka.Kafka") == 1
+        assert local.up(state_dir, progress=messages.append) == bootstrap
+        assert int(local.status(state_dir)["pid"]) == pid  # type: ignore[index]
+    finally:
+        stopped = local.down(state_dir)
+    assert stopped
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert local.status(state_dir) is None
+    assert not local.down(state_dir)
