@@ -1,1 +1,51 @@
-"""ranksight: streams/detectors."""
+"""The detectors: pure event-time classes the engine runs over every event (see `base.py`).
+
+`ALL_DETECTORS` lists every detector class the engine loads, in a fixed order (findings of one
+event are handled in this order, which keeps replays deterministic).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from streams.detectors.base import Detector
+
+__all__ = ["ALL_DETECTORS", "rules_of"]
+
+# (module, class) in engine order. A module that does not exist (yet) is skipped; any other
+# import error propagates, so a broken detector is never silently dropped.
+_DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
+    ("streams.detectors.progress", "ProgressDetector"),
+    ("streams.detectors.imbalance", "ImbalanceDetector"),
+    ("streams.detectors.baseline", "BaselineDetector"),
+    ("streams.detectors.numerical", "NumericalDetector"),
+    ("streams.detectors.recovery", "RecoveryDetector"),
+    ("streams.detectors.resource", "ResourceDetector"),
+    ("streams.detectors.infrastructure", "InfrastructureDetector"),
+    ("streams.detectors.platform", "PlatformDetector"),
+)
+
+
+def _load() -> list[type[Detector]]:
+    classes: list[type[Detector]] = []
+    for module_name, class_name in _DETECTOR_CLASSES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue
+            raise
+        classes.append(getattr(module, class_name))
+    return classes
+
+
+ALL_DETECTORS: list[type[Detector]] = _load()
+
+
+def rules_of(classes: list[type[Detector]] | None = None) -> dict[str, str]:
+    """Rule name -> detector class name, for every loaded detector."""
+    out: dict[str, str] = {}
+    for cls in classes if classes is not None else ALL_DETECTORS:
+        for rule in cls.rules:
+            out[rule] = cls.__name__
+    return out

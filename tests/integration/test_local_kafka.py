@@ -106,6 +106,12 @@ def test_produce_consume_round_trip(kafka_bootstrap: str, topics: dict[str, str]
     assert _consume_one(kafka_bootstrap, topics[ALERTS], group_id) == (b"team-a", b"hello")
 
 
+def test_the_broker_writes_its_own_log(restartable_kafka: LocalKafka) -> None:
+    """The logging binding is on the classpath: server.log records the broker's start-up."""
+    text = restartable_kafka.log_path.read_text()
+    assert "Kafka Server started" in text, text[-2000:]
+
+
 def test_restart_keeps_data_and_address(
     restartable_kafka: LocalKafka, topic_prefix: str, group_id: str
 ) -> None:
