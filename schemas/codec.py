@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
@@ -141,7 +141,7 @@ class Codec:
             )
         except Exception as exc:  # fastavro raises many types on truncated or garbled bodies
             raise DecodeError(f"{reader.name} body is corrupt: {type(exc).__name__}: {exc}", data) from exc
-        return Event(reader.name, record)
+        return Event(reader.name, cast(dict[str, Any], record))
 
 
 class AvroSerializer:

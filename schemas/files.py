@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import fastavro
 
@@ -325,7 +325,7 @@ def iter_container(source: str | Path | IO[bytes], fmt: JsonlFormat | None = Non
     fh = open(source, "rb") if isinstance(source, str | Path) else source  # noqa: SIM115
     try:
         for row in fastavro.reader(fh, return_record_name=True):
-            name, record = row["event"]
+            name, record = cast(dict[str, Any], row)["event"]
             yield fmt.from_avro(Event(name.rsplit(".", 1)[-1], record))
     except (ValueError, EOFError, StopIteration) as exc:
         raise RanksightError(f"{source}: not a readable Avro container file of events ({exc})") from exc

@@ -1,0 +1,167 @@
+"""Engine configuration: `streams/detectors.yaml` (every knob, with its default) deep-merged with overrides.
+
+A user file passed with `--config` only needs the knobs it changes; an unknown key is an error
+that names it, so a typo never silently leaves a default in place.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from streams.errors import ConfigError
+
+__all__ = ["DEFAULT_CONFIG_PATH", "EngineConfig", "deep_merge", "detector_section", "load_config"]
+
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent / "detectors.yaml"
+
+_ENGINE_KEYS = {
+    "allowed_lateness_s",
+    "advance_every_s",
+    "runbook_base_url",
+    "job_end_states",
+    "disabled_rules",
+}
+
+
+def detector_section(cls: type) -> str:
+    """Config section of a detector class: `ImbalanceDetector` -> `imbalance`."""
+    name = cls.__name__
+    return (name[: -len("Detector")] if name.endswith("Detector") else name).lower()
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `base` with `override` merged in (nested dicts merge, everything else replaces)."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist; pass an existing YAML file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a mapping with `engine` and `detectors` sections")
+    return data
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Validated engine settings plus one parameter mapping per detector section."""
+
+    allowed_lateness_ms: int = 5_000
+    advance_every_ms: int = 1_000
+    runbook_base_url: str = "https://ranksight.dev/runbooks/"
+    job_end_states: tuple[str, ...] = ("completed", "failed")
+    disabled_rules: tuple[str, ...] = ()
+    detectors: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def default(cls) -> EngineConfig:
+        """The shipped defaults (`streams/detectors.yaml`)."""
+        return load_config(None)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> EngineConfig:
+        """Validate a merged mapping (`engine` + `detectors`) into a config."""
+        from streams.detectors import ALL_DETECTORS  # late: detectors import nothing from here
+
+        unknown = sorted(set(data) - {"engine", "detectors"})
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown top-level key {unknown[0]!r}; expected `engine` or `detectors`"
+            )
+        engine = data.get("engine") or {}
+        if not isinstance(engine, dict):
+            raise ConfigError(f"{source}: `engine` must be a mapping")
+        bad = sorted(set(engine) - _ENGINE_KEYS)
+        if bad:
+            raise ConfigError(
+                f"{source}: unknown key engine.{bad[0]}; known: {', '.join(sorted(_ENGINE_KEYS))}"
+            )
+        detectors = data.get("detectors") or {}
+        if not isinstance(detectors, dict):
+            raise ConfigError(f"{source}: `detectors` must be a mapping of detector name -> knobs")
+        known_sections = {detector_section(c): c for c in ALL_DETECTORS}
+        params: dict[str, dict[str, Any]] = {}
+        for section, knobs in sorted(detectors.items()):
+            if section not in known_sections:
+                raise ConfigError(
+                    f"{source}: unknown detector section detectors.{section}; "
+                    f"known: {', '.join(sorted(known_sections))}"
+                )
+            if knobs is None:
+                knobs = {}
+            if not isinstance(knobs, dict):
+                raise ConfigError(f"{source}: detectors.{section} must be a mapping of knob -> value")
+            defaults = _module_defaults(known_sections[section])
+            if defaults is not None:
+                for knob in sorted(knobs):
+                    if knob not in defaults:
+                        raise ConfigError(
+                            f"{source}: unknown knob detectors.{section}.{knob}; "
+                            f"known: {', '.join(sorted(defaults))}"
+                        )
+            params[section] = dict(knobs)
+        try:
+            lateness = float(engine.get("allowed_lateness_s", 5))
+            every = float(engine.get("advance_every_s", 1))
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"{source}: engine.allowed_lateness_s and engine.advance_every_s must be numbers"
+            ) from None
+        if lateness < 0 or every <= 0:
+            raise ConfigError(
+                f"{source}: engine.allowed_lateness_s must be >= 0 and engine.advance_every_s > 0"
+            )
+        base_url = str(engine.get("runbook_base_url", "https://ranksight.dev/runbooks/"))
+        if not base_url.endswith("/"):
+            base_url += "/"
+        return cls(
+            allowed_lateness_ms=int(lateness * 1000),
+            advance_every_ms=max(1, int(every * 1000)),
+            runbook_base_url=base_url,
+            job_end_states=tuple(engine.get("job_end_states", ("completed", "failed"))),
+            disabled_rules=tuple(sorted(engine.get("disabled_rules") or ())),
+            detectors=params,
+        )
+
+    def params_for(self, cls: type) -> dict[str, Any]:
+        """Parameters for one detector class (its section; the module DEFAULTS fill the rest)."""
+        return dict(self.detectors.get(detector_section(cls), {}))
+
+
+def _module_defaults(cls: type) -> dict[str, Any] | None:
+    import sys
+
+    module = sys.modules.get(cls.__module__)
+    defaults = getattr(module, "DEFAULTS", None)
+    return defaults if isinstance(defaults, dict) else None
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> EngineConfig:
+    """Shipped defaults, deep-merged with the YAML file at `path` and then `overrides`."""
+    merged = _read_yaml(DEFAULT_CONFIG_PATH)
+    source = str(DEFAULT_CONFIG_PATH)
+    if path is not None:
+        merged = deep_merge(merged, _read_yaml(Path(path)))
+        source = str(path)
+    if overrides:
+        merged = deep_merge(merged, overrides)
+    return EngineConfig.from_dict(merged, source=source)

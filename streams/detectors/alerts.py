@@ -1,0 +1,213 @@
+"""The alert state machine: detector conditions -> pending -> firing -> resolved `Alert` records.
+
+One entry per fingerprint (rule + identity). An active condition opens a *pending* entry; it
+turns *firing* once it has stayed active for the finding's `sustain_ms` of event time (checked
+on every finding and on every watermark advance); `active=False` or the end of the job resolves
+it (`ends_at` set). A firing fingerprint never fires again until it has resolved, and pending
+entries that clear before their sustain period vanish without a trace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from streams.detectors.base import Finding, JobInfo, Topology
+
+__all__ = ["AlertTracker", "JobProgress", "alert_id"]
+
+
+@dataclass
+class JobProgress:
+    """Latest step seen for a job and when (event time): copied into every alert of the job."""
+
+    step: int | None = None
+    ts: int | None = None
+
+
+def alert_id(fingerprint: str, starts_at: int) -> str:
+    """Deterministic id of one firing: a hash of the fingerprint and its start time."""
+    return hashlib.sha256(f"{fingerprint}@{starts_at}".encode()).hexdigest()[:24]
+
+
+def _finding_to_dict(finding: Finding) -> dict[str, Any]:
+    d = asdict(finding)
+    d["key"] = list(finding.key)
+    d["history"] = [[t, v] for t, v in finding.history]
+    return d
+
+
+def _finding_from_dict(d: dict[str, Any]) -> Finding:
+    d = dict(d)
+    d["key"] = tuple(d["key"])
+    d["history"] = tuple((int(t), float(v)) for t, v in d["history"])
+    return Finding(**d)
+
+
+class AlertTracker:
+    """Per-fingerprint state machine; returns Alert records (dicts, schema `Alert`) to publish.
+
+    Records leave with `team` set to the job's own team (empty for node-only alerts) and
+    `receiver` empty: the engine routes them and fills both.
+    """
+
+    def __init__(self, runbook_base_url: str = "https://ranksight.dev/runbooks/") -> None:
+        self.runbook_base_url = runbook_base_url if runbook_base_url.endswith("/") else runbook_base_url + "/"
+        # fingerprint -> {"status", "pending_since", "starts_at", "finding"}
+        self._entries: dict[str, dict[str, Any]] = {}
+        # job -> event time the last firing alert of the job resolved (healthy-window test)
+        self._job_last_resolved: dict[str, int] = {}
+
+    # -- transitions -------------------------------------------------------------------
+    def observe(
+        self, finding: Finding, topology: Topology, progress: dict[str, JobProgress]
+    ) -> list[dict[str, Any]]:
+        """Apply one finding; return the Alert records it causes (zero or one)."""
+        fp = finding.fingerprint
+        entry = self._entries.get(fp)
+        if not finding.active:
+            if entry is None:
+                return []
+            del self._entries[fp]
+            if entry["status"] != "firing":
+                return []
+            last = _finding_from_dict(entry["finding"])
+            if finding.summary:
+                # The resolving finding says what changed; identity and values stay the firing's.
+                last = replace(last, summary=finding.summary)
+            ends_at = max(finding.ts, entry["starts_at"])
+            if finding.job_id or last.job_id:
+                job = finding.job_id or last.job_id
+                self._job_last_resolved[job] = max(self._job_last_resolved.get(job, 0), ends_at)
+            return [self._record(last, entry, "resolved", finding.ts, ends_at, topology, progress)]
+        if entry is None:
+            entry = {
+                "status": "pending",
+                "pending_since": finding.ts,
+                "starts_at": finding.since if finding.since is not None else finding.ts,
+                "finding": _finding_to_dict(finding),
+            }
+            self._entries[fp] = entry
+        else:
+            entry["finding"] = _finding_to_dict(finding)
+        if entry["status"] == "pending" and finding.ts - entry["pending_since"] >= finding.sustain_ms:
+            entry["status"] = "firing"
+            return [self._record(finding, entry, "firing", finding.ts, None, topology, progress)]
+        return []
+
+    def advance(
+        self, watermark: int, topology: Topology, progress: dict[str, JobProgress]
+    ) -> list[dict[str, Any]]:
+        """Fire pending entries whose condition has now been active for its sustain period."""
+        out = []
+        for fp in sorted(self._entries):
+            entry = self._entries[fp]
+            if entry["status"] != "pending":
+                continue
+            finding = _finding_from_dict(entry["finding"])
+            if watermark - entry["pending_since"] >= finding.sustain_ms:
+                entry["status"] = "firing"
+                out.append(self._record(finding, entry, "firing", watermark, None, topology, progress))
+        return out
+
+    def end_job(
+        self, job_id: str, ts: int, topology: Topology, progress: dict[str, JobProgress]
+    ) -> list[dict[str, Any]]:
+        """The job ended: resolve its firing alerts (ends_at = `ts`) and drop its pending ones."""
+        out = []
+        for fp in sorted(self._entries):
+            entry = self._entries[fp]
+            if entry["finding"]["job_id"] != job_id:
+                continue
+            del self._entries[fp]
+            if entry["status"] == "firing":
+                finding = _finding_from_dict(entry["finding"])
+                ends_at = max(ts, entry["starts_at"])
+                out.append(self._record(finding, entry, "resolved", ts, ends_at, topology, progress))
+                self._job_last_resolved[job_id] = max(self._job_last_resolved.get(job_id, 0), ends_at)
+        return out
+
+    # -- queries -----------------------------------------------------------------------
+    def firing(self) -> list[str]:
+        """Fingerprints currently firing, sorted."""
+        return sorted(fp for fp, e in self._entries.items() if e["status"] == "firing")
+
+    def pending(self) -> list[str]:
+        """Fingerprints currently pending, sorted."""
+        return sorted(fp for fp, e in self._entries.items() if e["status"] == "pending")
+
+    def job_healthy(self, job_id: str, window_start: int) -> bool:
+        """True when no alert of the job is firing now nor resolved after `window_start`."""
+        if any(e["status"] == "firing" and e["finding"]["job_id"] == job_id for e in self._entries.values()):
+            return False
+        return self._job_last_resolved.get(job_id, -1) < window_start
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop bookkeeping of an ended job."""
+        self._job_last_resolved.pop(job_id, None)
+
+    # -- records -----------------------------------------------------------------------
+    def _record(
+        self,
+        finding: Finding,
+        entry: dict[str, Any],
+        status: str,
+        ts: int,
+        ends_at: int | None,
+        topology: Topology,
+        progress: dict[str, JobProgress],
+    ) -> dict[str, Any]:
+        job: JobInfo | None = topology.jobs.get(finding.job_id) if finding.job_id else None
+        prog = progress.get(finding.job_id) if finding.job_id else None
+        labels: dict[str, str] = dict(sorted(job.labels.items())) if job else {}
+        return {
+            "alert_id": alert_id(finding.fingerprint, entry["starts_at"]),
+            "fingerprint": finding.fingerprint,
+            "rule": finding.rule,
+            "category": finding.category,
+            "severity": finding.severity,
+            "status": status,
+            "ts": ts,
+            "starts_at": entry["starts_at"],
+            "ends_at": ends_at,
+            "team": job.team if job else "",
+            "receiver": "",
+            "summary": finding.summary or f"{finding.rule} on {finding.fingerprint}",
+            "owner": job.owner if job else "",
+            "job_id": finding.job_id,
+            "run_id": job.run_id if job else "",
+            "model_version": job.model_version if job else "",
+            "dataset_version": job.dataset_version if job else "",
+            "workload_family": job.workload_family if job else "",
+            "cluster": job.cluster if job else "",
+            "node": finding.node,
+            "rank": finding.rank,
+            "gpu_uuid": finding.gpu_uuid,
+            "gpu_index": finding.gpu_index,
+            "current_step": prog.step if prog else None,
+            "last_progress_ts": prog.ts if prog else None,
+            "invariant": finding.invariant,
+            "observed": finding.observed,
+            "expected": finding.expected,
+            "baseline": finding.baseline,
+            "baseline_runs": finding.baseline_runs,
+            "suspected_layer": finding.suspected_layer or "unknown",
+            "history_metric": finding.history_metric,
+            "history": [{"ts": int(t), "value": float(v)} for t, v in finding.history],
+            "runbook_url": f"{self.runbook_base_url}{finding.rule}",
+            "labels": labels,
+        }
+
+    # -- state -------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """JSON-able state."""
+        return {
+            "entries": {fp: self._entries[fp] for fp in sorted(self._entries)},
+            "job_last_resolved": dict(sorted(self._job_last_resolved.items())),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore from `state()`."""
+        self._entries = {fp: dict(e) for fp, e in state.get("entries", {}).items()}
+        self._job_last_resolved = {k: int(v) for k, v in state.get("job_last_resolved", {}).items()}

@@ -1,0 +1,275 @@
+"""Baseline deviation: a run compared with earlier healthy runs of the same workload (`baseline_deviation`).
+
+Baselines are keyed by `baseline_key` (workload family | model version | GPU class | node count |
+batch size | sequence length, see `imbalance.baseline_key`) and built from the `JobWindowStats`
+of *earlier, completed* runs: while a job runs, its healthy windows (no alert of the job firing)
+are buffered; when it completes (JobStateChanged `completed`), each metric's median over the run
+becomes one run summary of its baseline (the most recent `max_runs` runs are kept). A failed run
+contributes nothing: it may have been degraded before it failed.
+
+Every window of a running job is compared with the baseline of its key built from *other* jobs,
+once at least `min_runs` runs built it: a metric deviates when it is worse than the baseline
+median by more than `max(mad_k x 1.4826 x MAD, rel_tolerance x median)` (worse = step time and
+data-wait fraction up; tokens/s per GPU, GPU activity and power down). `deviation_windows`
+consecutive deviating windows fire one alert per job naming the worst metric, the baseline key
+and how many runs built it; one clean window resolves it. GPU activity and power are only
+compared in windows without a training pause (checkpoint, evaluation), detected from the step
+rate, because a pause lowers them for reasons that are not a regression.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from schemas.records import Event
+from streams.detectors.base import Detector, Finding
+from streams.detectors.stats import MAD_TO_SIGMA, mad, median
+
+__all__ = ["DEFAULTS", "METRICS", "BaselineDetector"]
+
+# metric -> +1 when higher is worse, -1 when lower is worse
+METRICS: dict[str, int] = {
+    "step_time_s": +1,
+    "tokens_per_s_per_gpu": -1,
+    "gpu_util_pct": -1,
+    "power_w": -1,
+    "data_wait_frac": +1,
+}
+_PAUSE_SENSITIVE = ("gpu_util_pct", "power_w")
+
+DEFAULTS: dict[str, Any] = {
+    "metrics": list(METRICS),  # metrics compared with the baseline
+    "min_runs": 2,  # a baseline needs this many earlier runs before it is used
+    "max_runs": 20,  # most recent runs kept per baseline key
+    "mad_k": 4.0,  # deviation beyond this many robust sigmas (1.4826 x MAD) of the run medians...
+    "rel_tolerance": 0.15,  # ...and beyond this fraction of the baseline median
+    "deviation_windows": 2,  # consecutive deviating windows before the alert
+    "build_skip_windows": 2,  # first windows of a run (warm-up) never build a baseline
+    "judge_skip_windows": 0,  # first windows of a run never judged (raise it for long warm-ups)
+    "min_windows_per_run": 4,  # a completed run needs this many healthy windows to count
+    "max_windows_per_run": 240,  # healthy windows buffered per running job (bounded state)
+    "pause_busy_fraction": 0.85,  # step rate below this fraction of 1/step_time marks a paused window
+    "history_points": 10,  # points of metric history carried on a finding
+}
+
+
+class BaselineDetector(Detector):
+    """Learns per-workload baselines from completed healthy runs; flags runs that deviate."""
+
+    rules: ClassVar[tuple[str, ...]] = ("baseline_deviation",)
+
+    def __init__(self, topology: Any, params: dict[str, Any] | None = None) -> None:
+        super().__init__(topology, params)
+        p = {**DEFAULTS, **self.params}
+        unknown = [m for m in p["metrics"] if m not in METRICS]
+        if unknown:
+            raise ValueError(f"baseline: unknown metric {unknown[0]!r}; known: {', '.join(METRICS)}")
+        self.metrics = [m for m in METRICS if m in p["metrics"]]
+        self.min_runs = int(p["min_runs"])
+        self.max_runs = int(p["max_runs"])
+        self.mad_k = float(p["mad_k"])
+        self.rel = float(p["rel_tolerance"])
+        self.windows_needed = int(p["deviation_windows"])
+        self.skip = int(p["build_skip_windows"])
+        self.judge_skip = int(p["judge_skip_windows"])
+        self.min_windows = int(p["min_windows_per_run"])
+        self.max_windows = int(p["max_windows_per_run"])
+        self.pause_frac = float(p["pause_busy_fraction"])
+        self.history_points = int(p["history_points"])
+        self.baselines_by_key: dict[str, list[dict[str, Any]]] = {}
+        self.jobs: dict[str, dict[str, Any]] = {}
+
+    # -- input -------------------------------------------------------------------------
+    def observe(self, event: Event) -> list[Finding]:
+        """Learn from and judge JobWindowStats; commit a run's summary when its job completes."""
+        if event.type == "JobWindowStats":
+            return self._window(event.record)
+        if event.type == "JobStateChanged" and event.record["state"] == "completed":
+            self._commit(event.record["job_id"], event.record["ts"])
+        return []
+
+    def _window(self, r: dict[str, Any]) -> list[Finding]:
+        key = r.get("baseline_key") or ""
+        if not key:
+            return []
+        job = self.jobs.setdefault(
+            r["job_id"],
+            {
+                "key": key,
+                "run_id": r.get("run_id", ""),
+                "n": 0,
+                "values": {m: [] for m in self.metrics},
+                "prev": None,
+                "fracs": [],
+                "dev": 0,
+                "active": None,
+                "hist": [],
+            },
+        )
+        job["n"] += 1
+        paused = self._paused(job, r)
+        values = {m: r.get(m) for m in self.metrics}
+        if paused:
+            for m in _PAUSE_SENSITIVE:
+                values[m] = None
+        if r.get("healthy", True) and job["n"] > self.skip:
+            for m, v in values.items():
+                if v is not None and v == v:  # NaN never builds a baseline
+                    job["values"][m] = [*job["values"][m], v][-self.max_windows :]
+        if job["n"] <= self.judge_skip:
+            return []
+        return self._judge(r, job, key, values)
+
+    def _paused(self, job: dict[str, Any], r: dict[str, Any]) -> bool:
+        """True when the window holds a training pause (steps slower than their own step time)."""
+        prev = job["prev"]
+        last_step, end, step_time = r.get("last_step"), r["window_end"], r.get("step_time_s")
+        job["prev"] = [end, last_step]
+        if prev is None or last_step is None or prev[1] is None or not step_time or end <= prev[0]:
+            job["fracs"] = []
+            return True
+        frac = (last_step - prev[1]) * step_time / ((end - prev[0]) / 1000.0)
+        job["fracs"] = [*job["fracs"], frac][-2:]
+        return min(job["fracs"]) < self.pause_frac or len(job["fracs"]) < 2
+
+    def _judge(
+        self, r: dict[str, Any], job: dict[str, Any], key: str, values: dict[str, Any]
+    ) -> list[Finding]:
+        runs = [run for run in self.baselines_by_key.get(key, []) if run["job_id"] != r["job_id"]]
+        if len(runs) < self.min_runs:
+            return []
+        worst: tuple[float, str, float, float, float] | None = None
+        deviating: list[str] = []
+        for m in self.metrics:
+            x = values.get(m)
+            summaries = [run["metrics"][m] for run in runs if run["metrics"].get(m) is not None]
+            if x is None or x != x or len(summaries) < self.min_runs:
+                continue
+            center = median(summaries)
+            spread = mad(summaries, center)
+            assert center is not None and spread is not None
+            tolerance = max(self.mad_k * MAD_TO_SIGMA * spread, self.rel * abs(center))
+            excess = (x - center) * METRICS[m]
+            if excess > tolerance:
+                deviating.append(m)
+                severity = excess / tolerance if tolerance > 0 else float("inf")
+                if worst is None or severity > worst[0]:
+                    worst = (severity, m, x, center, tolerance)
+        end = r["window_end"]
+        if worst is None:
+            job["dev"] = 0
+            if job["active"] is not None:
+                since = job["active"]["since"]
+                job["active"] = None
+                return [self._finding(r, job, key, len(runs), None, since, False, [])]
+            return []
+        job["dev"] += 1
+        job["hist"] = [*job["hist"], [end, worst[2]]][-self.history_points :]
+        if job["dev"] < self.windows_needed:
+            return []
+        if job["active"] is None:
+            job["active"] = {"since": r["window_start"]}
+        return [self._finding(r, job, key, len(runs), worst, job["active"]["since"], True, deviating)]
+
+    def _finding(
+        self,
+        r: dict[str, Any],
+        job: dict[str, Any],
+        key: str,
+        runs: int,
+        worst: tuple[float, str, float, float, float] | None,
+        since: int,
+        active: bool,
+        deviating: list[str],
+    ) -> Finding:
+        job_id = r["job_id"]
+        if worst is not None:
+            _, metric, x, center, _tol = worst
+            pct = 100.0 * (x - center) / center if center else 0.0
+            summary = f"job {job_id}: {metric} {x:.4g} vs baseline {center:.4g} ({pct:+.0f}%) of {runs} earlier runs of {key}"
+            if len(deviating) > 1:
+                summary += f"; also off: {', '.join(m for m in deviating if m != metric)}"
+            layer = (
+                "data"
+                if metric == "data_wait_frac"
+                else "gpu"
+                if metric in ("gpu_util_pct", "power_w")
+                else "unknown"
+            )
+        else:
+            metric, x, center = "", None, None
+            summary = f"job {job_id} is back in line with its baseline {key}"
+            layer = "unknown"
+        return Finding(
+            rule="baseline_deviation",
+            key=(job_id,),
+            active=active,
+            ts=r["window_end"],
+            category="platform",
+            severity="warning",
+            job_id=job_id,
+            since=since,
+            invariant=f"{metric or 'performance'} stays within tolerance of the baseline of earlier runs of {key}",
+            observed=x,
+            expected=center,
+            summary=summary,
+            suspected_layer=layer,
+            history_metric=metric,
+            history=tuple((int(t), float(v)) for t, v in job["hist"]) if active else (),
+            baseline=key,
+            baseline_runs=runs,
+        )
+
+    def _commit(self, job_id: str, ts: int) -> None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        counts = [len(v) for v in job["values"].values()]
+        if not counts or max(counts) < self.min_windows:
+            return
+        summary = {m: median(v) if len(v) >= self.min_windows else None for m, v in job["values"].items()}
+        runs = [run for run in self.baselines_by_key.get(job["key"], []) if run["job_id"] != job_id]
+        runs.append(
+            {"job_id": job_id, "run_id": job["run_id"], "end": ts, "windows": max(counts), "metrics": summary}
+        )
+        self.baselines_by_key[job["key"]] = runs[-self.max_runs :]
+
+    # -- export ------------------------------------------------------------------------
+    def baselines(self) -> list[dict[str, Any]]:
+        """One row per baseline key and metric: median, MAD and the runs behind them."""
+        out = []
+        for key in sorted(self.baselines_by_key):
+            runs = self.baselines_by_key[key]
+            for m in self.metrics:
+                vals = [run["metrics"][m] for run in runs if run["metrics"].get(m) is not None]
+                if not vals:
+                    continue
+                out.append(
+                    {
+                        "baseline_key": key,
+                        "metric": m,
+                        "median": median(vals),
+                        "mad": mad(vals),
+                        "runs": len(vals),
+                        "run_ids": [run["run_id"] for run in runs if run["metrics"].get(m) is not None],
+                        "usable": len(vals) >= self.min_runs,
+                    }
+                )
+        return out
+
+    # -- state -------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """JSON-able state: the baselines (kept across restarts) and per-job buffers."""
+        return {
+            "baselines": {k: self.baselines_by_key[k] for k in sorted(self.baselines_by_key)},
+            "jobs": {k: self.jobs[k] for k in sorted(self.jobs)},
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore from `state()`."""
+        self.baselines_by_key = {k: list(v) for k, v in state.get("baselines", {}).items()}
+        self.jobs = {k: dict(v) for k, v in state.get("jobs", {}).items()}
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop a finished job's buffers (its summary, if it completed, is already committed)."""
+        self.jobs.pop(job_id, None)

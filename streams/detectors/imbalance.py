@@ -1,0 +1,657 @@
+"""Rank imbalance over hopping event-time windows: `straggler`, `gpu_imbalance`, `network_degradation`.
+
+Per job, windows of `window_s` (default 60 s) every `hop_s` (default 30 s) close when the
+watermark passes their end. For each closed window:
+
+- every rank's median *busy* time per step (compute = forward + backward + optimizer, plus data
+  wait: everything but communication and checkpointing; `step_time_s` when a step has no
+  segments) gives `straggler_score = job median busy / rank median busy` (1 is typical; a rank
+  twice as slow scores 0.5). A rank scoring below `straggler_threshold` (0.75, as in NVIDIA's
+  resiliency tooling) in `straggler_windows` consecutive windows is a straggler. Suspected layer:
+  `data` when its data wait grew more than its compute, else `gpu` (the finding quotes its GPU's
+  SM clock, throttle reasons and power next to its peers').
+- every GPU bound to the job is compared with its peers on activity and power (robust z-score
+  with a relative floor); one out of line for `imbalance_windows` windows is `gpu_imbalance`.
+  Only windows where the job made progress count (a stalled job idles unevenly by nature).
+- the job's *intrinsic* communication time -- the lowest per-rank median `comm_s`, i.e. what even
+  the slowest rank waits, which a straggler does not inflate -- is compared with the job's own
+  normal learned over its first `network_learn_windows` windows; sustained growth is
+  `network_degradation`, naming the job node with elevated TCP retransmits (HostSample), if any.
+
+Each closed window also yields `RankWindowStats` per rank and one `JobWindowStats` (its
+`healthy` flag is set by the engine from the alert state) via `drain_derived()`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from schemas.records import Event
+from streams.detectors.base import Detector, Finding, JobInfo
+from streams.detectors.stats import finite, mean, median, robust_z
+
+__all__ = ["DEFAULTS", "ImbalanceDetector", "baseline_key"]
+
+DEFAULTS: dict[str, Any] = {
+    "window_s": 60.0,  # window length
+    "hop_s": 30.0,  # a window closes every hop
+    "min_steps": 5,  # a rank needs this many steps in a window to be scored
+    "straggler_threshold": 0.75,  # straggler_score below this is a low window
+    "straggler_windows": 2,  # consecutive low windows before a rank is a straggler
+    "imbalance_metrics": ["gpu_util_pct", "power_w"],  # GPU metrics compared across the job's GPUs
+    "imbalance_z": 4.0,  # robust z-score beyond which a GPU is out of line
+    "imbalance_min_rel": 0.15,  # ...and at least this relative distance from the peers' median
+    "imbalance_windows": 2,  # consecutive windows out of line before gpu_imbalance
+    "imbalance_min_gpus": 4,  # fewer GPUs than this: no peer comparison
+    "network_learn_windows": 4,  # windows that learn the job's normal communication time
+    "network_ratio": 1.5,  # communication this many times its normal is degraded...
+    "network_min_increase_s": 0.05,  # ...and at least this many seconds more per step
+    "network_windows": 2,  # consecutive degraded windows before network_degradation
+    "retrans_factor": 5.0,  # a node retransmitting this many times its peers' median is named
+    "retrans_min_per_s": 50.0,  # ...with at least this many retransmitted segments per second
+    "history_points": 10,  # points of metric history carried on a finding
+}
+
+# NVML clock-event reasons worth quoting when a GPU is slow.
+_THROTTLE_BITS = {
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+}
+
+# Step row layout (plain lists: they go into the snapshot as they are).
+_TS, _RANK, _BUSY, _COMPUTE, _WAIT, _COMM, _STEP_TIME, _TOKENS, _SAMPLES, _LOSS, _STEP = range(11)
+# GPU row layout.
+_G_TS, _G_RANK, _G_UTIL, _G_POWER, _G_CLOCK, _G_REASONS, _G_MEM = range(7)
+
+
+def baseline_key(job: JobInfo) -> str:
+    """Workload family | model version | GPU class | node count | batch | sequence length."""
+    return "|".join(
+        (
+            job.workload_family or job.model_name or "unknown",
+            job.model_version or "-",
+            job.gpu_class or "-",
+            f"{len(job.nodes)}n",
+            f"bs{job.global_batch_size}" if job.global_batch_size is not None else "bs-",
+            f"seq{job.seq_len}" if job.seq_len is not None else "seq-",
+        )
+    )
+
+
+def _opt_sum(*values: float | None) -> float | None:
+    if any(v is None for v in values):
+        return None
+    return math.fsum(v for v in values if v is not None)
+
+
+def _throttle_names(mask: int) -> list[str]:
+    return [name for bit, name in sorted(_THROTTLE_BITS.items()) if mask & bit]
+
+
+class ImbalanceDetector(Detector):
+    """Per-job window statistics and the rank/GPU/network imbalance rules built on them."""
+
+    rules: ClassVar[tuple[str, ...]] = ("straggler", "gpu_imbalance", "network_degradation")
+
+    def __init__(self, topology: Any, params: dict[str, Any] | None = None) -> None:
+        super().__init__(topology, params)
+        p = {**DEFAULTS, **self.params}
+        self.window_ms = int(float(p["window_s"]) * 1000)
+        self.hop_ms = int(float(p["hop_s"]) * 1000)
+        if self.hop_ms <= 0 or self.window_ms < self.hop_ms:
+            raise ValueError("imbalance: hop_s must be > 0 and window_s >= hop_s")
+        self.min_steps = int(p["min_steps"])
+        self.threshold = float(p["straggler_threshold"])
+        self.straggler_windows = int(p["straggler_windows"])
+        self.imb_metrics = [str(m) for m in p["imbalance_metrics"]]
+        self.imb_z = float(p["imbalance_z"])
+        self.imb_rel = float(p["imbalance_min_rel"])
+        self.imb_windows = int(p["imbalance_windows"])
+        self.imb_min_gpus = int(p["imbalance_min_gpus"])
+        self.net_learn = int(p["network_learn_windows"])
+        self.net_ratio = float(p["network_ratio"])
+        self.net_min_inc = float(p["network_min_increase_s"])
+        self.net_windows = int(p["network_windows"])
+        self.retrans_factor = float(p["retrans_factor"])
+        self.retrans_min = float(p["retrans_min_per_s"])
+        self.history_points = int(p["history_points"])
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.hosts: dict[str, list[list[Any]]] = {}  # node -> [[ts, tcp_retrans_segs_s]]
+        self._derived: list[Event] = []
+
+    # -- input -------------------------------------------------------------------------
+    def _job(self, job_id: str, ts: int) -> dict[str, Any]:
+        job = self.jobs.get(job_id)
+        if job is None:
+            first_end = (ts // self.hop_ms) * self.hop_ms + self.window_ms
+            job = {
+                "next_end": first_end,
+                "steps": [],
+                "gpu": [],
+                "low": {},  # str(rank) -> consecutive low windows
+                "straggler": {},  # str(rank) -> since ts (active stragglers)
+                "score_hist": {},  # str(rank) -> recent [ts, score]
+                "imb": {},  # gpu_uuid -> consecutive out-of-line windows
+                "imb_active": {},  # gpu_uuid -> since
+                "net_learn": [],  # intrinsic comm of the first windows
+                "net_high": 0,
+                "net_active": None,  # [since, node]
+                "net_hist": [],
+            }
+            self.jobs[job_id] = job
+        return job
+
+    def observe(self, event: Event) -> list[Finding]:
+        """Buffer steps, GPU and host samples for the windows they fall in."""
+        r = event.record
+        if event.type == "StepCompleted":
+            compute = _opt_sum(r.get("forward_s"), r.get("backward_s"), r.get("optimizer_s"))
+            wait = r.get("data_wait_s")
+            busy = compute + (wait or 0.0) if compute is not None else r["step_time_s"]
+            job = self._job(r["job_id"], r["ts"])
+            job["steps"].append(
+                [
+                    r["ts"],
+                    r["rank"],
+                    busy,
+                    compute,
+                    wait,
+                    r.get("comm_s"),
+                    r["step_time_s"],
+                    r.get("tokens"),
+                    r.get("samples"),
+                    r.get("loss"),
+                    r["step"],
+                ]
+            )
+        elif event.type == "GpuSample":
+            binding = self.topology.binding_for_gpu(r["node"], r["gpu_uuid"])
+            if binding is not None and binding.job_id in self.jobs:
+                mem = r.get("mem_used_bytes")
+                total = r.get("mem_total_bytes")
+                self.jobs[binding.job_id]["gpu"].append(
+                    [
+                        r["ts"],
+                        binding.rank,
+                        r.get("gpu_util_pct"),
+                        r.get("power_w"),
+                        r.get("sm_clock_mhz"),
+                        r.get("clock_event_reasons") or 0,
+                        (mem / total) if mem is not None and total else None,
+                    ]
+                )
+        elif event.type == "HostSample" and r.get("tcp_retrans_segs_s") is not None:
+            self.hosts.setdefault(r["node"], []).append([r["ts"], r["tcp_retrans_segs_s"]])
+        return []
+
+    def drain_derived(self) -> list[Event]:
+        """RankWindowStats / JobWindowStats of the windows closed since the last call."""
+        out, self._derived = self._derived, []
+        return out
+
+    # -- windows -----------------------------------------------------------------------
+    def advance(self, watermark: int) -> list[Finding]:
+        """Close every window that ended at or before the watermark."""
+        out: list[Finding] = []
+        for job_id in sorted(self.jobs):
+            job = self.jobs[job_id]
+            while job["next_end"] <= watermark:
+                end = job["next_end"]
+                start = end - self.window_ms
+                if not job["steps"] and not job["gpu"]:
+                    # Nothing buffered: jump to the window containing the watermark.
+                    job["next_end"] = max(
+                        end + self.hop_ms, (watermark // self.hop_ms) * self.hop_ms + self.hop_ms
+                    )
+                    continue
+                out.extend(self._close(job_id, job, start, end))
+                job["next_end"] = end + self.hop_ms
+                keep_from = job["next_end"] - self.window_ms
+                job["steps"] = [s for s in job["steps"] if s[_TS] >= keep_from]
+                job["gpu"] = [g for g in job["gpu"] if g[_G_TS] >= keep_from]
+        oldest = min(
+            (j["next_end"] - self.window_ms for j in self.jobs.values()), default=watermark - self.window_ms
+        )
+        for node in sorted(self.hosts):
+            kept = [h for h in self.hosts[node] if h[0] >= oldest]
+            if kept:
+                self.hosts[node] = kept
+            else:
+                del self.hosts[node]
+        return out
+
+    def _close(self, job_id: str, job: dict[str, Any], start: int, end: int) -> list[Finding]:
+        steps = [s for s in job["steps"] if start <= s[_TS] < end]
+        gpus = [g for g in job["gpu"] if start <= g[_G_TS] < end]
+        info = self.topology.jobs.get(job_id)
+        by_rank: dict[int, list[list[Any]]] = {}
+        for s in steps:
+            by_rank.setdefault(int(s[_RANK]), []).append(s)
+        gpu_by_rank: dict[int, list[list[Any]]] = {}
+        for g in gpus:
+            gpu_by_rank.setdefault(int(g[_G_RANK]), []).append(g)
+
+        rank_stats: dict[int, dict[str, Any]] = {}
+        for rank in sorted(by_rank):
+            rows = by_rank[rank]
+            g = gpu_by_rank.get(rank, [])
+            rank_stats[rank] = {
+                "steps": len(rows),
+                "busy": median(finite(r[_BUSY] for r in rows)),
+                "compute": median(finite(r[_COMPUTE] for r in rows)),
+                "wait": median(finite(r[_WAIT] for r in rows)),
+                "comm": median(finite(r[_COMM] for r in rows)),
+                "step_time": median(finite(r[_STEP_TIME] for r in rows)),
+                "util": mean(finite(x[_G_UTIL] for x in g)),
+                "power": mean(finite(x[_G_POWER] for x in g)),
+                "clock": mean(finite(x[_G_CLOCK] for x in g)),
+                "reasons": _or_all(x[_G_REASONS] for x in g),
+                "mem": mean(finite(x[_G_MEM] for x in g)),
+            }
+        scored = {k: v for k, v in rank_stats.items() if v["steps"] >= self.min_steps and v["busy"]}
+        job_busy = median([v["busy"] for v in scored.values()]) if scored else None
+        for v in rank_stats.values():
+            v["score"] = (
+                (job_busy / v["busy"]) if job_busy and v["busy"] and v["steps"] >= self.min_steps else None
+            )
+
+        out: list[Finding] = []
+        if len(scored) >= 2:
+            out.extend(self._stragglers(job_id, job, rank_stats, end))
+            out.extend(self._network(job_id, job, rank_stats, info, start, end))
+        if scored:
+            out.extend(self._imbalance(job_id, job, rank_stats, end))
+        self._emit_stats(job_id, info, steps, gpus, rank_stats, start, end)
+        return out
+
+    # -- straggler ---------------------------------------------------------------------
+    def _stragglers(
+        self, job_id: str, job: dict[str, Any], stats: dict[int, dict[str, Any]], end: int
+    ) -> list[Finding]:
+        out: list[Finding] = []
+        job_compute = median(finite(v["compute"] for v in stats.values()))
+        job_wait = median(finite(v["wait"] for v in stats.values()))
+        job_clock = median(finite(v["clock"] for v in stats.values()))
+        job_power = median(finite(v["power"] for v in stats.values()))
+        for rank in sorted(stats):
+            v = stats[rank]
+            key = str(rank)
+            if v["score"] is None:
+                continue  # too few steps to say anything: keep the current verdict
+            hist = [*job["score_hist"].get(key, []), [end, round(v["score"], 4)]][-self.history_points :]
+            job["score_hist"][key] = hist
+            if v["score"] < self.threshold:
+                job["low"][key] = job["low"].get(key, 0) + 1
+            else:
+                job["low"].pop(key, None)
+                if key in job["straggler"]:
+                    out.append(
+                        self._straggler_finding(job_id, rank, v, end, False, "unknown", "", hist, None)
+                    )
+                    del job["straggler"][key]
+                # A healthy rank keeps no history: snapshots stay small on big jobs.
+                job["score_hist"].pop(key, None)
+                continue
+            if job["low"][key] < self.straggler_windows:
+                continue
+            d_wait = (v["wait"] or 0.0) - (job_wait or 0.0)
+            d_compute = (
+                (v["compute"] - job_compute) if v["compute"] is not None and job_compute is not None else None
+            )
+            if d_compute is None:
+                layer = "data" if d_wait > 0 and v["wait"] is not None else "unknown"
+            else:
+                layer = "data" if d_wait > d_compute else "gpu"
+            detail = self._gpu_detail(v, job_clock, job_power)
+            if key not in job["straggler"]:
+                job["straggler"][key] = (
+                    end - self.straggler_windows * self.hop_ms - (self.window_ms - self.hop_ms)
+                )
+            out.append(
+                self._straggler_finding(
+                    job_id, rank, v, end, True, layer, detail, hist, job["straggler"][key]
+                )
+            )
+        return out
+
+    def _gpu_detail(self, v: dict[str, Any], job_clock: float | None, job_power: float | None) -> str:
+        parts = []
+        if v["clock"] is not None and job_clock:
+            parts.append(f"SM clock {v['clock']:.0f} MHz vs {job_clock:.0f} MHz on its peers")
+        if v["reasons"]:
+            parts.append("throttle reasons " + ",".join(_throttle_names(v["reasons"]) or [hex(v["reasons"])]))
+        if v["power"] is not None and job_power:
+            parts.append(f"power {v['power']:.0f} W vs {job_power:.0f} W")
+        return "; ".join(parts)
+
+    def _straggler_finding(
+        self,
+        job_id: str,
+        rank: int,
+        v: dict[str, Any],
+        end: int,
+        active: bool,
+        layer: str,
+        detail: str,
+        hist: list[list[Any]],
+        since: int | None,
+    ) -> Finding:
+        b = self.topology.bindings.get((job_id, rank))
+        if active:
+            what = "data loading" if layer == "data" else "its GPU" if layer == "gpu" else "an unknown layer"
+            summary = f"rank {rank} of job {job_id} is a straggler (score {v['score']:.2f}): suspect {what}"
+            if v["wait"] is not None and v["compute"] is not None:
+                summary += f"; compute {v['compute']:.3f} s, data wait {v['wait']:.3f} s per step"
+            if layer == "gpu" and detail:
+                summary += f"; {detail}"
+        else:
+            summary = f"rank {rank} of job {job_id} keeps pace again (score {v['score']:.2f})"
+        return Finding(
+            rule="straggler",
+            key=(job_id, str(rank)),
+            active=active,
+            ts=end,
+            category="data" if layer == "data" else "platform",
+            severity="warning",
+            job_id=job_id,
+            node=b.node if b else None,
+            rank=rank,
+            gpu_uuid=b.gpu_uuid if b else None,
+            gpu_index=b.gpu_index if b else None,
+            since=since,
+            invariant=f"every rank's straggler score (job median busy time / rank busy time) stays >= {self.threshold}",
+            observed=v["score"],
+            expected=self.threshold,
+            summary=summary,
+            suspected_layer=layer,
+            history_metric="straggler_score",
+            history=tuple((int(t), float(s)) for t, s in hist),
+        )
+
+    # -- GPU imbalance -----------------------------------------------------------------
+    def _imbalance(
+        self, job_id: str, job: dict[str, Any], stats: dict[int, dict[str, Any]], end: int
+    ) -> list[Finding]:
+        out: list[Finding] = []
+        field_of = {"gpu_util_pct": "util", "power_w": "power", "mem_used_frac": "mem"}
+        bound = {r: self.topology.bindings.get((job_id, r)) for r in sorted(stats)}
+        flagged: dict[str, tuple[int, str, float, float]] = {}
+        for metric in self.imb_metrics:
+            name = field_of.get(metric)
+            if name is None:
+                continue
+            values = {r: v[name] for r, v in stats.items() if v[name] is not None}
+            if len(values) < self.imb_min_gpus:
+                continue
+            peers = list(values.values())
+            mid = median(peers)
+            assert mid is not None
+            floor = max(abs(mid) * self.imb_rel / 3.0, 1e-9)
+            for rank in sorted(values):
+                x = values[rank]
+                z = robust_z(x, peers, min_scale=floor)
+                if z is None or abs(z) < self.imb_z or abs(x - mid) < self.imb_rel * abs(mid):
+                    continue
+                b = bound.get(rank)
+                uuid = b.gpu_uuid if b and b.gpu_uuid else f"rank{rank}"
+                if uuid not in flagged:
+                    flagged[uuid] = (rank, metric, x, mid)
+        for uuid in sorted(set(job["imb"]) | set(flagged)):
+            if uuid in flagged:
+                job["imb"][uuid] = job["imb"].get(uuid, 0) + 1
+                if job["imb"][uuid] >= self.imb_windows:
+                    job["imb_active"].setdefault(uuid, end)
+                    out.append(
+                        self._imb_finding(job_id, uuid, flagged[uuid], end, True, job["imb_active"][uuid])
+                    )
+            else:
+                job["imb"].pop(uuid, None)
+                if uuid in job["imb_active"]:
+                    rank = next((r for r, b in bound.items() if b and b.gpu_uuid == uuid), -1)
+                    out.append(
+                        self._imb_finding(
+                            job_id, uuid, (rank, "", 0.0, 0.0), end, False, job["imb_active"].pop(uuid)
+                        )
+                    )
+        return out
+
+    def _imb_finding(
+        self, job_id: str, uuid: str, what: tuple[int, str, float, float], end: int, active: bool, since: int
+    ) -> Finding:
+        rank, metric, x, mid = what
+        b = self.topology.bindings.get((job_id, rank))
+        return Finding(
+            rule="gpu_imbalance",
+            key=(job_id, uuid),
+            active=active,
+            ts=end,
+            category="infra",
+            severity="warning",
+            job_id=job_id,
+            node=b.node if b else None,
+            rank=rank if rank >= 0 else None,
+            gpu_uuid=b.gpu_uuid if b else None,
+            gpu_index=b.gpu_index if b else None,
+            since=since,
+            invariant="the GPUs of one job show similar activity and power",
+            observed=x if active else None,
+            expected=mid if active else None,
+            summary=(
+                f"GPU {uuid} (rank {rank}) of job {job_id}: {metric} {x:.1f} vs {mid:.1f} on its peers"
+                if active
+                else f"GPU {uuid} of job {job_id} is in line with its peers again"
+            ),
+            suspected_layer="gpu",
+            history_metric=metric,
+        )
+
+    # -- network -----------------------------------------------------------------------
+    def _network(
+        self,
+        job_id: str,
+        job: dict[str, Any],
+        stats: dict[int, dict[str, Any]],
+        info: JobInfo | None,
+        start: int,
+        end: int,
+    ) -> list[Finding]:
+        comms = finite(v["comm"] for v in stats.values() if v["steps"] >= self.min_steps)
+        if len(comms) < 2:
+            return []
+        intrinsic = min(comms)
+        job["net_hist"] = [*job["net_hist"], [end, round(intrinsic, 6)]][-self.history_points :]
+        if len(job["net_learn"]) < self.net_learn:
+            job["net_learn"].append(intrinsic)
+            return []
+        normal = median(job["net_learn"])
+        assert normal is not None
+        degraded = intrinsic > normal * self.net_ratio and intrinsic - normal >= self.net_min_inc
+        out: list[Finding] = []
+        if degraded:
+            job["net_high"] += 1
+            if job["net_high"] >= self.net_windows:
+                node = self._retrans_node(info, start, end)
+                if job["net_active"] is None:
+                    job["net_active"] = [
+                        end - self.net_windows * self.hop_ms - (self.window_ms - self.hop_ms),
+                        node,
+                    ]
+                elif node is not None:
+                    job["net_active"][1] = node
+                out.append(self._net_finding(job_id, job, intrinsic, normal, end, True))
+        else:
+            job["net_high"] = 0
+            if job["net_active"] is not None:
+                out.append(self._net_finding(job_id, job, intrinsic, normal, end, False))
+                job["net_active"] = None
+        return out
+
+    def _retrans_node(self, info: JobInfo | None, start: int, end: int) -> str | None:
+        nodes = sorted(
+            set(info.nodes if info and info.nodes else [])
+            | {b.node for b in self.topology.bindings.values() if info and b.job_id == info.job_id}
+        )
+        rates: dict[str, float] = {}
+        for node in nodes:
+            vals = finite(h[1] for h in self.hosts.get(node, []) if start <= h[0] < end)
+            m = mean(vals)
+            if m is not None:
+                rates[node] = m
+        if not rates:
+            return None
+        worst = max(sorted(rates), key=lambda n: rates[n])
+        others = [v for n, v in rates.items() if n != worst]
+        ref = median(others) if others else 0.0
+        assert ref is not None
+        if rates[worst] >= self.retrans_min and rates[worst] >= self.retrans_factor * max(ref, 1.0):
+            return worst
+        return None
+
+    def _net_finding(
+        self, job_id: str, job: dict[str, Any], intrinsic: float, normal: float, end: int, active: bool
+    ) -> Finding:
+        since, node = job["net_active"]
+        return Finding(
+            rule="network_degradation",
+            key=(job_id,),
+            active=active,
+            ts=end,
+            category="infra",
+            severity="warning",
+            job_id=job_id,
+            node=node,
+            since=since,
+            invariant=f"collective communication per step stays within {self.net_ratio}x of the job's normal",
+            observed=intrinsic,
+            expected=normal,
+            summary=(
+                f"job {job_id}: communication {intrinsic:.3f} s per step vs {normal:.3f} s normal"
+                + (
+                    f"; TCP retransmits elevated on {node}"
+                    if node
+                    else "; no node shows elevated TCP retransmits"
+                )
+                if active
+                else f"job {job_id}: communication back to normal ({intrinsic:.3f} s per step)"
+            ),
+            suspected_layer="network",
+            history_metric="comm_s",
+            history=tuple((int(t), float(v)) for t, v in job["net_hist"]),
+        )
+
+    # -- derived stats -----------------------------------------------------------------
+    def _emit_stats(
+        self,
+        job_id: str,
+        info: JobInfo | None,
+        steps: list[list[Any]],
+        gpus: list[list[Any]],
+        stats: dict[int, dict[str, Any]],
+        start: int,
+        end: int,
+    ) -> None:
+        run_id = info.run_id if info else ""
+        for rank in sorted(stats):
+            v = stats[rank]
+            b = self.topology.bindings.get((job_id, rank))
+            self._derived.append(
+                Event(
+                    "RankWindowStats",
+                    {
+                        "window_start": start,
+                        "window_end": end,
+                        "job_id": job_id,
+                        "run_id": run_id,
+                        "rank": rank,
+                        "node": b.node if b else None,
+                        "gpu_uuid": b.gpu_uuid if b else None,
+                        "steps": v["steps"],
+                        "step_time_s": v["step_time"],
+                        "compute_s": v["compute"],
+                        "data_wait_s": v["wait"],
+                        "comm_s": v["comm"],
+                        "straggler_score": v["score"],
+                        "gpu_util_pct": v["util"],
+                        "power_w": v["power"],
+                        "sm_clock_mhz": v["clock"],
+                    },
+                )
+            )
+        if not steps:
+            return
+        tps = finite(
+            (s[_TOKENS] / s[_STEP_TIME]) if s[_TOKENS] is not None and s[_STEP_TIME] else None for s in steps
+        )
+        per_rank_sps = [
+            median(
+                finite(
+                    (s[_SAMPLES] / s[_STEP_TIME]) if s[_SAMPLES] is not None and s[_STEP_TIME] else None
+                    for s in rows
+                )
+            )
+            for rows in _group(steps).values()
+        ]
+        sps = finite(per_rank_sps)
+        wait_frac = finite(
+            (s[_WAIT] / s[_STEP_TIME]) if s[_WAIT] is not None and s[_STEP_TIME] else None for s in steps
+        )
+        scores = finite(v["score"] for v in stats.values())
+        self._derived.append(
+            Event(
+                "JobWindowStats",
+                {
+                    "window_start": start,
+                    "window_end": end,
+                    "job_id": job_id,
+                    "run_id": run_id,
+                    "workload_family": info.workload_family if info else "",
+                    "baseline_key": baseline_key(info) if info else "",
+                    "healthy": True,
+                    "ranks": len(stats),
+                    "last_step": max(int(s[_STEP]) for s in steps),
+                    "step_time_s": median(finite(v["step_time"] for v in stats.values())),
+                    "tokens_per_s_per_gpu": median(tps),
+                    "samples_per_s": math.fsum(sps) if sps else None,
+                    "data_wait_frac": median(wait_frac),
+                    "gpu_util_pct": mean(finite(g[_G_UTIL] for g in gpus)),
+                    "power_w": mean(finite(g[_G_POWER] for g in gpus)),
+                    "loss": median(finite(s[_LOSS] for s in steps)),
+                    "min_straggler_score": min(scores) if scores else None,
+                },
+            )
+        )
+
+    # -- state -------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """JSON-able state (bounded: one window of raw rows per job)."""
+        return {
+            "jobs": {k: self.jobs[k] for k in sorted(self.jobs)},
+            "hosts": {k: self.hosts[k] for k in sorted(self.hosts)},
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore from `state()`."""
+        self.jobs = {k: dict(v) for k, v in state.get("jobs", {}).items()}
+        self.hosts = {k: list(v) for k, v in state.get("hosts", {}).items()}
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop a finished job."""
+        self.jobs.pop(job_id, None)
+
+
+def _or_all(values: Any) -> int:
+    mask = 0
+    for v in values:
+        mask |= int(v or 0)
+    return mask
+
+
+def _group(steps: list[list[Any]]) -> dict[int, list[list[Any]]]:
+    out: dict[int, list[list[Any]]] = {}
+    for s in steps:
+        out.setdefault(int(s[_RANK]), []).append(s)
+    return out

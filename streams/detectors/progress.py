@@ -1,0 +1,371 @@
+"""Progress heartbeats: `job_stall` (no step for the whole job), `rank_hang` (one rank stopped), `zombie_job`.
+
+Per job the detector keeps each rank's last step and the job's last *activity*: the latest step
+that advanced the job, the end of a checkpoint, or a ValidationResult. The normal step interval
+is learned from recent gaps between job-level step advances (median, robust to the occasional
+long step); the job is stalled when no activity happened for longer than
+`max(stall_floor_s, stall_interval_factor x interval)`.
+
+Legitimate long operations never count as stalls:
+- an open checkpoint (CheckpointEvent `started`, not yet `completed`/`failed`) suppresses the
+  stall entirely; the colleague rule `checkpoint_stuck` owns its timeout;
+- evaluations: training pauses for an evaluation and a ValidationResult arrives at its end. The
+  detector learns the evaluation period (in steps, from the steps ValidationResults report) and
+  the longest evaluation seen; when the job's last step is one at which an evaluation is due, the
+  allowed pause grows to `eval_factor x longest evaluation`, capped at `eval_timeout_s`. Short
+  evaluations (the first one included) already fit under `stall_floor_s`.
+
+`rank_hang` names the rank that stopped first while the job is stalled: a rank whose last step
+is behind the others; failing that, the rank that is *not* blocked in the collective while its
+peers are (CollectiveSample time fraction); failing that, the one rank whose GPU activity is out
+of line with its peers. `zombie_job`: no activity for `zombie_grace_s` while the job's bound
+processes still hold its GPUs (the bound pid in GpuSample.pids). Everything resolves when the
+job makes progress again (or ends).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, ClassVar
+
+from schemas.records import Event
+from streams.detectors.base import Detector, Finding
+from streams.detectors.stats import median
+
+__all__ = ["DEFAULTS", "ProgressDetector"]
+
+DEFAULTS: dict[str, Any] = {
+    "stall_floor_s": 60.0,  # never call a job stalled before this much silence
+    "stall_interval_factor": 10.0,  # ...nor before this many learned step intervals
+    "interval_history": 64,  # job-level step gaps kept to learn the interval
+    "eval_factor": 2.0,  # allowed evaluation pause = factor x longest evaluation seen
+    "eval_timeout_s": 1800.0,  # an evaluation pause never excuses more than this
+    "hang_collective_frac": 0.5,  # peers blocked in the collective: >= this fraction of the interval
+    "hang_gpu_util_gap_pct": 40.0,  # a hung rank's GPU activity differs from its peers by this much
+    "hang_max_fraction": 0.25,  # more stopped ranks than this fraction is a job stall, not a rank hang
+    "zombie_grace_s": 600.0,  # GPUs held without progress for this long is a zombie
+    "pid_recent_s": 60.0,  # a bound pid seen this recently still holds its GPU
+}
+
+
+def _blank_job() -> dict[str, Any]:
+    return {
+        "ranks": {},  # str(rank) -> [last_step, last_ts]
+        "max_step": None,
+        "last_step_ts": None,  # when the job-level step last advanced
+        "last_activity": None,  # max(last step advance, checkpoint end, validation)
+        "gaps": [],  # recent job-level step gaps, ms
+        "ckpt_open": {},  # checkpoint_id -> started ts
+        "val_steps": [],  # steps of recent ValidationResults
+        "eval_ms": [],  # durations of recent evaluations, ms
+        "coll": {},  # str(rank) -> [ts, time_s / interval_s]
+        "gpu": {},  # str(rank) -> [ts, gpu_util_pct]
+        "timeouts": [],  # ranks that reported a collective timeout (they were waiting)
+        "pid_seen": None,  # last time a bound pid was seen on a GPU of the job
+        "stall": None,  # since-ts of an active stall
+        "hang": None,  # [rank, since] of an active rank hang
+        "zombie": None,  # since-ts of an active zombie
+    }
+
+
+class ProgressDetector(Detector):
+    """Heartbeats per job and rank: stalls, hung ranks and zombie jobs."""
+
+    rules: ClassVar[tuple[str, ...]] = ("job_stall", "rank_hang", "zombie_job")
+
+    def __init__(self, topology: Any, params: dict[str, Any] | None = None) -> None:
+        super().__init__(topology, params)
+        p = {**DEFAULTS, **self.params}
+        self.floor_ms = int(float(p["stall_floor_s"]) * 1000)
+        self.interval_factor = float(p["stall_interval_factor"])
+        self.interval_history = int(p["interval_history"])
+        self.eval_factor = float(p["eval_factor"])
+        self.eval_timeout_ms = int(float(p["eval_timeout_s"]) * 1000)
+        self.hang_coll_frac = float(p["hang_collective_frac"])
+        self.hang_gpu_gap = float(p["hang_gpu_util_gap_pct"])
+        self.hang_max_fraction = float(p["hang_max_fraction"])
+        self.zombie_grace_ms = int(float(p["zombie_grace_s"]) * 1000)
+        self.pid_recent_ms = int(float(p["pid_recent_s"]) * 1000)
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self._last_second: int | None = None
+
+    # -- events ------------------------------------------------------------------------
+    def observe(self, event: Event) -> list[Finding]:
+        """Heartbeats from steps, checkpoints, validations, collectives and GPU samples."""
+        r = event.record
+        t = event.type
+        if t == "StepCompleted":
+            return self._step(r)
+        if t == "CheckpointEvent":
+            job = self.jobs.setdefault(r["job_id"], _blank_job())
+            if r["phase"] == "started":
+                job["ckpt_open"][r["checkpoint_id"]] = r["ts"]
+            elif (
+                r["phase"] in ("completed", "failed")
+                and job["ckpt_open"].pop(r["checkpoint_id"], None) is not None
+            ):
+                job["last_activity"] = max(job["last_activity"] or 0, r["ts"])
+        elif t == "ValidationResult":
+            job = self.jobs.setdefault(r["job_id"], _blank_job())
+            job["val_steps"] = [*job["val_steps"], int(r["step"])][-4:]
+            dur = r.get("duration_s")
+            if dur is None and job["last_step_ts"] is not None:
+                dur = (r["ts"] - job["last_step_ts"]) / 1000.0
+            if dur is not None and dur >= 0:
+                job["eval_ms"] = [*job["eval_ms"], int(dur * 1000)][-4:]
+            job["last_activity"] = max(job["last_activity"] or 0, r["ts"])
+        elif t == "CollectiveSample":
+            known = self.jobs.get(r["job_id"])
+            if known is not None and r["interval_s"] > 0:
+                known["coll"][str(r["rank"])] = [r["ts"], r["time_s"] / r["interval_s"]]
+        elif t == "GpuSample":
+            self._gpu(r)
+        elif t == "RankFault" and r.get("kind") == "collective_timeout":
+            return self._timeout(r)
+        elif t == "JobStarted":
+            # A new run of the job starts from scratch: old heartbeats mean nothing.
+            old = self.jobs.pop(r["job_id"], None)
+            if old is not None:
+                return self._clear(r["job_id"], old, r["ts"])
+        return []
+
+    def _timeout(self, r: dict[str, Any]) -> list[Finding]:
+        """Peers report collective timeouts: the rank that did not is the one they waited for."""
+        job = self.jobs.get(r["job_id"])
+        if job is None:
+            return []
+        if r["rank"] not in job["timeouts"]:
+            job["timeouts"] = sorted([*job["timeouts"], r["rank"]])
+        ranks = sorted(int(k) for k in job["ranks"])
+        silent = [k for k in ranks if k not in job["timeouts"]]
+        # Timeouts trickle in: only once every rank but one has reported is the silent one known.
+        if job["hang"] is not None or len(ranks) < 2 or len(silent) != 1:
+            return []
+        job["hang"] = [silent[0], job["ranks"][str(silent[0])][1]]
+        return [self._hang_finding(r["job_id"], job, silent[0], r["ts"], True)]
+
+    def _gpu(self, r: dict[str, Any]) -> None:
+        binding = self.topology.binding_for_gpu(r["node"], r["gpu_uuid"])
+        if binding is None:
+            return
+        job = self.jobs.get(binding.job_id)
+        if job is None:
+            return
+        if r.get("gpu_util_pct") is not None:
+            job["gpu"][str(binding.rank)] = [r["ts"], float(r["gpu_util_pct"])]
+        if binding.pid in (r.get("pids") or ()):
+            job["pid_seen"] = max(job["pid_seen"] or 0, r["ts"])
+
+    def _step(self, r: dict[str, Any]) -> list[Finding]:
+        job = self.jobs.setdefault(r["job_id"], _blank_job())
+        ts, step = int(r["ts"]), int(r["step"])
+        rank = str(r["rank"])
+        prev = job["ranks"].get(rank)
+        if prev is None or step >= prev[0]:
+            job["ranks"][rank] = [step, ts]
+        if job["max_step"] is None or step > job["max_step"]:
+            if job["last_step_ts"] is not None and not job["ckpt_open"]:
+                gap = ts - job["last_step_ts"]
+                if gap > 0:
+                    job["gaps"] = [*job["gaps"], gap][-self.interval_history :]
+            job["max_step"] = step
+            job["last_step_ts"] = max(job["last_step_ts"] or 0, ts)
+            job["last_activity"] = max(job["last_activity"] or 0, ts)
+            return self._clear(r["job_id"], job, ts)
+        # A lagging rank that catches up ends its hang.
+        if job["hang"] is not None and job["hang"][0] == int(rank) and step >= job["max_step"]:
+            out = [self._hang_finding(r["job_id"], job, int(rank), ts, False)]
+            job["hang"] = None
+            return out
+        return []
+
+    def _clear(self, job_id: str, job: dict[str, Any], ts: int) -> list[Finding]:
+        out: list[Finding] = []
+        if job["stall"] is not None:
+            out.append(self._stall_finding(job_id, job, ts, False, 0))
+            job["stall"] = None
+        if job["hang"] is not None:
+            out.append(self._hang_finding(job_id, job, job["hang"][0], ts, False))
+            job["hang"] = None
+        if job["zombie"] is not None:
+            out.append(self._zombie_finding(job_id, job, ts, False))
+            job["zombie"] = None
+        return out
+
+    # -- time --------------------------------------------------------------------------
+    def advance(self, watermark: int) -> list[Finding]:
+        """Check every running job's silence against its allowance."""
+        second = watermark // 1000
+        if self._last_second is not None and second <= self._last_second:
+            return []
+        self._last_second = second
+        out: list[Finding] = []
+        for job_id in sorted(self.jobs):
+            job = self.jobs[job_id]
+            info = self.topology.jobs.get(job_id)
+            if info is None or info.state != "running" or job["last_activity"] is None:
+                continue
+            if job["ckpt_open"]:
+                continue  # a checkpoint in progress is a legitimate pause
+            silent = watermark - job["last_activity"]
+            allowed = self._allowed_ms(job)
+            if silent <= allowed:
+                continue
+            out.append(self._stall_finding(job_id, job, watermark, True, allowed))
+            if job["stall"] is None:
+                job["stall"] = job["last_activity"]
+            hang = self._hung_rank(job, watermark)
+            if hang is not None and job["hang"] is None:
+                job["hang"] = [hang, job["ranks"][str(hang)][1]]
+            if job["hang"] is not None:
+                out.append(self._hang_finding(job_id, job, job["hang"][0], watermark, True))
+            if (
+                silent > self.zombie_grace_ms
+                and job["pid_seen"] is not None
+                and watermark - job["pid_seen"] <= self.pid_recent_ms
+            ):
+                if job["zombie"] is None:
+                    job["zombie"] = job["last_activity"]
+                out.append(self._zombie_finding(job_id, job, watermark, True))
+        return out
+
+    def _interval_ms(self, job: dict[str, Any]) -> float | None:
+        return median(job["gaps"]) if len(job["gaps"]) >= 3 else None
+
+    def _allowed_ms(self, job: dict[str, Any]) -> int:
+        interval = self._interval_ms(job)
+        allowed = self.floor_ms
+        if interval is not None:
+            allowed = max(allowed, int(self.interval_factor * interval))
+        if job["eval_ms"] and self._eval_due(job):
+            allowed = max(allowed, min(self.eval_timeout_ms, int(self.eval_factor * max(job["eval_ms"]))))
+        return allowed
+
+    def _eval_due(self, job: dict[str, Any]) -> bool:
+        steps = job["val_steps"]
+        if not steps or job["max_step"] is None:
+            return False
+        diffs = [b - a for a, b in itertools.pairwise(steps) if b > a]
+        # One evaluation seen: assume it recurs every that many steps (the usual `eval_every`).
+        period = min(diffs) if diffs else steps[-1]
+        if period <= 0:
+            return False
+        # Step counters may be 0- or 1-based around the evaluation: accept either side.
+        return any((job["max_step"] + d) % period == 0 for d in (0, 1))
+
+    def _hung_rank(self, job: dict[str, Any], watermark: int) -> int | None:
+        ranks = job["ranks"]
+        if len(ranks) < 2:
+            return None
+        limit = max(1, int(self.hang_max_fraction * len(ranks)))
+        top = max(s for s, _ in ranks.values())
+        behind = sorted(int(k) for k, (s, _) in ranks.items() if s < top)
+        if 0 < len(behind) <= limit:
+            return min(behind, key=lambda k: (ranks[str(k)][0], k))
+        since = job["last_activity"]
+        # Peers blocked in the collective, one rank not in it: that rank is the one they wait for.
+        coll = {int(k): v[1] for k, v in job["coll"].items() if v[0] > since}
+        if len(coll) >= 2:
+            blocked = [k for k, f in coll.items() if f >= self.hang_coll_frac]
+            free = sorted(k for k, f in coll.items() if f < self.hang_coll_frac)
+            if blocked and 0 < len(free) <= limit:
+                return free[0]
+        gpu = {int(k): v[1] for k, v in job["gpu"].items() if v[0] > since}
+        if len(gpu) >= 3:
+            mid = median(list(gpu.values()))
+            assert mid is not None
+            odd = sorted(k for k, u in gpu.items() if abs(u - mid) >= self.hang_gpu_gap)
+            if len(odd) == 1:
+                return odd[0]
+        return None
+
+    # -- findings ----------------------------------------------------------------------
+    def _stall_finding(
+        self, job_id: str, job: dict[str, Any], ts: int, active: bool, allowed: int
+    ) -> Finding:
+        since = job["stall"] if job["stall"] is not None else job["last_activity"]
+        silent_s = (ts - (job["last_activity"] or ts)) / 1000.0
+        return Finding(
+            rule="job_stall",
+            key=(job_id,),
+            active=active,
+            ts=ts,
+            category="platform",
+            severity="critical",
+            job_id=job_id,
+            since=since,
+            invariant="every running job completes a step within its normal interval unless a checkpoint or evaluation is open",
+            observed=silent_s,
+            expected=allowed / 1000.0 if active else None,
+            summary=(
+                f"job {job_id} made no progress for {silent_s:.0f} s (allowed {allowed / 1000:.0f} s) at step {job['max_step']}"
+                if active
+                else f"job {job_id} progresses again"
+            ),
+            suspected_layer="unknown",
+            history_metric="step",
+            history=((job["last_step_ts"] or ts, float(job["max_step"] or 0)),),
+        )
+
+    def _hang_finding(self, job_id: str, job: dict[str, Any], rank: int, ts: int, active: bool) -> Finding:
+        binding = self.topology.bindings.get((job_id, rank))
+        last = job["ranks"].get(str(rank), [None, None])
+        return Finding(
+            rule="rank_hang",
+            key=(job_id, str(rank)),
+            active=active,
+            ts=ts,
+            category="platform",
+            severity="critical",
+            job_id=job_id,
+            node=binding.node if binding else None,
+            rank=rank,
+            gpu_uuid=binding.gpu_uuid if binding else None,
+            gpu_index=binding.gpu_index if binding else None,
+            since=last[1],
+            invariant="every rank keeps stepping with its peers",
+            observed=float(last[0]) if last[0] is not None else None,
+            expected=float(job["max_step"]) if job["max_step"] is not None else None,
+            summary=(
+                f"rank {rank} of job {job_id} stopped at step {last[0]}; the other ranks wait for it"
+                if active
+                else f"rank {rank} of job {job_id} steps again"
+            ),
+            suspected_layer="unknown",
+        )
+
+    def _zombie_finding(self, job_id: str, job: dict[str, Any], ts: int, active: bool) -> Finding:
+        silent_s = (ts - (job["last_activity"] or ts)) / 1000.0
+        return Finding(
+            rule="zombie_job",
+            key=(job_id,),
+            active=active,
+            ts=ts,
+            category="platform",
+            severity="warning",
+            job_id=job_id,
+            since=job["zombie"],
+            invariant="a job holding GPUs makes progress",
+            observed=silent_s,
+            expected=self.zombie_grace_ms / 1000.0,
+            summary=(
+                f"job {job_id} holds its GPUs (processes alive) but made no progress for {silent_s:.0f} s"
+                if active
+                else f"job {job_id} progresses again"
+            ),
+            suspected_layer="platform",
+        )
+
+    # -- state -------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """JSON-able state."""
+        return {"jobs": {k: self.jobs[k] for k in sorted(self.jobs)}, "last_second": self._last_second}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore from `state()`."""
+        self.jobs = {k: dict(v) for k, v in state.get("jobs", {}).items()}
+        self._last_second = state.get("last_second")
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop a finished job."""
+        self.jobs.pop(job_id, None)

@@ -1,0 +1,72 @@
+"""Robust statistics on short float sequences: median, MAD, quantiles, robust z-scores.
+
+Pure functions, no numpy: the sequences are windows of a few dozen values, and plain Python
+keeps results bit-identical across platforms (determinism under replay).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+__all__ = ["MAD_TO_SIGMA", "finite", "mad", "mean", "median", "quantile", "robust_z"]
+
+# MAD of a normal distribution times this is its standard deviation.
+MAD_TO_SIGMA = 1.4826
+
+
+def finite(values: Iterable[float | None]) -> list[float]:
+    """The finite values of a sequence (None, NaN and infinities dropped)."""
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
+
+
+def median(values: Sequence[float]) -> float | None:
+    """Median of the values, None when empty."""
+    if not values:
+        return None
+    s = sorted(values)
+    n = len(s)
+    mid = n // 2
+    return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2.0
+
+
+def mean(values: Sequence[float]) -> float | None:
+    """Arithmetic mean, None when empty."""
+    if not values:
+        return None
+    return math.fsum(values) / len(values)
+
+
+def mad(values: Sequence[float], center: float | None = None) -> float | None:
+    """Median absolute deviation around `center` (default: the median), None when empty."""
+    if not values:
+        return None
+    c = median(values) if center is None else center
+    assert c is not None
+    return median([abs(v - c) for v in values])
+
+
+def quantile(values: Sequence[float], q: float) -> float | None:
+    """Quantile `q` in [0, 1] with linear interpolation between order statistics."""
+    if not values:
+        return None
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile must be within [0, 1], got {q}")
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    frac = pos - lo
+    return s[lo] + (s[hi] - s[lo]) * frac
+
+
+def robust_z(value: float, values: Sequence[float], min_scale: float = 0.0) -> float | None:
+    """(value - median) / (1.4826 * MAD), with the scale floored at `min_scale`; None when empty."""
+    m = median(values)
+    d = mad(values, m)
+    if m is None or d is None:
+        return None
+    scale = max(MAD_TO_SIGMA * d, min_scale)
+    if scale <= 0.0:
+        return 0.0 if value == m else math.copysign(math.inf, value - m)
+    return (value - m) / scale

@@ -1,0 +1,116 @@
+"""Baseline deviation: earlier completed healthy runs build the baseline; a slower run deviates."""
+
+from __future__ import annotations
+
+from schemas.records import Event
+from streams.detectors.base import Finding, Topology
+from streams.detectors.baseline import BaselineDetector
+from tests.unit.streams.builders import T0, job_started, job_state
+
+KEY = "llama-pretrain|v1|H100-80GB|1n|bs512|seq4096"
+
+
+def _window(job: str, i: int, *, step_time: float = 1.0, healthy: bool = True, start: int = T0) -> Event:
+    end = start + (i + 2) * 30_000
+    return Event(
+        "JobWindowStats",
+        {
+            "window_start": end - 60_000,
+            "window_end": end,
+            "job_id": job,
+            "run_id": f"{job}-run-1",
+            "workload_family": "llama-pretrain",
+            "baseline_key": KEY,
+            "healthy": healthy,
+            "ranks": 8,
+            "last_step": int((i + 2) * 30 / step_time),
+            "step_time_s": step_time,
+            "tokens_per_s_per_gpu": 65536.0 / step_time,
+            "samples_per_s": 128.0 / step_time,
+            "data_wait_frac": 0.03,
+            "gpu_util_pct": 95.0,
+            "power_w": 600.0,
+            "loss": 2.5,
+            "min_straggler_score": 1.0,
+        },
+    )
+
+
+def _run(
+    det: BaselineDetector,
+    job: str,
+    windows: int,
+    *,
+    step_time: float = 1.0,
+    complete: bool = True,
+    start: int = T0,
+    healthy: bool = True,
+) -> list[Finding]:
+    det.topology.observe(job_started(job, start))
+    out: list[Finding] = []
+    for i in range(windows):
+        # run-to-run noise of about 1%
+        out += det.observe(
+            _window(job, i, step_time=step_time * (1 + 0.01 * ((i % 3) - 1)), start=start, healthy=healthy)
+        )
+    if complete:
+        end = job_state(job, start + (windows + 3) * 30_000, "completed")
+        det.topology.observe(end)
+        out += det.observe(end)
+        det.forget_job(job)
+    return out
+
+
+def test_a_baseline_needs_the_minimum_number_of_earlier_runs() -> None:
+    det = BaselineDetector(Topology())
+    _run(det, "run-a", 10)
+    assert _run(det, "slow", 10, step_time=1.3, complete=False) == []
+    usable = {b["metric"]: b["usable"] for b in det.baselines()}
+    assert usable["step_time_s"] is False
+
+
+def test_a_slower_run_deviates_and_the_finding_names_key_metric_and_runs() -> None:
+    det = BaselineDetector(Topology())
+    _run(det, "run-a", 10)
+    _run(det, "run-b", 10, start=T0 + 10**6)
+    out = _run(det, "slow", 10, step_time=1.3, complete=False, start=T0 + 2 * 10**6)
+    active = [f for f in out if f.active]
+    assert active, "a 30% slower run must deviate"
+    first = active[0]
+    assert first.baseline == KEY and first.baseline_runs == 2 and first.key == ("slow",)
+    assert (
+        first.history_metric == "step_time_s"
+        and first.expected is not None
+        and abs(first.expected - 1.0) < 0.02
+    )
+    # Sustained: not on the first deviating window.
+    assert first.ts == _window("slow", 1, start=T0 + 2 * 10**6).record["window_end"]
+
+
+def test_a_run_within_tolerance_does_not_deviate() -> None:
+    det = BaselineDetector(Topology())
+    _run(det, "run-a", 10)
+    _run(det, "run-b", 10, start=T0 + 10**6)
+    assert [
+        f for f in _run(det, "ok", 10, step_time=1.05, complete=False, start=T0 + 2 * 10**6) if f.active
+    ] == []
+
+
+def test_unhealthy_windows_and_failed_runs_build_no_baseline() -> None:
+    det = BaselineDetector(Topology())
+    _run(det, "sick", 10, healthy=False)
+    det.topology.observe(job_started("failed", T0))
+    for i in range(10):
+        det.observe(_window("failed", i))
+    det.observe(job_state("failed", T0 + 10**6, "failed"))
+    assert det.baselines() == []
+
+
+def test_baselines_survive_a_state_round_trip() -> None:
+    det = BaselineDetector(Topology())
+    _run(det, "run-a", 10)
+    _run(det, "run-b", 10, start=T0 + 10**6)
+    clone = BaselineDetector(det.topology)
+    clone.from_bytes(det.to_bytes())
+    assert clone.baselines() == det.baselines()
+    assert {b["runs"] for b in clone.baselines()} == {2}

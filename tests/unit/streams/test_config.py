@@ -1,0 +1,66 @@
+"""Engine configuration: shipped defaults, deep-merged overrides, unknown keys rejected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from streams.config import EngineConfig, deep_merge, load_config
+from streams.detectors import ALL_DETECTORS
+from streams.errors import ConfigError
+
+
+def test_the_shipped_defaults_cover_every_knob_of_my_detectors() -> None:
+    import streams.detectors.baseline as baseline
+    import streams.detectors.imbalance as imbalance
+    import streams.detectors.progress as progress
+
+    cfg = EngineConfig.default()
+    assert cfg.allowed_lateness_ms == 5000
+    for module, section in ((progress, "progress"), (imbalance, "imbalance"), (baseline, "baseline")):
+        assert cfg.detectors[section] == module.DEFAULTS
+
+
+def test_an_override_file_changes_only_the_knobs_it_names(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("engine: {allowed_lateness_s: 10}\ndetectors: {imbalance: {straggler_windows: 3}}\n")
+    cfg = load_config(f)
+    assert cfg.allowed_lateness_ms == 10_000
+    assert cfg.detectors["imbalance"]["straggler_windows"] == 3
+    assert cfg.detectors["imbalance"]["straggler_threshold"] == 0.75
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("engin: {}\n", "engin"),
+        ("engine: {lateness: 3}\n", "engine.lateness"),
+        ("detectors: {imbalanse: {}}\n", "detectors.imbalanse"),
+        ("detectors: {imbalance: {straggler_treshold: 0.5}}\n", "straggler_treshold"),
+        ("- a\n", "mapping"),
+        ("engine: {allowed_lateness_s: -1}\n", "allowed_lateness_s"),
+    ],
+)
+def test_a_bad_config_is_rejected_naming_the_key(tmp_path: Path, text: str, needle: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        load_config(f)
+
+
+def test_a_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_deep_merge_merges_nested_mappings_and_replaces_the_rest() -> None:
+    assert deep_merge({"a": {"b": 1, "c": [1]}}, {"a": {"c": [2]}}) == {"a": {"b": 1, "c": [2]}}
+
+
+def test_every_loaded_detector_has_a_section_or_defaults() -> None:
+    assert {c.__name__ for c in ALL_DETECTORS} >= {
+        "ProgressDetector",
+        "ImbalanceDetector",
+        "BaselineDetector",
+    }

@@ -1,0 +1,185 @@
+"""Rank imbalance: stragglers after N low windows, the suspected layer, GPU imbalance, network, window stats."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.records import Event
+from streams.detectors.base import Finding, Topology
+from streams.detectors.imbalance import ImbalanceDetector
+from tests.unit.streams.builders import T0, gpu_sample, host_sample, job_started, job_state, rank_bound, step
+
+RANKS = 8
+
+
+def _job(
+    seconds: int,
+    fault: dict[str, Any] | None = None,
+    *,
+    fault_from: int = 0,
+    gpus: bool = False,
+    comm_extra: float = 0.0,
+    retrans_node: str | None = None,
+) -> list[Event]:
+    """A 1-node, 8-rank job stepping once a second; `fault` overrides step fields of rank 3 from `fault_from` s."""
+    events = [job_started("job-1", T0, world_size=RANKS, nodes=1), job_state("job-1", T0, "running")]
+    events += [rank_bound("job-1", r, T0) for r in range(RANKS)]
+    for i in range(1, seconds + 1):
+        ts = T0 + i * 1000
+        faulty = fault is not None and i >= fault_from
+        for r in range(RANKS):
+            kw: dict[str, object] = {"comm": 0.12 + (comm_extra if i >= fault_from else 0.0)}
+            if faulty and r == 3:
+                kw.update(fault)  # type: ignore[arg-type]
+            events.append(step("job-1", r, i, ts, **kw))  # type: ignore[arg-type]
+        if gpus and i % 5 == 0:
+            for g in range(RANKS):
+                slow = faulty and g == 3
+                events.append(
+                    gpu_sample(
+                        "node-01",
+                        g,
+                        ts,
+                        util=60.0 if slow else 95.0,
+                        power=400.0 if slow else 600.0,
+                        sm_clock=1300 if slow else 1980,
+                        throttle=0x40 if slow else 0,
+                    )
+                )
+        if retrans_node and i % 5 == 0:
+            events.append(host_sample(retrans_node, ts, retrans=900.0 if i >= fault_from else 1.0))
+            events.append(host_sample("node-other", ts, retrans=1.0))
+    return events
+
+
+def _run(
+    events: list[Event], params: dict[str, object] | None = None
+) -> tuple[ImbalanceDetector, list[Finding], list[Event]]:
+    topo = Topology()
+    det = ImbalanceDetector(topo, params)
+    findings: list[Finding] = []
+    derived: list[Event] = []
+    last = None
+    for e in events:
+        topo.observe(e)
+        findings += det.observe(e)
+        second = e.record["ts"] // 1000
+        if second != last:
+            findings += det.advance(e.record["ts"] - 5000)
+            derived += det.drain_derived()
+            last = second
+    return det, findings, derived
+
+
+def _active(findings: list[Finding], rule: str) -> list[Finding]:
+    return [f for f in findings if f.rule == rule and f.active]
+
+
+def test_a_straggler_is_flagged_after_two_low_windows_and_not_before() -> None:
+    slow = {"compute": 0.85 * 1.6}
+    _, findings, _ = _run(_job(150, slow, fault_from=1))
+    flagged = _active(findings, "straggler")
+    assert flagged and {f.rank for f in flagged} == {3}
+    # The first window closes at 60 s, the second at 90 s: only the second may flag.
+    assert min(f.ts for f in flagged) == T0 + 90_000
+    assert (
+        flagged[0].suspected_layer == "gpu" and flagged[0].observed is not None and flagged[0].observed < 0.75
+    )
+
+
+def test_one_low_window_is_not_a_straggler() -> None:
+    # Slow only between 50 s and 75 s: one window's median is affected at most.
+    events = [e for e in _job(200)]
+    for e in events:
+        r = e.record
+        if e.type == "StepCompleted" and r["rank"] == 3 and 50 <= (r["ts"] - T0) // 1000 < 75:
+            r["forward_s"] *= 2
+            r["backward_s"] *= 2
+    _, findings, _ = _run(events)
+    assert _active(findings, "straggler") == []
+
+
+def test_the_suspected_layer_is_data_when_the_ranks_data_wait_grew() -> None:
+    _, findings, _ = _run(_job(150, {"data_wait": 0.6}, fault_from=1))
+    flagged = _active(findings, "straggler")
+    assert flagged and flagged[0].suspected_layer == "data" and flagged[0].category == "data"
+
+
+def test_a_gpu_straggler_quotes_its_clock_and_throttle_reasons() -> None:
+    _, findings, _ = _run(_job(150, {"compute": 0.85 * 1.6}, fault_from=1, gpus=True))
+    flagged = _active(findings, "straggler")
+    assert "SM clock 1300 MHz" in flagged[0].summary and "hw_thermal" in flagged[0].summary
+
+
+def test_a_straggler_resolves_when_the_rank_keeps_pace_again() -> None:
+    events = _job(300, {"compute": 0.85 * 1.6}, fault_from=1)
+    for e in events:
+        if e.type == "StepCompleted" and e.record["rank"] == 3 and e.record["ts"] >= T0 + 150_000:
+            e.record.update(step("job-1", 3, e.record["step"], e.record["ts"]).record)
+    _, findings, _ = _run(events)
+    cleared = [f for f in findings if f.rule == "straggler" and not f.active]
+    assert cleared and cleared[0].rank == 3 and cleared[0].ts > T0 + 150_000
+
+
+def test_steps_without_segments_use_the_step_time_as_busy_time() -> None:
+    events = _job(150, {"step_time": 1.6, "compute": None, "data_wait": None}, fault_from=1)
+    for e in events:
+        if e.type == "StepCompleted" and e.record["rank"] != 3:
+            e.record.update({"forward_s": None, "backward_s": None, "optimizer_s": None, "data_wait_s": None})
+    _, findings, _ = _run(events)
+    assert {f.rank for f in _active(findings, "straggler")} == {3}
+
+
+def test_a_gpu_out_of_line_with_its_peers_is_a_gpu_imbalance() -> None:
+    _, findings, _ = _run(_job(150, {}, fault_from=1, gpus=True))
+    flagged = _active(findings, "gpu_imbalance")
+    assert flagged and {f.gpu_uuid for f in flagged} == {"GPU-node-01-3"}
+
+
+def test_healthy_jobs_raise_nothing() -> None:
+    _, findings, _ = _run(_job(300, gpus=True))
+    assert [f for f in findings if f.active] == []
+
+
+def test_communication_up_for_every_rank_is_network_degradation_naming_the_retransmitting_node() -> None:
+    _, findings, _ = _run(_job(400, fault_from=200, comm_extra=0.2, retrans_node="node-01"))
+    flagged = _active(findings, "network_degradation")
+    assert flagged and flagged[0].node == "node-01" and flagged[0].ts >= T0 + 200_000
+    assert _active(findings, "straggler") == []
+
+
+def test_a_straggler_does_not_look_like_network_degradation() -> None:
+    # The others wait for rank 3 (their comm goes up), rank 3's own comm does not.
+    events = _job(400, {"compute": 0.85 * 1.6, "comm": 0.12}, fault_from=200)
+    for e in events:
+        r = e.record
+        if e.type == "StepCompleted" and r["rank"] != 3 and r["ts"] >= T0 + 200_000:
+            r["comm_s"] = 0.12 + 0.5
+    _, findings, _ = _run(events)
+    assert _active(findings, "network_degradation") == []
+    assert _active(findings, "straggler")
+
+
+def test_each_closed_window_yields_rank_and_job_window_stats() -> None:
+    _, _, derived = _run(_job(130, gpus=True))
+    jobs = [e.record for e in derived if e.type == "JobWindowStats"]
+    ranks = [e.record for e in derived if e.type == "RankWindowStats"]
+    assert [j["window_end"] - T0 for j in jobs] == [60_000, 90_000, 120_000]
+    assert len(ranks) == 3 * RANKS
+    j = jobs[-1]
+    assert j["baseline_key"] == "llama-pretrain|v1|H100-80GB|1n|bs512|seq4096"
+    assert j["ranks"] == RANKS and j["step_time_s"] == 1.0 and j["gpu_util_pct"] == 95.0
+    assert j["tokens_per_s_per_gpu"] == 65536.0 and abs(j["data_wait_frac"] - 0.03) < 1e-9
+    assert all(r["straggler_score"] == 1.0 for r in ranks)
+
+
+def test_state_round_trips_and_continues_identically() -> None:
+    events = _job(150, {"compute": 1.4}, fault_from=1)
+    det, _, _ = _run(events[: len(events) // 2])
+    clone = ImbalanceDetector(det.topology)
+    clone.from_bytes(det.to_bytes())
+    assert clone.to_bytes() == det.to_bytes()
+    rest = events[len(events) // 2 :]
+    a = [f for e in rest for f in det.observe(e)] + det.advance(T0 + 200_000)
+    b = [f for e in rest for f in clone.observe(e)] + clone.advance(T0 + 200_000)
+    assert a == b and clone.drain_derived() == det.drain_derived()
