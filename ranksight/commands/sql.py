@@ -1,0 +1,89 @@
+"""`ranksight sql`: run one SQL statement against ranksight's ClickHouse (chDB or a server)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from datetime import date, datetime
+from enum import StrEnum
+from typing import Any
+
+import typer
+from clickhouse_connect.driver.exceptions import ClickHouseError as _DriverError
+from rich.table import Table
+
+from ranksight.console import console, fail, user_errors
+from ranksight.settings import load_settings
+from sinks.clickhouse import connect
+from sinks.ddl import migrate
+from sinks.errors import ClickHouseLockedError, QueryError
+
+__all__ = ["register"]
+
+_ROW_STATEMENTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS", "(")
+
+
+class OutputFormat(StrEnum):
+    """How `ranksight sql` prints rows."""
+
+    table = "table"
+    jsonl = "jsonl"
+    csv = "csv"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN or infinity
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def sql(
+    statement: str = typer.Argument(..., help='One SQL statement, e.g. "SELECT count() FROM steps".'),
+    fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help="table, jsonl or csv."),
+) -> None:
+    """Run SQL on ranksight's ClickHouse (applies pending migrations first, so a fresh home works)."""
+    settings = load_settings()
+    with user_errors():
+        try:
+            client = connect(settings.clickhouse_dsn())
+        except ClickHouseLockedError as exc:
+            fail(str(exc), code=2)
+        migrate(client, settings.ttl_days)
+        try:
+            if statement.lstrip().upper().startswith(_ROW_STATEMENTS):
+                result = client.query(statement)
+                columns, rows = list(result.column_names), result.result_rows
+            else:
+                client.command(statement)
+                console.print("ok")
+                return
+        except _DriverError as exc:
+            raise QueryError(str(exc).strip().splitlines()[0]) from exc
+    if fmt is OutputFormat.jsonl:
+        for row in rows:
+            sys.stdout.write(json.dumps(dict(zip(columns, _plain(list(row)), strict=True))) + "\n")
+    elif fmt is OutputFormat.csv:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows(row for row in rows)
+    else:
+        table = Table(*columns, show_lines=False)
+        for row in rows:
+            table.add_row(*(str(v) for v in row))
+        console.print(table)
+        console.print(f"{len(rows)} row{'s' if len(rows) != 1 else ''}", style="dim", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `sql` command."""
+    app.command("sql")(sql)

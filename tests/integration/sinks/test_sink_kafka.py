@@ -1,0 +1,330 @@
+"""The sink end to end on the real broker and a real chDB: exact counts, dead letters, crash and restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+from clickhouse_connect.driver.client import Client
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+
+from schemas.codec import Codec
+from schemas.records import RECORD_TYPES, Event
+from schemas.topics import DEADLETTER, TRAINING_STEPS, key_for, topic_for
+from sinks.clickhouse import close, connect
+from sinks.consumer import SINK_TOPICS, SinkConsumer
+from sinks.ddl import TABLE_NAMES, migrate
+from sinks.errors import KafkaUnavailableError, SinkWriteError
+from sinks.samples import sample_event, sample_events
+from sinks.writer import ClickHouseSink
+
+N = 300  # events per record type
+RANKSIGHT = str(Path(sys.executable).with_name("ranksight"))
+
+
+def _events(n: int, now_ms: int) -> list[Event]:
+    return [event for record_type in RECORD_TYPES for event in sample_events(record_type, n, now_ms)]
+
+
+def _produce(bootstrap: str, topics: dict[str, str], events: Iterable[Event]) -> int:
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 10})
+    codec = Codec()
+    count = 0
+    for event in events:
+        canonical = topic_for(event.type)
+        producer.produce(topics[canonical], key=key_for(canonical, event.record), value=codec.encode(event))
+        producer.poll(0)
+        count += 1
+    assert producer.flush(30) == 0
+    return count
+
+
+def _headers(msg: Message) -> dict[str, bytes]:
+    return {str(h[0]): h[1] if isinstance(h[1], bytes) else str(h[1]).encode() for h in msg.headers() or []}
+
+
+def _counts(client: Client) -> dict[str, int]:
+    return {t: int(client.query(f"SELECT count() FROM {t}").result_rows[0][0]) for t in TABLE_NAMES.values()}
+
+
+def _sink(bootstrap: str, client: Client, topics: dict[str, str], group: str, **kw: object) -> SinkConsumer:
+    return SinkConsumer(
+        {"bootstrap.servers": bootstrap},
+        client,
+        [topics[t] for t in SINK_TOPICS],
+        group,
+        deadletter_topic=topics[DEADLETTER],
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _committed_and_end(bootstrap: str, group: str, names: Iterable[str]) -> tuple[int, int]:
+    """Sum of the group's committed offsets and of the end offsets over every partition of `names`."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        partitions = [
+            TopicPartition(name, p)
+            for name in names
+            for p in consumer.list_topics(name, timeout=10).topics[name].partitions
+        ]
+        for attempt in range(20):
+            try:
+                committed = sum(max(tp.offset, 0) for tp in consumer.committed(partitions, timeout=10))
+                break
+            except KafkaException:  # the group coordinator may still be moving on a young broker
+                if attempt == 19:
+                    raise
+                time.sleep(0.5)
+        end = sum(consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions)
+        return committed, end
+    finally:
+        consumer.close()
+
+
+def test_every_record_type_is_stored_exactly_once_and_offsets_are_committed(
+    kafka_bootstrap: str, topics: dict[str, str], group_id: str, chdb: Client
+) -> None:
+    produced = _produce(kafka_bootstrap, topics, _events(N, int(time.time() * 1000)))
+    sink = _sink(kafka_bootstrap, chdb, topics, group_id, batch_size=400, batch_interval_s=0.3)
+    stats = sink.run(idle_exit_s=2.0)
+    assert _counts(chdb) == dict.fromkeys(TABLE_NAMES.values(), N)
+    assert stats["consumed"] == produced == stats["inserted_rows"]
+    assert stats["deadlettered"] == 0
+    committed, end = _committed_and_end(kafka_bootstrap, group_id, [topics[t] for t in SINK_TOPICS])
+    assert committed == end == produced
+
+
+def test_a_restart_after_insert_without_commit_stores_nothing_twice(
+    kafka_bootstrap: str, topics: dict[str, str], group_id: str, chdb: Client
+) -> None:
+    """Rows inserted by a run that died before committing are skipped even when batches are cut differently."""
+    produced = _produce(kafka_bootstrap, topics, _events(40, int(time.time() * 1000)))
+    # A first "run": reads about half of the messages, inserts them in batches of 7, never commits.
+    reader = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group_id, "auto.offset.reset": "earliest",
+                       "enable.auto.commit": False})  # fmt: skip
+    reader.subscribe([topics[t] for t in SINK_TOPICS])
+    first_run = ClickHouseSink(chdb, batch_size=7)
+    codec, seen = Codec(), 0
+    deadline = time.monotonic() + 30
+    while seen < produced // 2 and time.monotonic() < deadline:
+        for msg in reader.consume(100, 0.5):
+            topic, partition, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
+            first_run.add(topic, partition, offset, codec.decode(msg.value() or b""))
+            seen += 1
+            if first_run.is_full(topic, partition):
+                first_run.flush(topic, partition)
+    reader.close()  # leaves the group without a commit, as a crash would
+    inserted_before = sum(first_run.stats.rows_by_table.values())
+    assert 0 < inserted_before < produced
+
+    stats = _sink(kafka_bootstrap, chdb, topics, group_id, batch_size=1000, batch_interval_s=0.3).run(
+        idle_exit_s=2.0
+    )
+    assert _counts(chdb) == dict.fromkeys(TABLE_NAMES.values(), 40)
+    assert stats["skipped_stored"] == inserted_before
+    assert stats["inserted_rows"] == produced - inserted_before
+
+
+def test_undecodable_and_invalid_messages_go_to_the_dead_letter_topic_with_headers(
+    kafka_bootstrap: str, topics: dict[str, str], group_id: str, chdb: Client
+) -> None:
+    codec = Codec()
+    now = int(time.time() * 1000)
+    steps = topics[TRAINING_STEPS]
+    good = [codec.encode(e) for e in sample_events("StepCompleted", 6, now)]
+    unknown_fp = b"\xc3\x01" + bytes(8) + good[0][10:]
+    bad_ts = codec.encode(Event("StepCompleted", sample_event("StepCompleted", 9, now).record | {"ts": 5}))
+    sequence = [
+        good[0],
+        b"garbage bytes",
+        good[1],
+        unknown_fp,
+        good[2],
+        bad_ts,
+        good[3],
+        None,
+        good[4],
+        good[5],
+    ]
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    for i, value in enumerate(sequence):
+        producer.produce(steps, key=f"k{i}".encode(), value=value, partition=0)
+    assert producer.flush(30) == 0
+
+    stats = _sink(kafka_bootstrap, chdb, topics, group_id, batch_interval_s=0.3).run(idle_exit_s=2.0)
+    assert stats["deadlettered"] == 4
+    assert chdb.query("SELECT count(), groupArray(step) FROM steps").result_rows[0][0] == 6
+
+    reader = Consumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group_id + "-dlq", "auto.offset.reset": "earliest"}
+    )
+    reader.subscribe([topics[DEADLETTER]])
+    letters: list[Message] = []
+    deadline = time.monotonic() + 30
+    while len(letters) < 4 and time.monotonic() < deadline:
+        letters += [m for m in reader.consume(10, 0.5) if m.error() is None]
+    reader.close()
+    assert len(letters) == 4
+    by_offset = {int(_headers(m)["x-source-offset"]): m for m in letters}
+    assert sorted(by_offset) == [1, 3, 5, 7]
+    for offset, msg in by_offset.items():
+        headers = _headers(msg)
+        assert headers["x-source-topic"] == steps.encode()
+        assert headers["x-source-partition"] == b"0"
+        assert msg.key() == f"k{offset}".encode()
+        assert msg.value() == sequence[offset]
+    assert _headers(by_offset[1])["x-error-type"] == b"DecodeError"
+    assert _headers(by_offset[3])["x-error-type"] == b"UnknownSchemaError"
+    assert _headers(by_offset[5])["x-error-type"] == b"InvalidRecordError"
+    assert b"outside" in _headers(by_offset[5])["x-error"]
+    committed, end = _committed_and_end(kafka_bootstrap, group_id, [steps])
+    assert committed == end == len(sequence)
+
+
+def _sink_process(home: Path, bootstrap: str, prefix: str, *extra: str) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP": bootstrap,
+        "RANKSIGHT_HOME": str(home),
+        "RANKSIGHT_TOPIC_PREFIX": prefix,
+    }
+    env.pop("CLICKHOUSE_URL", None)
+    command = [RANKSIGHT, "sink", "--group", "crash", "--batch-size", "40", "--batch-interval", "0.2",
+               "--session-timeout", "6", "--progress-interval", "1", *extra]  # fmt: skip
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_sink_killed_mid_stream_and_restarted_stores_every_event_exactly_once(
+    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    now = int(time.time() * 1000)
+    events = _events(N, now)
+    half = len(events) // 2
+    names = [topics[t] for t in SINK_TOPICS]
+    _produce(kafka_bootstrap, topics, events[:half])
+
+    first = _sink_process(home, kafka_bootstrap, topic_prefix)
+    try:
+        deadline = time.monotonic() + 60
+        committed = 0
+        while committed == 0 and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.2)
+            committed, _ = _committed_and_end(kafka_bootstrap, topic_prefix + "crash", names)
+        assert committed > 0, "the first sink never committed"
+        # Keep it busy with the second half and kill it while it inserts.
+        _produce(kafka_bootstrap, topics, events[half : half + half // 2])
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    committed_at_kill, end = _committed_and_end(kafka_bootstrap, topic_prefix + "crash", names)
+    assert committed_at_kill < end, "the sink had finished before it was killed"
+    _produce(kafka_bootstrap, topics, events[half + half // 2 :])
+
+    second = _sink_process(home, kafka_bootstrap, topic_prefix, "--idle-exit", "3")
+    out, _ = second.communicate(timeout=180)
+    assert second.returncode == 0, out
+    print(out)
+    dsn = f"chdb://{home / 'chdb'}"
+    try:
+        assert _counts(connect(dsn)) == dict.fromkeys(TABLE_NAMES.values(), N)
+    finally:
+        close(dsn)
+    committed, end = _committed_and_end(kafka_bootstrap, topic_prefix + "crash", names)
+    assert committed == end == len(events)
+
+
+def test_unreachable_kafka_is_one_clear_error(chdb: Client) -> None:
+    sink = SinkConsumer({"bootstrap.servers": "127.0.0.1:1"}, chdb, ["rs.training.steps"], "g")
+    try:
+        with pytest.raises(KafkaUnavailableError, match=r"127\.0\.0\.1:1.*KAFKA_BOOTSTRAP"):
+            sink.check_kafka(timeout_s=2)
+    finally:
+        sink.close()
+
+
+def test_sink_command_with_unreachable_kafka_prints_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "KAFKA_BOOTSTRAP": "127.0.0.1:1", "RANKSIGHT_HOME": str(tmp_path / "home")}
+    env.pop("CLICKHOUSE_URL", None)
+    done = subprocess.run([RANKSIGHT, "sink"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "error: cannot reach Kafka at 127.0.0.1:1" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_sink_command_stops_cleanly_on_sigterm_with_everything_committed(
+    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, tmp_path: Path
+) -> None:
+    produced = _produce(kafka_bootstrap, topics, sample_events("StepCompleted", 200, int(time.time() * 1000)))
+    names = [topics[t] for t in SINK_TOPICS]
+    # A batch interval longer than the test: whatever is stored was flushed by the shutdown itself.
+    sink = _sink_process(
+        tmp_path / "home", kafka_bootstrap, topic_prefix, "--batch-size", "100000", "--batch-interval", "3600"
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and sink.poll() is None:
+            line = sink.stdout.readline() if sink.stdout else ""
+            if "consumed 200" in line:
+                break
+        sink.send_signal(signal.SIGTERM)
+        out, _ = sink.communicate(timeout=60)
+    finally:
+        if sink.poll() is None:
+            sink.kill()
+            sink.wait()
+    assert sink.returncode == 0, out
+    assert "sink stopped: inserted 200 rows" in out
+    committed, end = _committed_and_end(kafka_bootstrap, topic_prefix + "crash", names)
+    assert committed == end == produced
+
+
+def test_failed_inserts_pause_and_retry_without_committing_then_recover(
+    kafka_bootstrap: str, topics: dict[str, str], group_id: str, chdb: Client
+) -> None:
+    produced = _produce(kafka_bootstrap, topics, sample_events("StepCompleted", 50, int(time.time() * 1000)))
+    names = [topics[TRAINING_STEPS]]
+    chdb.command("RENAME TABLE steps TO steps_away")  # every insert into `steps` now fails
+    sink = _sink(kafka_bootstrap, chdb, topics, group_id, batch_interval_s=0.2, max_write_attempts=3)
+    with pytest.raises(SinkWriteError, match="steps"):
+        sink.run(idle_exit_s=20.0)
+    assert sink.stats()["retries"] >= 2  # each failing partition retried twice before giving up
+    assert _committed_and_end(kafka_bootstrap, group_id, names) == (0, produced)
+
+    chdb.command("RENAME TABLE steps_away TO steps")
+    stats = _sink(kafka_bootstrap, chdb, topics, group_id, batch_interval_s=0.2).run(idle_exit_s=2.0)
+    assert stats["inserted_rows"] == produced
+    assert _counts(chdb)["steps"] == produced
+    assert _committed_and_end(kafka_bootstrap, group_id, names) == (produced, produced)
+
+
+def test_sink_in_a_thread_and_queries_from_the_main_thread_share_one_client(
+    kafka_bootstrap: str, topics: dict[str, str], group_id: str, chdb_dsn: str
+) -> None:
+    """The demo's shape: `run(stop=...)` in a thread, row counts read meanwhile through the same client."""
+    produced = _produce(kafka_bootstrap, topics, sample_events("HostSample", 100, int(time.time() * 1000)))
+    client = connect(chdb_dsn)
+    migrate(client)
+    stop = threading.Event()
+    sink = _sink(kafka_bootstrap, connect(chdb_dsn), topics, group_id, batch_interval_s=0.2)
+    worker = threading.Thread(target=sink.run, kwargs={"stop": stop})
+    worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while _counts(client)["host_samples"] < produced and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        worker.join(30)
+    assert not worker.is_alive()
+    assert _counts(client)["host_samples"] == produced
