@@ -1,0 +1,1139 @@
+"""The simulation itself: synchronous data-parallel jobs on a GPU cluster, in event time.
+
+Two passes. The job pass walks each job step by step (every rank of a step ends together
+because of the collective) and records, per GPU and telemetry interval, how long the GPU spent
+in each phase. The telemetry pass turns those phase times into NVML-like GPU samples, host
+samples and SDK data-loader/collective samples, then applies the node- and GPU-level faults.
+Every random draw comes from a `random.Random` seeded from (seed, component), so the output
+is a pure function of the scenario and the seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from producers.simulator.faults import FAULTS
+from producers.simulator.scenario import FaultSpec, JobSpec, Scenario
+from schemas.files import format_ts
+from schemas.records import Event, default_schemas
+
+__all__ = ["Progress", "Simulation", "simulate"]
+
+Progress = Callable[[int, float], None]
+"""Called now and then with (events generated so far, simulated seconds reached)."""
+
+# Phase slots of a GPU's per-interval accumulator.
+# _SPIN: NCCL kernels spinning while blocked in a collective (GPU busy, counts as collective time);
+# _BLOCKED: blocked in a collective call with no kernel running (collective time only).
+_DATA, _COMPUTE, _COMM, _CKPT, _EVAL, _SPIN, _STEPS, _BLOCKED = range(8)
+_SLOTS = 8
+_GIB = 1024**3
+_GRAD_BYTES = 14_000_000_000  # bf16 gradients of a ~7B-parameter model, all-reduced every step
+_IDLE_SM_MHZ = 345
+_NEVER = math.inf
+
+# NVML clock-event (throttle) reason bits.
+_GPU_IDLE = 0x1
+_SW_POWER_CAP = 0x4
+_HW_SLOWDOWN = 0x8
+_SW_THERMAL = 0x20
+_HW_THERMAL = 0x40
+_HW_POWER_BRAKE = 0x80
+
+_CRASH_DETAILS = (
+    "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: exitcode 1",
+    "RuntimeError: NCCL communicator was aborted on rank",
+)
+
+
+def _filled(record_type: str) -> dict[str, Any]:
+    """Defaults of every optional field of a record type, so records are complete."""
+    out: dict[str, Any] = {}
+    for f in default_schemas().records[record_type].json["fields"]:
+        if "default" in f:
+            default = f["default"]
+            out[f["name"]] = type(default)(default) if isinstance(default, list | dict) else default
+    return out
+
+
+_DEFAULTS = {name: _filled(name) for name in default_schemas().records}
+
+
+def gpu_uuid(cluster: str, node: str, index: int) -> str:
+    """A stable NVML-style UUID for a GPU slot (hardware identity: independent of the seed)."""
+    h = hashlib.sha1(f"{cluster}/{node}/{index}".encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+@dataclass(frozen=True)
+class _Rank:
+    rank: int
+    local_rank: int
+    node: str
+    gpu_index: int
+    gpu_uuid: str
+
+
+@dataclass
+class _Holding:
+    """A process holding a GPU over [start, end): its pid shows in the GPU's samples."""
+
+    start: float
+    end: float
+    pid: int
+    job_id: str
+    run_id: str
+    rank: int | None  # None for a process that belongs to no rank (foreign)
+    mem_bytes: int
+
+
+@dataclass
+class _Effect:
+    """Where a fault shows in the data (seconds from the scenario start)."""
+
+    start: float
+    end: float | None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Simulation:
+    """The result of `simulate`: events in event-time order and the labels of the injected faults."""
+
+    def __init__(self, scenario: Scenario, seed: int, progress: Progress | None = None) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self._progress = progress
+        self._events: list[Event] | None = None
+        self._labels: list[dict[str, Any]] = []
+
+    def _run(self) -> list[Event]:
+        if self._events is None:
+            engine = _Engine(self.scenario, self.seed, self._progress)
+            self._events = engine.run()
+            self._labels = engine.labels()
+        return self._events
+
+    def events(self) -> Iterator[Event]:
+        """Every event, sorted by event time (ties in a fixed, seed-determined order)."""
+        return iter(self._run())
+
+    @property
+    def labels(self) -> list[dict[str, Any]]:
+        """One label per injected fault (see docs/simulator.md for the fields)."""
+        self._run()
+        return self._labels
+
+
+def simulate(scenario: Scenario, seed: int = 0, *, progress: Progress | None = None) -> Simulation:
+    """Simulate a scenario; nothing is generated until `events()` or `labels` is read."""
+    return Simulation(scenario, seed, progress)
+
+
+def _end_of(fault: FaultSpec) -> float:
+    """Where a fault's window closes (infinity when it lasts to the end)."""
+    return _NEVER if fault.end is None else fault.end
+
+
+def _lognormal(rng: random.Random, sigma: float) -> float:
+    return math.exp(rng.gauss(0.0, sigma)) if sigma > 0 else 1.0
+
+
+class _Engine:
+    def __init__(self, scenario: Scenario, seed: int, progress: Progress | None) -> None:
+        self.sc = scenario
+        self.seed = seed
+        self.progress = progress
+        self.iv = scenario.telemetry.interval
+        self.gpu = scenario.cluster.gpu
+        self.out: list[tuple[int, int, Event]] = []
+        self.acc: dict[tuple[str, int, int], list[float]] = {}
+        self.disk_write: dict[tuple[str, int], float] = {}
+        self.holdings: dict[tuple[str, int], list[_Holding]] = {}
+        self.effects: dict[int, _Effect] = {}
+        node_rng = self._rng("phase")
+        # Node agents are not synchronised: each samples on its own phase.
+        self.phase = {n: round(node_rng.uniform(0.2, self.iv - 0.2), 3) for n in scenario.cluster.node_names}
+        self.layouts = {job.id: self._layout(job) for job in scenario.jobs}
+        self.targets = [self._target(i, f) for i, f in enumerate(scenario.faults)]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _rng(self, component: str) -> random.Random:
+        return random.Random(f"{self.seed}/{component}")
+
+    def _ms(self, t: float) -> int:
+        return self.sc.start_ms + round(t * 1000)
+
+    def emit(self, t: float, record_type: str, **fields: Any) -> None:
+        record = dict(_DEFAULTS[record_type])
+        record["ts"] = self._ms(t)
+        record.update(fields)
+        self.out.append((record["ts"], len(self.out), Event(record_type, record)))
+        if self.progress is not None and len(self.out) % 20000 == 0:
+            self.progress(len(self.out), t)
+
+    def _layout(self, job: JobSpec) -> list[_Rank]:
+        ranks = []
+        for n, node in enumerate(job.nodes):
+            for g in range(job.gpus_per_node):
+                ranks.append(
+                    _Rank(n * job.gpus_per_node + g, g, node, g, gpu_uuid(self.sc.cluster.name, node, g))
+                )
+        return ranks
+
+    def _target(self, index: int, fault: FaultSpec) -> tuple[str | None, int | None, int | None]:
+        """(node, gpu_index, rank) a fault hits; None where the fault is wider."""
+        layout = self.layouts[fault.job]
+        kind = FAULTS[fault.type]
+        if fault.rank is not None:
+            r = layout[fault.rank]
+            return r.node, r.gpu_index if kind.scope in ("rank", "gpu") else None, fault.rank
+        if fault.node is not None and fault.gpu is not None:
+            rank = next((r.rank for r in layout if r.node == fault.node and r.gpu_index == fault.gpu), None)
+            return fault.node, fault.gpu, rank
+        if kind.scope == "node":
+            return fault.node or layout[0].node, None, None
+        return None, None, None
+
+    def _faults(self, job_id: str, *types: str) -> list[tuple[int, FaultSpec]]:
+        return [(i, f) for i, f in enumerate(self.sc.faults) if f.job == job_id and f.type in types]
+
+    def _spread(
+        self, node: str, gpu: int, slot: int, start: float, dur: float, amount: float | None = None
+    ) -> None:
+        """Add `amount` (default: the seconds) of a phase over the telemetry intervals it covers."""
+        if dur <= 0:
+            return
+        total = dur if amount is None else amount
+        phase, iv = self.phase[node], self.iv
+        end = min(start + dur, self.sc.duration + iv)
+        b = int((start - phase) // iv)
+        while True:
+            lo = phase + b * iv
+            hi = lo + iv
+            seg = min(end, hi) - max(start, lo)
+            if seg > 0:
+                vec = self.acc.get((node, gpu, b))
+                if vec is None:
+                    vec = self.acc[(node, gpu, b)] = [0.0] * _SLOTS
+                vec[slot] += total * seg / dur
+            if end <= hi:
+                break
+            b += 1
+
+    def _count_step(self, node: str, gpu: int, t: float) -> None:
+        b = int((t - self.phase[node]) // self.iv)
+        vec = self.acc.get((node, gpu, b))
+        if vec is None:
+            vec = self.acc[(node, gpu, b)] = [0.0] * _SLOTS
+        vec[_STEPS] += 1
+
+    def _add_disk_write(self, node: str, start: float, dur: float, nbytes: float) -> None:
+        phase, iv = self.phase[node], self.iv
+        end = start + dur
+        b = int((start - phase) // iv)
+        while phase + b * iv < end:
+            lo, hi = phase + b * iv, phase + (b + 1) * iv
+            seg = min(end, hi) - max(start, lo)
+            if seg > 0:
+                self.disk_write[(node, b)] = self.disk_write.get((node, b), 0.0) + nbytes * seg / dur
+            b += 1
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> list[Event]:
+        for job in self.sc.jobs:
+            if job.start < self.sc.duration:
+                _JobRun(self, job).run()
+        self._telemetry()
+        self.out.sort(key=lambda item: (item[0], item[1]))
+        if self.progress is not None:
+            self.progress(len(self.out), self.sc.duration)
+        return [e for _, _, e in self.out]
+
+    # ------------------------------------------------------------------ telemetry pass
+
+    def _telemetry(self) -> None:
+        sc = self.sc
+        faults_by_gpu: dict[tuple[str, int], list[tuple[int, FaultSpec]]] = {}
+        faults_by_node: dict[str, list[tuple[int, FaultSpec]]] = {}
+        for i, f in enumerate(sc.faults):
+            node, gidx, _ = self.targets[i]
+            if node is None:
+                continue
+            if gidx is not None:
+                faults_by_gpu.setdefault((node, gidx), []).append((i, f))
+            faults_by_node.setdefault(node, []).append((i, f))
+        for i, f in enumerate(sc.faults):
+            node, gidx, _ = self.targets[i]
+            if f.type == "foreign_process" and node is not None and gidx is not None:
+                rng = self._rng(f"foreign/{i}")
+                pid = f.params.get("pid") or rng.randint(200_000, 400_000)
+                end = _end_of(f)
+                self.holdings.setdefault((node, gidx), []).append(
+                    _Holding(f.start, end, pid, "", "", None, int(f.params["mem_gib"] * _GIB))
+                )
+                self.effects[i] = _Effect(f.start, f.end, {"pid": pid})
+        silent: dict[str, list[tuple[int, FaultSpec]]] = {}
+        for i, f in enumerate(sc.faults):
+            if f.type == "agent_silent":
+                silent.setdefault(self.targets[i][0] or "", []).append((i, f))
+        for n_index, node in enumerate(sc.cluster.node_names):
+            self._node_telemetry(
+                node, n_index, faults_by_gpu, faults_by_node.get(node, []), silent.get(node, [])
+            )
+            if self.progress is not None:
+                self.progress(len(self.out), sc.duration * (n_index + 1) / sc.cluster.nodes)
+        self._sdk_samples()
+
+    def _node_telemetry(
+        self,
+        node: str,
+        n_index: int,
+        faults_by_gpu: dict[tuple[str, int], list[tuple[int, FaultSpec]]],
+        node_faults: list[tuple[int, FaultSpec]],
+        silent: list[tuple[int, FaultSpec]],
+    ) -> None:
+        sc, iv, gc = self.sc, self.iv, self.gpu
+        rng = self._rng(f"telemetry/{node}")
+        phase = self.phase[node]
+        gpus = sc.cluster.gpus_per_node
+        temps = [30.0 + rng.uniform(0, 4) for _ in range(gpus)]
+        energy = [rng.randint(10**9, 5 * 10**9) for _ in range(gpus)]
+        ecc_c = [rng.randint(0, 3) for _ in range(gpus)]
+        ecc_u = [0] * gpus
+        remap_u = [0] * gpus
+        uuids = [gpu_uuid(sc.cluster.name, node, g) for g in range(gpus)]
+        oom_kills = rng.randint(0, 2)
+        swap = 0.0
+        load5 = load15 = 0.0
+        host_total = sc.cluster.host_memory_gib * _GIB
+        last_seen: float | None = None
+        gap_open: dict[int, bool] = {}
+        # Instant GPU events (XID, ECC) per GPU in time order, applied at the tick that covers them.
+        instants: dict[int, list[tuple[float, int, FaultSpec]]] = {}
+        for (nd, g_index), lst in sorted(faults_by_gpu.items()):
+            if nd != node:
+                continue
+            for i, f in lst:
+                if f.type in ("xid_error", "ecc_uncorrectable"):
+                    instants.setdefault(g_index, []).append((f.start, i, f))
+        for moments in instants.values():
+            moments.sort(key=lambda x: (x[0], x[1]))
+        k = 1
+        while True:
+            tick = phase + k * iv
+            if tick >= sc.duration:
+                break
+            b = k - 1
+            k += 1
+            is_silent = False
+            for i, f in silent:
+                end = _end_of(f)
+                if f.start <= tick < end:
+                    is_silent = True
+                    if not gap_open.get(i):
+                        gap_open[i] = True
+                        self.effects[i] = _Effect(last_seen if last_seen is not None else f.start, None, {})
+                elif tick >= end and gap_open.get(i):
+                    gap_open[i] = False
+                    self.effects[i].end = tick
+            host_busy = 0.0
+            held_gpus = 0
+            comm_frac = 0.0
+            for g in range(gpus):
+                vec = self.acc.get((node, g, b)) or [0.0] * _SLOTS
+                holds = [h for h in self.holdings.get((node, g), ()) if h.start <= tick < h.end]
+                fc, fm, fd = vec[_COMPUTE] / iv, vec[_COMM] / iv, vec[_DATA] / iv
+                fk, fe, fs = vec[_CKPT] / iv, vec[_EVAL] / iv, vec[_SPIN] / iv
+                busy = min(1.0, fc + 0.97 * fm + 0.9 * fe + 0.3 * fk + fs)
+                activity = min(1.0, fc + 0.4 * fm + 0.75 * fe + 0.15 * fk + 0.45 * fs)
+                has_job = any(h.rank is not None for h in holds)
+                if has_job:
+                    held_gpus += 1
+                    host_busy += fc + fd + fm
+                    comm_frac += fm
+                limit = gc.power_limit_w
+                clock_max = gc.sm_clock_max_mhz
+                power = (
+                    gc.idle_power_w
+                    + (15.0 if holds else 0.0)
+                    + (gc.busy_power_w - gc.idle_power_w) * activity
+                )
+                power *= _lognormal(rng, 0.02)
+                util = max(0.0, min(100.0, 100 * busy + rng.gauss(0, 1.2))) if busy > 0.01 else 0.0
+                sm_clock = clock_max - rng.randint(0, 45) if util > 5 else _IDLE_SM_MHZ + rng.randint(0, 20)
+                reasons = _GPU_IDLE if util <= 5 else (_SW_POWER_CAP if rng.random() < 0.03 else 0)
+                temp_target = 28.0 + 0.068 * power
+                mem_used = int(0.45 * _GIB) + sum(h.mem_bytes for h in holds)
+                if has_job:
+                    mem_used = int(mem_used * (1 + rng.gauss(0, 0.002)))
+                xid: int | None = None
+                for _, f in faults_by_gpu.get((node, g), ()):
+                    end = _end_of(f)
+                    active = f.start <= tick < end
+                    if f.type == "straggler_gpu" and active:
+                        m = f.magnitude or 1.5
+                        sm_clock = int(clock_max / m) + rng.randint(-15, 15)
+                        if f.params.get("variant") == "power":
+                            limit = round(gc.power_limit_w / m**1.6, 1)
+                            power = min(power, limit * (1 - abs(rng.gauss(0, 0.01))))  # the cap holds
+                            reasons = _SW_POWER_CAP | _HW_POWER_BRAKE
+                        else:
+                            power *= m**-0.6
+                            temp_target = 88.0 + rng.uniform(0, 3)
+                            reasons = _SW_THERMAL | _HW_THERMAL | _HW_SLOWDOWN
+                    elif f.type == "gpu_memory_pressure" and active and holds:
+                        frac = min(0.999, (f.magnitude or 0.985) + rng.gauss(0, 0.002))
+                        mem_used = int(gc.memory_bytes * frac)
+                mem_used = min(mem_used, gc.memory_bytes)
+                pending_instants = instants.get(g, [])
+                while pending_instants and pending_instants[0][0] < tick:
+                    t0, i, f = pending_instants.pop(0)
+                    if f.type == "ecc_uncorrectable":
+                        ecc_u[g] += int(f.params.get("count", 1))
+                        remap_u[g] += 1
+                    xid = f.params.get("xid")
+                    # A point event: it ends where it starts.
+                    self.effects[i] = _Effect(t0, t0, {"xid": xid} if xid else {})
+                    if xid is not None and not is_silent:
+                        # The agent reports an XID immediately, between its regular samples.
+                        state = {"util": util, "fm": fm, "fc": fc, "fd": fd, "mem_used": mem_used,
+                                 "power": power, "limit": limit, "energy": energy[g], "temp": temps[g],
+                                 "sm_clock": sm_clock, "reasons": reasons, "ecc_c": ecc_c[g],
+                                 "ecc_u": ecc_u[g], "remap_u": remap_u[g]}  # fmt: skip
+                        self.emit(
+                            t0, "GpuSample", **self._gpu_fields(node, g, uuids[g], holds, state), xid=xid
+                        )
+                temps[g] += (temp_target - temps[g]) * (1 - math.exp(-iv / 60.0)) + rng.gauss(0, 0.3)
+                energy[g] += int(power * iv * 1000)
+                if rng.random() < 0.002:
+                    ecc_c[g] += 1
+                if not is_silent:
+                    state = {"util": util, "fm": fm, "fc": fc, "fd": fd, "mem_used": mem_used,
+                             "power": power, "limit": limit, "energy": energy[g], "temp": temps[g],
+                             "sm_clock": sm_clock, "reasons": reasons, "ecc_c": ecc_c[g],
+                             "ecc_u": ecc_u[g], "remap_u": remap_u[g]}  # fmt: skip
+                    fields = self._gpu_fields(node, g, uuids[g], holds, state)
+                    self.emit(tick + g * 0.003, "GpuSample", **fields)
+            # ---- host
+            train = host_busy / gpus
+            cpu = min(100.0, max(0.5, 3.0 + 38.0 * train + rng.gauss(0, 1.5)))
+            load1 = sc.cluster.cpus * cpu / 100 * 1.05
+            load5 += (load1 - load5) * (1 - math.exp(-iv / 300))
+            load15 += (load1 - load15) * (1 - math.exp(-iv / 900))
+            used = (48 + 42 * held_gpus) * _GIB * (1 + rng.gauss(0, 0.003))
+            disk_w = self.disk_write.get((node, b), 0.0) / iv
+            multi = comm_frac / max(1, held_gpus)
+            net = (0.4e9 + 9.0e9 * multi) * _lognormal(rng, 0.05) if held_gpus else 2e6 * _lognormal(rng, 0.3)
+            retrans = rng.uniform(0, 4)
+            for i, f in node_faults:
+                end = _end_of(f)
+                if not f.start <= tick < end:
+                    continue
+                if f.type == "network_degradation":
+                    retrans = float(f.params["retransmits"]) * _lognormal(rng, 0.25)
+                    net /= f.magnitude or 2.0
+                elif f.type == "host_oom":
+                    avail_frac = rng.uniform(0.003, 0.012)
+                    used = host_total * (1 - avail_frac)
+                    swap = min(swap + rng.uniform(1, 3) * _GIB, 32 * _GIB)
+                    target = int(f.params["oom_kills"])
+                    done = self.effects.setdefault(i, _Effect(f.start, f.end, {"oom_kills": 0}))
+                    if done.detail["oom_kills"] < target and rng.random() < 0.5:
+                        done.detail["oom_kills"] += 1
+                        oom_kills += 1
+                        if f.params.get("rank_fault") and done.detail["oom_kills"] == 1:
+                            self._oom_rank_fault(i, f, tick)
+            if not any(f.type == "host_oom" and f.start <= tick < _end_of(f) for _, f in node_faults):
+                swap = max(0.0, swap - 0.5 * _GIB)
+            used = min(used, host_total * 0.999)
+            if not is_silent:
+                last_seen = tick + 0.05
+                self.emit(
+                    tick + 0.05,
+                    "HostSample",
+                    cluster=sc.cluster.name,
+                    node=node,
+                    cpu_util_pct=round(cpu, 2),
+                    load1=round(load1, 2),
+                    load5=round(load5, 2),
+                    load15=round(load15, 2),
+                    mem_used_bytes=int(used),
+                    mem_available_bytes=int(host_total - used),
+                    mem_total_bytes=host_total,
+                    swap_used_bytes=int(swap),
+                    disk_read_bytes_s=round(1.5e8 * train * _lognormal(rng, 0.1), 1),
+                    disk_write_bytes_s=round(disk_w + 2e6 * _lognormal(rng, 0.3), 1),
+                    net_rx_bytes_s=round(net, 1),
+                    net_tx_bytes_s=round(net * 0.98 + disk_w, 1),
+                    tcp_retrans_segs_s=round(retrans, 2),
+                    open_files=12_000 + 350 * held_gpus + rng.randint(0, 200),
+                    oom_kills=oom_kills,
+                )
+        for i, f in silent:
+            if i not in self.effects:
+                self.effects[i] = _Effect(f.start, f.end, {})
+
+    def _oom_rank_fault(self, index: int, fault: FaultSpec, t: float) -> None:
+        node = self.targets[index][0]
+        layout = self.layouts[fault.job]
+        rank = next(r for r in layout if r.node == node)
+        self.emit(
+            t,
+            "RankFault",
+            job_id=fault.job,
+            run_id=f"{fault.job}-r0",
+            rank=rank.rank,
+            node=node,
+            kind="oom",
+            detail="DataLoader worker (pid 51234) is killed by signal: Killed.",
+            exit_code=None,
+        )
+
+    def _gpu_fields(
+        self, node: str, g: int, uuid: str, holds: list[_Holding], state: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The fields of one GpuSample from the interval's derived state."""
+        gc = self.gpu
+        util, fm, fc, fd = state["util"], state["fm"], state["fc"], state["fd"]
+        return {
+            "cluster": self.sc.cluster.name,
+            "node": node,
+            "gpu_index": g,
+            "gpu_uuid": uuid,
+            "gpu_name": gc.product,
+            "gpu_util_pct": round(util, 1),
+            "mem_util_pct": round(util * 0.58, 1),
+            "mem_used_bytes": state["mem_used"],
+            "mem_total_bytes": gc.memory_bytes,
+            "power_w": round(state["power"], 1),
+            "power_limit_w": state["limit"],
+            "energy_mj": state["energy"],
+            "temp_gpu_c": round(state["temp"], 1),
+            "temp_mem_c": round(state["temp"] + 6.0, 1),
+            "sm_clock_mhz": state["sm_clock"],
+            "mem_clock_mhz": gc.mem_clock_mhz if util > 5 else 1593,
+            "sm_clock_max_mhz": gc.sm_clock_max_mhz,
+            "clock_event_reasons": state["reasons"],
+            "ecc_corrected": state["ecc_c"],
+            "ecc_uncorrected": state["ecc_u"],
+            "remapped_rows_correctable": 0,
+            "remapped_rows_uncorrectable": state["remap_u"],
+            "pcie_tx_bytes_s": int(3e8 * (fc + fd)),
+            "pcie_rx_bytes_s": int(2.2e9 * (fc + fd)),
+            "pcie_replay_count": 0,
+            "nvlink_tx_bytes_s": int(1.1e11 * fm + 1.5e10 * fc),
+            "nvlink_rx_bytes_s": int(1.1e11 * fm + 1.5e10 * fc),
+            "pids": [h.pid for h in holds],
+        }
+
+    def _sdk_samples(self) -> None:
+        """DataLoaderSample / CollectiveSample per live rank per interval (from the training SDK)."""
+        tel = self.sc.telemetry
+        if not (tel.dataloader_samples or tel.collective_samples):
+            return
+        iv = self.iv
+        for (node, g), holds in sorted(self.holdings.items()):
+            for h in holds:
+                if h.rank is None:
+                    continue
+                rng = self._rng(f"sdk/{h.run_id}/{h.rank}")
+                job = next(j for j in self.sc.jobs if j.id == h.job_id)
+                phase = self.phase[node]
+                k = max(1, int((h.start - phase) // iv) + 2)
+                while True:
+                    tick = phase + k * iv
+                    if tick >= min(h.end, self.sc.duration):
+                        break
+                    vec = self.acc.get((node, g, k - 1)) or [0.0] * _SLOTS
+                    k += 1
+                    t = tick + 0.1 + h.rank * 0.001
+                    steps = int(vec[_STEPS])
+                    if tel.dataloader_samples:
+                        starving = vec[_DATA] / iv > 0.1
+                        self.emit(
+                            t,
+                            "DataLoaderSample",
+                            job_id=h.job_id,
+                            run_id=h.run_id,
+                            rank=h.rank,
+                            interval_s=iv,
+                            batches=steps,
+                            wait_s=round(vec[_DATA], 4),
+                            queue_depth=rng.randint(0, 1)
+                            if starving
+                            else max(0, 2 * job.dataloader_workers - rng.randint(0, 3)),
+                            workers=job.dataloader_workers,
+                        )
+                    if tel.collective_samples:
+                        time_s = vec[_COMM] + vec[_SPIN] + vec[_BLOCKED]
+                        nbytes = steps * _GRAD_BYTES
+                        world = job.world_size
+                        bus = (
+                            nbytes / time_s / 1e9 * 2 * (world - 1) / world if time_s > 0 and nbytes else None
+                        )
+                        self.emit(
+                            t + 0.0005,
+                            "CollectiveSample",
+                            job_id=h.job_id,
+                            run_id=h.run_id,
+                            rank=h.rank,
+                            op="allreduce",
+                            interval_s=iv,
+                            count=steps * 48,
+                            bytes=nbytes,
+                            time_s=round(time_s, 4),
+                            bus_bw_gbps=None if bus is None else round(bus, 2),
+                        )
+
+    # ------------------------------------------------------------------ labels
+
+    def labels(self) -> list[dict[str, Any]]:
+        out = []
+        for i, f in enumerate(self.sc.faults):
+            if f.start >= self.sc.duration:
+                continue  # cut off by a shorter --duration: not in the data, so not labelled
+            kind = FAULTS[f.type]
+            job = self.sc.job(f.job)
+            node, gidx, rank = self.targets[i]
+            # Faults whose effect the engine did not pin down show over their configured window.
+            effect = self.effects.get(i) or _Effect(f.start, f.end, {})
+            also = list(kind.also)
+            if f.type == "grad_spike" and (f.duration or 0) > 60:
+                also.append("loss_divergence")
+            if f.type == "checkpoint_never_completes" and effect.end is None:
+                also.remove("checkpoint_failed")
+            uuid = None
+            if gidx is not None and node is not None:
+                uuid = gpu_uuid(self.sc.cluster.name, node, gidx)
+            end = effect.end
+            if end is not None and end >= self.sc.duration:
+                end = None
+            detail: dict[str, Any] = {"duration_s": f.duration}
+            if f.magnitude is not None:
+                detail["magnitude"] = f.magnitude
+            detail |= {k: v for k, v in f.params.items()}
+            detail |= effect.detail
+            out.append(
+                {
+                    "fault": f.type,
+                    "alert": kind.alert,
+                    "also": also,
+                    "job_id": f.job,
+                    "node": node,
+                    "rank": rank if kind.scope in ("rank", "gpu") else None,
+                    "gpu_uuid": uuid,
+                    "gpu_index": gidx,
+                    "start": format_ts(self._ms(effect.start)),
+                    "end": None if end is None else format_ts(self._ms(end)),
+                    "layer": kind.layer,
+                    "team": job.team,
+                    "scenario": self.sc.name,
+                    "detail": detail,
+                }
+            )
+        return out
+
+
+class _JobRun:
+    """Walks one job through pending, runs, steps, checkpoints, evaluations and its faults."""
+
+    def __init__(self, engine: _Engine, job: JobSpec) -> None:
+        self.e = engine
+        self.job = job
+        self.rng = engine._rng(f"job/{job.id}")
+        self.layout = engine.layouts[job.id]
+        self.limit = min(job.end if job.end is not None else _NEVER, engine.sc.duration)
+        self.run_index = 0
+        self.run_id = f"{job.id}-r0"
+        self.restart_count = 0
+        self.step = 0
+        self.steps_in_run = 0
+        self.last_finish: float | None = None
+        self.pending_ckpt_s = 0.0
+        self.pending_data_s = 0.0
+        self.last_verified: tuple[str, int] | None = None
+        self.ckpt_stuck = False
+        self.live: list[_Holding] = []
+        dp = max(1, job.world_size // (job.tensor_parallel * job.pipeline_parallel))
+        self.samples = max(1, job.global_batch_size // dp)
+        data0 = job.step_time * job.data_wait_fraction
+        comm0 = job.step_time * job.comm_fraction
+        self.base = (data0, job.step_time - data0 - comm0, comm0)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def _state(self, t: float, state: str, reason: str | None = None, exit_code: int | None = None) -> None:
+        self.e.emit(
+            t,
+            "JobStateChanged",
+            job_id=self.job.id,
+            run_id=self.run_id,
+            state=state,
+            reason=reason,
+            exit_code=exit_code,
+            restart_count=self.restart_count,
+        )
+
+    def _start_run(self, t: float) -> float:
+        """JobStarted, running, one RankBound per rank; returns when the first step starts."""
+        job, e = self.job, self.e
+        e.emit(
+            t,
+            "JobStarted",
+            job_id=job.id,
+            run_id=self.run_id,
+            owner=job.owner,
+            team=job.team,
+            cluster=e.sc.cluster.name,
+            model_name=job.model_name,
+            model_version=job.model_version,
+            dataset_version=job.dataset_version,
+            workload_family=job.family,
+            world_size=job.world_size,
+            nodes=list(job.nodes),
+            data_parallel=max(1, job.world_size // (job.tensor_parallel * job.pipeline_parallel)),
+            tensor_parallel=job.tensor_parallel,
+            pipeline_parallel=job.pipeline_parallel,
+            global_batch_size=job.global_batch_size,
+            seq_len=job.seq_len,
+            gpu_class=e.sc.cluster.gpu_class,
+            checkpoint_max_age_s=job.checkpoint.max_age,
+            checkpoint_timeout_s=job.checkpoint.timeout,
+            labels=dict(job.labels),
+        )
+        self._state(t + 0.05, "running", reason="scheduled" if self.restart_count == 0 else "restarted")
+        base_pid = self.rng.randint(10_000, 90_000)
+        mem = int(e.gpu.memory_bytes * 0.78)
+        self.live = []
+        for r in self.layout:
+            bound = t + 1.0 + self.rng.uniform(0, 2.0)
+            pid = base_pid + r.local_rank * 7 + self.rng.randint(0, 3)
+            e.emit(
+                bound,
+                "RankBound",
+                job_id=job.id,
+                run_id=self.run_id,
+                rank=r.rank,
+                local_rank=r.local_rank,
+                node=r.node,
+                gpu_index=r.gpu_index,
+                gpu_uuid=r.gpu_uuid,
+                pid=pid,
+            )
+            h = _Holding(
+                bound, _NEVER, pid, job.id, self.run_id, r.rank, int(mem * (1 + self.rng.gauss(0, 0.01)))
+            )
+            e.holdings.setdefault((r.node, r.gpu_index), []).append(h)
+            self.live.append(h)
+        self.steps_in_run = 0
+        return t + max(job.init_time, 4.0)
+
+    def _release(self, t: float) -> None:
+        for h in self.live:
+            h.end = min(h.end, t)
+        self.live = []
+
+    def run(self) -> None:
+        job, e = self.job, self.e
+        t = job.start
+        pending = self._one("long_pending")
+        self._state(t, "pending", reason="waiting for resources")
+        if pending is not None:
+            i, f = pending
+            wait = f.duration if f.duration is not None else e.sc.duration
+            e.effects[i] = _Effect(t, t + wait, {})
+        else:
+            wait = self.rng.uniform(3.0, 20.0)
+        t += wait
+        if t >= self.limit:
+            return
+        t = self._start_run(t)
+        self.next_ckpt = t + job.checkpoint.every
+        self._loop(t)
+
+    def _one(self, fault_type: str) -> tuple[int, FaultSpec] | None:
+        found = self.e._faults(self.job.id, fault_type)
+        return found[0] if found else None
+
+    # ---------------------------------------------------------------- the step loop
+
+    def _loop(self, t: float) -> None:
+        job, e = self.job, self.e
+        hang = self._one("rank_hang")
+        stall = self._one("job_stall")
+        zombie = self._one("zombie")
+        long_ckpt = self._one("long_checkpoint")
+        failing = self._one("checkpoint_failure")
+        stuck = self._one("checkpoint_never_completes")
+        restart = self._one("restart_loop")
+        crashes: list[float] = []
+        if restart is not None:
+            every = float(restart[1].params["every"])
+            crashes = [restart[1].start + k * every for k in range(int(restart[1].params["restarts"]))]
+        stall_done = long_done = stuck_done = False
+        while t < self.limit:
+            if crashes and t >= crashes[0]:
+                assert restart is not None
+                crashes.pop(0)
+                t = self._crash_and_restart(t, restart[0], last=not crashes)
+                continue
+            if hang is not None and t >= hang[1].start:
+                self._hang(t, *hang)
+                return
+            if zombie is not None and t >= zombie[1].start:
+                at = self.last_finish if self.last_finish is not None else t
+                e.effects[zombie[0]] = _Effect(at, None, {"last_step": self.step - 1})
+                return  # processes keep their GPUs: holdings stay open to the end
+            if stall is not None and not stall_done and t >= stall[1].start:
+                stall_done = True
+                i, f = stall
+                at = self.last_finish if self.last_finish is not None else t
+                resume = _end_of(f)
+                e.effects[i] = _Effect(at, None if resume == _NEVER else resume, {"last_step": self.step - 1})
+                if resume >= self.limit:
+                    return
+                # The step in flight waits for its data through the whole stall, then completes.
+                self.pending_data_s += resume - t
+            if long_ckpt is not None and not long_done and t >= long_ckpt[1].start:
+                long_done = True
+                i, f = long_ckpt
+                dur = f.duration if f.duration is not None else 300.0
+                started, done = self._checkpoint(t, dur, "ok")
+                e.effects[i] = _Effect(started, done, {"checkpoint_duration_s": dur})
+                self.next_ckpt = t + job.checkpoint.every
+            elif stuck is not None and not stuck_done and t >= stuck[1].start:
+                stuck_done = True
+                i, f = stuck
+                self._checkpoint(t, job.checkpoint.duration, "stuck", stuck_until=f.end)
+                e.effects[i] = _Effect(t, f.end, {})
+                self.next_ckpt = t + job.checkpoint.every
+            elif (
+                failing is not None
+                and failing[1].start <= t < _end_of(failing[1])
+                and (t >= self.next_ckpt or failing[0] not in e.effects)
+            ):
+                i, f = failing
+                _, failed_at = self._checkpoint(
+                    t, job.checkpoint.duration, "failed", error=str(f.params["error"])
+                )
+                eff = e.effects.setdefault(i, _Effect(t, failed_at, {"failed_checkpoints": 0}))
+                eff.end = failed_at
+                eff.detail["failed_checkpoints"] += 1
+                self.next_ckpt = t + job.checkpoint.every
+            elif t >= self.next_ckpt:
+                if not (self.ckpt_stuck and stuck is not None and t < _end_of(stuck[1])):
+                    self._checkpoint(t, job.checkpoint.duration * _lognormal(self.rng, 0.1), "ok")
+                self.next_ckpt = t + job.checkpoint.every
+            t = self._step(t)
+            ev = job.evaluation
+            if ev.every_steps and self.step % ev.every_steps == 0 and t < self.limit:
+                t = self._evaluate(t)
+        if job.end is not None and job.end <= e.sc.duration:
+            self._state(job.end, "completed", reason="training finished", exit_code=0)
+            self._release(job.end + 1.0)
+
+    def _active(self, fault_type: str, t: float) -> list[tuple[int, FaultSpec]]:
+        return [(i, f) for i, f in self.e._faults(self.job.id, fault_type) if f.start <= t < _end_of(f)]
+
+    def _step(self, t: float) -> float:
+        """One synchronous step of every rank starting at `t`; returns when it ended."""
+        job, e, rng = self.job, self.e, self.rng
+        noise = job.step_noise
+        data0, compute0, comm0 = self.base
+        warm = 1.0 + 3.0 * math.exp(-self.steps_in_run / 4.0) if self.steps_in_run < job.warmup_steps else 1.0
+        slow = 1.0
+        for i, f in self._active("throughput_regression", t):
+            slow *= f.magnitude or 1.3
+            e.effects.setdefault(i, _Effect(t, f.end, {}))
+        net = 1.0
+        for _, f in self._active("network_degradation", t):
+            net *= f.magnitude or 2.0
+        compute_factor = [1.0] * job.world_size
+        for i, f in self._active("straggler_gpu", t):
+            assert f.rank is not None
+            compute_factor[f.rank] *= f.magnitude or 1.5
+            e.effects.setdefault(i, _Effect(t, f.end, {}))
+        extra_data = [0.0] * job.world_size
+        for i, f in self._active("slow_data_worker", t):
+            assert f.rank is not None
+            extra_data[f.rank] += (f.magnitude or 0.5) * job.step_time * _lognormal(rng, 0.15)
+            e.effects.setdefault(i, _Effect(t, f.end, {}))
+        content = _lognormal(rng, noise)  # the step's work, the same for every rank (same shapes)
+        ckpt_s, self.pending_ckpt_s = self.pending_ckpt_s, 0.0
+        stalled_s, self.pending_data_s = self.pending_data_s, 0.0
+        segs = []
+        for r in self.layout:
+            data = data0 * slow * _lognormal(rng, 0.25) + extra_data[r.rank] + stalled_s
+            compute = compute0 * slow * warm * content * _lognormal(rng, noise * 0.4) * compute_factor[r.rank]
+            segs.append((data, compute))
+        ready = max(d + c for d, c in segs)
+        coll = comm0 * slow * net * _lognormal(rng, noise)
+        finish = t + ckpt_s + ready + coll
+        step = self.step
+        loss_base, grad, lr, skipped, nan_loss = self._model(t, step)
+        last_report = t
+        for r, (data, compute) in zip(self.layout, segs, strict=True):
+            wait = ready - (data + compute) + coll + rng.uniform(0, 0.002)
+            # Ranks leave the collective within a few ms of each other, all by `finish`.
+            reported = finish - rng.uniform(0, 0.004)
+            last_report = max(last_report, reported)
+            fwd, bwd, opt = compute * 0.32, compute * 0.6, compute * 0.08
+            loss = math.nan if nan_loss else loss_base * (1 + rng.gauss(0, 0.012))
+            e.emit(
+                reported,
+                "StepCompleted",
+                job_id=job.id,
+                run_id=self.run_id,
+                rank=r.rank,
+                step=step,
+                samples=self.samples,
+                tokens=self.samples * job.seq_len,
+                loss=loss,
+                lr=lr,
+                grad_norm=grad,
+                step_time_s=round(ckpt_s + data + compute + wait, 6),
+                data_wait_s=round(data, 6),
+                forward_s=round(fwd, 6),
+                backward_s=round(bwd, 6),
+                optimizer_s=round(opt, 6),
+                comm_s=round(wait, 6),
+                checkpoint_s=round(ckpt_s, 6) if ckpt_s else 0.0,
+                skipped=skipped,
+            )
+            s = t + ckpt_s
+            e._spread(r.node, r.gpu_index, _DATA, s, data)
+            e._spread(r.node, r.gpu_index, _COMPUTE, s + data, compute)
+            e._spread(r.node, r.gpu_index, _COMM, s + data + compute, wait)
+            e._count_step(r.node, r.gpu_index, finish)
+        self.step += 1
+        self.steps_in_run += 1
+        self.last_finish = round(last_report * 1000) / 1000  # exactly the reported ms
+        return finish
+
+    def _model(self, t: float, step: int) -> tuple[float, float, float, bool, bool]:
+        """(loss, grad_norm, lr, skipped, loss_is_nan) of a step, with the model-level faults applied."""
+        job, rng = self.job, self.rng
+        c = job.loss_final
+        loss = c + (job.loss_initial - c) * (1 + step / 60.0) ** -0.45
+        loss *= 1 + rng.gauss(0, 0.01)
+        grad = (0.35 + 2.5 * (1 + step / 40.0) ** -0.7) * _lognormal(rng, 0.08)
+        if step < job.lr_warmup_steps:
+            lr = job.learning_rate * (step + 1) / job.lr_warmup_steps
+        else:
+            p = min(1.0, (step - job.lr_warmup_steps) / max(1, job.total_steps - job.lr_warmup_steps))
+            lr = job.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+        skipped = nan_loss = False
+        for i, f in self._active("loss_divergence", t):
+            minutes = (t - f.start) / 60.0
+            loss += (f.magnitude or 0.3) * minutes
+            grad *= 1 + 0.6 * minutes
+            self.e.effects.setdefault(i, _Effect(t, f.end, {}))
+        for i, f in self._active("grad_spike", t):
+            grad *= f.magnitude or 50.0
+            loss *= 1.35
+            self.e.effects.setdefault(i, _Effect(t, f.end, {"first_step": step}))
+        for i, f in self._active("nan_grad", t):
+            grad = math.inf if rng.random() < 0.7 else math.nan
+            skipped = True
+            self.e.effects.setdefault(i, _Effect(t, f.end, {"first_step": step}))
+        for i, f in self._active("nan_loss", t):
+            nan_loss, grad, skipped = True, math.nan, True
+            self.e.effects.setdefault(i, _Effect(t, f.end, {"first_step": step}))
+        return loss, grad, lr, skipped, nan_loss
+
+    def _evaluate(self, t: float) -> float:
+        job, e = self.job, self.e
+        dur = job.evaluation.duration * _lognormal(self.rng, 0.05)
+        for r in self.layout:
+            e._spread(r.node, r.gpu_index, _EVAL, t, dur)
+        loss, *_ = self._model(t, self.step)
+        val = loss * 1.03 if math.isfinite(loss) else loss
+        e.emit(
+            t + dur,
+            "ValidationResult",
+            job_id=job.id,
+            run_id=self.run_id,
+            step=self.step - 1,
+            metrics={"val_loss": round(val, 5), "val_ppl": round(math.exp(min(val, 50.0)), 3)},
+            duration_s=round(dur, 3),
+        )
+        return t + dur
+
+    def _checkpoint(
+        self,
+        t: float,
+        dur: float,
+        outcome: str,
+        *,
+        error: str | None = None,
+        stuck_until: float | None = None,
+    ) -> tuple[float, float]:
+        """Start a checkpoint at `t`; the next step carries its blocking time. Returns (started, ended)."""
+        job, e, rng = self.job, self.e, self.rng
+        step = self.step
+        ckpt_id = f"{self.run_id}-step{step:07d}"
+        uri = f"{job.checkpoint.uri}/{job.id}/step_{step:07d}"
+        common = {
+            "job_id": job.id,
+            "run_id": self.run_id,
+            "rank": None,
+            "checkpoint_id": ckpt_id,
+            "step": step,
+        }
+        e.emit(t, "CheckpointEvent", **common, phase="started", uri=uri, version="dcp-2")
+        if outcome == "ok":
+            blocking = dur
+            nbytes = int(job.checkpoint.bytes * (1 + rng.gauss(0, 0.002)))
+            e.emit(
+                t + dur,
+                "CheckpointEvent",
+                **common,
+                phase="completed",
+                uri=uri,
+                bytes=nbytes,
+                duration_s=round(dur, 3),
+                version="dcp-2",
+            )
+            verify = dur + rng.uniform(4.0, 12.0)
+            checksum = hashlib.sha256(f"{ckpt_id}/{nbytes}".encode()).hexdigest()
+            e.emit(
+                t + verify,
+                "CheckpointEvent",
+                **common,
+                phase="verified",
+                uri=uri,
+                bytes=nbytes,
+                duration_s=round(verify, 3),
+                version="dcp-2",
+                checksum=checksum,
+            )
+            self.last_verified = (ckpt_id, step)
+            for node in job.nodes:
+                e._add_disk_write(node, t, dur, nbytes / len(job.nodes))
+            ended = t + dur
+        elif outcome == "failed":
+            blocking = dur * rng.uniform(0.3, 0.6)
+            e.emit(
+                t + blocking,
+                "CheckpointEvent",
+                **common,
+                phase="failed",
+                uri=uri,
+                duration_s=round(blocking, 3),
+                version="dcp-2",
+                error=error,
+            )
+            ended = t + blocking
+        else:  # stuck: the in-loop snapshot returns, the background upload never finishes
+            blocking = dur * 0.25
+            self.ckpt_stuck = True
+            ended = _NEVER
+            if stuck_until is not None and stuck_until < e.sc.duration:
+                e.emit(
+                    stuck_until,
+                    "CheckpointEvent",
+                    **common,
+                    phase="failed",
+                    uri=uri,
+                    duration_s=round(stuck_until - t, 3),
+                    version="dcp-2",
+                    error="checkpoint upload abandoned: no progress",
+                )
+                ended = stuck_until
+        for r in self.layout:
+            e._spread(r.node, r.gpu_index, _CKPT, t, blocking)
+        self.pending_ckpt_s += blocking
+        return t, ended
+
+    def _hang(self, t: float, index: int, fault: FaultSpec) -> None:
+        """One rank stops inside a step; the others block in its collective until the timeout."""
+        e = self.e
+        assert fault.rank is not None
+        at = self.last_finish if self.last_finish is not None else t
+        end = _NEVER if fault.end is None else fault.end
+        stop = min(end, e.sc.duration)
+        busy = fault.params.get("gpus", "busy") == "busy"
+        for r in self.layout:
+            if r.rank == fault.rank:
+                # busy: stuck in a kernel that never returns; idle: stuck in host code.
+                if busy:
+                    e._spread(r.node, r.gpu_index, _COMPUTE, t, stop - t)
+            else:
+                # The others wait in the all-reduce the hung rank never joins.
+                e._spread(r.node, r.gpu_index, _SPIN if busy else _BLOCKED, t, stop - t)
+        e.effects[index] = _Effect(at, None if end == _NEVER else end, {"last_step": self.step - 1})
+        if end < e.sc.duration:
+            for r in self.layout:
+                if r.rank == fault.rank:
+                    continue
+                e.emit(
+                    end + self.rng.uniform(0, 0.5),
+                    "RankFault",
+                    job_id=self.job.id,
+                    run_id=self.run_id,
+                    rank=r.rank,
+                    node=r.node,
+                    kind="collective_timeout",
+                    detail=f"Watchdog caught collective operation timeout: WorkNCCL(SeqNum={self.step}, "
+                    f"OpType=ALLREDUCE) ran for {int((end - t) * 1000)} milliseconds before timing out.",
+                    exit_code=None,
+                )
+            self._state(end + 1.0, "failed", reason="collective timeout", exit_code=1)
+            self._release(end + 3.0)
+
+    def _crash_and_restart(self, t: float, index: int, *, last: bool) -> float:
+        """A rank exits; the job restarts as a new run from its last verified checkpoint."""
+        e, job, rng = self.e, self.job, self.rng
+        victim = self.layout[rng.randrange(len(self.layout))]
+        detail = _CRASH_DETAILS[rng.randrange(len(_CRASH_DETAILS))]
+        e.emit(
+            t,
+            "RankFault",
+            job_id=job.id,
+            run_id=self.run_id,
+            rank=victim.rank,
+            node=victim.node,
+            kind="exit",
+            detail=detail,
+            exit_code=1,
+        )
+        self.restart_count += 1
+        self._state(t + 0.5, "restarting", reason=f"rank {victim.rank} exited with code 1", exit_code=1)
+        self._release(t + 3.0)
+        eff = e.effects.setdefault(index, _Effect(t, None, {"restarts": 0}))
+        eff.detail["restarts"] += 1
+        self.run_index += 1
+        self.run_id = f"{job.id}-r{self.run_index}"
+        t_new = t + rng.uniform(25.0, 40.0)
+        if last:
+            eff.end = t_new + 0.05
+        if t_new >= self.limit:
+            return t_new
+        first_step = self._start_run(t_new)
+        if self.last_verified is not None:
+            ckpt_id, step = self.last_verified
+            e.emit(
+                first_step - 2.0,
+                "CheckpointEvent",
+                job_id=job.id,
+                run_id=self.run_id,
+                rank=None,
+                checkpoint_id=ckpt_id,
+                step=step,
+                phase="restored",
+                duration_s=round(job.init_time * 0.5, 3),
+                version="dcp-2",
+            )
+            self.step = step + 1
+        else:
+            self.step = 0
+        self.next_ckpt = first_step + job.checkpoint.every
+        return first_step

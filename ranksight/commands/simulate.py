@@ -1,0 +1,173 @@
+"""`ranksight simulate`: a simulated cluster's telemetry and training events with labelled faults."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ranksight.console import console, err_console, fail, user_errors
+from ranksight.settings import load_settings
+
+__all__ = ["register"]
+
+
+def _list() -> None:
+    from producers.simulator import FAULTS, builtin_scenarios, load_scenario
+
+    for name in builtin_scenarios():
+        sc = load_scenario(name)
+        faults = (
+            ", ".join(f"{f.type} -> {FAULTS[f.type].alert or 'no alert'}" for f in sc.faults) or "no faults"
+        )
+        console.print(
+            f"[bold]{name}[/]  {sc.duration / 60:g} min, {len(sc.jobs)} job(s): {faults}", highlight=False
+        )
+        if sc.description:
+            console.print(f"    [dim]{sc.description}[/]", highlight=False)
+
+
+class _Progress:
+    """Prints a line every few seconds of wall time while events are generated."""
+
+    def __init__(self, total_s: float, quiet: bool) -> None:
+        self.total_s = total_s
+        self.quiet = quiet
+        self.last = time.monotonic()
+
+    def __call__(self, events: int, sim_s: float) -> None:
+        now = time.monotonic()
+        if self.quiet or now - self.last < 2.0:
+            return
+        self.last = now
+        err_console.print(
+            f"  generated {events:,} events, simulated {sim_s / 60:.1f} of {self.total_s / 60:.1f} min",
+            highlight=False,
+        )
+
+
+def simulate_command(
+    scenario: str | None = typer.Option(
+        None, "--scenario", "-s", help="Built-in scenario name (see --list) or a scenario YAML file."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Random seed: the same seed gives byte-identical output."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Write an Avro container file of events (offline, as fast as possible)."
+    ),
+    labels: Path | None = typer.Option(
+        None,
+        "--labels",
+        help="Where to write the fault labels (JSON Lines); default labels.jsonl next to --out.",
+    ),
+    to_kafka: bool = typer.Option(False, "--to-kafka", help="Publish to Kafka, paced by event time."),
+    speed: float = typer.Option(
+        1.0, "--speed", min=0.001, help="Pace for --to-kafka: 1 = real time, 10 = 10x."
+    ),
+    topic_prefix: str | None = typer.Option(None, "--topic-prefix", help="Prefix of every topic name."),
+    duration: str | None = typer.Option(None, "--duration", help="Override the scenario length, e.g. 20m."),
+    start: str | None = typer.Option(
+        None, "--start", help="Event time of the scenario start (ISO-8601, UTC), e.g. 2026-01-01T00:00:00Z."
+    ),
+    list_: bool = typer.Option(False, "--list", help="List the built-in scenarios and exit."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+) -> None:
+    """Generate a cluster's GPU/host telemetry and training events, with labelled faults."""
+    from producers.simulator import load_scenario, parse_duration, simulate, write_labels
+    from schemas.files import parse_ts, write_container
+
+    with user_errors():
+        if list_:
+            _list()
+            return
+        if scenario is None:
+            fail("give a scenario: --scenario NAME|FILE.yaml (see --list)")
+        if out is None and not to_kafka:
+            fail("say where the events go: --out events.avro, or --to-kafka")
+        sc = load_scenario(scenario)
+        overrides: dict[str, Any] = {}
+        if duration is not None:
+            try:
+                overrides["duration"] = parse_duration(duration)
+            except ValueError as exc:
+                fail(f"--duration: {exc}")
+            if overrides["duration"] <= 0:
+                fail("--duration must be positive")
+        if start is not None:
+            try:
+                overrides["start_ms"] = parse_ts(start)
+            except ValueError as exc:
+                fail(f"--start: {exc}")
+        sc = sc.with_overrides(**overrides)
+        labels_path = labels or ((out.parent if out is not None else Path(".")) / "labels.jsonl")
+        if out is not None and labels_path.resolve() == out.resolve():
+            fail("--labels and --out name the same file")
+        sim = simulate(sc, seed, progress=_Progress(sc.duration, quiet))
+        if not quiet:
+            err_console.print(
+                f"simulating {sc.name}: {len(sc.jobs)} job(s), {sc.cluster.nodes} node(s), "
+                f"{len(sc.faults)} fault(s), {sc.duration / 60:g} min of event time, seed {seed}",
+                highlight=False,
+            )
+        began = time.monotonic()
+        events = list(sim.events())
+        if out is not None:
+            count = write_container(out, events)
+            console.print(
+                f"wrote {count:,} events to {out} in {time.monotonic() - began:.1f}s", highlight=False
+            )
+        n_labels = write_labels(labels_path, sim.labels)
+        console.print(f"wrote {n_labels} label(s) to {labels_path}", highlight=False)
+        if to_kafka:
+            _publish(events, speed, topic_prefix, quiet)
+
+
+def _publish(events: list[Any], speed: float, topic_prefix: str | None, quiet: bool) -> None:
+    """Publish through the shared publisher, paced by event time."""
+    from producers.publisher import open_publisher
+    from producers.simulator import paced
+    from schemas.codec import codec_from_settings
+
+    settings = load_settings()
+    try:
+        conf = settings.kafka_config()
+    except ValueError as exc:
+        fail(str(exc))
+    prefix = settings.topic_prefix if topic_prefix is None else topic_prefix
+    if not events:
+        return
+    span_s = (events[-1].record["ts"] - events[0].record["ts"]) / 1000
+    if not quiet:
+        err_console.print(
+            f"publishing {len(events):,} events to {conf['bootstrap.servers']} at {speed:g}x "
+            f"(about {span_s / speed / 60:.1f} min)",
+            highlight=False,
+        )
+    pub = open_publisher(
+        "kafka", kafka_conf=conf, codec=codec_from_settings(settings.schema_registry_url), topic_prefix=prefix
+    )
+    sent = 0
+    last = time.monotonic()
+    try:
+        for event in paced(events, speed):
+            pub.publish(event)
+            sent += 1
+            now = time.monotonic()
+            if not quiet and now - last >= 5.0:
+                last = now
+                lag = (event.record["ts"] - events[0].record["ts"]) / 1000
+                err_console.print(
+                    f"  published {sent:,} events, event time +{lag / 60:.1f} min", highlight=False
+                )
+        remaining = pub.flush(30.0)
+    finally:
+        pub.close()
+    if remaining:
+        fail(f"{remaining} events were not delivered within 30 s; is the broker up?")
+    console.print(f"published {sent:,} events", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `simulate` command."""
+    app.command("simulate")(simulate_command)
