@@ -1,0 +1,391 @@
+"""A fake `pynvml` module (a real class, same function names and error codes) for `--simulate` and tests.
+
+It answers the NVML calls the agent makes with plausible, slowly varying values for an 8-GPU
+node, and can be told to misbehave: fields that are not supported on some GPUs, a GPU that
+fails on every call, a missing driver at init, XID / ECC events waiting in the event set.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["FakeDevice", "FakeNvml"]
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNKNOWN = 999
+
+
+class NVMLError(Exception):
+    """Same shape as pynvml's: the NVML return code in `.value`."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return {
+            NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+            NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+            NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+            NVML_ERROR_TIMEOUT: "Timeout",
+            NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+            NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+        }.get(self.value, f"NVML error {self.value}")
+
+
+class NVMLError_NotSupported(NVMLError):
+    """Field not supported on this device."""
+
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_NOT_SUPPORTED)
+
+
+class NVMLError_Timeout(NVMLError):
+    """Nothing arrived in the event set before the timeout."""
+
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_TIMEOUT)
+
+
+@dataclass
+class FakeDevice:
+    """One simulated GPU: its identity, load profile and the fields it does not support."""
+
+    index: int
+    uuid: str
+    name: str = "NVIDIA H100 80GB HBM3"
+    unsupported: set[str] = field(default_factory=set)
+    broken: bool = False  # every call raises GPU_IS_LOST
+    pids: list[int] = field(default_factory=list)
+    util: float = 95.0
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    energy_mj: int = 0
+
+
+@dataclass
+class _Memory:
+    total: int
+    used: int
+    free: int
+
+
+@dataclass
+class _Util:
+    gpu: int
+    memory: int
+
+
+@dataclass
+class _Process:
+    pid: int
+    usedGpuMemory: int
+
+
+@dataclass
+class _FieldValue:
+    fieldId: int
+    scopeId: int
+    nvmlReturn: int
+    valueType: int
+    value: Any
+
+
+@dataclass
+class _Value:
+    dVal: float = 0.0
+    uiVal: int = 0
+    ulVal: int = 0
+    ullVal: int = 0
+    sllVal: int = 0
+    siVal: int = 0
+    usVal: int = 0
+
+
+@dataclass
+class _EventData:
+    device: Any
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = 0
+    computeInstanceId: int = 0
+
+
+class FakeNvml:
+    """Stands in for the `pynvml` module: `FakeNvml(gpus=8).nvmlDeviceGetPowerUsage(handle)` etc."""
+
+    NVMLError = NVMLError
+    NVMLError_NotSupported = NVMLError_NotSupported
+    NVMLError_Timeout = NVMLError_Timeout
+    NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_NO_PERMISSION = NVML_ERROR_NO_PERMISSION
+    NVML_ERROR_DRIVER_NOT_LOADED = NVML_ERROR_DRIVER_NOT_LOADED
+    NVML_ERROR_LIBRARY_NOT_FOUND = NVML_ERROR_LIBRARY_NOT_FOUND
+    NVML_ERROR_FUNCTION_NOT_FOUND = NVML_ERROR_FUNCTION_NOT_FOUND
+    NVML_ERROR_TIMEOUT = NVML_ERROR_TIMEOUT
+    NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
+    NVML_SUCCESS = NVML_SUCCESS
+    NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
+    NVML_CLOCK_MEM = 2
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_VOLATILE_ECC = 0
+    NVML_PCIE_UTIL_TX_BYTES = 0
+    NVML_PCIE_UTIL_RX_BYTES = 1
+    NVML_FI_DEV_MEMORY_TEMP = 82
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+    NVML_NVLINK_MAX_LINKS = 18
+    NVML_VALUE_TYPE_DOUBLE = 0
+    NVML_VALUE_TYPE_UNSIGNED_INT = 1
+    NVML_VALUE_TYPE_UNSIGNED_LONG = 2
+    NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+    NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4
+    NVML_VALUE_TYPE_SIGNED_INT = 5
+    nvmlEventTypeSingleBitEccError = 0x1
+    nvmlEventTypeDoubleBitEccError = 0x2
+    nvmlEventTypeXidCriticalError = 0x8
+
+    def __init__(
+        self,
+        gpus: int = 8,
+        *,
+        init_error: int | None = None,
+        seed: int = 0,
+        devices: list[FakeDevice] | None = None,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self._init_error = init_error
+        self._rng = random.Random(seed)
+        self._clock = clock
+        self._t0 = clock()
+        self.devices = devices or [
+            FakeDevice(index=i, uuid=f"GPU-{seed:04x}{i:04x}-fake-0000-0000-{i:012d}") for i in range(gpus)
+        ]
+        self.initialized = False
+        self.calls = 0
+        self._events: queue.Queue[_EventData] = queue.Queue()
+        self._registered: dict[int, int] = {}
+        self._nvlink_kib = [0] * len(self.devices)
+        self._pcie_replays = [0] * len(self.devices)
+
+    # -- misbehaviour switches for tests ------------------------------------------------------
+
+    def inject_xid(self, index: int, xid: int) -> None:
+        """Put an XID critical error of GPU `index` into the event set."""
+        self._events.put(_EventData(self.devices[index], self.nvmlEventTypeXidCriticalError, xid))
+
+    def inject_double_bit_ecc(self, index: int) -> None:
+        """Count an uncorrectable ECC error on GPU `index` and signal it through the event set."""
+        self.devices[index].ecc_uncorrected += 1
+        self._events.put(_EventData(self.devices[index], self.nvmlEventTypeDoubleBitEccError, 0))
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _dev(self, handle: Any, field_name: str) -> FakeDevice:
+        self.calls += 1
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        dev: FakeDevice = handle
+        if dev.broken:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        if field_name in dev.unsupported:
+            raise NVMLError_NotSupported()
+        return dev
+
+    def _wave(self, dev: FakeDevice, period: float, amplitude: float) -> float:
+        t = self._clock() - self._t0
+        return amplitude * math.sin(2 * math.pi * t / period + dev.index) + self._rng.uniform(-1, 1)
+
+    # -- the pynvml surface the agent uses ------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        """Initialise, or raise the configured init error (e.g. LIBRARY_NOT_FOUND)."""
+        if self._init_error is not None:
+            raise NVMLError(self._init_error)
+        self.initialized = True
+
+    def nvmlShutdown(self) -> None:
+        """Shut down."""
+        self.initialized = False
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        """A plausible driver version."""
+        return "550.90.07-fake"
+
+    def nvmlDeviceGetCount(self) -> int:
+        """Number of devices."""
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeDevice:
+        """The device itself is the handle."""
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        return self.devices[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeDevice:
+        """The device with this UUID."""
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        for dev in self.devices:
+            if dev.uuid == uuid:
+                return dev
+        raise NVMLError(6)  # NVML_ERROR_NOT_FOUND
+
+    def nvmlDeviceGetIndex(self, handle: Any) -> int:
+        """The device index."""
+        return self._dev(handle, "index").index
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        """The device UUID."""
+        return self._dev(handle, "uuid").uuid
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        """The product name."""
+        return self._dev(handle, "name").name
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> _Util:
+        """GPU and memory activity, percent."""
+        dev = self._dev(handle, "utilization")
+        gpu = max(0.0, min(100.0, dev.util + self._wave(dev, 60, 3)))
+        return _Util(gpu=int(gpu), memory=int(gpu * 0.6))
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> _Memory:
+        """Framebuffer memory in bytes."""
+        dev = self._dev(handle, "memory")
+        total = 80 * 1024**3
+        used = int(total * (0.7 + 0.001 * self._wave(dev, 300, 5)))
+        return _Memory(total=total, used=used, free=total - used)
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        """Power draw, milliwatts."""
+        dev = self._dev(handle, "power")
+        return int((200 + 4.5 * dev.util + self._wave(dev, 45, 15)) * 1000)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        """Power limit, milliwatts."""
+        self._dev(handle, "power_limit")
+        return 700_000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        """Energy since driver load, millijoules."""
+        dev = self._dev(handle, "energy")
+        dev.energy_mj += 650_000
+        return dev.energy_mj
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        """Core temperature, Celsius."""
+        dev = self._dev(handle, "temperature")
+        return int(60 + 0.15 * dev.util + self._wave(dev, 120, 2))
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
+        """Current SM or memory clock, MHz."""
+        self._dev(handle, "clocks")
+        return 1980 if clock_type == self.NVML_CLOCK_SM else 2619
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock_type: int) -> int:
+        """Maximum SM or memory clock, MHz."""
+        self._dev(handle, "max_clocks")
+        return 1980 if clock_type == self.NVML_CLOCK_SM else 2619
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        """Bit mask of clock event (throttle) reasons; 0 when none."""
+        self._dev(handle, "clock_event_reasons")
+        return 0
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
+        """Older name of the clock event reasons."""
+        return self.nvmlDeviceGetCurrentClocksEventReasons(handle)
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int:
+        """Volatile ECC error counts."""
+        dev = self._dev(handle, "ecc")
+        return (
+            dev.ecc_corrected if error_type == self.NVML_MEMORY_ERROR_TYPE_CORRECTED else dev.ecc_uncorrected
+        )
+
+    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
+        """(correctable, uncorrectable, pending, failure)."""
+        self._dev(handle, "remapped_rows")
+        return (0, 0, 0, 0)
+
+    def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: int) -> int:
+        """PCIe throughput over the last 20 ms, KB/s."""
+        dev = self._dev(handle, "pcie")
+        return int(max(0.0, 500_000 + 20_000 * self._wave(dev, 30, 5)))
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
+        """PCIe replay count."""
+        dev = self._dev(handle, "pcie_replay")
+        return self._pcie_replays[dev.index]
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[Any]) -> list[_FieldValue]:
+        """Field values; NVLink throughput counters (KiB) and memory temperature."""
+        dev = self._dev(handle, "field_values")
+        self._nvlink_kib[dev.index] += 40 * 1024 * 1024  # about 40 GiB/s when sampled each second
+        out = []
+        for item in field_ids:
+            fid, scope = item if isinstance(item, tuple) else (item, 0)
+            if fid == self.NVML_FI_DEV_MEMORY_TEMP:
+                ret = NVML_ERROR_NOT_SUPPORTED if "temp_mem" in dev.unsupported else NVML_SUCCESS
+                out.append(_FieldValue(fid, scope, ret, self.NVML_VALUE_TYPE_UNSIGNED_INT, _Value(uiVal=70)))
+            elif fid in (
+                self.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+                self.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+            ):
+                ok = "nvlink" not in dev.unsupported and scope < 18
+                per_link = self._nvlink_kib[dev.index] // 18
+                out.append(
+                    _FieldValue(
+                        fid,
+                        scope,
+                        NVML_SUCCESS if ok else NVML_ERROR_NOT_SUPPORTED,
+                        self.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+                        _Value(ullVal=per_link),
+                    )
+                )
+            else:
+                out.append(_FieldValue(fid, scope, NVML_ERROR_NOT_SUPPORTED, 0, _Value()))
+        return out
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[_Process]:
+        """Processes with a compute context on the GPU."""
+        dev = self._dev(handle, "processes")
+        return [_Process(pid=p, usedGpuMemory=1 << 30) for p in dev.pids]
+
+    def nvmlEventSetCreate(self) -> object:
+        """A new event set (the fake has one queue)."""
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        return object()
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any) -> None:
+        """Register a device for events."""
+        dev = self._dev(handle, "events")
+        self._registered[dev.index] = event_types
+
+    def nvmlEventSetWait(self, event_set: Any, timeout_ms: int) -> _EventData:
+        """The next event, or `NVMLError_Timeout` after `timeout_ms`."""
+        try:
+            return self._events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise NVMLError_Timeout() from None
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        """Release the event set."""

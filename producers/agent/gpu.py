@@ -1,0 +1,342 @@
+"""GPU sampling through NVML: one `GpuSample` per GPU per interval, and XID / ECC events as they happen.
+
+All NVML calls go through the module object given to `GpuSampler` (the real `pynvml`, or
+`FakeNvml` for `--simulate` and tests). Every field is read on its own: a field the GPU does not
+support, or may not be read without privileges, is null; a GPU that fails is logged once and
+the others are still sampled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from producers.errors import NvmlUnavailableError
+
+__all__ = ["GpuSampler", "XidWatcher", "load_nvml"]
+
+log = logging.getLogger(__name__)
+
+_QUIET_CODES_NAMES = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_FUNCTION_NOT_FOUND")
+_NO_DRIVER_NAMES = ("NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_DRIVER_NOT_LOADED")
+
+
+def load_nvml() -> Any:
+    """The real `pynvml` module (from the `nvidia-ml-py` package)."""
+    import pynvml
+
+    return pynvml
+
+
+class GpuSampler:
+    """Reads every GPU of the node through an NVML module; `sample(ts)` -> GpuSample records."""
+
+    def __init__(self, nvml: Any, *, cluster: str, node: str) -> None:
+        self.nvml = nvml
+        self.cluster = cluster
+        self.node = node
+        self._quiet = {getattr(nvml, n) for n in _QUIET_CODES_NAMES if hasattr(nvml, n)}
+        no_driver = {getattr(nvml, n) for n in _NO_DRIVER_NAMES if hasattr(nvml, n)}
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) in no_driver:
+                raise NvmlUnavailableError(str(exc)) from None
+            raise NvmlUnavailableError(f"initialisation failed: {exc}") from None
+        except OSError as exc:  # a broken libnvidia-ml.so can fail to load at the ctypes level
+            raise NvmlUnavailableError(str(exc)) from None
+        self.count = nvml.nvmlDeviceGetCount()
+        self.handles: list[Any] = []
+        self.uuids: list[str] = []
+        self.names: list[str | None] = []
+        for index in range(self.count):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            self.handles.append(handle)
+            uuid = self._read_once(index, "uuid", partial(_nvml_text, nvml.nvmlDeviceGetUUID, handle))
+            self.uuids.append(uuid or f"GPU-unknown-{self.node}-{index}")
+            self.names.append(
+                self._read_once(index, "name", partial(_nvml_text, nvml.nvmlDeviceGetName, handle))
+            )
+        self._failed: set[tuple[int, str]] = set()
+        self._nvlink_prev: dict[int, tuple[int, float]] = {}
+        self._nvlink_fields = [
+            (getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", 138), link)
+            for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))
+        ] + [
+            (getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", 139), link)
+            for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))
+        ]
+        self.errors = 0
+
+    def _read_once(self, index: int, field: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except self.nvml.NVMLError as exc:
+            if getattr(exc, "value", None) not in self._quiet:
+                log.warning("GPU %d: cannot read %s: %s", index, field, exc)
+            return None
+
+    def _read(self, index: int, field: str, fn: Callable[[], Any]) -> Any:
+        """One NVML read; unsupported -> None silently, other errors -> None, logged once per GPU and field."""
+        try:
+            return fn()
+        except self.nvml.NVMLError as exc:
+            if getattr(exc, "value", None) in self._quiet:
+                return None
+            self.errors += 1
+            key = (index, field)
+            if key not in self._failed:
+                self._failed.add(key)
+                log.warning(
+                    "GPU %d (%s): reading %s failed: %s; reporting it as null",
+                    index,
+                    self.uuids[index],
+                    field,
+                    exc,
+                )
+            return None
+        except AttributeError:
+            # An older pynvml without this function: the field is simply not available.
+            return None
+
+    def sample(self, ts_ms: int, now_s: float) -> list[dict[str, Any]]:
+        """A GpuSample record per GPU (fields it cannot read are null)."""
+        return [self.sample_one(index, ts_ms, now_s) for index in range(self.count)]
+
+    def sample_one(self, index: int, ts_ms: int, now_s: float, xid: int | None = None) -> dict[str, Any]:
+        """The GpuSample record of one GPU."""
+        nvml, h, read = self.nvml, self.handles[index], self._read
+        util = read(index, "utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(h))
+        mem = read(index, "memory", lambda: nvml.nvmlDeviceGetMemoryInfo(h))
+        power_mw = read(index, "power", lambda: nvml.nvmlDeviceGetPowerUsage(h))
+        limit_mw = read(index, "power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h))
+        remapped = read(index, "remapped_rows", lambda: nvml.nvmlDeviceGetRemappedRows(h))
+        tx_kb = read(
+            index, "pcie_tx", lambda: nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_TX_BYTES)
+        )
+        rx_kb = read(
+            index, "pcie_rx", lambda: nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_RX_BYTES)
+        )
+        procs = read(index, "processes", lambda: nvml.nvmlDeviceGetComputeRunningProcesses(h))
+        temp_mem, nvlink_tx, nvlink_rx = self._field_values(index, now_s)
+        return {
+            "ts": ts_ms,
+            "cluster": self.cluster,
+            "node": self.node,
+            "gpu_index": index,
+            "gpu_uuid": self.uuids[index],
+            "gpu_name": self.names[index],
+            "gpu_util_pct": None if util is None else float(util.gpu),
+            "mem_util_pct": None if util is None else float(util.memory),
+            "mem_used_bytes": None if mem is None else int(mem.used),
+            "mem_total_bytes": None if mem is None else int(mem.total),
+            "power_w": None if power_mw is None else power_mw / 1000.0,
+            "power_limit_w": None if limit_mw is None else limit_mw / 1000.0,
+            "energy_mj": _int(read(index, "energy", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(h))),
+            "temp_gpu_c": _float(
+                read(
+                    index, "temperature", lambda: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)
+                )
+            ),
+            "temp_mem_c": temp_mem,
+            "sm_clock_mhz": _int(
+                read(index, "sm_clock", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
+            ),
+            "mem_clock_mhz": _int(
+                read(index, "mem_clock", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM))
+            ),
+            "sm_clock_max_mhz": _int(
+                read(index, "sm_clock_max", lambda: nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM))
+            ),
+            "clock_event_reasons": _int(read(index, "clock_event_reasons", lambda: self._clock_reasons(h))),
+            "ecc_corrected": _int(
+                read(
+                    index,
+                    "ecc_corrected",
+                    lambda: nvml.nvmlDeviceGetTotalEccErrors(
+                        h, nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_VOLATILE_ECC
+                    ),
+                )
+            ),
+            "ecc_uncorrected": _int(
+                read(
+                    index,
+                    "ecc_uncorrected",
+                    lambda: nvml.nvmlDeviceGetTotalEccErrors(
+                        h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+                    ),
+                )
+            ),
+            "remapped_rows_correctable": None if remapped is None else int(remapped[0]),
+            "remapped_rows_uncorrectable": None if remapped is None else int(remapped[1]),
+            "pcie_tx_bytes_s": None if tx_kb is None else int(tx_kb) * 1024,
+            "pcie_rx_bytes_s": None if rx_kb is None else int(rx_kb) * 1024,
+            "pcie_replay_count": _int(
+                read(index, "pcie_replay", lambda: nvml.nvmlDeviceGetPcieReplayCounter(h))
+            ),
+            "nvlink_tx_bytes_s": nvlink_tx,
+            "nvlink_rx_bytes_s": nvlink_rx,
+            "pids": [int(p.pid) for p in procs] if procs else [],
+            "xid": xid,
+        }
+
+    def _clock_reasons(self, handle: Any) -> int:
+        fn = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if fn is not None:
+            try:
+                return int(fn(handle))
+            except self.nvml.NVMLError as exc:
+                if getattr(exc, "value", None) != getattr(self.nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", -1):
+                    raise
+        return int(self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+    def _field_values(self, index: int, now_s: float) -> tuple[float | None, int | None, int | None]:
+        """Memory temperature and NVLink TX/RX bytes/s (a rate from the cumulative KiB counters)."""
+        nvml = self.nvml
+        mem_temp_id = getattr(nvml, "NVML_FI_DEV_MEMORY_TEMP", 82)
+        values = self._read(
+            index,
+            "field_values",
+            lambda: nvml.nvmlDeviceGetFieldValues(self.handles[index], [mem_temp_id, *self._nvlink_fields]),
+        )
+        if values is None:
+            return None, None, None
+        ok = getattr(nvml, "NVML_SUCCESS", 0)
+        temp_mem = _field_number(values[0]) if values[0].nvmlReturn == ok else None
+        tx = rx = 0
+        seen = False
+        for v in values[1:]:
+            if v.nvmlReturn != ok:
+                continue
+            seen = True
+            if v.fieldId == self._nvlink_fields[0][0]:
+                tx += int(_field_number(v) or 0)
+            else:
+                rx += int(_field_number(v) or 0)
+        if not seen:
+            return (None if temp_mem is None else float(temp_mem)), None, None
+        prev = self._nvlink_prev.get(index)
+        self._nvlink_prev[index] = ((tx << 64) | rx, now_s)
+        if prev is None or now_s <= prev[1]:
+            return (None if temp_mem is None else float(temp_mem)), None, None
+        dt = now_s - prev[1]
+        ptx, prx = prev[0] >> 64, prev[0] & ((1 << 64) - 1)
+        # Counters in KiB; a reset (driver reload) gives a negative delta, reported as unknown.
+        tx_rate = int((tx - ptx) * 1024 / dt) if tx >= ptx else None
+        rx_rate = int((rx - prx) * 1024 / dt) if rx >= prx else None
+        return (None if temp_mem is None else float(temp_mem)), tx_rate, rx_rate
+
+    def close(self) -> None:
+        """Shut NVML down."""
+        with contextlib.suppress(self.nvml.NVMLError):
+            self.nvml.nvmlShutdown()
+
+
+class XidWatcher:
+    """Waits on an NVML event set for XID and ECC events; calls `on_event(gpu_index, xid)` for each."""
+
+    def __init__(
+        self, sampler: GpuSampler, on_event: Callable[[int, int | None], None], *, wait_ms: int = 500
+    ) -> None:
+        self.sampler = sampler
+        self.on_event = on_event
+        self.wait_ms = wait_ms
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.registered: list[int] = []
+        nvml = sampler.nvml
+        self._xid_type = nvml.nvmlEventTypeXidCriticalError
+        self._event_set = nvml.nvmlEventSetCreate()
+        wanted = (
+            nvml.nvmlEventTypeXidCriticalError
+            | nvml.nvmlEventTypeDoubleBitEccError
+            | nvml.nvmlEventTypeSingleBitEccError
+        )
+        for index, handle in enumerate(sampler.handles):
+            # Not every GPU supports every event type: fall back to XID only, then to nothing.
+            for types in (wanted, nvml.nvmlEventTypeXidCriticalError):
+                try:
+                    nvml.nvmlDeviceRegisterEvents(handle, types, self._event_set)
+                    self.registered.append(index)
+                    break
+                except nvml.NVMLError as exc:
+                    last = exc
+            else:
+                log.warning("GPU %d: cannot watch XID/ECC events: %s", index, last)
+        self._index_by_uuid = {uuid: i for i, uuid in enumerate(sampler.uuids)}
+
+    def start(self) -> None:
+        """Start the watcher thread."""
+        self._thread = threading.Thread(target=self._run, name="ranksight-xid", daemon=True)
+        self._thread.start()
+
+    def poll_once(self) -> bool:
+        """Wait up to `wait_ms` for one event and dispatch it; True if one arrived."""
+        nvml = self.sampler.nvml
+        try:
+            data = nvml.nvmlEventSetWait(self._event_set, self.wait_ms)
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) != getattr(nvml, "NVML_ERROR_TIMEOUT", 10):
+                log.warning("NVML event wait failed: %s", exc)
+                self._stop.wait(1.0)
+            return False
+        index = self._index_of(data.device)
+        if index is None:
+            return True
+        xid = int(data.eventData) if data.eventType & self._xid_type else None
+        self.on_event(index, xid)
+        return True
+
+    def _index_of(self, device: Any) -> int | None:
+        for index, handle in enumerate(self.sampler.handles):
+            if handle is device:
+                return index
+        try:
+            uuid = _text(self.sampler.nvml.nvmlDeviceGetUUID(device))
+        except self.sampler.nvml.NVMLError:
+            return None
+        return self._index_by_uuid.get(uuid)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:  # a watcher bug must not kill the agent
+                log.exception("XID watcher error")
+                self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        """Stop the thread and free the event set."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.wait_ms / 1000 + 2)
+        with contextlib.suppress(self.sampler.nvml.NVMLError):
+            self.sampler.nvml.nvmlEventSetFree(self._event_set)
+
+
+def _nvml_text(fn: Callable[[Any], Any], handle: Any) -> str:
+    return _text(fn(handle))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _field_number(v: Any) -> float | int | None:
+    kind = v.valueType
+    val = v.value
+    return {0: val.dVal, 1: val.uiVal, 2: val.ulVal, 3: val.ullVal, 4: val.sllVal, 5: val.siVal}.get(
+        kind, val.uiVal
+    )

@@ -1,0 +1,686 @@
+"""The training SDK: `Reporter` turns a training loop's steps, checkpoints and faults into events.
+
+On the training thread a call only reads clocks, builds a dict and appends it to a deque; a
+background thread converts values (tensors -> floats), encodes and publishes. No call raises
+into the training loop: SDK-internal errors are counted (`reporter.stats["sdk_errors"]`) and
+logged once per kind. Exceptions of the user's own code (inside `step` / `checkpoint` blocks)
+are reported and re-raised untouched.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from time import perf_counter_ns, time_ns
+from types import TracebackType
+from typing import Any, Literal
+
+from producers.publisher import Publisher, open_publisher
+from producers.training.identity import RankIdentity, resolve_identity
+from schemas.errors import RanksightError
+from schemas.records import Event
+
+__all__ = ["SEGMENTS", "CheckpointReport", "Reporter", "Step", "visible_gpu"]
+
+log = logging.getLogger(__name__)
+
+SEGMENTS: tuple[str, ...] = ("data_wait", "forward", "backward", "optimizer", "comm", "checkpoint")
+_SEGMENT_SET = frozenset(SEGMENTS)
+_RECORD_FIELDS = frozenset(("samples", "tokens", "loss", "lr", "grad_norm", "skipped"))
+_JOB_STATES = frozenset(("pending", "running", "restarting", "preempted", "failed", "completed"))
+_FLOAT_FIELDS = ("loss", "lr", "grad_norm")
+_INT_FIELDS = ("samples", "tokens")
+
+
+def visible_gpu(
+    local_rank: int | None, env: Mapping[str, str] | None = None, nvml: Any = None
+) -> tuple[int | None, str | None]:
+    """(index, uuid) of the GPU this rank uses (CUDA_VISIBLE_DEVICES[local_rank]) through NVML, or (None, None)."""
+    env = os.environ if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
+        return None, None
+    slot = local_rank or 0
+    if visible is not None:
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        if slot >= len(entries):
+            return None, None
+        target = entries[slot]
+    else:
+        target = str(slot)
+    try:
+        if nvml is None:
+            nvml = importlib.import_module("pynvml")
+        nvml.nvmlInit()
+    except Exception:  # no driver, no library: this rank has no visible GPU to report
+        return None, None
+    try:
+        if target.startswith(("GPU-", "MIG-")):
+            handle = nvml.nvmlDeviceGetHandleByUUID(target)
+        else:
+            handle = nvml.nvmlDeviceGetHandleByIndex(int(target))
+        uuid = nvml.nvmlDeviceGetUUID(handle)
+        index = int(nvml.nvmlDeviceGetIndex(handle))
+        return index, uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    except Exception:
+        return None, None
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+
+
+class _Segment:
+    """Times one named part of a step; nested in `with step.segment(name):`."""
+
+    __slots__ = ("_name", "_segments", "_t0")
+
+    def __init__(self, segments: dict[str, int], name: str) -> None:
+        self._segments = segments
+        self._name = name
+        self._t0 = 0
+
+    def __enter__(self) -> _Segment:
+        self._t0 = perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> Literal[False]:
+        elapsed = perf_counter_ns() - self._t0
+        segments = self._segments
+        segments[self._name] = segments.get(self._name, 0) + elapsed
+        return False
+
+
+class Step:
+    """One training step: `with reporter.step(n) as s:`; its segments and `record(...)` values."""
+
+    __slots__ = ("_fields", "_reporter", "_segments", "_t0", "step")
+
+    def __init__(self, reporter: Reporter, step: int) -> None:
+        self._reporter = reporter
+        self.step = step
+        self._segments: dict[str, int] = {}
+        self._fields: dict[str, Any] = {}
+        self._t0 = 0
+
+    def segment(self, name: str) -> _Segment:
+        """Time a part of the step: data_wait, forward, backward, optimizer, comm or checkpoint."""
+        return _Segment(self._segments, name)
+
+    def record(self, **values: Any) -> None:
+        """Attach loss, lr, grad_norm, samples, tokens (tensors are fine) and `skipped`."""
+        self._fields.update(values)
+
+    def __enter__(self) -> Step:
+        self._t0 = perf_counter_ns()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
+        elapsed = perf_counter_ns() - self._t0
+        try:
+            self._reporter._step_done(self, elapsed, exc)
+        except Exception as internal:
+            self._reporter._internal("step", internal)
+        return False
+
+
+class CheckpointReport:
+    """One checkpoint: started on enter, completed (with `bytes`) or failed on exit; `verified(checksum)`."""
+
+    def __init__(
+        self, reporter: Reporter, step: int, uri: str | None, checkpoint_id: str, version: str | None
+    ) -> None:
+        self._reporter = reporter
+        self.step = step
+        self.uri = uri
+        self.checkpoint_id = checkpoint_id
+        self.version = version
+        self.bytes: int | None = None
+        self._t0 = 0
+
+    def _emit(self, phase: str, **extra: Any) -> None:
+        r = self._reporter
+        r._emit(
+            "CheckpointEvent",
+            {
+                "ts": time_ns() // 1_000_000,
+                "job_id": r.identity.job_id,
+                "run_id": r.identity.run_id,
+                "rank": r.identity.rank,
+                "checkpoint_id": self.checkpoint_id,
+                "step": self.step,
+                "phase": phase,
+                "uri": self.uri,
+                "bytes": extra.get("bytes"),
+                "duration_s": extra.get("duration_s"),
+                "version": self.version,
+                "checksum": extra.get("checksum"),
+                "error": extra.get("error"),
+            },
+        )
+
+    def __enter__(self) -> CheckpointReport:
+        try:
+            self._emit("started")
+        except Exception as internal:
+            self._reporter._internal("checkpoint", internal)
+        self._t0 = perf_counter_ns()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
+        duration = (perf_counter_ns() - self._t0) / 1e9
+        try:
+            if exc is None:
+                self._emit("completed", bytes=self.bytes, duration_s=duration)
+            else:
+                self._emit(
+                    "failed",
+                    bytes=self.bytes,
+                    duration_s=duration,
+                    error=f"{type(exc).__name__}: {exc}"[:2000],
+                )
+        except Exception as internal:
+            self._reporter._internal("checkpoint", internal)
+        return False  # the user's exception is theirs: re-raised
+
+    def verified(self, checksum: str | None = None) -> None:
+        """The checkpoint was read back and its checksum matches."""
+        try:
+            self._emit("verified", bytes=self.bytes, checksum=checksum)
+        except Exception as internal:
+            self._reporter._internal("checkpoint", internal)
+
+
+class Reporter:
+    """Reports one rank of a training job; identity from arguments or the launcher environment."""
+
+    def __init__(
+        self,
+        job_id: str | None = None,
+        rank: int | None = None,
+        *,
+        world_size: int | None = None,
+        local_rank: int | None = None,
+        node: str | None = None,
+        run_id: str | None = None,
+        cluster: str | None = None,
+        publisher: Publisher | None = None,
+        destination: str | None = None,
+        kafka_conf: dict[str, Any] | None = None,
+        topic_prefix: str | None = None,
+        spool_dir: Path | None = None,
+        bind: bool = True,
+        max_pending: int = 100_000,
+        env: Mapping[str, str] | None = None,
+        nvml: Any = None,
+    ) -> None:
+        env = os.environ if env is None else env
+        self.identity: RankIdentity = resolve_identity(
+            job_id,
+            rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            node=node,
+            run_id=run_id,
+            cluster=cluster,
+            env=env,
+        )
+        self._counts = {"enqueued": 0, "published": 0, "dropped": 0, "sdk_errors": 0}
+        self._logged: set[str] = set()
+        self._owns_publisher = publisher is None
+        self.publisher: Publisher | None = publisher
+        if publisher is None:
+            self.publisher = self._open_publisher(destination, kafka_conf, topic_prefix, spool_dir, env)
+        self._outbox: deque[Event | Callable[[], Event | None] | tuple[Step, int, int]] = deque()
+        self._max_pending = max_pending
+        self._stop = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="ranksight-reporter", daemon=True)
+        self._thread.start()
+        # A weak reference: the exit hook must not keep an abandoned reporter alive.
+        ref = weakref.ref(self)
+        atexit.register(_close_at_exit, ref)
+        if bind:
+            self._outbox.append(lambda: self._rank_bound(env, nvml))
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _open_publisher(
+        self,
+        destination: str | None,
+        kafka_conf: dict[str, Any] | None,
+        topic_prefix: str | None,
+        spool_dir: Path | None,
+        env: Mapping[str, str],
+    ) -> Publisher | None:
+        dest = destination or env.get("RANKSIGHT_DESTINATION") or "kafka"
+        if dest.startswith("file://") and self.identity.world_size > 1:
+            # One file per rank: ranks must not write the same container file.
+            path = dest[len("file://") :]
+            path = (
+                path.format(rank=self.identity.rank)
+                if "{rank}" in path
+                else _with_rank(path, self.identity.rank)
+            )
+            dest = f"file://{path}"
+        conf = kafka_conf
+        if conf is None and dest == "kafka":
+            bootstrap = env.get("KAFKA_BOOTSTRAP") or env.get("RANKSIGHT_KAFKA_BOOTSTRAP")
+            conf = {"bootstrap.servers": bootstrap} if bootstrap else {}
+        prefix = topic_prefix if topic_prefix is not None else env.get("RANKSIGHT_TOPIC_PREFIX", "")
+        try:
+            return open_publisher(dest, kafka_conf=conf, topic_prefix=prefix, spool_dir=spool_dir)
+        except RanksightError as exc:
+            self._internal("publisher", exc, f"ranksight reporting is off for this run: {exc}")
+            return None
+
+    def _internal(self, kind: str, exc: BaseException, message: str | None = None) -> None:
+        self._counts["sdk_errors"] += 1
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.error(
+                "%s", message or f"ranksight SDK error ({kind}), further ones are only counted: {exc!r}"
+            )
+
+    def _emit(self, record_type: str, record: dict[str, Any]) -> None:
+        if len(self._outbox) >= self._max_pending:
+            self._counts["dropped"] += 1
+            return
+        self._outbox.append(Event(record_type, record))
+        self._counts["enqueued"] += 1
+
+    def _run(self) -> None:
+        while True:
+            stopping = self._stop.is_set()
+            self._drain()
+            if stopping:
+                return
+            self._stop.wait(0.02)
+
+    def _drain(self) -> None:
+        outbox = self._outbox
+        while outbox:
+            item = outbox.popleft()
+            try:
+                event: Event | None
+                if isinstance(item, tuple) and not isinstance(item, Event):
+                    event = self._step_record(*item)
+                elif callable(item):
+                    event = item()
+                else:
+                    event = item
+                if event is None or self.publisher is None:
+                    continue
+                self.publisher.publish(_coerce(event))
+                self._counts["published"] += 1
+            except Exception as exc:
+                self._internal(f"publish-{getattr(item, 'type', 'task')}", exc)
+
+    def _rank_bound(self, env: Mapping[str, str], nvml: Any) -> Event:
+        ident = self.identity
+        index, uuid = visible_gpu(ident.local_rank, env, nvml)
+        return Event(
+            "RankBound",
+            {
+                "ts": time_ns() // 1_000_000,
+                "job_id": ident.job_id,
+                "run_id": ident.run_id,
+                "rank": ident.rank,
+                "local_rank": ident.local_rank,
+                "node": ident.node,
+                "gpu_index": index,
+                "gpu_uuid": uuid,
+                "pid": os.getpid(),
+            },
+        )
+
+    def _step_done(self, step: Step, elapsed_ns: int, exc: BaseException | None) -> None:
+        if exc is not None:
+            ident = self.identity
+            self._emit(
+                "RankFault",
+                {
+                    "ts": time_ns() // 1_000_000,
+                    "job_id": ident.job_id,
+                    "run_id": ident.run_id,
+                    "rank": ident.rank,
+                    "node": ident.node,
+                    "kind": "exception",
+                    "detail": f"step {step.step}: {type(exc).__name__}: {exc}"[:2000],
+                    "exit_code": None,
+                },
+            )
+            return
+        # The training thread only stamps the time and enqueues; the record is built off-thread.
+        if len(self._outbox) >= self._max_pending:
+            self._counts["dropped"] += 1
+            return
+        self._outbox.append((step, elapsed_ns, time_ns() // 1_000_000))
+        self._counts["enqueued"] += 1
+
+    def _step_record(self, step: Step, elapsed_ns: int, ts_ms: int) -> Event:
+        ident = self.identity
+        seg = step._segments
+        fields = step._fields
+        if not seg.keys() <= _SEGMENT_SET:
+            self._internal(
+                "segment",
+                ValueError(f"unknown segment(s) {sorted(seg.keys() - _SEGMENT_SET)}; known: {SEGMENTS}"),
+            )
+        if not fields.keys() <= _RECORD_FIELDS:
+            self._internal("record", ValueError(f"unknown field(s) {sorted(fields.keys() - _RECORD_FIELDS)}"))
+        get = seg.get
+        return Event(
+            "StepCompleted",
+            {
+                "ts": ts_ms,
+                "job_id": ident.job_id,
+                "run_id": ident.run_id,
+                "rank": ident.rank,
+                "step": step.step,
+                "samples": fields.get("samples"),
+                "tokens": fields.get("tokens"),
+                "loss": fields.get("loss"),
+                "lr": fields.get("lr"),
+                "grad_norm": fields.get("grad_norm"),
+                "step_time_s": elapsed_ns / 1e9,
+                "data_wait_s": _s(get("data_wait")),
+                "forward_s": _s(get("forward")),
+                "backward_s": _s(get("backward")),
+                "optimizer_s": _s(get("optimizer")),
+                "comm_s": _s(get("comm")),
+                "checkpoint_s": _s(get("checkpoint")),
+                "skipped": bool(fields.get("skipped", False)),
+            },
+        )
+
+    # -- public API -------------------------------------------------------------------------
+
+    def step(self, step: int) -> Step:
+        """`with reporter.step(n) as s:` -> one StepCompleted (wall time of the block, segments summed)."""
+        return Step(self, step)
+
+    def checkpoint(
+        self,
+        step: int,
+        uri: str | None = None,
+        *,
+        checkpoint_id: str | None = None,
+        version: str | None = None,
+    ) -> CheckpointReport:
+        """`with reporter.checkpoint(step, uri) as ck:` -> started, then completed or failed."""
+        return CheckpointReport(
+            self, step, uri, checkpoint_id or f"{self.identity.job_id}-step{step}", version
+        )
+
+    def checkpoint_restored(
+        self, step: int, uri: str | None = None, *, checkpoint_id: str | None = None
+    ) -> None:
+        """The job resumed from the checkpoint of `step`."""
+        try:
+            ck = self.checkpoint(step, uri, checkpoint_id=checkpoint_id)
+            ck._emit("restored")
+        except Exception as internal:
+            self._internal("checkpoint", internal)
+
+    def job_started(
+        self,
+        *,
+        owner: str,
+        team: str,
+        model_name: str = "",
+        model_version: str = "",
+        dataset_version: str = "",
+        workload_family: str = "",
+        nodes: list[str] | None = None,
+        data_parallel: int | None = None,
+        tensor_parallel: int = 1,
+        pipeline_parallel: int = 1,
+        global_batch_size: int | None = None,
+        seq_len: int | None = None,
+        gpu_class: str = "",
+        checkpoint_max_age_s: float | None = None,
+        checkpoint_timeout_s: float | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        """Describe the job (typically from rank 0): owner, team, model, parallelism, checkpoint policy."""
+        try:
+            ident = self.identity
+            world = ident.world_size
+            self._emit(
+                "JobStarted",
+                {
+                    "ts": time_ns() // 1_000_000,
+                    "job_id": ident.job_id,
+                    "run_id": ident.run_id,
+                    "owner": owner,
+                    "team": team,
+                    "cluster": ident.cluster,
+                    "model_name": model_name,
+                    "model_version": model_version,
+                    "dataset_version": dataset_version,
+                    "workload_family": workload_family,
+                    "world_size": world,
+                    "nodes": list(nodes) if nodes is not None else [ident.node],
+                    "data_parallel": data_parallel or max(1, world // (tensor_parallel * pipeline_parallel)),
+                    "tensor_parallel": tensor_parallel,
+                    "pipeline_parallel": pipeline_parallel,
+                    "global_batch_size": global_batch_size,
+                    "seq_len": seq_len,
+                    "gpu_class": gpu_class,
+                    "checkpoint_max_age_s": checkpoint_max_age_s,
+                    "checkpoint_timeout_s": checkpoint_timeout_s,
+                    "labels": dict(labels or {}),
+                },
+            )
+        except Exception as internal:
+            self._internal("job_started", internal)
+
+    def validation(self, step: int, metrics: Mapping[str, Any], *, duration_s: float | None = None) -> None:
+        """Evaluation metrics at `step` (values may be tensors)."""
+        try:
+            ident = self.identity
+            self._emit(
+                "ValidationResult",
+                {
+                    "ts": time_ns() // 1_000_000,
+                    "job_id": ident.job_id,
+                    "run_id": ident.run_id,
+                    "step": step,
+                    "metrics": dict(metrics),
+                    "duration_s": duration_s,
+                },
+            )
+        except Exception as internal:
+            self._internal("validation", internal)
+
+    def fault(self, kind: str, detail: str | None = None, *, exit_code: int | None = None) -> None:
+        """A rank fault: OOM, exit, collective timeout, ..."""
+        try:
+            ident = self.identity
+            self._emit(
+                "RankFault",
+                {
+                    "ts": time_ns() // 1_000_000,
+                    "job_id": ident.job_id,
+                    "run_id": ident.run_id,
+                    "rank": ident.rank,
+                    "node": ident.node,
+                    "kind": kind,
+                    "detail": detail,
+                    "exit_code": exit_code,
+                },
+            )
+        except Exception as internal:
+            self._internal("fault", internal)
+
+    def state(
+        self, state: str, reason: str | None = None, *, exit_code: int | None = None, restart_count: int = 0
+    ) -> None:
+        """A job state change: pending, running, restarting, preempted, failed, completed."""
+        try:
+            if state not in _JOB_STATES:
+                raise ValueError(f"unknown job state {state!r}; known: {', '.join(sorted(_JOB_STATES))}")
+            ident = self.identity
+            self._emit(
+                "JobStateChanged",
+                {
+                    "ts": time_ns() // 1_000_000,
+                    "job_id": ident.job_id,
+                    "run_id": ident.run_id,
+                    "state": state,
+                    "reason": reason,
+                    "exit_code": exit_code,
+                    "restart_count": restart_count,
+                },
+            )
+        except Exception as internal:
+            self._internal("state", internal)
+
+    def collective(
+        self,
+        op: str,
+        *,
+        interval_s: float,
+        count: int,
+        time_s: float,
+        bytes: int | None = None,
+        bus_bw_gbps: float | None = None,
+    ) -> None:
+        """Aggregated collective timings of this rank over an interval."""
+        try:
+            ident = self.identity
+            self._emit(
+                "CollectiveSample",
+                {
+                    "ts": time_ns() // 1_000_000,
+                    "job_id": ident.job_id,
+                    "run_id": ident.run_id,
+                    "rank": ident.rank,
+                    "op": op,
+                    "interval_s": interval_s,
+                    "count": count,
+                    "bytes": bytes,
+                    "time_s": time_s,
+                    "bus_bw_gbps": bus_bw_gbps,
+                },
+            )
+        except Exception as internal:
+            self._internal("collective", internal)
+
+    def dataloader(
+        self,
+        *,
+        interval_s: float,
+        batches: int | None = None,
+        wait_s: float | None = None,
+        queue_depth: int | None = None,
+        workers: int | None = None,
+    ) -> None:
+        """Data-loader health of this rank over an interval."""
+        try:
+            ident = self.identity
+            self._emit(
+                "DataLoaderSample",
+                {
+                    "ts": time_ns() // 1_000_000,
+                    "job_id": ident.job_id,
+                    "run_id": ident.run_id,
+                    "rank": ident.rank,
+                    "interval_s": interval_s,
+                    "batches": batches,
+                    "wait_s": wait_s,
+                    "queue_depth": queue_depth,
+                    "workers": workers,
+                },
+            )
+        except Exception as internal:
+            self._internal("dataloader", internal)
+
+    def flush(self, timeout: float = 10.0) -> int:
+        """Wait until queued events are handed to the publisher and delivered; returns what is left."""
+        try:
+            deadline = time.monotonic() + timeout
+            while self._outbox and time.monotonic() < deadline:
+                time.sleep(0.005)
+            left = len(self._outbox)
+            if self.publisher is not None:
+                left += self.publisher.flush(max(0.0, deadline - time.monotonic()))
+            return left
+        except Exception as internal:
+            self._internal("flush", internal)
+            return len(self._outbox)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Deliver what is queued (up to `timeout` s) and stop; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._stop.set()
+            self._thread.join(timeout)
+            if self.publisher is not None and self._owns_publisher:
+                self.publisher.close(timeout)
+            elif self.publisher is not None:
+                self.publisher.flush(timeout)
+        except Exception as internal:
+            self._internal("close", internal)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """enqueued, published, dropped (outbox full), sdk_errors, and the publisher's counters."""
+        out: dict[str, Any] = dict(self._counts)
+        out["pending"] = len(self._outbox)
+        if self.publisher is not None:
+            out["publisher"] = self.publisher.stats
+        return out
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _close_at_exit(ref: weakref.ref[Reporter]) -> None:
+    reporter = ref()
+    if reporter is not None:
+        reporter.close(timeout=5)
+
+
+def _s(ns: int | None) -> float | None:
+    return None if ns is None else ns / 1e9
+
+
+def _with_rank(path: str, rank: int) -> str:
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
+
+
+def _coerce(event: Event) -> Event:
+    """Numbers the user passed (tensors, numpy scalars) -> plain floats and ints, on the background thread."""
+    record = event.record
+    if event.type == "StepCompleted":
+        for name in _FLOAT_FIELDS:
+            value = record[name]
+            if value is not None and type(value) is not float:
+                record[name] = float(value)
+        for name in _INT_FIELDS:
+            value = record[name]
+            if value is not None and type(value) is not int:
+                record[name] = int(value)
+    elif event.type == "ValidationResult":
+        record["metrics"] = {str(k): float(v) for k, v in record["metrics"].items()}
+    return event

@@ -1,0 +1,102 @@
+"""`ranksight agent`: the node agent (GPU telemetry through NVML, host telemetry through psutil)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ranksight.console import console, err_console, fail, user_errors
+from ranksight.settings import load_settings
+
+__all__ = ["register"]
+
+
+def agent(
+    interval: float = typer.Option(1.0, "--interval", min=0.05, help="Seconds between samples."),
+    cluster: str | None = typer.Option(
+        None, "--cluster", help="Cluster name (default: RANKSIGHT_CLUSTER or 'local')."
+    ),
+    node: str | None = typer.Option(None, "--node", help="Node name (default: the host name)."),
+    simulate: bool = typer.Option(False, "--simulate", help="Simulated GPUs (no NVIDIA driver needed)."),
+    gpus: int = typer.Option(8, "--gpus", min=0, help="Number of simulated GPUs (with --simulate)."),
+    no_gpu: bool = typer.Option(False, "--no-gpu", help="Host telemetry only (CPU-only nodes)."),
+    to: str = typer.Option("kafka", "--to", help="'kafka' (KAFKA_BOOTSTRAP) or file:///path/events.avro."),
+    count: int | None = typer.Option(None, "--count", min=1, help="Stop after this many intervals."),
+    spool_dir: Path | None = typer.Option(
+        None,
+        "--spool-dir",
+        help="Disk spool for Kafka outages (default: $RANKSIGHT_HOME/spool/agent-<node>).",
+    ),
+    spool_max_mb: int = typer.Option(256, "--spool-max-mb", min=1, help="Bound of the disk spool, MiB."),
+    report_every: int = typer.Option(
+        60, "--report-every", min=1, help="Print a status line every N intervals."
+    ),
+) -> None:
+    """Sample this node's GPUs and host every interval and publish GpuSample / HostSample events."""
+    from producers.agent import Agent, FakeNvml, GpuSampler, HostSampler, load_nvml
+    from producers.publisher import open_publisher
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings(cluster=cluster)
+    node_name = node or socket.gethostname()
+    with user_errors():
+        sampler = None
+        if not no_gpu:
+            nvml: Any = FakeNvml(gpus=gpus) if simulate else load_nvml()
+            sampler = GpuSampler(nvml, cluster=settings.cluster, node=node_name)
+        kafka_conf: dict[str, Any] | None = None
+        knobs: dict[str, Any] = {}
+        if to == "kafka":
+            if not settings.kafka_bootstrap:
+                fail(
+                    "no Kafka bootstrap: set KAFKA_BOOTSTRAP, run `ranksight kafka up`, or use --to file:///path.avro"
+                )
+            kafka_conf = settings.kafka_config()
+            knobs["spool_max_bytes"] = spool_max_mb * 1024 * 1024
+            spool_dir = spool_dir or settings.home / "spool" / f"agent-{node_name}"
+        publisher = open_publisher(
+            to, kafka_conf=kafka_conf, topic_prefix=settings.topic_prefix, spool_dir=spool_dir, **knobs
+        )
+    assert publisher is not None
+    host = HostSampler(cluster=settings.cluster, node=node_name)
+    runner = Agent(publisher, host=host, gpus=sampler, interval=interval)
+    gpu_text = "no GPUs" if sampler is None else f"{sampler.count} {'simulated ' if simulate else ''}GPU(s)"
+    err_console.print(
+        f"agent on {node_name} ({settings.cluster}): {gpu_text} + host, every {interval:g}s -> {to}"
+    )
+
+    def _report(stats: Any) -> None:
+        if stats.ticks % report_every == 0:
+            p = publisher.stats
+            err_console.print(
+                f"{stats.ticks} intervals: {stats.gpu_samples} GPU + {stats.host_samples} host samples, "
+                f"{stats.xid_events} XID/ECC events; delivered {p.get('delivered', 0)}, "
+                f"spooled {p.get('spooled', 0)}, dropped {p.get('spool_dropped', 0)}"
+            )
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: runner.stop())
+    try:
+        stats = runner.run(count=count, on_tick=_report)
+    except KeyboardInterrupt:
+        stats = runner.stats
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        left = publisher.flush(2 if publisher.stats.get("outage") else 10)
+        publisher.close(5)
+        if sampler is not None:
+            sampler.close()
+    console.print(
+        f"sampled {stats.ticks} intervals: {stats.gpu_samples} GPU samples, {stats.host_samples} host samples, "
+        f"{stats.xid_events} XID/ECC events"
+        + (f"; {left} events not delivered (kept in the spool)" if left else "")
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `agent` command."""
+    app.command("agent")(agent)

@@ -1,0 +1,112 @@
+"""The PyTorch example (4 CPU ranks over gloo) reports every step to Kafka, and an injected straggler
+shows up as communication wait on the other ranks. Opt-in: RANKSIGHT_TORCH_TESTS=1 and torch installed."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer
+
+from schemas.codec import Codec
+from schemas.topics import TRAINING_EVENTS, TRAINING_STEPS
+
+pytestmark = [
+    pytest.mark.torch,
+    # Decided before any fixture runs, so an opted-out run does not start a broker for nothing.
+    pytest.mark.skipif(
+        os.environ.get("RANKSIGHT_TORCH_TESTS") != "1",
+        reason="set RANKSIGHT_TORCH_TESTS=1 to run the PyTorch example (needs torch: pip install -e .[torch])",
+    ),
+]
+
+_EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train_ddp.py"
+RANKS, STEPS, STRAGGLER = 4, 30, 2
+
+
+_KINDS = {"StepCompleted", "JobStarted", "RankBound", "CheckpointEvent", "JobStateChanged"}
+
+
+def _consume(bootstrap: str, topics: list[str], group_id: str, want_steps: int, timeout: float) -> list:
+    codec = Codec()
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group_id, "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe(topics)
+    events = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and (
+            sum(e.type == "StepCompleted" for e in events) < want_steps or {e.type for e in events} < _KINDS
+        ):
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                events.append(codec.decode(msg.value()))
+    finally:
+        consumer.close()
+    return events
+
+
+def test_example_reports_every_rank_step_and_the_straggler_makes_others_wait(
+    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, group_id: str
+) -> None:
+    pytest.importorskip("torch")
+    job_id = f"torch-{uuid.uuid4().hex[:8]}"
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "RANKSIGHT_TOPIC_PREFIX": topic_prefix,
+        "RANKSIGHT_JOB_ID": job_id,
+        "PYTHONPATH": str(_EXAMPLE.parents[1]),
+    }
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(_EXAMPLE),
+            "--spawn",
+            str(RANKS),
+            "--steps",
+            str(STEPS),
+            "--to",
+            "kafka",
+            "--straggler-rank",
+            str(STRAGGLER),
+            "--straggler-delay",
+            "0.05",
+            "--checkpoint-every",
+            "10",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    events = _consume(
+        kafka_bootstrap, [topics[TRAINING_STEPS], topics[TRAINING_EVENTS]], group_id, RANKS * STEPS, 120
+    )
+    steps = [e.record for e in events if e.type == "StepCompleted" and e.record["job_id"] == job_id]
+    assert sorted((r["rank"], r["step"]) for r in steps) == [
+        (r, s) for r in range(RANKS) for s in range(STEPS)
+    ]
+    comm = defaultdict(list)
+    for r in steps:
+        if r["step"] >= 3:  # skip warm-up steps
+            comm[r["rank"]].append(r["comm_s"])
+    median = {rank: statistics.median(values) for rank, values in comm.items()}
+    print(f"\nmedian comm_s per rank: { {k: round(v, 4) for k, v in sorted(median.items())} }")
+    for rank in range(RANKS):
+        if rank != STRAGGLER:
+            assert median[rank] > median[STRAGGLER], median
+    kinds = {e.type for e in events if e.record.get("job_id") == job_id}
+    assert kinds >= _KINDS
+    bound = [e.record for e in events if e.type == "RankBound" and e.record["job_id"] == job_id]
+    assert sorted(r["rank"] for r in bound) == list(range(RANKS))
