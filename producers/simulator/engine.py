@@ -658,6 +658,7 @@ class _JobRun:
         self.steps_in_run = 0
         self.last_finish: float | None = None
         self.pending_ckpt_s = 0.0
+        self.spike_steps_left: dict[int, int] = {}
         self.pending_data_s = 0.0
         self.last_verified: tuple[str, int] | None = None
         self.ckpt_stuck = False
@@ -680,6 +681,8 @@ class _JobRun:
             reason=reason,
             exit_code=exit_code,
             restart_count=self.restart_count,
+            owner=self.job.owner,
+            team=self.job.team,
         )
 
     def _start_run(self, t: float) -> float:
@@ -936,10 +939,17 @@ class _JobRun:
             loss += (f.magnitude or 0.3) * minutes
             grad *= 1 + 0.6 * minutes
             self.e.effects.setdefault(i, _Effect(t, f.end, {}))
-        for i, f in self._active("grad_spike", t):
+        for i, f in self.e._faults(self.job.id, "grad_spike"):
+            # A spike hits steps, not seconds: it lands on the first steps at or after its start
+            # even when an evaluation pause covers the start time, as many steps as its duration holds.
+            left = self.spike_steps_left.setdefault(i, max(1, round((f.duration or 4.0) / self.job.step_time)))
+            if t < f.start or left <= 0:
+                continue
+            self.spike_steps_left[i] = left - 1
             grad *= f.magnitude or 50.0
             loss *= 1.35
-            self.e.effects.setdefault(i, _Effect(t, f.end, {"first_step": step}))
+            effect = self.e.effects.setdefault(i, _Effect(t, t, {"first_step": step}))
+            effect.end = t + self.job.step_time
         for i, f in self._active("nan_grad", t):
             grad = math.inf if rng.random() < 0.7 else math.nan
             skipped = True

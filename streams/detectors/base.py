@@ -153,6 +153,8 @@ class Topology:
             if job.state != r["state"]:
                 job.state, job.state_since = r["state"], r["ts"]
             job.restart_count = max(job.restart_count, r.get("restart_count", 0))
+            job.owner = r.get("owner") or job.owner
+            job.team = r.get("team") or job.team
             if r.get("run_id"):
                 job.run_id = r["run_id"]
         elif event.type == "RankBound":
