@@ -118,6 +118,7 @@ class Topology:
         self.jobs: dict[str, JobInfo] = {}
         self.bindings: dict[tuple[str, int], Binding] = {}
         self._by_gpu: dict[tuple[str, str], Binding] = {}
+        self._ranks: dict[str, list[Binding]] = {}  # job -> bindings by rank; rebuilt when a rank binds
 
     def observe(self, event: Event) -> None:
         """Update jobs and bindings from JobStarted, JobStateChanged and RankBound."""
@@ -165,6 +166,7 @@ class Topology:
             self.bindings[(r["job_id"], r["rank"])] = binding
             if binding.gpu_uuid is not None:
                 self._by_gpu[(binding.node, binding.gpu_uuid)] = binding
+            self._ranks.pop(binding.job_id, None)
 
     def binding_for_gpu(self, node: str, gpu_uuid: str) -> Binding | None:
         """The rank bound to a GPU of a node, if any."""
@@ -172,7 +174,11 @@ class Topology:
 
     def ranks_of(self, job_id: str) -> list[Binding]:
         """Bindings of a job, by rank."""
-        return sorted((b for (j, _), b in self.bindings.items() if j == job_id), key=lambda b: b.rank)
+        ranks = self._ranks.get(job_id)
+        if ranks is None:
+            ranks = sorted((b for (j, _), b in self.bindings.items() if j == job_id), key=lambda b: b.rank)
+            self._ranks[job_id] = ranks
+        return list(ranks)
 
     def bindings_on_node(self, node: str) -> list[Binding]:
         """Bindings on a node, ordered by job and rank."""
