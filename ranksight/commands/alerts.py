@@ -1,0 +1,173 @@
+"""`ranksight alerts tail|forward`: follow the alert topic; bridge it to Prometheus Alertmanager."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import typer
+
+from ranksight.console import console, err_console, fail, user_errors
+from ranksight.settings import load_settings
+from schemas.codec import codec_from_settings
+from schemas.errors import DecodeError
+from schemas.files import format_ts
+from schemas.topics import ALERTS
+
+__all__ = ["alert_line", "register"]
+
+alerts_app = typer.Typer(help="Follow routed alerts (rs.alerts) or forward them to Alertmanager.")
+
+_STATUS_STYLE = {"firing": "bold red", "resolved": "green"}
+_SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def alert_line(r: dict[str, Any]) -> str:
+    """One rich-markup line for an Alert record."""
+    where = [f"job={r.get('job_id') or '-'}"]
+    for name in ("rank", "node", "gpu_index"):
+        if r.get(name) is not None:
+            where.append(f"{name}={r[name]}")
+    status = r.get("status", "?")
+    sev = r.get("severity", "")
+    return (
+        f"{format_ts(int(r['ts']))} [{_STATUS_STYLE.get(status, 'white')}]{status:<8}[/] "
+        f"[{_SEVERITY_STYLE.get(sev, 'white')}]{sev:<8}[/] [bold]{r['rule']}[/] team={r.get('team')} "
+        f"{' '.join(where)} — {r.get('summary', '')}"
+    )
+
+
+def _consumer(from_beginning: bool, topic: str) -> Any:
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
+
+    settings = load_settings()
+    if not settings.kafka_bootstrap:
+        fail("no Kafka bootstrap: set KAFKA_BOOTSTRAP or run `ranksight kafka up`")
+    conf = {
+        **settings.kafka_config(),
+        # Own throw-away group, manual assignment, no commits: tails never disturb each other.
+        "group.id": f"ranksight-alerts-{uuid.uuid4().hex[:8]}",
+        "enable.auto.commit": False,
+        "log_level": 0,
+    }
+    consumer = Consumer(conf)
+    try:
+        meta = consumer.list_topics(topic, timeout=10)
+    except KafkaException as exc:
+        consumer.close()
+        fail(f"Kafka at {settings.kafka_bootstrap} does not answer ({exc.args[0].str()})")
+    tmeta = meta.topics.get(topic)
+    if tmeta is None or tmeta.error is not None or not tmeta.partitions:
+        consumer.close()
+        fail(
+            f"no topic {topic!r}: create topics with `ranksight kafka topics` (check RANKSIGHT_TOPIC_PREFIX)"
+        )
+    start = OFFSET_BEGINNING if from_beginning else OFFSET_END
+    consumer.assign([TopicPartition(topic, p, start) for p in sorted(tmeta.partitions)])
+    return consumer
+
+
+def _records(consumer: Any, team: str | None, idle_exit_s: float | None) -> Any:
+    settings = load_settings()
+    codec = codec_from_settings(settings.schema_registry_url)
+    last = time.monotonic()
+    while True:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            if idle_exit_s is not None and time.monotonic() - last > idle_exit_s:
+                return
+            yield None
+            continue
+        if msg.error() is not None:
+            err_console.print(f"[yellow]warning:[/] {msg.error().str()}")
+            continue
+        last = time.monotonic()
+        # Keys are the team: skip other teams without decoding.
+        if team is not None and msg.key() is not None and msg.key().decode(errors="replace") != team:
+            continue
+        try:
+            event = codec.decode(msg.value())
+        except DecodeError as exc:
+            err_console.print(
+                f"[yellow]skipped:[/] {exc.located(msg.topic(), msg.partition(), msg.offset())}"
+            )
+            continue
+        if team is not None and event.record.get("team") != team:
+            continue
+        yield event.record
+
+
+@alerts_app.command("tail")
+def tail(
+    team: str | None = typer.Option(None, "--team", help="Only alerts routed to this team."),
+    from_beginning: bool = typer.Option(False, "--from-beginning", help="Start at the oldest alert kept."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line instead of coloured text."),
+    topic: str = typer.Option(
+        ALERTS, "--topic", help="Alert topic (e.g. rs.alerts.replay); prefix is added."
+    ),
+    idle_exit_s: float | None = typer.Option(
+        None, "--idle-exit", help="Exit after N seconds without alerts."
+    ),
+) -> None:
+    """Print routed alerts as they arrive (Ctrl-C stops)."""
+    settings = load_settings()
+    with user_errors():
+        consumer = _consumer(from_beginning, settings.topic_prefix + topic)
+        try:
+            for record in _records(consumer, team, idle_exit_s):
+                if record is None:
+                    continue
+                if as_json:
+                    print(json.dumps(record, sort_keys=True, default=str), flush=True)
+                else:
+                    console.print(alert_line(record), highlight=False, soft_wrap=True)
+        finally:
+            consumer.close()
+
+
+@alerts_app.command("forward")
+def forward(
+    alertmanager: str = typer.Option(
+        ..., "--alertmanager", help="Alertmanager base URL, e.g. http://127.0.0.1:9093."
+    ),
+    team: str | None = typer.Option(None, "--team", help="Only alerts routed to this team."),
+    resend_s: float = typer.Option(60.0, "--resend", min=1.0, help="Re-send firing alerts every N seconds."),
+    from_beginning: bool = typer.Option(False, "--from-beginning", help="Start at the oldest alert kept."),
+    generator_url: str = typer.Option(
+        "", "--generator-url", help="generatorURL of every alert (a dashboard link)."
+    ),
+    idle_exit_s: float | None = typer.Option(
+        None, "--idle-exit", help="Exit after N seconds without alerts."
+    ),
+) -> None:
+    """Forward alerts to Alertmanager (POST /api/v2/alerts), keeping firing ones alive."""
+    from streams.alertmanager import AlertForwarder, AlertmanagerClient, AlertmanagerError
+
+    settings = load_settings()
+    client = AlertmanagerClient(alertmanager)
+    forwarder = AlertForwarder(client.post, resend_s=resend_s, generator_url=generator_url, team=team)
+    console.print(
+        f"forwarding {settings.topic_prefix}{ALERTS} to {client.url} (re-send every {resend_s:.0f} s)"
+    )
+    with user_errors():
+        consumer = _consumer(from_beginning, settings.topic_prefix + ALERTS)
+        try:
+            for record in _records(consumer, team, idle_exit_s):
+                try:
+                    if record is not None and forwarder.handle(record):
+                        console.print(alert_line(record), highlight=False, soft_wrap=True)
+                    forwarder.tick()
+                except AlertmanagerError as exc:
+                    # Keep going: the alert stays firing locally and is re-sent at the next tick.
+                    err_console.print(f"[yellow]warning:[/] {exc}")
+        finally:
+            consumer.close()
+            client.close()
+    console.print(f"sent {forwarder.sent} alerts; {forwarder.firing} firing")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `alerts` group."""
+    app.add_typer(alerts_app, name="alerts")

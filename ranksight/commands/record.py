@@ -1,0 +1,159 @@
+"""`ranksight record`, `ranksight replay-kafka`, `ranksight publish`: Kafka history by time, and files back to Kafka.
+
+The offline `ranksight replay FILES` lives in `replay.py`; these are its Kafka counterparts.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ranksight.console import console, fail, user_errors
+from ranksight.settings import load_settings
+from schemas.files import format_ts, parse_ts
+from schemas.topics import ALERTS_REPLAY, TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS
+
+__all__ = ["parse_time", "register"]
+
+_SOURCES = f"{TELEMETRY_GPU},{TELEMETRY_HOST},{TRAINING_STEPS},{TRAINING_EVENTS}"
+_RELATIVE = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_time(value: str, now_ms: int | None = None) -> int:
+    """`now`, `-30m`/`-2h`/`-1d` (before now), ISO-8601 (UTC unless an offset is given), or UTC ms."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    text = value.strip()
+    if text == "now":
+        return now
+    m = _RELATIVE.match(text)
+    if m:
+        return now - int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+    if text.isdigit():
+        return int(text)
+    try:
+        return parse_ts(text)
+    except ValueError:
+        raise typer.BadParameter(
+            f"{value!r} is not a time: use now, -30m, 2026-11-30T07:00:00Z or UTC ms"
+        ) from None
+
+
+def _kafka() -> tuple[dict[str, Any], str]:
+    settings = load_settings()
+    if not settings.kafka_bootstrap:
+        fail("no Kafka bootstrap: set KAFKA_BOOTSTRAP or run `ranksight kafka up`")
+    return settings.kafka_config(), settings.topic_prefix
+
+
+def _topics(spec: str, prefix: str) -> list[str]:
+    names = [t.strip() for t in spec.split(",") if t.strip()]
+    if not names:
+        fail("--topics is empty: name at least one topic")
+    return [prefix + t for t in names]
+
+
+def record(
+    out: Path = typer.Option(..., "-o", "--out", help="Avro container file to write."),
+    start: str = typer.Option(
+        ..., "--from", help="Start time: now, -30m, ISO-8601 or UTC ms (Kafka record time)."
+    ),
+    end: str = typer.Option("now", "--to", help="End time (inclusive)."),
+    topics: str = typer.Option(_SOURCES, "--topics", help="Comma-separated topics (the prefix is added)."),
+) -> None:
+    """Write the events of a time range of Kafka topics to a file, sorted by event time."""
+    from streams.kafka_replay import record_range
+
+    conf, prefix = _kafka()
+    start_ms, end_ms = parse_time(start), parse_time(end)
+    names = _topics(topics, prefix)
+    console.print(
+        f"reading {', '.join(names)} from {format_ts(start_ms)} to {format_ts(end_ms)}", highlight=False
+    )
+    with user_errors():
+        stats = record_range(conf, names, start_ms, end_ms, out, progress=console.print)
+    console.print(
+        f"wrote {stats.events} events to {out} ({stats.partitions} partitions, {stats.undecodable} undecodable skipped)"
+    )
+
+
+def replay_kafka(
+    start: str = typer.Option(
+        ..., "--from", help="Start time: now, -30m, ISO-8601 or UTC ms (Kafka record time)."
+    ),
+    end: str = typer.Option("now", "--to", help="End time (inclusive)."),
+    topics: str = typer.Option(
+        _SOURCES, "--topics", help="Comma-separated source topics (the prefix is added)."
+    ),
+    alerts_topic: str = typer.Option(
+        ALERTS_REPLAY, "--alerts-topic", help="Where replay alerts go (prefix added)."
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", help="Detector thresholds YAML to try (default: shipped)."
+    ),
+    routing: Path | None = typer.Option(None, "--routing", help="Alert routing YAML (default: shipped)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the alerts, publish nothing."),
+) -> None:
+    """Re-run detection over a time range of Kafka history with a separate engine; alerts to rs.alerts.replay."""
+    from ranksight.commands.alerts import alert_line
+    from streams.config import load_config
+    from streams.engine import DetectionEngine
+    from streams.kafka_replay import replay_kafka as run
+    from streams.routing import load_router
+
+    conf, prefix = _kafka()
+    start_ms, end_ms = parse_time(start), parse_time(end)
+    names = _topics(topics, prefix)
+    with user_errors():
+        engine = DetectionEngine(load_config(config), load_router(routing))
+        console.print(
+            f"replaying {', '.join(names)} from {format_ts(start_ms)} to {format_ts(end_ms)}", highlight=False
+        )
+        stats, alerts = run(
+            conf,
+            names,
+            start_ms,
+            end_ms,
+            engine=engine,
+            alerts_topic=prefix + alerts_topic,
+            progress=console.print,
+            publish=not dry_run,
+        )
+    for a in alerts:
+        console.print(alert_line(a.record), highlight=False, soft_wrap=True)
+    where = "not published (dry run)" if dry_run else f"published to {prefix + alerts_topic}"
+    console.print(f"{stats.events} events, {stats.alerts} alerts {where}")
+
+
+def publish(
+    src: Path = typer.Argument(..., help="Avro container file of events (e.g. from `ranksight simulate`)."),
+    speed: float = typer.Option(
+        0.0, "--speed", min=0.0, help="Event-time pacing: 1 = real time, 0 = as fast as possible."
+    ),
+) -> None:
+    """Publish a file of events to Kafka (telemetry by node, training by job)."""
+    from producers.publisher import open_publisher
+    from streams.kafka_replay import publish_file
+
+    conf, prefix = _kafka()
+    with user_errors():
+        publisher = open_publisher("kafka", kafka_conf=conf, topic_prefix=prefix)
+        try:
+            count = publish_file(src, publisher, speed=speed, progress=console.print)
+            left = publisher.flush(60)
+        finally:
+            publisher.close()
+    if left:
+        fail(f"{left} of {count} events were not delivered (Kafka unreachable?); they stay in the spool")
+    console.print(f"published {count} events from {src}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `record`, `replay-kafka` and `publish`."""
+    app.command("record")(record)
+    app.command("replay-kafka")(replay_kafka)
+    app.command("publish")(publish)

@@ -1,0 +1,88 @@
+"""`ranksight worker`: the Faust stream processor that runs the detectors and publishes alerts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ranksight.console import console, fail, user_errors
+from ranksight.settings import load_settings
+
+__all__ = ["register"]
+
+
+def worker(
+    workdir: Path | None = typer.Option(
+        None, "--workdir", help="Local state of the worker (default <home>/worker)."
+    ),
+    group: str = typer.Option(
+        "ranksight-detect", "--group", help="Faust app id = consumer group; one worker per group."
+    ),
+    config: Path | None = typer.Option(None, "--config", help="Detector thresholds YAML (default: shipped)."),
+    routing: Path | None = typer.Option(None, "--routing", help="Alert routing YAML (default: shipped)."),
+    checkpoint_interval_ms: int = typer.Option(
+        10_000,
+        "--checkpoint-interval-ms",
+        min=100,
+        help="Snapshot the engine at least every N ms of event time.",
+    ),
+    checkpoint_events: int = typer.Option(
+        5_000, "--checkpoint-events", min=1, help="... and every N events."
+    ),
+    partitions: int = typer.Option(
+        6, "--partitions", min=1, help="Partitions of the source and internal topics."
+    ),
+    store: str | None = typer.Option(
+        None, "--store", help="Faust table store URL (default rocksdb:// if available)."
+    ),
+    log_level: str = typer.Option(
+        "warning", "--log-level", help="Faust/worker log level (info: progress lines)."
+    ),
+    stats_interval_s: float = typer.Option(
+        30.0, "--stats-interval", min=0.5, help="Progress line every N seconds (info)."
+    ),
+    align_idle_s: float = typer.Option(
+        2.0,
+        "--align-idle",
+        min=0.1,
+        help="A source partition silent this long stops holding event time back.",
+    ),
+) -> None:
+    """Consume telemetry and training events, detect, publish alerts to rs.alerts and stats to rs.derived.*."""
+    from streams.app import WorkerOptions
+    from streams.worker import run_worker
+
+    settings = load_settings()
+    if not settings.kafka_bootstrap:
+        fail("no Kafka bootstrap: set KAFKA_BOOTSTRAP or run `ranksight kafka up`")
+    if settings.kafka_security_protocol != "PLAINTEXT":
+        fail("the worker supports PLAINTEXT Kafka only for now; use a PLAINTEXT listener")
+    options = WorkerOptions(
+        bootstrap=settings.kafka_bootstrap,
+        workdir=(workdir or settings.home / "worker").resolve(),
+        app_id=group,
+        topic_prefix=settings.topic_prefix,
+        partitions=partitions,
+        config_path=config,
+        routing_path=routing,
+        checkpoint_interval_ms=checkpoint_interval_ms,
+        checkpoint_events=checkpoint_events,
+        store=store,
+        log_level=log_level,
+        stats_interval_s=stats_interval_s,
+        align_idle_s=align_idle_s,
+        schema_registry_url=settings.schema_registry_url,
+    )
+    console.print(
+        f"worker [bold]{settings.topic_prefix}{group}[/] on {settings.kafka_bootstrap} "
+        f"(prefix {settings.topic_prefix!r}, state in {options.workdir}); Ctrl-C stops it",
+        highlight=False,
+    )
+    with user_errors():
+        run_worker(options)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `worker` command."""
+    app.command("worker")(worker)
