@@ -36,3 +36,7 @@ def main() -> None:
     # Third-party import-time deprecation chatter is not for the user of a CLI.
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -284,6 +284,7 @@ class WorkerRuntime:
         self.pending: list[Any] = []  # faust events processed but not yet acked
         self.futures: list[Any] = []  # output sends not yet known delivered
         self.last_checkpoint_ts: int | None = None
+        self.last_receive = time.monotonic()  # when the agent last got an event (wall clock: idleness only)
         self.counts = dict.fromkeys(
             (
                 "events",
@@ -424,6 +425,7 @@ def build_app(options: WorkerOptions) -> faust.App:
 
     async def _receive(stream: Any, fevent: Any) -> None:
         msg = fevent.message
+        runtime.last_receive = time.monotonic()
         topic = msg.topic[len(prefix) :] if prefix and msg.topic.startswith(prefix) else msg.topic
         tp = f"{topic}:{msg.partition}"
         if runtime.engine is None:
@@ -506,10 +508,17 @@ def build_app(options: WorkerOptions) -> faust.App:
 
     @app.timer(options.align_idle_s / 4)
     async def _tick() -> None:
-        # Release events held for idle partitions when no new event arrives to do it.
-        if streams and runtime.engine is not None and len(runtime.aligner):
-            async with lock:
+        if not streams or runtime.engine is None:
+            return
+        async with lock:
+            # Release events held for idle partitions when no new event arrives to do it.
+            if len(runtime.aligner):
                 await _drain(streams[0])
+            # Input went quiet: checkpoint what was processed, so the committed offsets reach the
+            # end (consumer lag reads 0 once the worker has caught up, and a restart replays nothing).
+            idle = time.monotonic() - runtime.last_receive >= options.align_idle_s
+            if idle and runtime.pending and not len(runtime.aligner):
+                await _checkpoint(streams[0], runtime.pending[-1])
 
     @app.timer(options.stats_interval_s)
     async def _stats() -> None:
