@@ -70,7 +70,9 @@ class Settings(BaseSettings):
         if self.kafka_sasl_mechanism:
             conf["sasl.mechanism"] = self.kafka_sasl_mechanism
             conf["sasl.username"] = self.kafka_sasl_username or ""
-            conf["sasl.password"] = self.kafka_sasl_password.get_secret_value() if self.kafka_sasl_password else ""
+            conf["sasl.password"] = (
+                self.kafka_sasl_password.get_secret_value() if self.kafka_sasl_password else ""
+            )
         return conf
 
     def as_dict(self) -> dict[str, Any]:

@@ -127,7 +127,8 @@ class Codec:
         elif data[:1] == b"\x00" and len(data) >= 5:
             if self.registry is None:
                 raise DecodeError(
-                    "Confluent-framed message but no schema registry configured (set SCHEMA_REGISTRY_URL)", data
+                    "Confluent-framed message but no schema registry configured (set SCHEMA_REGISTRY_URL)",
+                    data,
                 )
             writer_parsed, reader = self.registry.writer(int.from_bytes(data[1:5], "big"), data)
             body = 5

@@ -59,7 +59,9 @@ class DecodeError(RanksightError):
 class UnknownSchemaError(DecodeError):
     """The message names a schema (fingerprint or registry id) this reader does not know."""
 
-    def __init__(self, *, fingerprint: str | None = None, schema_id: int | None = None, data: bytes = b"") -> None:
+    def __init__(
+        self, *, fingerprint: str | None = None, schema_id: int | None = None, data: bytes = b""
+    ) -> None:
         self.fingerprint = fingerprint
         self.schema_id = schema_id
         what = f"fingerprint {fingerprint}" if fingerprint is not None else f"schema registry id {schema_id}"

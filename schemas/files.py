@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -33,6 +33,8 @@ __all__ = [
     "write_container",
 ]
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -210,7 +212,9 @@ def _compile_record(schema: dict[str, Any], to_json: bool) -> Converter:
         if not to_json:
             unknown = sorted(set(v) - names - ({"type"} if not path else set()))
             if unknown:
-                raise InvalidEventError(f"{path}{unknown[0]}" if not path else f"{path}.{unknown[0]}", "unknown field")
+                raise InvalidEventError(
+                    f"{path}{unknown[0]}" if not path else f"{path}.{unknown[0]}", "unknown field"
+                )
         out: dict[str, Any] = {}
         for name, conv, default in fields:
             where = f"{path}.{name}" if path else name
@@ -257,7 +261,9 @@ class JsonlFormat:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise InvalidEventError("(line)", f"not JSON: {exc.msg} at column {exc.colno}", line=line) from None
+            raise InvalidEventError(
+                "(line)", f"not JSON: {exc.msg} at column {exc.colno}", line=line
+            ) from None
         return self.from_obj(obj, line)
 
     def from_avro(self, event: Event) -> Event:
@@ -267,7 +273,7 @@ class JsonlFormat:
 
 def _datetimes_to_ms(value: Any) -> Any:
     if isinstance(value, datetime):
-        return int(round(value.timestamp() * 1000))
+        return (value - _EPOCH) // _ONE_MS
     if isinstance(value, dict):
         return {k: _datetimes_to_ms(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -338,4 +344,3 @@ def load_jsonl(src: str | Path, dst: str | Path) -> int:
     """`ranksight events load`: validate every line of `src`, then write `dst` atomically."""
     events = read_jsonl(src)
     return write_container(dst, events)
-

@@ -112,7 +112,11 @@ class RecordSchema:
 
 
 def _record_schema(schema_json: dict[str, Any], named: dict[str, Any] | None = None) -> RecordSchema:
-    fullname = schema_json["name"] if "." in schema_json["name"] else f"{schema_json.get('namespace', '')}.{schema_json['name']}"
+    fullname = (
+        schema_json["name"]
+        if "." in schema_json["name"]
+        else f"{schema_json.get('namespace', '')}.{schema_json['name']}"
+    )
     parsed_logical = parse_schema(schema_json, named_schemas=dict(named or {}))
     parsed = parse_schema(strip_logical_types(schema_json), named_schemas={})
     canonical = to_parsing_canonical_form(parsed_logical)

@@ -942,7 +942,9 @@ class _JobRun:
         for i, f in self.e._faults(self.job.id, "grad_spike"):
             # A spike hits steps, not seconds: it lands on the first steps at or after its start
             # even when an evaluation pause covers the start time, as many steps as its duration holds.
-            left = self.spike_steps_left.setdefault(i, max(1, round((f.duration or 4.0) / self.job.step_time)))
+            left = self.spike_steps_left.setdefault(
+                i, max(1, round((f.duration or 4.0) / self.job.step_time))
+            )
             if t < f.start or left <= 0:
                 continue
             self.spike_steps_left[i] = left - 1

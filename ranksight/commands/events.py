@@ -17,7 +17,9 @@ events_app = typer.Typer(help="Convert events between JSON Lines (human form) an
 
 @events_app.command("load")
 def load(
-    src: Path = typer.Argument(..., help="JSON Lines file, one event per line: {\"type\": \"StepCompleted\", ...}."),
+    src: Path = typer.Argument(
+        ..., help='JSON Lines file, one event per line: {"type": "StepCompleted", ...}.'
+    ),
     out: Path = typer.Option(..., "-o", "--out", help="Avro container file to write."),
 ) -> None:
     """Validate every line and write an Avro container file of events (nothing is written on error)."""

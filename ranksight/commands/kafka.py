@@ -11,7 +11,9 @@ from ranksight.settings import load_settings
 
 __all__ = ["register"]
 
-kafka_app = typer.Typer(help="Run a local Apache Kafka (KRaft, jars from Maven Central) for development and demos.")
+kafka_app = typer.Typer(
+    help="Run a local Apache Kafka (KRaft, jars from Maven Central) for development and demos."
+)
 
 
 def _progress(message: str) -> None:

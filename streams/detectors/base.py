@@ -162,7 +162,9 @@ class Topology:
             old = self.bindings.get((r["job_id"], r["rank"]))
             if old is not None and old.gpu_uuid is not None:
                 self._by_gpu.pop((old.node, old.gpu_uuid), None)
-            binding = Binding(r["job_id"], r["rank"], r["node"], r.get("gpu_uuid"), r.get("gpu_index"), r["pid"], r["ts"])
+            binding = Binding(
+                r["job_id"], r["rank"], r["node"], r.get("gpu_uuid"), r.get("gpu_index"), r["pid"], r["ts"]
+            )
             self.bindings[(r["job_id"], r["rank"])] = binding
             if binding.gpu_uuid is not None:
                 self._by_gpu[(binding.node, binding.gpu_uuid)] = binding

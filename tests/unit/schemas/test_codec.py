@@ -34,7 +34,9 @@ def registry_codec() -> Codec:
 @pytest.mark.parametrize("record_type", RECORD_TYPES)
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
-def test_every_record_round_trips_through_single_object_encoding(record_type: str, data: st.DataObject) -> None:
+def test_every_record_round_trips_through_single_object_encoding(
+    record_type: str, data: st.DataObject
+) -> None:
     event = data.draw(event_of(record_type))
     codec = Codec()
     encoded = codec.encode(event)
@@ -95,7 +97,7 @@ def test_confluent_framing_without_a_registry_is_a_clear_error() -> None:
         Codec().decode(b"\x00\x00\x00\x00\x01\x02")
 
 
-@pytest.mark.parametrize("garbage", [b"", b"x", b"\xc3", b"{\"json\": true}", b"\xc3\x01\x00"])
+@pytest.mark.parametrize("garbage", [b"", b"x", b"\xc3", b'{"json": true}', b"\xc3\x01\x00"])
 def test_garbage_is_a_decode_error_not_a_crash(garbage: bytes) -> None:
     with pytest.raises(DecodeError) as err:
         Codec().decode(garbage)
@@ -134,7 +136,9 @@ def test_data_written_with_an_older_schema_reads_with_the_current_one() -> None:
     event = Codec(schemas).decode(SINGLE_OBJECT_MAGIC + old.fingerprint + body.getvalue())
     assert event.type == "StepCompleted"
     assert event.record["loss"] == 2.5 and event.record["step"] == 10
-    assert event.record["skipped"] is False and event.record["run_id"] == "" and event.record["tokens"] is None
+    assert (
+        event.record["skipped"] is False and event.record["run_id"] == "" and event.record["tokens"] is None
+    )
 
 
 def test_registry_data_written_with_an_older_schema_reads_with_the_current_one(registry_codec: Codec) -> None:
@@ -145,7 +149,9 @@ def test_registry_data_written_with_an_older_schema_reads_with_the_current_one(r
     old_id = client.register_schema("ranksight.v1.StepCompleted-old", Schema(json.dumps(old_json), "AVRO"))
     body = io.BytesIO()
     fastavro.schemaless_writer(
-        body, fastavro.parse_schema(old_json), {"ts": 7, "job_id": "j", "rank": 1, "step": 3, "step_time_s": 2.0}
+        body,
+        fastavro.parse_schema(old_json),
+        {"ts": 7, "job_id": "j", "rank": 1, "step": 3, "step_time_s": 2.0},
     )
     event = registry_codec.decode(b"\x00" + old_id.to_bytes(4, "big") + body.getvalue())
     assert event.record["step"] == 3 and event.record["checkpoint_s"] is None

@@ -9,7 +9,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas.errors import InvalidEventError
-from schemas.files import EventFileError, JsonlFormat, format_ts, iter_container, load_jsonl, parse_ts, write_container
+from schemas.files import (
+    EventFileError,
+    JsonlFormat,
+    format_ts,
+    iter_container,
+    load_jsonl,
+    parse_ts,
+    write_container,
+)
 from tests.unit.schemas.strategies import events
 
 FMT = JsonlFormat()
@@ -33,7 +41,9 @@ def test_timestamps_are_iso_utc_with_milliseconds() -> None:
     assert parse_ts(5) == 5
 
 
-def test_an_invalid_line_is_reported_with_line_field_and_reason_and_nothing_is_written(tmp_path: Path) -> None:
+def test_an_invalid_line_is_reported_with_line_field_and_reason_and_nothing_is_written(
+    tmp_path: Path,
+) -> None:
     good = '{"type": "RankBound", "ts": 1, "job_id": "j", "rank": 0, "node": "n", "pid": 1}'
     src = tmp_path / "in.jsonl"
     src.write_text(
@@ -62,10 +72,22 @@ def test_an_invalid_line_is_reported_with_line_field_and_reason_and_nothing_is_w
     ("line", "field", "reason"),
     [
         ('{"type": "StepCompleted", "job_id": "j", "rank": 0, "step": 1, "step_time_s": 1}', "ts", "missing"),
-        ('{"type": "RankBound", "ts": 1, "job_id": "j", "rank": 0, "node": "n", "pid": 1, "gpu": 0}', "gpu", "unknown"),
+        (
+            '{"type": "RankBound", "ts": 1, "job_id": "j", "rank": 0, "node": "n", "pid": 1, "gpu": 0}',
+            "gpu",
+            "unknown",
+        ),
         ('{"type": "JobStateChanged", "ts": 1, "job_id": "j", "state": "sleeping"}', "state", "not one of"),
-        ('{"type": "RankBound", "ts": 1, "job_id": "j", "rank": 4294967296, "node": "n", "pid": 1}', "rank", "range"),
-        ('{"type": "GpuSample", "ts": 1, "cluster": "c", "node": "n", "gpu_index": 0, "gpu_uuid": "u", "pids": [1, true]}', "pids[1]", "integer"),
+        (
+            '{"type": "RankBound", "ts": 1, "job_id": "j", "rank": 4294967296, "node": "n", "pid": 1}',
+            "rank",
+            "range",
+        ),
+        (
+            '{"type": "GpuSample", "ts": 1, "cluster": "c", "node": "n", "gpu_index": 0, "gpu_uuid": "u", "pids": [1, true]}',
+            "pids[1]",
+            "integer",
+        ),
     ],
 )
 def test_field_errors_name_the_field(line: str, field: str, reason: str) -> None:
@@ -82,7 +104,9 @@ def test_optional_fields_may_be_omitted_and_take_their_defaults() -> None:
 
 def test_non_finite_floats_survive_the_human_form(tmp_path: Path) -> None:
     line = FMT.to_line(
-        FMT.from_line('{"type": "StepCompleted", "ts": 1, "job_id": "j", "rank": 0, "step": 1, "step_time_s": 1, "loss": NaN, "grad_norm": Infinity}')
+        FMT.from_line(
+            '{"type": "StepCompleted", "ts": 1, "job_id": "j", "rank": 0, "step": 1, "step_time_s": 1, "loss": NaN, "grad_norm": Infinity}'
+        )
     )
     assert '"loss": NaN' in line and '"grad_norm": Infinity' in line
     out = tmp_path / "x.avro"

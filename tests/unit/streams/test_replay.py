@@ -75,6 +75,8 @@ def test_the_cli_reports_a_bad_config_in_one_line(tmp_path: Path) -> None:
 
 def test_a_failed_replay_leaves_no_output_behind(tmp_path: Path) -> None:
     alerts = tmp_path / "alerts.jsonl"
-    result = CliRunner().invoke(app, ["replay", str(tmp_path / "missing.avro"), "--offline", "--alerts-out", str(alerts)])
+    result = CliRunner().invoke(
+        app, ["replay", str(tmp_path / "missing.avro"), "--offline", "--alerts-out", str(alerts)]
+    )
     assert result.exit_code == 1 and "no such events file" in result.output
     assert list(tmp_path.iterdir()) == []
