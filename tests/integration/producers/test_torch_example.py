@@ -1,5 +1,6 @@
-"""The PyTorch example (4 CPU ranks over gloo) reports every step to Kafka, and an injected straggler
-shows up as communication wait on the other ranks. Opt-in: RANKSIGHT_TORCH_TESTS=1 and torch installed."""
+"""The PyTorch example (4 CPU ranks over gloo) reports every step to Kafka, the sink stores them in
+ClickHouse, and an injected straggler shows up as communication wait on the other ranks.
+Opt-in: RANKSIGHT_TORCH_TESTS=1 and torch installed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ import pytest
 from confluent_kafka import Consumer
 
 from schemas.codec import Codec
-from schemas.topics import TRAINING_EVENTS, TRAINING_STEPS
+from schemas.topics import DEADLETTER, TRAINING_EVENTS, TRAINING_STEPS
+from sinks.clickhouse import close, connect
+from sinks.consumer import SinkConsumer
+from sinks.ddl import migrate
 
 pytestmark = [
     pytest.mark.torch,
@@ -55,7 +59,7 @@ def _consume(bootstrap: str, topics: list[str], group_id: str, want_steps: int, 
 
 
 def test_example_reports_every_rank_step_and_the_straggler_makes_others_wait(
-    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, group_id: str
+    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, group_id: str, tmp_path: Path
 ) -> None:
     pytest.importorskip("torch")
     job_id = f"torch-{uuid.uuid4().hex[:8]}"
@@ -110,3 +114,27 @@ def test_example_reports_every_rank_step_and_the_straggler_makes_others_wait(
     assert kinds >= _KINDS
     bound = [e.record for e in events if e.type == "RankBound" and e.record["job_id"] == job_id]
     assert sorted(r["rank"] for r in bound) == list(range(RANKS))
+
+    # ... and through the real sink into ClickHouse (chDB): every step of every rank, once.
+    dsn = f"chdb://{tmp_path / 'chdb'}"
+    client = connect(dsn)
+    try:
+        migrate(client, ttl_days=None)
+        sink = SinkConsumer(
+            {"bootstrap.servers": kafka_bootstrap},
+            client,
+            [topics[TRAINING_STEPS], topics[TRAINING_EVENTS]],
+            group_id + "-sink",
+            deadletter_topic=topics[DEADLETTER],
+        )
+        try:
+            sink.run(idle_exit_s=5)
+        finally:
+            sink.close()
+        stored = client.query(
+            f"SELECT rank, count(), uniqExact(step) FROM steps WHERE job_id = '{job_id}' GROUP BY rank ORDER BY rank"
+        ).result_rows
+        assert [tuple(row) for row in stored] == [(rank, STEPS, STEPS) for rank in range(RANKS)]
+        assert int(client.command(f"SELECT count() FROM rank_bound WHERE job_id = '{job_id}'")) == RANKS
+    finally:
+        close(dsn)
