@@ -294,6 +294,14 @@ class Reporter:
                 "%s", message or f"ranksight SDK error ({kind}), further ones are only counted: {exc!r}"
             )
 
+    def _job_event(self, record_type: str, fields: dict[str, Any], *, per_rank: bool) -> None:
+        """Enqueue a record stamped now with this process's job and run (and rank, when per rank)."""
+        ident = self.identity
+        head: dict[str, Any] = {"ts": time_ns() // 1_000_000, "job_id": ident.job_id, "run_id": ident.run_id}
+        if per_rank:
+            head["rank"] = ident.rank
+        self._emit(record_type, {**head, **fields})
+
     def _emit(self, record_type: str, record: dict[str, Any]) -> None:
         if len(self._outbox) >= self._max_pending:
             self._counts["dropped"] += 1
@@ -348,19 +356,15 @@ class Reporter:
 
     def _step_done(self, step: Step, elapsed_ns: int, exc: BaseException | None) -> None:
         if exc is not None:
-            ident = self.identity
-            self._emit(
+            self._job_event(
                 "RankFault",
                 {
-                    "ts": time_ns() // 1_000_000,
-                    "job_id": ident.job_id,
-                    "run_id": ident.run_id,
-                    "rank": ident.rank,
-                    "node": ident.node,
+                    "node": self.identity.node,
                     "kind": "exception",
                     "detail": f"step {step.step}: {type(exc).__name__}: {exc}"[:2000],
                     "exit_code": None,
                 },
+                per_rank=True,
             )
             return
         # The training thread only stamps the time and enqueues; the record is built off-thread.
@@ -491,17 +495,14 @@ class Reporter:
     def validation(self, step: int, metrics: Mapping[str, Any], *, duration_s: float | None = None) -> None:
         """Evaluation metrics at `step` (values may be tensors)."""
         try:
-            ident = self.identity
-            self._emit(
+            self._job_event(
                 "ValidationResult",
                 {
-                    "ts": time_ns() // 1_000_000,
-                    "job_id": ident.job_id,
-                    "run_id": ident.run_id,
                     "step": step,
                     "metrics": dict(metrics),
                     "duration_s": duration_s,
                 },
+                per_rank=False,
             )
         except Exception as internal:
             self._internal("validation", internal)
@@ -509,19 +510,15 @@ class Reporter:
     def fault(self, kind: str, detail: str | None = None, *, exit_code: int | None = None) -> None:
         """A rank fault: OOM, exit, collective timeout, ..."""
         try:
-            ident = self.identity
-            self._emit(
+            self._job_event(
                 "RankFault",
                 {
-                    "ts": time_ns() // 1_000_000,
-                    "job_id": ident.job_id,
-                    "run_id": ident.run_id,
-                    "rank": ident.rank,
-                    "node": ident.node,
+                    "node": self.identity.node,
                     "kind": kind,
                     "detail": detail,
                     "exit_code": exit_code,
                 },
+                per_rank=True,
             )
         except Exception as internal:
             self._internal("fault", internal)
@@ -533,18 +530,15 @@ class Reporter:
         try:
             if state not in _JOB_STATES:
                 raise ValueError(f"unknown job state {state!r}; known: {', '.join(sorted(_JOB_STATES))}")
-            ident = self.identity
-            self._emit(
+            self._job_event(
                 "JobStateChanged",
                 {
-                    "ts": time_ns() // 1_000_000,
-                    "job_id": ident.job_id,
-                    "run_id": ident.run_id,
                     "state": state,
                     "reason": reason,
                     "exit_code": exit_code,
                     "restart_count": restart_count,
                 },
+                per_rank=False,
             )
         except Exception as internal:
             self._internal("state", internal)
@@ -561,14 +555,9 @@ class Reporter:
     ) -> None:
         """Aggregated collective timings of this rank over an interval."""
         try:
-            ident = self.identity
-            self._emit(
+            self._job_event(
                 "CollectiveSample",
                 {
-                    "ts": time_ns() // 1_000_000,
-                    "job_id": ident.job_id,
-                    "run_id": ident.run_id,
-                    "rank": ident.rank,
                     "op": op,
                     "interval_s": interval_s,
                     "count": count,
@@ -576,6 +565,7 @@ class Reporter:
                     "time_s": time_s,
                     "bus_bw_gbps": bus_bw_gbps,
                 },
+                per_rank=True,
             )
         except Exception as internal:
             self._internal("collective", internal)
@@ -591,20 +581,16 @@ class Reporter:
     ) -> None:
         """Data-loader health of this rank over an interval."""
         try:
-            ident = self.identity
-            self._emit(
+            self._job_event(
                 "DataLoaderSample",
                 {
-                    "ts": time_ns() // 1_000_000,
-                    "job_id": ident.job_id,
-                    "run_id": ident.run_id,
-                    "rank": ident.rank,
                     "interval_s": interval_s,
                     "batches": batches,
                     "wait_s": wait_s,
                     "queue_depth": queue_depth,
                     "workers": workers,
                 },
+                per_rank=True,
             )
         except Exception as internal:
             self._internal("dataloader", internal)
