@@ -20,6 +20,7 @@ __all__ = [
     "Detector",
     "Finding",
     "JobInfo",
+    "PerJobDetector",
     "Severity",
     "Topology",
     "dumps_state",
@@ -259,3 +260,33 @@ class Detector:
 
     def forget_job(self, job_id: str) -> None:
         """Drop state of a job that ended (bounded memory)."""
+
+
+class PerJobDetector(Detector):
+    """A detector whose whole state is one JSON-able dict per job, created by `new_job_state`."""
+
+    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
+        super().__init__(topology, params)
+        self._jobs: dict[str, dict[str, Any]] = {}
+
+    def new_job_state(self) -> dict[str, Any]:
+        """The state of a job seen for the first time."""
+        raise NotImplementedError
+
+    def _job(self, job_id: str) -> dict[str, Any]:
+        job = self._jobs.get(job_id)
+        if job is None:
+            job = self._jobs[job_id] = self.new_job_state()
+        return job
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able state: the per-job dicts, by job id."""
+        return {"jobs": {k: self._jobs[k] for k in sorted(self._jobs)}}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore from `state()`."""
+        self._jobs = dict(state.get("jobs", {}))
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop a finished job's state."""
+        self._jobs.pop(job_id, None)

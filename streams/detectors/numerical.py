@@ -26,7 +26,7 @@ import math
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.base import Finding, PerJobDetector, Topology
 from streams.detectors.stats import median
 
 __all__ = ["DEFAULTS", "NumericalDetector"]
@@ -60,7 +60,7 @@ def _fmt(value: Any) -> str:
     return "null" if value is None else repr(float(value))
 
 
-class NumericalDetector(Detector):
+class NumericalDetector(PerJobDetector):
     """Finite loss and gradient norm, loss divergence and gradient-norm spikes, per job."""
 
     rules: ClassVar[tuple[str, ...]] = ("nonfinite_loss", "nonfinite_grad", "loss_divergence", "grad_spike")
@@ -83,43 +83,27 @@ class NumericalDetector(Detector):
         self._extreme = float(p["grad_extreme_factor"])
         self._grad_resolve = int(p["grad_resolve_steps"])
         self._reemit_ms = int(float(p["reemit_s"]) * 1000)
-        self._jobs: dict[str, dict[str, Any]] = {}
 
     # -- state -------------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
-        """JSON-able state: per job, the open windows, medians, gradient history and conditions."""
-        return {"jobs": {k: self._jobs[k] for k in sorted(self._jobs)}}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore from `state()`."""
-        self._jobs = {k: v for k, v in state.get("jobs", {}).items()}
-
-    def forget_job(self, job_id: str) -> None:
-        """Drop a finished job's windows and conditions."""
-        self._jobs.pop(job_id, None)
-
-    def _job(self, job_id: str) -> dict[str, Any]:
-        job = self._jobs.get(job_id)
-        if job is None:
-            job = {
-                "nf_loss": None,
-                "nf_grad": None,
-                "skip_run": 0,
-                "skip_last_step": -1,
-                "windows": {},
-                "medians": [],
-                "run_min": None,
-                "div": None,
-                "grad_hist": [],
-                "grad_last_step": -1,
-                "grad_points": [],
-                "spike_run": 0,
-                "ok_run": 0,
-                "spike": None,
-            }
-            self._jobs[job_id] = job
-        return job
+    def new_job_state(self) -> dict[str, Any]:
+        """The state of a job seen for the first time."""
+        return {
+            "nf_loss": None,
+            "nf_grad": None,
+            "skip_run": 0,
+            "skip_last_step": -1,
+            "windows": {},
+            "medians": [],
+            "run_min": None,
+            "div": None,
+            "grad_hist": [],
+            "grad_last_step": -1,
+            "grad_points": [],
+            "spike_run": 0,
+            "ok_run": 0,
+            "spike": None,
+        }
 
     # -- events ------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.base import Finding, PerJobDetector, Topology
 
 __all__ = ["DEFAULTS", "PlatformDetector"]
 
@@ -29,7 +29,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-class PlatformDetector(Detector):
+class PlatformDetector(PerJobDetector):
     """Restart loops and long pending times, per job."""
 
     rules: ClassVar[tuple[str, ...]] = ("restart_loop", "long_pending")
@@ -42,15 +42,6 @@ class PlatformDetector(Detector):
         self._stable = int(float(p["restart_resolve_s"]) * 1000)
         self._pending_max = int(float(p["pending_max_s"]) * 1000)
         self._reemit = int(float(p["reemit_s"]) * 1000)
-        self._jobs: dict[str, dict[str, Any]] = {}
-
-    def state(self) -> dict[str, Any]:
-        """JSON-able state: per job, restart times, counters and active conditions."""
-        return {"jobs": {k: self._jobs[k] for k in sorted(self._jobs)}}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore from `state()`."""
-        self._jobs = dict(state.get("jobs", {}))
 
     def forget_job(self, job_id: str) -> None:
         """A run ended: drop its conditions but keep recent restarts (a failed run may be restarted)."""
@@ -63,20 +54,17 @@ class PlatformDetector(Detector):
         job["loop"] = job["pending"] = job["pending_since"] = None
         job["in_restart"] = False
 
-    def _job(self, job_id: str) -> dict[str, Any]:
-        job = self._jobs.get(job_id)
-        if job is None:
-            job = {
-                "run_id": None,
-                "restarts": [],
-                "total": 0,
-                "in_restart": False,
-                "loop": None,
-                "pending": None,
-                "pending_since": None,
-            }
-            self._jobs[job_id] = job
-        return job
+    def new_job_state(self) -> dict[str, Any]:
+        """The state of a job seen for the first time."""
+        return {
+            "run_id": None,
+            "restarts": [],
+            "total": 0,
+            "in_restart": False,
+            "loop": None,
+            "pending": None,
+            "pending_since": None,
+        }
 
     def observe(self, event: Event) -> list[Finding]:
         """Count restarts; note pending periods."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, JobInfo, Topology
+from streams.detectors.base import Finding, JobInfo, PerJobDetector, Topology
 
 __all__ = ["DEFAULTS", "RecoveryDetector"]
 
@@ -34,7 +34,7 @@ def _age(ms: int) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-class RecoveryDetector(Detector):
+class RecoveryDetector(PerJobDetector):
     """Failed, stuck and stale checkpoints per job."""
 
     rules: ClassVar[tuple[str, ...]] = ("checkpoint_failed", "checkpoint_stuck", "checkpoint_stale")
@@ -44,33 +44,17 @@ class RecoveryDetector(Detector):
         p = {**DEFAULTS, **self.params}
         self._timeout_s = float(p["checkpoint_timeout_s"])
         self._reemit_ms = int(float(p["reemit_s"]) * 1000)
-        self._jobs: dict[str, dict[str, Any]] = {}
 
-    def state(self) -> dict[str, Any]:
-        """JSON-able state: per job, open checkpoints, last verified time, active conditions."""
-        return {"jobs": {k: self._jobs[k] for k in sorted(self._jobs)}}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore from `state()`."""
-        self._jobs = dict(state.get("jobs", {}))
-
-    def forget_job(self, job_id: str) -> None:
-        """Drop a finished job's checkpoints."""
-        self._jobs.pop(job_id, None)
-
-    def _job(self, job_id: str) -> dict[str, Any]:
-        job = self._jobs.get(job_id)
-        if job is None:
-            job = {
-                "open": {},
-                "verified": None,
-                "verified_step": None,
-                "failed": None,
-                "stuck": {},
-                "stale": None,
-            }
-            self._jobs[job_id] = job
-        return job
+    def new_job_state(self) -> dict[str, Any]:
+        """The state of a job seen for the first time."""
+        return {
+            "open": {},
+            "verified": None,
+            "verified_step": None,
+            "failed": None,
+            "stuck": {},
+            "stale": None,
+        }
 
     def observe(self, event: Event) -> list[Finding]:
         """Track checkpoint phases; a failure fires at once, a completion resolves."""
