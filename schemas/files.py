@@ -13,14 +13,16 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, cast
 
 import fastavro
+from fastavro import schemaless_reader
+from fastavro.schema import to_parsing_canonical_form
 
 from schemas.errors import InvalidEventError, RanksightError
-from schemas.records import NAMESPACE, Event, SchemaSet, default_schemas
+from schemas.records import NAMESPACE, Event, SchemaSet, default_schemas, strip_logical_types
 
 __all__ = [
     "EventFileError",
@@ -33,8 +35,6 @@ __all__ = [
     "write_container",
 ]
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_ONE_MS = timedelta(milliseconds=1)
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -266,20 +266,6 @@ class JsonlFormat:
             ) from None
         return self.from_obj(obj, line)
 
-    def from_avro(self, event: Event) -> Event:
-        """Normalise a record read from a container file (datetimes -> UTC milliseconds)."""
-        return Event(event.type, _datetimes_to_ms(event.record))
-
-
-def _datetimes_to_ms(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return (value - _EPOCH) // _ONE_MS
-    if isinstance(value, dict):
-        return {k: _datetimes_to_ms(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_datetimes_to_ms(v) for v in value]
-    return value
-
 
 def read_jsonl(path: str | Path, fmt: JsonlFormat | None = None) -> list[Event]:
     """Every event of a JSONL file, or `EventFileError` listing every invalid line."""
@@ -325,15 +311,28 @@ def write_container(
     return count
 
 
-def iter_container(source: str | Path | IO[bytes], fmt: JsonlFormat | None = None) -> Iterator[Event]:
-    """Events of an Avro container file of `Event`s, timestamps as UTC milliseconds."""
-    fmt = fmt or JsonlFormat()
+def iter_container(source: str | Path | IO[bytes], schemas: SchemaSet | None = None) -> Iterator[Event]:
+    """Events of an Avro container file of `Event`s, timestamps as UTC milliseconds.
+
+    Blocks are decoded with the file's schema minus its logical types (same binary encoding), so
+    no datetime is built per timestamp; a file written by another version of `Event` is resolved
+    into the current one.
+    """
+    schemas = schemas or default_schemas()
     fh = open(source, "rb") if isinstance(source, str | Path) else source  # noqa: SIM115
     try:
-        for row in fastavro.reader(fh, return_record_name=True):
-            name, record = cast(dict[str, Any], row)["event"]
-            yield fmt.from_avro(Event(name.rsplit(".", 1)[-1], record))
-    except (ValueError, EOFError, StopIteration) as exc:
+        blocks = fastavro.block_reader(fh)
+        writer_json = strip_logical_types(json.loads(blocks.metadata["avro.schema"]))
+        writer = fastavro.parse_schema(writer_json)
+        current = to_parsing_canonical_form(schemas.event_parsed) == to_parsing_canonical_form(writer)
+        reader = None if current else schemas.event_parsed
+        for block in blocks:
+            data = cast(Any, block).bytes_  # the decompressed block; not in fastavro's type stubs
+            for _ in range(block.num_records):
+                row = schemaless_reader(data, writer, reader, return_record_name=True)
+                name, record = cast(dict[str, Any], row)["event"]
+                yield Event(name.rsplit(".", 1)[-1], record)
+    except (ValueError, EOFError, StopIteration, KeyError, TypeError) as exc:
         raise RanksightError(f"{source}: not a readable Avro container file of events ({exc})") from exc
     finally:
         if fh is not source:

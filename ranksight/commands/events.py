@@ -35,7 +35,7 @@ def dump(src: list[Path] = typer.Argument(..., help="Avro container files of eve
     write = sys.stdout.write
     with user_errors():
         for path in src:
-            for event in iter_container(path, fmt):
+            for event in iter_container(path):
                 write(fmt.to_line(event))
                 write("\n")
 

@@ -121,3 +121,56 @@ def test_a_file_that_is_not_avro_is_a_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(RanksightError, match="not a readable Avro container file"):
         list(iter_container(bogus))
+
+
+def test_a_file_written_with_an_older_event_schema_reads_into_the_current_one(tmp_path: Path) -> None:
+    """Recordings outlive schema versions: an Event file whose StepCompleted is v0 still reads."""
+    import json
+
+    import fastavro
+
+    from schemas.records import RECORD_TYPES, default_schemas
+
+    old_step = json.loads(
+        (
+            Path(__file__).resolve().parents[2]
+            / "fixtures"
+            / "schemas"
+            / "ranksight.v1.StepCompleted.v0.avsc"
+        ).read_text()
+    )
+    current = default_schemas()
+    branches = [old_step if name == "StepCompleted" else current.record(name).json for name in RECORD_TYPES]
+    old_event = {
+        "type": "record",
+        "name": "Event",
+        "namespace": "ranksight.v1",
+        "fields": [{"name": "event", "type": branches}],
+    }
+    path = tmp_path / "old.avro"
+    with path.open("wb") as fh:
+        fastavro.writer(
+            fh,
+            fastavro.parse_schema(old_event),
+            [
+                {
+                    "event": (
+                        "ranksight.v1.StepCompleted",
+                        {
+                            "ts": 1_700_000_000_000,
+                            "job_id": "j",
+                            "rank": 1,
+                            "step": 5,
+                            "loss": 1.5,
+                            "step_time_s": 0.5,
+                        },
+                    )
+                }
+            ],
+        )
+    (event,) = list(iter_container(path))
+    assert event.type == "StepCompleted"
+    assert event.record["ts"] == 1_700_000_000_000 and event.record["step"] == 5
+    assert (
+        event.record["skipped"] is False and event.record["tokens"] is None and event.record["run_id"] == ""
+    )
