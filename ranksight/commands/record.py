@@ -17,9 +17,9 @@ from ranksight.settings import load_settings
 from schemas.files import format_ts, parse_ts
 from schemas.topics import ALERTS_REPLAY, TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS
 
-__all__ = ["parse_time", "register"]
+__all__ = ["SOURCES", "parse_time", "publish", "record", "register", "replay_kafka"]
 
-_SOURCES = f"{TELEMETRY_GPU},{TELEMETRY_HOST},{TRAINING_STEPS},{TRAINING_EVENTS}"
+SOURCES = f"{TELEMETRY_GPU},{TELEMETRY_HOST},{TRAINING_STEPS},{TRAINING_EVENTS}"
 _RELATIVE = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -63,7 +63,7 @@ def record(
         ..., "--from", help="Start time: now, -30m, ISO-8601 or UTC ms (Kafka record time)."
     ),
     end: str = typer.Option("now", "--to", help="End time (inclusive)."),
-    topics: str = typer.Option(_SOURCES, "--topics", help="Comma-separated topics (the prefix is added)."),
+    topics: str = typer.Option(SOURCES, "--topics", help="Comma-separated topics (the prefix is added)."),
 ) -> None:
     """Write the events of a time range of Kafka topics to a file, sorted by event time."""
     from streams.kafka_replay import record_range
@@ -87,7 +87,7 @@ def replay_kafka(
     ),
     end: str = typer.Option("now", "--to", help="End time (inclusive)."),
     topics: str = typer.Option(
-        _SOURCES, "--topics", help="Comma-separated source topics (the prefix is added)."
+        SOURCES, "--topics", help="Comma-separated source topics (the prefix is added)."
     ),
     alerts_topic: str = typer.Option(
         ALERTS_REPLAY, "--alerts-topic", help="Where replay alerts go (prefix added)."

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -38,12 +37,32 @@ def write_summary(alert_counts: Counter[tuple[str, str]], stats: dict[str, objec
 
 
 def replay(
-    files: list[Path] = typer.Argument(
-        ..., help="Avro container files of events (e.g. from `ranksight simulate --out`)."
+    files: list[Path] | None = typer.Argument(
+        None,
+        help="Avro container files of events (e.g. from `ranksight simulate --out` or `ranksight record`).",
     ),
     offline: bool = typer.Option(
-        False, "--offline", help="Replay files through the detectors in this process (no Kafka)."
+        False,
+        "--offline",
+        help="Replay files through the detectors in this process (no Kafka); the default for files.",
     ),
+    to_kafka: bool = typer.Option(
+        False, "--to-kafka", help="Publish the files to Kafka instead, paced by --speed."
+    ),
+    speed: float = typer.Option(
+        0.0, "--speed", min=0.0, help="With --to-kafka: 1 = real time, 0 = as fast as possible."
+    ),
+    start: str | None = typer.Option(
+        None, "--from", help="No files: re-read Kafka history from this time (now, -30m, ISO-8601 or UTC ms)."
+    ),
+    end: str = typer.Option("now", "--to", help="With --from: end of the time range (inclusive)."),
+    topics: str | None = typer.Option(None, "--topics", help="With --from: comma-separated source topics."),
+    alerts_topic: str | None = typer.Option(
+        None,
+        "--alerts-topic",
+        help="With --from: where replay alerts go (default rs.alerts.replay, never rs.alerts).",
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="With --from: print the alerts, publish nothing."),
     alerts_out: Path = typer.Option(
         Path("alerts.jsonl"), "--alerts-out", help="Where to write the alerts, one JSON object per line."
     ),
@@ -61,14 +80,51 @@ def replay(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
-    """Replay recorded events through the detectors and write the alerts they raise."""
-    if not offline:
-        try:
-            kafka = importlib.import_module("ranksight.commands.replay_kafka")
-        except ModuleNotFoundError:
-            fail("only offline replay is available here: add --offline")
-        kafka.replay_from_files(files=files, config=config, routing=routing)  # pragma: no cover
+    """Replay history through the detectors: files offline, files onto Kafka, or Kafka by time.
+
+    \b
+    ranksight replay FILE.avro... --offline --alerts-out alerts.jsonl   detectors in process, no broker
+    ranksight replay FILE.avro... --to-kafka [--speed 10]               publish a recording
+    ranksight replay --from T1 --to T2 [--topics ...]                   Kafka history -> separate engine -> rs.alerts.replay
+    """
+    from ranksight.commands import record as kafka_modes
+    from schemas.topics import ALERTS_REPLAY
+
+    files = files or []
+    if start is not None:
+        if files or to_kafka or offline:
+            fail("--from replays Kafka history: give no files and no --offline/--to-kafka")
+        kafka_modes.replay_kafka(
+            start=start,
+            end=end,
+            topics=topics or kafka_modes.SOURCES,
+            alerts_topic=alerts_topic or ALERTS_REPLAY,
+            config=config,
+            routing=routing,
+            dry_run=dry_run,
+        )
         return
+    if not files:
+        fail("nothing to replay: give event files (offline or --to-kafka), or --from/--to for Kafka history")
+    if to_kafka:
+        if offline:
+            fail("choose one of --offline and --to-kafka")
+        for path in files:
+            kafka_modes.publish(src=path, speed=speed)
+        return
+    _replay_offline(files, alerts_out, derived_out, config, routing, baselines_out, quiet)
+
+
+def _replay_offline(
+    files: list[Path],
+    alerts_out: Path,
+    derived_out: Path | None,
+    config: Path | None,
+    routing: Path | None,
+    baselines_out: Path | None,
+    quiet: bool,
+) -> None:
+    """Run the detectors over files in this process and write the alerts they raise."""
     fmt = JsonlFormat()
     counts: Counter[tuple[str, str]] = Counter()
     with user_errors():

@@ -1,4 +1,5 @@
-"""`record` / `replay-kafka` / `publish` against the real broker: by-time reads, sorted files, separate alert topic."""
+"""`record` / `replay --from --to` / `replay --to-kafka` against the real broker: by-time reads, sorted
+files, a separate alert topic."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _publish_cli(path: Path, bootstrap: str, prefix: str) -> None:
         "PATH": str(Path(sys.executable).parent),
     }
     done = subprocess.run(
-        [RANKSIGHT, "publish", str(path), "--speed", "0"],
+        [RANKSIGHT, "replay", str(path), "--to-kafka", "--speed", "0"],
         env=env,
         capture_output=True,
         text=True,
@@ -97,6 +98,32 @@ def test_replay_kafka_publishes_the_offline_alerts_to_the_replay_topic_only(
     published = _read_all(kafka_bootstrap, topics[ALERTS_REPLAY], len(alerts))
     assert sorted((r["alert_id"], r["status"]) for r in published) == sorted(
         (a.record["alert_id"], a.record["status"]) for a in alerts
+    )
+    assert _read_all(kafka_bootstrap, topics["rs.alerts"], 0, wait_s=2) == []
+
+
+def test_replay_by_time_from_the_cli_publishes_to_the_replay_topic_and_not_to_live_alerts(
+    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, nan_loss_file: tuple[Path, list[Event]]
+) -> None:
+    path, events = nan_loss_file
+    before = int(time.time() * 1000) - 1
+    _publish_cli(path, kafka_bootstrap, topic_prefix)
+    after = int(time.time() * 1000) + 1
+    env = {"KAFKA_BOOTSTRAP": kafka_bootstrap, "RANKSIGHT_TOPIC_PREFIX": topic_prefix}
+    done = subprocess.run(
+        [RANKSIGHT, "replay", "--from", str(before), "--to", str(after)],
+        env={**env, "PATH": str(Path(sys.executable).parent)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"published to {topics[ALERTS_REPLAY]}" in done.stdout
+    offline = [e.record for e in DetectionEngine().run(events) if e.type == "Alert"]
+    assert ("nonfinite_loss", "firing") in {(r["rule"], r["status"]) for r in offline}
+    published = _read_all(kafka_bootstrap, topics[ALERTS_REPLAY], len(offline))
+    assert sorted((r["alert_id"], r["status"]) for r in published) == sorted(
+        (r["alert_id"], r["status"]) for r in offline
     )
     assert _read_all(kafka_bootstrap, topics["rs.alerts"], 0, wait_s=2) == []
 

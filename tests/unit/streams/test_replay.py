@@ -80,3 +80,23 @@ def test_a_failed_replay_leaves_no_output_behind(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1 and "no such events file" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_replay_without_files_or_a_time_range_says_what_to_give() -> None:
+    from typer.testing import CliRunner
+
+    from ranksight.cli import app
+
+    result = CliRunner().invoke(app, ["replay"])
+    assert result.exit_code == 1
+    assert "give event files" in result.output
+
+
+def test_replay_by_time_takes_no_files(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ranksight.cli import app
+
+    result = CliRunner().invoke(app, ["replay", str(tmp_path / "x.avro"), "--from", "-1h"])
+    assert result.exit_code == 1
+    assert "--from replays Kafka history" in result.output
