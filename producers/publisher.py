@@ -221,6 +221,9 @@ class _LibrdkafkaLog:
     def log(self, level: int, msg: str, *args: Any) -> None:
         """Called by confluent-kafka for each librdkafka log line."""
         text = msg % args if args else msg
+        if "Coordinator load in progress" in text:
+            # A fresh broker loading its transaction coordinator: librdkafka retries by itself.
+            level = logging.DEBUG
         # One key per facility (the first word, e.g. FAIL): repeats within 30 s are counted, not printed.
         self._limited(min(level, logging.WARNING), text.split(" ", 1)[0], "librdkafka: %s", text)
 

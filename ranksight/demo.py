@@ -402,6 +402,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             board.phase = "done"
             refresh()
 
+        console.print()
         stop_sink.set()
         sink_thread.join(30)
         counts = _print_summary(client, board, simulation.labels, console)
