@@ -88,9 +88,12 @@ NODE_TOPICS: tuple[str, ...] = (TELEMETRY_GPU, TELEMETRY_HOST, BINDINGS)
 JOB_TOPICS: tuple[str, ...] = (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_BY_JOB)
 _SNAPSHOT_TABLE = "engine-snapshot"
 _ROUTES_TABLE = "node-routes"
-# The internal telemetry topic has no backlog the consumer can see ahead of the forwarder: it
-# holds the other partitions back while it delivered within this many seconds.
-_INTERNAL_IDLE_S = 5.0
+# Progress markers: the forwarding agents tell every partition of their output topic how far
+# (event time, backlog) they got on each source partition, so a consumer of the re-keyed topic
+# holds its other inputs back until the forwarder - on whichever worker - has caught up.
+_MARKER_KEY = b"\x00progress"
+_MARKER_IDLE_S = 10.0  # no marker yet from a source partition: wait this long for one
+_MARKER_HEARTBEAT_S = 5.0  # an unchanged marker is repeated this often
 _FORWARD_BATCH = 500  # forwarded records acked together once delivered
 
 
@@ -236,9 +239,9 @@ class Aligner:
             self._last_offset[tp] = offset
         heapq.heappush(self._held_offsets.setdefault(tp, []), offset)
 
-    def note(self, tp: str, offset: int | None, ts: int, now: float) -> None:
-        """Progress of an input that holds no events here (e.g. another agent of this worker)."""
-        if ts > self._last_ts.get(tp, ts - 1):
+    def note(self, tp: str, offset: int | None, ts: int | None, now: float) -> None:
+        """Progress of an input that holds no events here (a forwarder's progress marker)."""
+        if ts is not None and ts > self._last_ts.get(tp, ts - 1):
             self._last_ts[tp] = ts
         self._last_seen[tp] = now
         if offset is not None and offset > self._last_offset.get(tp, -1):
@@ -336,13 +339,15 @@ class WorkerRuntime:
         self.partition = partition
         self.engine: DetectionEngine | None = None
         self.aligner = Aligner(
-            options.align_idle_s, options.align_max_buffer, idle_by_topic={TELEMETRY_BY_JOB: _INTERNAL_IDLE_S}
+            options.align_idle_s, options.align_max_buffer, idle_by_topic={"@route": _MARKER_IDLE_S}
         )
         self.seq = 0
         self.offsets: dict[str, int] = {}  # next offset per source partition already in the engine
         # Newest event time per telemetry source ("G|node|gpu", "H|node") already in the engine:
         # the forwarder is at-least-once, so a re-forwarded sample is dropped here.
         self.seen: dict[str, int] = {}
+        self.marker_backlog: dict[str, int | None] = {}  # "@route:p" -> backlog reported by its forwarder
+        self.marker_ts: dict[str, int | None] = {}  # "@route:p" -> event time its forwarder reached
         self.pending: list[Any] = []  # faust events processed but not yet acked
         self.futures: list[Any] = []  # output sends not yet known delivered
         self.last_checkpoint_ts: int | None = None
@@ -360,6 +365,7 @@ class WorkerRuntime:
                 "checkpoints",
                 "snapshot_bytes",
                 "guard_advances",
+                "front_advances",
             ),
             0,
         )
@@ -389,6 +395,27 @@ class WorkerRuntime:
             len(body),
             len(self.engine.firing()),
         )
+
+    def telemetry_front(self) -> int | None:
+        """Event time every telemetry forwarder has reached (None: not every one has reported yet).
+
+        The newest progress marker, held back by any forwarder still catching up: it moves the
+        watermark of an engine whose own input stopped (a stalled job, a silent node, the
+        partition of unbound telemetry) the way the global watermark of the offline replay does.
+        """
+        if len(self.marker_ts) < self.options.partitions:
+            return None
+        newest = max((ts for ts in self.marker_ts.values() if ts is not None), default=None)
+        if newest is None:
+            return None
+        front = newest
+        for vtp, backlog in self.marker_backlog.items():
+            if backlog is None or backlog > 0:
+                ts = self.marker_ts.get(vtp)
+                if ts is None:
+                    return None
+                front = min(front, ts)
+        return front
 
     def already_seen(self, tp: str, offset: int) -> bool:
         """True when the snapshot already contains this record (redelivered after a restart)."""
@@ -547,10 +574,18 @@ def build_app(options: WorkerOptions) -> faust.App:
     routes = NodeRoutes(options.unbound_interval_ms)
     routes_loaded: set[int] = set()
     assigned: set[int] = set()
-    node_aligner = Aligner(options.align_idle_s, options.align_max_buffer)
-    node_front: dict[str, Any] = {"ts": None, "seen": time.monotonic()}
+    node_aligner = Aligner(
+        options.align_idle_s, options.align_max_buffer, idle_by_topic={"@bind": _MARKER_IDLE_S}
+    )
+    bind_markers: dict[str, int | None] = {}  # "@bind:q>p" -> backlog the bind agent of q reported
+    bind_progress: dict[int, list[int]] = {}  # events partition -> [last ts, last offset] forwarded
+    route_progress: dict[int, int] = {}  # node partition -> ts of the last telemetry forwarded
+    sent_markers: dict[tuple[str, int], tuple[Any, float]] = {}  # (agent, source) -> (value, when)
+    assigned_at = [time.monotonic()]
     bind_fw, route_fw = _Forwarder(), _Forwarder()
-    totals = dict.fromkeys(("forwarded", "unbound_thinned", "bindings", "node_deadletter"), 0)
+    totals = dict.fromkeys(
+        ("telemetry_in", "training_in", "forwarded", "unbound_thinned", "bindings", "node_deadletter"), 0
+    )
     lock = asyncio.Lock()
     streams: dict[str, Any] = {}
     app.ranksight_runtimes = runtimes  # type: ignore[attr-defined]
@@ -560,8 +595,6 @@ def build_app(options: WorkerOptions) -> faust.App:
 
     def _lag(tp: str, last_offset: int | None) -> int | None:
         topic, _, partition = tp.rpartition(":")
-        if topic == TELEMETRY_BY_JOB:
-            return None  # produced by forwarders as they go: its backlog says nothing (idle rule)
         ktp = TP(prefix + topic, int(partition))
         try:
             hw = app.consumer.highwater(ktp)
@@ -574,29 +607,51 @@ def build_app(options: WorkerOptions) -> faust.App:
         return None if hw is None or hw < 0 else max(0, int(hw) - (last_offset + 1))
 
     def _node_lag(tp: str, last_offset: int | None) -> int | None:
-        # "@rs.training.events:p": how far the bind agent is behind on that partition.
-        return _lag(tp[1:] if tp.startswith("@") else tp, last_offset)
+        # "@bind:q>p": the backlog the bind agent of events partition q reported (markers).
+        return bind_markers.get(tp) if tp.startswith("@") else _lag(tp, last_offset)
 
-    def _telemetry_lag(tp: str, last_offset: int | None) -> int | None:
-        if tp != "@telemetry":
-            return _lag(tp, last_offset)
-        # The local forwarder's backlog: what it has not read yet plus what it holds.
-        total = len(node_aligner)
-        for p in assigned:
-            for topic in (TELEMETRY_GPU, TELEMETRY_HOST):
-                ntp = _tp_key(topic, p)
-                left = _lag(ntp, node_aligner._last_offset.get(ntp))
-                total += left or 0
-        return total
+    def _job_lag(rt: WorkerRuntime) -> LagFn:
+        def lag(tp: str, last_offset: int | None) -> int | None:
+            # "@route:p": the backlog the route agent of node partition p reported (markers).
+            return rt.marker_backlog.get(tp) if tp.startswith("@") else _lag(tp, last_offset)
+
+        return lag
+
+    def _marker(fevent: Any) -> dict[str, Any] | None:
+        if fevent.key != _MARKER_KEY:
+            return None
+        try:
+            m = json.loads(bytes(fevent.value))
+            return {"src": int(m["src"]), "ts": m.get("ts"), "backlog": m.get("backlog")}
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    async def _send_markers(agent: str, out: Any, progress: dict[int, tuple[int | None, int | None]]) -> None:
+        """Tell every partition of `out` how far this agent got on each of its source partitions."""
+        now = time.monotonic()
+        for src, (ts, backlog) in sorted(progress.items()):
+            if backlog is None and now - assigned_at[0] >= _MARKER_IDLE_S:
+                backlog = 0  # still unknown long after the assignment: do not hold others forever
+            value = json.dumps({"src": src, "ts": ts, "backlog": backlog}).encode()
+            last = sent_markers.get((agent, src))
+            if last is not None and last[0] == value and now - last[1] < _MARKER_HEARTBEAT_S:
+                continue
+            sent_markers[(agent, src)] = (value, now)
+            for part in range(n):
+                await out.send(key=_MARKER_KEY, value=value, partition=part, force=True)
 
     # -- bind: RankBound / job end -> rs.internal.bindings (keyed by node) ----------------
     def _load_routes(p: int) -> None:
         if p in routes_loaded:
             return
         routes_loaded.add(p)
-        for node, value in list(routes_table.items()):
-            if value and partition_for(str(node).encode(), n) == p:
-                routes.load(str(node), json.loads(bytes(value)))
+        loaded = 0
+        for key, value in list(routes_table.items()):
+            node = key.decode() if isinstance(key, bytes) else str(key)
+            if value and partition_for(node.encode(), n) == p:
+                routes.load(node, json.loads(bytes(value)))
+                loaded += 1
+        log.info("partition %d: routes of %d nodes loaded", p, loaded)
 
     @app.agent(events_src, concurrency=1)
     async def bind(stream: Any) -> None:
@@ -633,9 +688,7 @@ def build_app(options: WorkerOptions) -> faust.App:
                     )
                 )
         bind_fw.pending.append(fevent)
-        node_aligner.note(
-            f"@{TRAINING_EVENTS}:{msg.partition}", msg.offset, event_ts(event), time.monotonic()
-        )
+        bind_progress[msg.partition] = [event_ts(event), msg.offset]
         if len(bind_fw.pending) >= _FORWARD_BATCH:
             await bind_fw.flush(stream, app)
 
@@ -652,6 +705,13 @@ def build_app(options: WorkerOptions) -> faust.App:
         topic = unprefix(msg.topic)
         p = msg.partition
         _load_routes(p)
+        if topic == BINDINGS and (m := _marker(fevent)) is not None:
+            vtp = f"@bind:{m['src']}>{p}"
+            node_aligner.note(vtp, None, m["ts"], time.monotonic())
+            bind_markers[vtp] = m["backlog"]
+            await stream.ack(fevent)
+            await _drain_nodes(stream)
+            return
         try:
             event = codec.decode(fevent.value)
         except DecodeError as exc:
@@ -680,10 +740,11 @@ def build_app(options: WorkerOptions) -> faust.App:
 
     async def _drain_nodes(stream: Any) -> None:
         now = time.monotonic()
-        for _tp, _offset, (fevent, event) in node_aligner.pop_ready(now, _node_lag):
+        for tp, _offset, (fevent, event) in node_aligner.pop_ready(now, _node_lag):
             parts: dict[int, str] = {}
             for key in routes.route(event):
                 parts.setdefault(partition_for(key.encode(), n), key)
+            totals["telemetry_in"] += 1
             if not parts:
                 totals["unbound_thinned"] += 1
             for part, key in sorted(parts.items()):
@@ -692,7 +753,8 @@ def build_app(options: WorkerOptions) -> faust.App:
                 )
                 totals["forwarded"] += 1
             route_fw.pending.append(fevent)
-            node_front["ts"], node_front["seen"] = event_ts(event), now
+            part_of = int(tp.rpartition(":")[2])
+            route_progress[part_of] = max(event_ts(event), route_progress.get(part_of, -(2**63)))
         if len(route_fw.pending) >= _FORWARD_BATCH:
             await route_fw.flush(stream, app)
 
@@ -715,7 +777,7 @@ def build_app(options: WorkerOptions) -> faust.App:
             rt.restore([bytes(value)] if value else [])
             now = time.monotonic()
             rt.aligner.expect([_tp_key(t, p) for t in JOB_TOPICS], now)
-            rt.aligner.expect(["@telemetry"], now)
+            rt.aligner.expect([f"@route:{src}" for src in range(n)], now)
             runtimes[p] = rt
         return rt
 
@@ -731,8 +793,17 @@ def build_app(options: WorkerOptions) -> faust.App:
         topic = unprefix(msg.topic)
         tp = _tp_key(topic, msg.partition)
         rt = _runtime(msg.partition)
-        rt.last_receive = time.monotonic()
         rt.last_event = fevent
+        if topic == TELEMETRY_BY_JOB and (m := _marker(fevent)) is not None:
+            vtp = f"@route:{m['src']}"
+            rt.aligner.note(vtp, None, m["ts"], time.monotonic())
+            rt.marker_backlog[vtp] = m["backlog"]
+            rt.marker_ts[vtp] = m["ts"]
+            await stream.ack(fevent)
+            await _drain(stream, rt)
+            return
+        # Markers repeat while all input is stopped: only records count as input (wall-clock guard).
+        rt.last_receive = time.monotonic()
         if rt.already_seen(tp, msg.offset):
             rt.counts["skipped"] += 1
             await stream.ack(fevent)
@@ -764,11 +835,11 @@ def build_app(options: WorkerOptions) -> faust.App:
         engine = rt.engine
         if engine is None:
             return
-        if node_front["ts"] is not None:
-            rt.aligner.note("@telemetry", None, node_front["ts"], node_front["seen"])
-        for tp, offset, (fevent, event) in rt.aligner.pop_ready(time.monotonic(), _telemetry_lag):
+        for tp, offset, (fevent, event) in rt.aligner.pop_ready(time.monotonic(), _job_lag(rt)):
             rt.mark(tp, offset)
             rt.pending.append(fevent)
+            if not tp.startswith(TELEMETRY_BY_JOB):
+                totals["training_in"] += 1
             if rt.duplicate(event):
                 rt.counts["duplicates"] += 1
                 continue
@@ -777,6 +848,21 @@ def build_app(options: WorkerOptions) -> faust.App:
             await _send_outputs(rt, outputs)
             if rt.checkpoint_due(outputs):
                 await _checkpoint(stream, rt)
+        front = rt.telemetry_front()
+        if front is not None and rt.last_event is not None:
+            # Telemetry elsewhere moved on: so does this engine's event time (never past what the
+            # aligner may still release to it).
+            wm = front - config.allowed_lateness_ms
+            if engine.watermark is None or wm > engine.watermark:
+                held = rt.aligner.frontier(time.monotonic(), _job_lag(rt))
+                if held is not None:
+                    wm = min(wm, held - config.allowed_lateness_ms)
+            if engine.watermark is None or wm > engine.watermark:
+                outputs = engine.advance(wm)
+                rt.counts["front_advances"] += 1
+                await _send_outputs(rt, outputs)
+                if any(o.type == "Alert" for o in outputs):
+                    await _checkpoint(stream, rt)
 
     async def _checkpoint(stream: Any, rt: WorkerRuntime) -> None:
         # 1. every output delivered, 2. snapshot written and delivered, 3. only then ack (commit).
@@ -804,6 +890,10 @@ def build_app(options: WorkerOptions) -> faust.App:
                     await route_fw.flush(streams["route"], app)
             if "bind" in streams and bind_fw.pending:
                 await bind_fw.flush(streams["bind"], app)
+            # Progress markers go out after the forwarded records are delivered (flush above).
+            await _send_markers("bind", bindings_out, _bind_state())
+            if "route" in streams:
+                await _send_markers("route", by_job_out, _route_state())
             stream = streams.get("detect")
             if stream is None:
                 return
@@ -830,11 +920,31 @@ def build_app(options: WorkerOptions) -> faust.App:
                 if silent >= options.align_idle_s and rt.pending and not len(rt.aligner):
                     await _checkpoint(stream, rt)
 
+    def _bind_state() -> dict[int, tuple[int | None, int | None]]:
+        state: dict[int, tuple[int | None, int | None]] = {}
+        for q in assigned:
+            ts, offset = bind_progress.get(q, (None, None))
+            state[q] = (ts, _lag(_tp_key(TRAINING_EVENTS, q), offset))
+        return state
+
+    def _route_state() -> dict[int, tuple[int | None, int | None]]:
+        state: dict[int, tuple[int | None, int | None]] = {}
+        for p in assigned:
+            backlog: int | None = len(node_aligner)
+            for topic in (TELEMETRY_GPU, TELEMETRY_HOST):
+                ntp = _tp_key(topic, p)
+                left = _lag(ntp, node_aligner._last_offset.get(ntp))
+                backlog = None if left is None or backlog is None else backlog + left
+            state[p] = (route_progress.get(p), backlog)
+        return state
+
     def _totals() -> dict[str, int]:
         out = dict(totals)
         for rt in runtimes.values():
             for k, v in rt.counts.items():
                 out[k] = out.get(k, 0) + v if k != "snapshot_bytes" else max(out.get(k, 0), v)
+        # Source records (telemetry + training) this worker has fully handled: the bench's progress.
+        out["source_events"] = out["telemetry_in"] + out["training_in"]
         return out
 
     @app.timer(options.stats_interval_s)
@@ -848,7 +958,7 @@ def build_app(options: WorkerOptions) -> faust.App:
             {p: rt.engine.watermark if rt.engine else None for p, rt in sorted(runtimes.items())},
         )
         for p, rt in sorted(runtimes.items()):
-            log.debug("partition %d: %s", p, rt.aligner.describe(time.monotonic(), _telemetry_lag))
+            log.debug("partition %d: %s", p, rt.aligner.describe(time.monotonic(), _job_lag(rt)))
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def _assigned(app_: Any, assigned_tps: Any, **kwargs: Any) -> None:
@@ -856,13 +966,10 @@ def build_app(options: WorkerOptions) -> faust.App:
         parts = {tp.partition for tp in assigned_tps if tp.topic in names}
         assigned.clear()
         assigned.update(parts)
+        assigned_at[0] = time.monotonic()
         now = time.monotonic()
         node_tps = [_tp_key(t, p) for t in (TELEMETRY_GPU, TELEMETRY_HOST) for p in parts]
-        bind_tps = [
-            f"@{TRAINING_EVENTS}:{tp.partition}"
-            for tp in assigned_tps
-            if tp.topic == prefix + TRAINING_EVENTS
-        ]
+        bind_tps = [f"@bind:{q}>{p}" for q in range(n) for p in parts]
         node_aligner.expect(sorted(node_tps + bind_tps), now)
         log.info("assigned partitions %s", sorted(parts))
 
@@ -873,7 +980,10 @@ def build_app(options: WorkerOptions) -> faust.App:
         routes.forget_nodes(lambda node: False)
         routes_loaded.clear()
         node_aligner.clear()
-        node_front["ts"] = None
+        bind_markers.clear()
+        bind_progress.clear()
+        route_progress.clear()
+        sent_markers.clear()
         bind_fw.clear()
         route_fw.clear()
 
