@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -12,6 +14,8 @@ import pytest
 from aiokafka.partitioner import DefaultPartitioner
 from confluent_kafka import Consumer, TopicPartition
 
+from infra.errors import KafkaSetupError
+from infra.kafka.topics import delete_topics
 from producers.simulator import load_scenario, simulate
 from schemas.files import write_container
 from schemas.records import Event
@@ -67,6 +71,19 @@ def two_workers(
         yield pair
     finally:
         pair.stop()
+        # Faust's own topics of this test (the `topics` fixture removes the canonical ones).
+        group = f"{topic_prefix}ranksight-detect"
+        with contextlib.suppress(KafkaSetupError):
+            delete_topics(
+                kafka_bootstrap,
+                [
+                    f"{topic_prefix}rs.internal.bindings",
+                    f"{topic_prefix}rs.internal.telemetry-by-job",
+                    f"{group}-engine-snapshot-changelog",
+                    f"{group}-node-routes-changelog",
+                    f"{group}-__assignor-__leader",
+                ],
+            )
 
 
 def _full_log(w: Worker) -> str:
@@ -102,7 +119,7 @@ def test_publisher_and_aiokafka_put_a_key_on_the_same_partition(
         while len(landed) < len(keys) and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is not None and msg.error() is None:
-                landed[(msg.key() or b"").decode()] = msg.partition()
+                landed[(msg.key() or b"").decode()] = msg.partition() or 0
     finally:
         consumer.close()
     assert len(landed) == len(keys)
@@ -170,3 +187,32 @@ def test_two_workers_split_the_jobs_and_survive_losing_one(
     # No alert re-fired with another start time (same alert_id), and none lost.
     assert got_ids == expected_ids
     assert "restored engine snapshot" in _full_log(survivor)
+    # Each partition's snapshot lives on the same changelog partition (it moves with the partition).
+    changelog = f"{topic_prefix}ranksight-detect-engine-snapshot-changelog"
+    keys = _keys_by_partition(kafka_bootstrap, changelog)
+    assert keys, "no snapshot in the changelog"
+    for partition, names in keys.items():
+        assert names == {f"engine@{partition}"}, keys
+
+
+def _keys_by_partition(bootstrap: str, topic: str) -> dict[int, set[str]]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "changelog-reader", "log_level": 0})
+    out: dict[int, set[str]] = {}
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in meta.partitions
+        }
+        consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
+        left = sum(ends.values())
+        deadline = time.monotonic() + 30
+        while left > 0 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                # Faust stores str table keys JSON-encoded.
+                out.setdefault(msg.partition() or 0, set()).add(json.loads(msg.key() or b'""'))
+                left -= 1
+    finally:
+        consumer.close()
+    return out
