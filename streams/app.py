@@ -92,7 +92,7 @@ _ROUTES_TABLE = "node-routes"
 # (event time, backlog) they got on each source partition, so a consumer of the re-keyed topic
 # holds its other inputs back until the forwarder - on whichever worker - has caught up.
 _MARKER_KEY = b"\x00progress"
-_MARKER_IDLE_S = 10.0  # no marker yet from a source partition: wait this long for one
+_MARKER_IDLE_S = 60.0  # no marker yet from a source partition: wait this long for one (slow start-up)
 _MARKER_HEARTBEAT_S = 5.0  # an unchanged marker is repeated this often
 _FORWARD_BATCH = 500  # forwarded records acked together once delivered
 
