@@ -63,6 +63,10 @@ DEFAULT_PRODUCER_CONF: dict[str, Any] = {
     "message.timeout.ms": 30_000,
     "socket.keepalive.enable": True,
     "reconnect.backoff.max.ms": 2_000,
+    # The Java client's partitioner (murmur2; random for null keys), which aiokafka (the Faust
+    # worker's sends) also uses: a key lands on the same partition number whoever produces it,
+    # so job-keyed topics stay co-partitioned with the worker's internal topics.
+    "partitioner": "murmur2_random",
 }
 
 

@@ -1,28 +1,28 @@
-"""The Faust app: one thin agent around the pure `DetectionEngine`, its state in a changelog table.
+"""The Faust app: telemetry re-keyed by job, one `DetectionEngine` per partition, state in changelog tables.
 
 Design (see docs/worker.md):
 
-* One agent, concurrency 1, reads the four source topics (GPU and host telemetry keyed by node,
-  steps and training events keyed by job). The engine's watermark is global (max event time
-  across every input), and stragglers/zombies join telemetry to jobs through RankBound, so the
-  whole engine lives in one process: a consumer group runs ONE worker (a second worker of the
-  same group would split the partitions between two engines; run one per group).
-* An `Aligner` hands events to the engine in event-time order across partitions (a consumer
-  drains a GPU-sample backlog and a step backlog at different event-time speeds, and the engine
-  drops events behind its watermark).
-* The snapshot table is written with the partition of the current event, so it keeps up to one
-  snapshot per changelog partition; the one with the highest sequence number wins on restore.
-* Delivery is at-least-once with deterministic alert ids. Faust's `exactly_once` was tried
-  against Apache Kafka 4.1: it committed source offsets of transactions that were never
-  committed (40 of 100 records lost in a 100-record test), so it is not used.
-* Events are not acked as they are processed (`noack`). At a checkpoint the worker waits until
-  every output it sent is delivered, writes the engine snapshot (with the next offset of every
-  source partition) to the table, waits for the changelog write, and only then acks the
-  events, so Faust commits offsets that are never ahead of the saved state. After a crash the
-  engine restarts from the snapshot; redelivered events older than its offsets are skipped,
-  later ones are processed again and may re-send outputs with the same `alert_id`.
-* A checkpoint is written when the engine emits an alert, every `checkpoint_interval_ms` of
-  event time and every `checkpoint_events` events, not per event: that bounds changelog traffic.
+* Co-partitioning. Every topic the worker reads has the same partition count, and producers use
+  the Java partitioner (librdkafka `murmur2_random`, aiokafka's murmur2), so a key lands on the
+  same partition number whoever produced it. Faust's assignor gives a worker the same partition
+  numbers of every topic (and of the table changelogs).
+* Three agents:
+  - `bind` reads `rs.training.events` and forwards each RankBound to `rs.internal.bindings`
+    keyed by node (and every job-ending JobStateChanged to all of its partitions);
+  - `route` reads `rs.telemetry.gpu`, `rs.telemetry.host` and `rs.internal.bindings` (all keyed
+    by node), keeps node -> {GPU -> job, jobs} in the `node-routes` table and forwards telemetry
+    to `rs.internal.telemetry-by-job` keyed by job (GPU samples to the job bound to the GPU, host
+    samples to every job on the node, unbound telemetry thinned to the key "");
+  - `detect` reads `rs.training.steps`, `rs.training.events` and `rs.internal.telemetry-by-job`
+    (all keyed by job) and runs ONE engine per assigned partition, so all events of a job meet in
+    one engine. Its snapshot is the table key `engine@<p>`, written with an event of partition p,
+    so it lives on changelog partition p and moves with the partition on a rebalance.
+* Event-time alignment per partition (`Aligner`), checkpoints bounded (alert, every
+  `checkpoint_interval_ms` of event time, every `checkpoint_events` events), delivery
+  at-least-once: outputs delivered -> snapshot written -> only then ack. Faust's `exactly_once`
+  is not used (against Apache Kafka 4.1 it committed offsets of aborted transactions).
+* A wall-clock guard advances an engine whose input has been silent for `guard_s` while its
+  event time is live, so timeouts fire when all input stops; never for historical data.
 """
 
 from __future__ import annotations
@@ -58,16 +58,22 @@ from schemas.topics import (
 from streams.config import EngineConfig, load_config
 from streams.engine import DetectionEngine, event_ts
 from streams.errors import StreamsError
+from streams.rekey import NodeRoutes, WallClockGuard, partition_for
 from streams.routing import Router, load_router
 
 __all__ = [
+    "BINDINGS",
     "DEFAULT_APP_ID",
+    "JOB_TOPICS",
+    "NODE_TOPICS",
     "SOURCE_TOPICS",
+    "TELEMETRY_BY_JOB",
     "Aligner",
     "WorkerOptions",
     "WorkerRuntime",
     "build_app",
     "decode_snapshot",
+    "decode_snapshot_meta",
     "encode_snapshot",
     "pick_latest_snapshot",
 ]
@@ -75,8 +81,20 @@ __all__ = [
 log = logging.getLogger("ranksight.worker")
 
 DEFAULT_APP_ID = "ranksight-detect"
+BINDINGS = "rs.internal.bindings"
+TELEMETRY_BY_JOB = "rs.internal.telemetry-by-job"
 SOURCE_TOPICS: tuple[str, ...] = (TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_STEPS, TRAINING_EVENTS)
+NODE_TOPICS: tuple[str, ...] = (TELEMETRY_GPU, TELEMETRY_HOST, BINDINGS)
+JOB_TOPICS: tuple[str, ...] = (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_BY_JOB)
 _SNAPSHOT_TABLE = "engine-snapshot"
+_ROUTES_TABLE = "node-routes"
+# Progress markers: the forwarding agents tell every partition of their output topic how far
+# (event time, backlog) they got on each source partition, so a consumer of the re-keyed topic
+# holds its other inputs back until the forwarder - on whichever worker - has caught up.
+_MARKER_KEY = b"\x00progress"
+_MARKER_IDLE_S = 60.0  # no marker yet from a source partition: wait this long for one (slow start-up)
+_MARKER_HEARTBEAT_S = 5.0  # an unchanged marker is repeated this often
+_FORWARD_BATCH = 500  # forwarded records acked together once delivered
 
 
 @dataclass(frozen=True)
@@ -99,6 +117,9 @@ class WorkerOptions:
     align_max_buffer: int = 200_000
     stats_interval_s: float = 30.0
     schema_registry_url: str | None = None
+    guard_s: float = 120.0
+    guard_live_ms: int = 600_000
+    unbound_interval_ms: int = 10_000
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -111,26 +132,40 @@ def default_store() -> str:
     return "rocksdb://"
 
 
-def encode_snapshot(seq: int, offsets: dict[str, int], engine_bytes: bytes) -> bytes:
-    """Table value: one JSON header line (sequence, next offset per source partition) + the snapshot."""
-    header = json.dumps({"seq": seq, "offsets": dict(sorted(offsets.items()))}, separators=(",", ":"))
+def encode_snapshot(
+    seq: int, offsets: dict[str, int], engine_bytes: bytes, seen: dict[str, int] | None = None
+) -> bytes:
+    """Table value: one JSON header line (sequence, next offset per source partition, telemetry seen) + the snapshot."""
+    meta: dict[str, Any] = {"seq": seq, "offsets": dict(sorted(offsets.items()))}
+    if seen:
+        meta["seen"] = dict(sorted(seen.items()))
+    header = json.dumps(meta, separators=(",", ":"))
     return header.encode() + b"\n" + engine_bytes
 
 
-def decode_snapshot(value: bytes) -> tuple[int, dict[str, int], bytes]:
-    """Inverse of `encode_snapshot`."""
+def decode_snapshot_meta(value: bytes) -> tuple[dict[str, Any], bytes]:
+    """The header dict and the engine bytes of a table value."""
     head, _, body = value.partition(b"\n")
     try:
         meta = json.loads(head)
-        return int(meta["seq"]), {str(k): int(v) for k, v in meta["offsets"].items()}, body
-    except (ValueError, KeyError, TypeError) as exc:
+        meta["seq"] = int(meta["seq"])
+        meta["offsets"] = {str(k): int(v) for k, v in meta["offsets"].items()}
+        meta["seen"] = {str(k): int(v) for k, v in meta.get("seen", {}).items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StreamsError(
             f"engine snapshot header is corrupt ({exc}); delete the worker's changelog topic"
         ) from None
+    return meta, body
+
+
+def decode_snapshot(value: bytes) -> tuple[int, dict[str, int], bytes]:
+    """Inverse of `encode_snapshot` (sequence, offsets, engine bytes)."""
+    meta, body = decode_snapshot_meta(value)
+    return meta["seq"], meta["offsets"], body
 
 
 def pick_latest_snapshot(values: list[bytes]) -> tuple[int, dict[str, int], bytes] | None:
-    """The snapshot with the highest sequence number (the table keeps one per changelog partition)."""
+    """The snapshot with the highest sequence number among `values` (empty ones ignored)."""
     best: tuple[int, dict[str, int], bytes] | None = None
     for value in values:
         if not value:
@@ -171,8 +206,15 @@ class Aligner:
     memory during a large catch-up (past it the oldest events leave, possibly too early).
     """
 
-    def __init__(self, idle_s: float = 2.0, max_buffer: int = 200_000, stall_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        idle_s: float = 2.0,
+        max_buffer: int = 200_000,
+        stall_s: float = 30.0,
+        idle_by_topic: dict[str, float] | None = None,
+    ) -> None:
         self.idle_s = idle_s
+        self.idle_by_topic = dict(idle_by_topic or {})
         self.stall_s = stall_s
         self.max_buffer = max_buffer
         self._heap: list[_Held] = []
@@ -197,6 +239,20 @@ class Aligner:
             self._last_offset[tp] = offset
         heapq.heappush(self._held_offsets.setdefault(tp, []), offset)
 
+    def note(self, tp: str, offset: int | None, ts: int | None, now: float) -> None:
+        """Progress of an input that holds no events here (a forwarder's progress marker)."""
+        if ts is not None and ts > self._last_ts.get(tp, ts - 1):
+            self._last_ts[tp] = ts
+        self._last_seen[tp] = now
+        if offset is not None and offset > self._last_offset.get(tp, -1):
+            self._last_offset[tp] = offset
+
+    def forget(self, tp: str) -> None:
+        """Stop waiting for `tp` (an input that went away)."""
+        self._last_seen.pop(tp, None)
+        self._last_ts.pop(tp, None)
+        self._last_offset.pop(tp, None)
+
     def expect(self, tps: list[str], now: float) -> None:
         """Newly assigned partitions: hold everything back until each delivers or stays silent `idle_s`."""
         for tp in tps:
@@ -213,7 +269,8 @@ class Aligner:
         for tp, seen in self._last_seen.items():
             quiet = now - seen
             backlog = lag(tp, self._last_offset.get(tp)) if lag is not None else None
-            holds = backlog > 0 and quiet < self.stall_s if backlog is not None else quiet < self.idle_s
+            idle = self.idle_by_topic.get(tp.rpartition(":")[0], self.idle_s)
+            holds = backlog > 0 and quiet < self.stall_s if backlog is not None else quiet < idle
             if holds:
                 blocking.append(self._last_ts.get(tp))
         if not blocking:
@@ -271,56 +328,113 @@ class Aligner:
 
 
 class WorkerRuntime:
-    """The engine plus what is needed to checkpoint it consistently with the consumed offsets."""
+    """One partition's engine plus what is needed to checkpoint it consistently with the consumed offsets."""
 
-    def __init__(self, config: EngineConfig, router: Router, options: WorkerOptions) -> None:
+    def __init__(
+        self, config: EngineConfig, router: Router, options: WorkerOptions, partition: int = 0
+    ) -> None:
         self.config = config
         self.router = router
         self.options = options
+        self.partition = partition
         self.engine: DetectionEngine | None = None
-        self.aligner = Aligner(options.align_idle_s, options.align_max_buffer)
+        self.aligner = Aligner(
+            options.align_idle_s, options.align_max_buffer, idle_by_topic={"@route": _MARKER_IDLE_S}
+        )
         self.seq = 0
         self.offsets: dict[str, int] = {}  # next offset per source partition already in the engine
+        # Newest event time per telemetry source ("G|node|gpu", "H|node") already in the engine:
+        # the forwarder is at-least-once, so a re-forwarded sample is dropped here.
+        self.seen: dict[str, int] = {}
+        self.marker_backlog: dict[str, int | None] = {}  # "@route:p" -> backlog reported by its forwarder
+        self.marker_ts: dict[str, int | None] = {}  # "@route:p" -> event time its forwarder reached
         self.pending: list[Any] = []  # faust events processed but not yet acked
         self.futures: list[Any] = []  # output sends not yet known delivered
         self.last_checkpoint_ts: int | None = None
+        self.last_event: Any = None  # a faust event of this partition (table writes need one)
         self.last_receive = time.monotonic()  # when the agent last got an event (wall clock: idleness only)
         self.counts = dict.fromkeys(
             (
                 "events",
                 "skipped",
+                "duplicates",
                 "deadletter",
                 "processed",
                 "outputs",
                 "alerts",
                 "checkpoints",
                 "snapshot_bytes",
+                "guard_advances",
+                "front_advances",
             ),
             0,
         )
 
     def restore(self, values: list[bytes]) -> None:
-        """Load the newest snapshot of the table, or start an empty engine."""
+        """Load the newest snapshot among `values` (this partition's), or start an empty engine."""
         self.pending, self.futures = [], []
-        latest = pick_latest_snapshot(values)
-        if latest is None:
+        best: tuple[dict[str, Any], bytes] | None = None
+        for value in values:
+            if value:
+                meta, body = decode_snapshot_meta(value)
+                if best is None or meta["seq"] > best[0]["seq"]:
+                    best = (meta, body)
+        if best is None:
             self.engine = DetectionEngine(self.config, self.router)
-            self.seq, self.offsets = 0, {}
-            log.info("no engine snapshot: starting from empty state")
+            self.seq, self.offsets, self.seen = 0, {}, {}
+            log.info("partition %d: no engine snapshot, starting from empty state", self.partition)
             return
-        self.seq, self.offsets, body = latest
+        meta, body = best
+        self.seq, self.offsets, self.seen = meta["seq"], meta["offsets"], meta["seen"]
         self.engine = DetectionEngine.restore(body, self.config, self.router)
         self.last_checkpoint_ts = self.engine.max_ts
         log.warning(
-            "restored engine snapshot seq=%d (%d bytes, %d alerts firing)",
+            "partition %d: restored engine snapshot seq=%d (%d bytes, %d alerts firing)",
+            self.partition,
             self.seq,
             len(body),
             len(self.engine.firing()),
         )
 
+    def telemetry_front(self) -> int | None:
+        """Event time every telemetry forwarder has reached (None: not every one has reported yet).
+
+        The newest progress marker, held back by any forwarder still catching up: it moves the
+        watermark of an engine whose own input stopped (a stalled job, a silent node, the
+        partition of unbound telemetry) the way the global watermark of the offline replay does.
+        """
+        if len(self.marker_ts) < self.options.partitions:
+            return None
+        newest = max((ts for ts in self.marker_ts.values() if ts is not None), default=None)
+        if newest is None:
+            return None
+        front = newest
+        for vtp, backlog in self.marker_backlog.items():
+            if backlog is None or backlog > 0:
+                ts = self.marker_ts.get(vtp)
+                if ts is None:
+                    return None
+                front = min(front, ts)
+        return front
+
     def already_seen(self, tp: str, offset: int) -> bool:
         """True when the snapshot already contains this record (redelivered after a restart)."""
         return offset < self.offsets.get(tp, -1)
+
+    def duplicate(self, event: Event) -> bool:
+        """True for a telemetry sample this engine already has (re-forwarded); else remember it."""
+        r = event.record
+        if event.type == "GpuSample":
+            ident = f"G|{r['node']}|{r.get('gpu_uuid')}"
+        elif event.type == "HostSample":
+            ident = f"H|{r['node']}"
+        else:
+            return False
+        ts = int(r["ts"])
+        if ts <= self.seen.get(ident, -(2**63)):
+            return True
+        self.seen[ident] = ts
+        return False
 
     def mark(self, tp: str, offset: int) -> None:
         """Record that this offset is now part of the engine state."""
@@ -353,15 +467,50 @@ class WorkerRuntime:
         body = self.engine.snapshot()
         self.counts["checkpoints"] += 1
         self.counts["snapshot_bytes"] = len(body)
-        return encode_snapshot(self.seq, offsets, body)
+        return encode_snapshot(self.seq, offsets, body, self.seen)
+
+
+class _Forwarder:
+    """Sends of a forwarding agent and the events they came from: acked once every send is delivered."""
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+        self.futures: list[Any] = []
+
+    def clear(self) -> None:
+        self.pending, self.futures = [], []
+
+    async def flush(self, stream: Any, app: Any) -> None:
+        futures, self.futures = self.futures, []
+        pending, self.pending = self.pending, []
+        for fut in futures:
+            await fut
+        if pending:
+            await app.producer.flush()  # table changelog writes too
+        for done in pending:
+            await stream.ack(done)
+
+
+def _current(fevent: Any) -> Any:
+    """Context manager: make `fevent` Faust's current event (table writes go to its partition)."""
+
+    class _Ctx:
+        def __enter__(self) -> None:
+            self.token = _current_event.set(weakref.ref(fevent))
+
+        def __exit__(self, *exc: object) -> None:
+            _current_event.reset(self.token)
+
+    return _Ctx()
 
 
 def build_app(options: WorkerOptions) -> faust.App:
-    """A Faust app running the detection engine over the (prefixed) source topics."""
+    """A Faust app: telemetry re-keyed by job, one detection engine per assigned partition."""
     config = load_config(options.config_path)
     router = load_router(options.routing_path)
     codec = Codec() if not options.schema_registry_url else _registry_codec(options.schema_registry_url)
     prefix = options.topic_prefix
+    n = options.partitions
     app_id = prefix + options.app_id
     options.workdir.mkdir(parents=True, exist_ok=True)
     app = faust.App(
@@ -370,7 +519,7 @@ def build_app(options: WorkerOptions) -> faust.App:
         store=options.store or default_store(),
         datadir=str(options.workdir / "faust"),
         processing_guarantee="at_least_once",
-        topic_partitions=options.partitions,
+        topic_partitions=n,
         topic_replication_factor=options.replication_factor,
         topic_allow_declare=True,  # the broker does not auto-create: Faust declares its own topics
         web_enabled=False,
@@ -385,23 +534,31 @@ def build_app(options: WorkerOptions) -> faust.App:
         stream_wait_empty=False,
         stream_buffer_maxsize=16_384,
         broker_max_poll_records=5_000,
-        # Table keys are short strings, values snapshot bytes: no JSON around either.
+        # Table keys are short strings, values bytes: no JSON around either.
         key_serializer="raw",
         value_serializer="raw",
         **options.extra,
     )
-    source = app.topic(*(prefix + t for t in SOURCE_TOPICS), key_serializer="raw", value_serializer="raw")
+    raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
+    # internal=True: Faust declares these at start (existing topics are left as they are); the
+    # broker does not auto-create the two internal ones.
+    internal: dict[str, Any] = {**raw, "partitions": n, "internal": True}
+    events_src = app.topic(prefix + TRAINING_EVENTS, **raw)
+    node_src = app.topic(*(prefix + t for t in NODE_TOPICS), **internal)
+    job_src = app.topic(*(prefix + t for t in JOB_TOPICS), **internal)
+    bindings_out = app.topic(prefix + BINDINGS, **internal)
+    by_job_out = app.topic(prefix + TELEMETRY_BY_JOB, **internal)
     out_topics: dict[str, Any] = {}
 
     def out_topic(name: str) -> Any:
         if name not in out_topics:
-            out_topics[name] = app.topic(prefix + name, key_serializer="raw", value_serializer="raw")
+            out_topics[name] = app.topic(prefix + name, **raw)
         return out_topics[name]
 
     snapshots = app.Table(
         _SNAPSHOT_TABLE,
         default=None,
-        partitions=options.partitions,
+        partitions=n,
         key_type=str,
         value_type=bytes,
         # Compaction keeps one snapshot per key; small segments let it run soon.
@@ -411,48 +568,30 @@ def build_app(options: WorkerOptions) -> faust.App:
             "min.cleanable.dirty.ratio": "0.1",
         },
     )
-    runtime = WorkerRuntime(config, router, options)
+    routes_table = app.Table(_ROUTES_TABLE, default=None, partitions=n, key_type=str, value_type=bytes)
+    guard = WallClockGuard(options.guard_s, options.guard_live_ms, config.allowed_lateness_ms)
+    runtimes: dict[int, WorkerRuntime] = {}
+    routes = NodeRoutes(options.unbound_interval_ms)
+    routes_loaded: set[int] = set()
+    assigned: set[int] = set()
+    node_aligner = Aligner(
+        options.align_idle_s, options.align_max_buffer, idle_by_topic={"@bind": _MARKER_IDLE_S}
+    )
+    bind_markers: dict[str, int | None] = {}  # "@bind:q>p" -> backlog the bind agent of q reported
+    bind_progress: dict[int, list[int]] = {}  # events partition -> [last ts, last offset] forwarded
+    route_progress: dict[int, int] = {}  # node partition -> ts of the last telemetry forwarded
+    sent_markers: dict[tuple[str, int], tuple[Any, float]] = {}  # (agent, source) -> (value, when)
+    assigned_at = [time.monotonic()]
+    bind_fw, route_fw = _Forwarder(), _Forwarder()
+    totals = dict.fromkeys(
+        ("telemetry_in", "training_in", "forwarded", "unbound_thinned", "bindings", "node_deadletter"), 0
+    )
     lock = asyncio.Lock()
-    streams: list[Any] = []
-    app.ranksight_runtime = runtime  # type: ignore[attr-defined]
+    streams: dict[str, Any] = {}
+    app.ranksight_runtimes = runtimes  # type: ignore[attr-defined]
 
-    @app.agent(source, concurrency=1)
-    async def detect(stream: Any) -> None:
-        streams[:] = [stream]
-        async for fevent in stream.noack().events():
-            async with lock:
-                await _receive(stream, fevent)
-
-    async def _receive(stream: Any, fevent: Any) -> None:
-        msg = fevent.message
-        runtime.last_receive = time.monotonic()
-        topic = msg.topic[len(prefix) :] if prefix and msg.topic.startswith(prefix) else msg.topic
-        tp = f"{topic}:{msg.partition}"
-        if runtime.engine is None:
-            runtime.restore([bytes(v) for _, v in sorted(snapshots.items()) if v])
-        if runtime.already_seen(tp, msg.offset):
-            runtime.counts["skipped"] += 1
-            await stream.ack(fevent)
-            return
-        runtime.counts["events"] += 1
-        try:
-            event = codec.decode(fevent.value)
-        except DecodeError as exc:
-            err = exc.located(msg.topic, msg.partition, msg.offset)
-            runtime.counts["deadletter"] += 1
-            runtime.futures.append(
-                await out_topic(DEADLETTER).send(
-                    key=fevent.key,
-                    value=fevent.value,
-                    headers={"ranksight.error": str(err).encode(), "ranksight.source": topic.encode()},
-                    force=True,
-                )
-            )
-            runtime.mark(tp, msg.offset)
-            runtime.pending.append(fevent)
-        else:
-            runtime.aligner.push(tp, msg.offset, event_ts(event), (fevent, event), time.monotonic())
-        await _drain(stream)
+    def unprefix(topic: str) -> str:
+        return topic[len(prefix) :] if prefix and topic.startswith(prefix) else topic
 
     def _lag(tp: str, last_offset: int | None) -> int | None:
         topic, _, partition = tp.rpartition(":")
@@ -467,84 +606,386 @@ def build_app(options: WorkerOptions) -> faust.App:
             return None
         return None if hw is None or hw < 0 else max(0, int(hw) - (last_offset + 1))
 
-    async def _drain(stream: Any) -> None:
-        engine = runtime.engine
-        if engine is None:
+    def _node_lag(tp: str, last_offset: int | None) -> int | None:
+        # "@bind:q>p": the backlog the bind agent of events partition q reported (markers).
+        return bind_markers.get(tp) if tp.startswith("@") else _lag(tp, last_offset)
+
+    def _job_lag(rt: WorkerRuntime) -> LagFn:
+        def lag(tp: str, last_offset: int | None) -> int | None:
+            # "@route:p": the backlog the route agent of node partition p reported (markers).
+            return rt.marker_backlog.get(tp) if tp.startswith("@") else _lag(tp, last_offset)
+
+        return lag
+
+    def _marker(fevent: Any) -> dict[str, Any] | None:
+        if fevent.key != _MARKER_KEY:
+            return None
+        try:
+            m = json.loads(bytes(fevent.value))
+            return {"src": int(m["src"]), "ts": m.get("ts"), "backlog": m.get("backlog")}
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    async def _send_markers(agent: str, out: Any, progress: dict[int, tuple[int | None, int | None]]) -> None:
+        """Tell every partition of `out` how far this agent got on each of its source partitions."""
+        now = time.monotonic()
+        for src, (ts, backlog) in sorted(progress.items()):
+            if backlog is None and now - assigned_at[0] >= _MARKER_IDLE_S:
+                backlog = 0  # still unknown long after the assignment: do not hold others forever
+            value = json.dumps({"src": src, "ts": ts, "backlog": backlog}).encode()
+            last = sent_markers.get((agent, src))
+            if last is not None and last[0] == value and now - last[1] < _MARKER_HEARTBEAT_S:
+                continue
+            sent_markers[(agent, src)] = (value, now)
+            for part in range(n):
+                await out.send(key=_MARKER_KEY, value=value, partition=part, force=True)
+
+    # -- bind: RankBound / job end -> rs.internal.bindings (keyed by node) ----------------
+    def _load_routes(p: int) -> None:
+        if p in routes_loaded:
             return
-        for tp, offset, (fevent, event) in runtime.aligner.pop_ready(time.monotonic(), _lag):
-            outputs = engine.process(event)
-            runtime.counts["processed"] += 1
-            runtime.mark(tp, offset)
-            for out in outputs:
-                name = topic_for(out.type)
-                runtime.counts["outputs"] += 1
-                if out.type == "Alert":
-                    runtime.counts["alerts"] += 1
-                # force=True: send now, not when the offset commits; the checkpoint waits for delivery.
-                runtime.futures.append(
-                    await out_topic(name).send(
-                        key=key_for(name, out.record), value=codec.encode(out), force=True
+        routes_loaded.add(p)
+        loaded = 0
+        for key, value in list(routes_table.items()):
+            node = key.decode() if isinstance(key, bytes) else str(key)
+            if value and partition_for(node.encode(), n) == p:
+                routes.load(node, json.loads(bytes(value)))
+                loaded += 1
+        log.info("partition %d: routes of %d nodes loaded", p, loaded)
+
+    @app.agent(events_src, concurrency=1)
+    async def bind(stream: Any) -> None:
+        streams["bind"] = stream
+        async for fevent in stream.noack().events():
+            async with lock:
+                await _bind(stream, fevent)
+
+    async def _bind(stream: Any, fevent: Any) -> None:
+        msg = fevent.message
+        try:
+            event = codec.decode(fevent.value)
+        except DecodeError:
+            bind_fw.pending.append(fevent)  # `detect` dead-letters it
+            return
+        r = event.record
+        if event.type == "RankBound":
+            key = str(r["node"]).encode()
+            part = partition_for(key, n)
+            if part in assigned:
+                # Local fast path: the node's routes are here; the topic copy makes it durable.
+                _load_routes(part)
+                routes.bind(r)
+            bind_fw.futures.append(
+                await bindings_out.send(key=key, value=fevent.value, partition=part, force=True)
+            )
+            totals["bindings"] += 1
+        elif event.type == "JobStateChanged" and r["state"] in config.job_end_states:
+            # The nodes of a job are known where its bindings are: tell every partition.
+            for part in range(n):
+                bind_fw.futures.append(
+                    await bindings_out.send(
+                        key=str(r["job_id"]).encode(), value=fevent.value, partition=part, force=True
                     )
                 )
-            runtime.pending.append(fevent)
-            if runtime.checkpoint_due(outputs):
-                await _checkpoint(stream, fevent)
+        bind_fw.pending.append(fevent)
+        bind_progress[msg.partition] = [event_ts(event), msg.offset]
+        if len(bind_fw.pending) >= _FORWARD_BATCH:
+            await bind_fw.flush(stream, app)
 
-    async def _checkpoint(stream: Any, fevent: Any) -> None:
+    # -- route: node-keyed telemetry -> rs.internal.telemetry-by-job (keyed by job) --------
+    @app.agent(node_src, concurrency=1)
+    async def route(stream: Any) -> None:
+        streams["route"] = stream
+        async for fevent in stream.noack().events():
+            async with lock:
+                await _route(stream, fevent)
+
+    async def _route(stream: Any, fevent: Any) -> None:
+        msg = fevent.message
+        topic = unprefix(msg.topic)
+        p = msg.partition
+        _load_routes(p)
+        if topic == BINDINGS and (m := _marker(fevent)) is not None:
+            vtp = f"@bind:{m['src']}>{p}"
+            node_aligner.note(vtp, None, m["ts"], time.monotonic())
+            bind_markers[vtp] = m["backlog"]
+            await stream.ack(fevent)
+            await _drain_nodes(stream)
+            return
+        try:
+            event = codec.decode(fevent.value)
+        except DecodeError as exc:
+            if topic != BINDINGS:
+                totals["node_deadletter"] += 1
+                route_fw.futures.append(await _deadletter(fevent, topic, exc))
+            route_fw.pending.append(fevent)
+            return
+        if topic == BINDINGS:
+            r = event.record
+            if event.type == "RankBound":
+                changed = [routes.bind(r)]
+            else:
+                mine = [name for name in routes.nodes if partition_for(name.encode(), n) == p]
+                changed = routes.end_job(str(r["job_id"]), mine)
+            with _current(fevent):
+                for node in changed:
+                    state = routes.state_of(node)
+                    routes_table[node] = json.dumps(state).encode() if state else b""
+            route_fw.pending.append(fevent)
+        else:
+            node_aligner.push(
+                _tp_key(topic, p), msg.offset, event_ts(event), (fevent, event), time.monotonic()
+            )
+        await _drain_nodes(stream)
+
+    async def _drain_nodes(stream: Any) -> None:
+        now = time.monotonic()
+        for tp, _offset, (fevent, event) in node_aligner.pop_ready(now, _node_lag):
+            parts: dict[int, str] = {}
+            for key in routes.route(event):
+                parts.setdefault(partition_for(key.encode(), n), key)
+            totals["telemetry_in"] += 1
+            if not parts:
+                totals["unbound_thinned"] += 1
+            for part, key in sorted(parts.items()):
+                route_fw.futures.append(
+                    await by_job_out.send(key=key.encode(), value=fevent.value, partition=part, force=True)
+                )
+                totals["forwarded"] += 1
+            route_fw.pending.append(fevent)
+            part_of = int(tp.rpartition(":")[2])
+            route_progress[part_of] = max(event_ts(event), route_progress.get(part_of, -(2**63)))
+        if len(route_fw.pending) >= _FORWARD_BATCH:
+            await route_fw.flush(stream, app)
+
+    async def _deadletter(fevent: Any, topic: str, exc: DecodeError) -> Any:
+        msg = fevent.message
+        err = exc.located(msg.topic, msg.partition, msg.offset)
+        return await out_topic(DEADLETTER).send(
+            key=fevent.key,
+            value=fevent.value,
+            headers={"ranksight.error": str(err).encode(), "ranksight.source": topic.encode()},
+            force=True,
+        )
+
+    # -- detect: job-keyed events -> one engine per partition ----------------------------
+    def _runtime(p: int) -> WorkerRuntime:
+        rt = runtimes.get(p)
+        if rt is None:
+            rt = WorkerRuntime(config, router, options, p)
+            value = snapshots.get(f"engine@{p}")
+            rt.restore([bytes(value)] if value else [])
+            now = time.monotonic()
+            rt.aligner.expect([_tp_key(t, p) for t in JOB_TOPICS], now)
+            rt.aligner.expect([f"@route:{src}" for src in range(n)], now)
+            runtimes[p] = rt
+        return rt
+
+    @app.agent(job_src, concurrency=1)
+    async def detect(stream: Any) -> None:
+        streams["detect"] = stream
+        async for fevent in stream.noack().events():
+            async with lock:
+                await _receive(stream, fevent)
+
+    async def _receive(stream: Any, fevent: Any) -> None:
+        msg = fevent.message
+        topic = unprefix(msg.topic)
+        tp = _tp_key(topic, msg.partition)
+        rt = _runtime(msg.partition)
+        rt.last_event = fevent
+        if topic == TELEMETRY_BY_JOB and (m := _marker(fevent)) is not None:
+            vtp = f"@route:{m['src']}"
+            rt.aligner.note(vtp, None, m["ts"], time.monotonic())
+            rt.marker_backlog[vtp] = m["backlog"]
+            rt.marker_ts[vtp] = m["ts"]
+            await stream.ack(fevent)
+            await _drain(stream, rt)
+            return
+        # Markers repeat while all input is stopped: only records count as input (wall-clock guard).
+        rt.last_receive = time.monotonic()
+        if rt.already_seen(tp, msg.offset):
+            rt.counts["skipped"] += 1
+            await stream.ack(fevent)
+            return
+        rt.counts["events"] += 1
+        try:
+            event = codec.decode(fevent.value)
+        except DecodeError as exc:
+            rt.counts["deadletter"] += 1
+            rt.futures.append(await _deadletter(fevent, topic, exc))
+            rt.mark(tp, msg.offset)
+            rt.pending.append(fevent)
+        else:
+            rt.aligner.push(tp, msg.offset, event_ts(event), (fevent, event), time.monotonic())
+        await _drain(stream, rt)
+
+    async def _send_outputs(rt: WorkerRuntime, outputs: list[Event]) -> None:
+        for out in outputs:
+            name = topic_for(out.type)
+            rt.counts["outputs"] += 1
+            if out.type == "Alert":
+                rt.counts["alerts"] += 1
+            # force=True: send now, not when the offset commits; the checkpoint waits for delivery.
+            rt.futures.append(
+                await out_topic(name).send(key=key_for(name, out.record), value=codec.encode(out), force=True)
+            )
+
+    async def _drain(stream: Any, rt: WorkerRuntime) -> None:
+        engine = rt.engine
+        if engine is None:
+            return
+        for tp, offset, (fevent, event) in rt.aligner.pop_ready(time.monotonic(), _job_lag(rt)):
+            rt.mark(tp, offset)
+            rt.pending.append(fevent)
+            if not tp.startswith(TELEMETRY_BY_JOB):
+                totals["training_in"] += 1
+            if rt.duplicate(event):
+                rt.counts["duplicates"] += 1
+                continue
+            outputs = engine.process(event)
+            rt.counts["processed"] += 1
+            await _send_outputs(rt, outputs)
+            if rt.checkpoint_due(outputs):
+                await _checkpoint(stream, rt)
+        front = rt.telemetry_front()
+        if front is not None and rt.last_event is not None:
+            # Telemetry elsewhere moved on: so does this engine's event time (never past what the
+            # aligner may still release to it).
+            wm = front - config.allowed_lateness_ms
+            if engine.watermark is None or wm > engine.watermark:
+                held = rt.aligner.frontier(time.monotonic(), _job_lag(rt))
+                if held is not None:
+                    wm = min(wm, held - config.allowed_lateness_ms)
+            if engine.watermark is None or wm > engine.watermark:
+                outputs = engine.advance(wm)
+                rt.counts["front_advances"] += 1
+                await _send_outputs(rt, outputs)
+                if any(o.type == "Alert" for o in outputs):
+                    await _checkpoint(stream, rt)
+
+    async def _checkpoint(stream: Any, rt: WorkerRuntime) -> None:
         # 1. every output delivered, 2. snapshot written and delivered, 3. only then ack (commit).
-        futures, runtime.futures = runtime.futures, []
+        futures, rt.futures = rt.futures, []
         for fut in futures:
             await fut
-        # The table writes its changelog to the partition of the current event; a timer has none.
-        token = _current_event.set(weakref.ref(fevent))
-        try:
-            snapshots[f"engine@{fevent.message.partition}"] = runtime.snapshot_value()
-        finally:
-            _current_event.reset(token)
+        # The table writes its changelog to the partition of the current event: one of this
+        # engine's partition, so `engine@p` lives on changelog partition p (moves with p).
+        anchor = rt.last_event
+        assert anchor is not None and anchor.message.partition == rt.partition
+        with _current(anchor):
+            snapshots[f"engine@{rt.partition}"] = rt.snapshot_value()
         await app.producer.flush()
-        pending, runtime.pending = runtime.pending, []
+        pending, rt.pending = rt.pending, []
         for done in pending:
             await stream.ack(done)
 
     @app.timer(options.align_idle_s / 4)
     async def _tick() -> None:
-        if not streams or runtime.engine is None:
-            return
         async with lock:
-            # Release events held for idle partitions when no new event arrives to do it.
-            if len(runtime.aligner):
-                await _drain(streams[0])
-            # Input went quiet: checkpoint what was processed, so the committed offsets reach the
-            # end (consumer lag reads 0 once the worker has caught up, and a restart replays nothing).
-            idle = time.monotonic() - runtime.last_receive >= options.align_idle_s
-            if idle and runtime.pending and not len(runtime.aligner):
-                await _checkpoint(streams[0], runtime.pending[-1])
+            if "route" in streams:
+                if len(node_aligner):
+                    await _drain_nodes(streams["route"])
+                if route_fw.pending:
+                    await route_fw.flush(streams["route"], app)
+            if "bind" in streams and bind_fw.pending:
+                await bind_fw.flush(streams["bind"], app)
+            # Progress markers go out after the forwarded records are delivered (flush above).
+            await _send_markers("bind", bindings_out, _bind_state())
+            if "route" in streams:
+                await _send_markers("route", by_job_out, _route_state())
+            stream = streams.get("detect")
+            if stream is None:
+                return
+            now = time.monotonic()
+            for rt in list(runtimes.values()):
+                engine = rt.engine
+                if engine is None:
+                    continue
+                # Release events held for idle partitions when no new event arrives to do it.
+                if len(rt.aligner):
+                    await _drain(stream, rt)
+                silent = now - rt.last_receive
+                if not len(rt.aligner):
+                    wm = guard.watermark(int(time.time() * 1000), silent, engine.max_ts, engine.watermark)
+                    if wm is not None:
+                        # All input stopped while live: let timeouts fire on wall-clock time.
+                        rt.counts["guard_advances"] += 1
+                        outputs = engine.advance(wm)
+                        await _send_outputs(rt, outputs)
+                        if outputs:
+                            await _checkpoint(stream, rt)
+                # Input went quiet: checkpoint what was processed, so the committed offsets reach the
+                # end (consumer lag reads 0 once caught up, and a restart replays nothing).
+                if silent >= options.align_idle_s and rt.pending and not len(rt.aligner):
+                    await _checkpoint(stream, rt)
+
+    def _bind_state() -> dict[int, tuple[int | None, int | None]]:
+        state: dict[int, tuple[int | None, int | None]] = {}
+        for q in assigned:
+            ts, offset = bind_progress.get(q, (None, None))
+            state[q] = (ts, _lag(_tp_key(TRAINING_EVENTS, q), offset))
+        return state
+
+    def _route_state() -> dict[int, tuple[int | None, int | None]]:
+        state: dict[int, tuple[int | None, int | None]] = {}
+        for p in assigned:
+            backlog: int | None = len(node_aligner)
+            for topic in (TELEMETRY_GPU, TELEMETRY_HOST):
+                ntp = _tp_key(topic, p)
+                left = _lag(ntp, node_aligner._last_offset.get(ntp))
+                backlog = None if left is None or backlog is None else backlog + left
+            state[p] = (route_progress.get(p), backlog)
+        return state
+
+    def _totals() -> dict[str, int]:
+        out = dict(totals)
+        for rt in runtimes.values():
+            for k, v in rt.counts.items():
+                out[k] = out.get(k, 0) + v if k != "snapshot_bytes" else max(out.get(k, 0), v)
+        # Source records (telemetry + training) this worker has fully handled: the bench's progress.
+        out["source_events"] = out["telemetry_in"] + out["training_in"]
+        return out
 
     @app.timer(options.stats_interval_s)
     async def _stats() -> None:
-        engine = runtime.engine
         log.info(
-            "worker: %s held=%d watermark=%s late_dropped=%s",
-            runtime.counts,
-            len(runtime.aligner),
-            engine.watermark if engine else None,
-            engine.stats["late_dropped"] if engine else None,
+            "worker: %s partitions=%s held=%d node_held=%d watermarks=%s",
+            _totals(),
+            sorted(runtimes),
+            sum(len(rt.aligner) for rt in runtimes.values()),
+            len(node_aligner),
+            {p: rt.engine.watermark if rt.engine else None for p, rt in sorted(runtimes.items())},
         )
-        log.debug("partitions: %s", runtime.aligner.describe(time.monotonic(), _lag))
+        for p, rt in sorted(runtimes.items()):
+            log.debug("partition %d: %s", p, rt.aligner.describe(time.monotonic(), _job_lag(rt)))
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
-    async def _assigned(app_: Any, assigned: Any, **kwargs: Any) -> None:
-        names = {prefix + t: t for t in SOURCE_TOPICS}
-        tps = [f"{names[tp.topic]}:{tp.partition}" for tp in assigned if tp.topic in names]
-        runtime.aligner.expect(sorted(tps), time.monotonic())
+    async def _assigned(app_: Any, assigned_tps: Any, **kwargs: Any) -> None:
+        names = {prefix + t: t for t in (*NODE_TOPICS, *JOB_TOPICS)}
+        parts = {tp.partition for tp in assigned_tps if tp.topic in names}
+        assigned.clear()
+        assigned.update(parts)
+        assigned_at[0] = time.monotonic()
+        now = time.monotonic()
+        node_tps = [_tp_key(t, p) for t in (TELEMETRY_GPU, TELEMETRY_HOST) for p in parts]
+        bind_tps = [f"@bind:{q}>{p}" for q in range(n) for p in parts]
+        node_aligner.expect(sorted(node_tps + bind_tps), now)
+        log.info("assigned partitions %s", sorted(parts))
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def _revoked(app_: Any, revoked: Any, **kwargs: Any) -> None:
-        # Unacked events will be redelivered: reload the engine from the table at the next event.
-        runtime.engine = None
-        runtime.aligner.clear()
-        runtime.pending = []
-        runtime.futures = []
+        # Unacked events will be redelivered: rebuild engines and routes from the tables.
+        runtimes.clear()
+        routes.forget_nodes(lambda node: False)
+        routes_loaded.clear()
+        node_aligner.clear()
+        bind_markers.clear()
+        bind_progress.clear()
+        route_progress.clear()
+        sent_markers.clear()
+        bind_fw.clear()
+        route_fw.clear()
 
     return app
 

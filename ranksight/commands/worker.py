@@ -17,7 +17,9 @@ def worker(
         None, "--workdir", help="Local state of the worker (default <home>/worker)."
     ),
     group: str = typer.Option(
-        "ranksight-detect", "--group", help="Faust app id = consumer group; one worker per group."
+        "ranksight-detect",
+        "--group",
+        help="Faust app id = consumer group; run several workers with the same group to scale out.",
     ),
     config: Path | None = typer.Option(None, "--config", help="Detector thresholds YAML (default: shipped)."),
     routing: Path | None = typer.Option(None, "--routing", help="Alert routing YAML (default: shipped)."),
@@ -48,6 +50,18 @@ def worker(
         min=0.1,
         help="A source partition silent this long stops holding event time back.",
     ),
+    guard_s: float = typer.Option(
+        120.0,
+        "--guard",
+        min=0,
+        help="All input of a partition silent this many seconds while live: advance event time with the wall clock (0: off).",
+    ),
+    unbound_interval_ms: int = typer.Option(
+        10_000,
+        "--unbound-interval-ms",
+        min=0,
+        help="Telemetry of GPUs/nodes with no job: forward one sample per GPU/node per N ms (0: all).",
+    ),
 ) -> None:
     """Consume telemetry and training events, detect, publish alerts to rs.alerts and stats to rs.derived.*."""
     from streams.app import WorkerOptions
@@ -72,6 +86,8 @@ def worker(
         log_level=log_level,
         stats_interval_s=stats_interval_s,
         align_idle_s=align_idle_s,
+        guard_s=guard_s,
+        unbound_interval_ms=unbound_interval_ms,
         schema_registry_url=settings.schema_registry_url,
     )
     console.print(

@@ -1,0 +1,149 @@
+"""Re-keying telemetry by job (NodeRoutes), the Java-compatible partitioner and the wall-clock guard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas.records import Event
+from streams.rekey import UNBOUND_KEY, NodeRoutes, WallClockGuard, partition_for
+
+
+def _bound(job: str, rank: int, node: str, uuid: str | None, ts: int) -> dict[str, object]:
+    return {
+        "ts": ts,
+        "job_id": job,
+        "rank": rank,
+        "node": node,
+        "gpu_uuid": uuid,
+        "gpu_index": rank,
+        "pid": 100 + rank,
+    }
+
+
+def _gpu(node: str, uuid: str, ts: int, **extra: object) -> Event:
+    return Event(
+        "GpuSample", {"ts": ts, "node": node, "gpu_uuid": uuid, "xid": None, "ecc_uncorrected": 0, **extra}
+    )
+
+
+def _host(node: str, ts: int, **extra: object) -> Event:
+    return Event("HostSample", {"ts": ts, "node": node, "oom_kills": 0, **extra})
+
+
+def test_partition_for_matches_the_java_client_murmur2() -> None:
+    # Values of Kafka's own Utils.murmur2 test vectors, mapped to 6 partitions as the Java client does.
+    java = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string": -985981536}
+    for key, h in java.items():
+        assert partition_for(key, 6) == (h & 0x7FFFFFFF) % 6
+
+
+@given(st.binary(max_size=40), st.integers(min_value=1, max_value=64))
+def test_partition_for_is_always_a_valid_partition(key: bytes, n: int) -> None:
+    assert 0 <= partition_for(key, n) < n
+
+
+def test_gpu_sample_goes_to_the_job_bound_to_its_gpu_and_host_sample_to_every_job_on_the_node() -> None:
+    routes = NodeRoutes()
+    routes.bind(_bound("job-a", 0, "n1", "G0", 1_000))
+    routes.bind(_bound("job-b", 0, "n1", "G1", 1_000))
+    assert routes.route(_gpu("n1", "G0", 2_000)) == ["job-a"]
+    assert routes.route(_gpu("n1", "G1", 2_000)) == ["job-b"]
+    assert routes.route(_host("n1", 2_000)) == ["job-a", "job-b"]
+
+
+def test_a_newer_binding_of_a_gpu_wins_and_a_late_older_one_does_not_override_it() -> None:
+    routes = NodeRoutes()
+    routes.bind(_bound("job-new", 0, "n1", "G0", 5_000))
+    routes.bind(_bound("job-old", 0, "n1", "G0", 1_000))  # redelivered late
+    assert routes.route(_gpu("n1", "G0", 6_000)) == ["job-new"]
+
+
+def test_ending_a_job_unbinds_its_gpus_and_leaves_other_jobs_alone() -> None:
+    routes = NodeRoutes(unbound_interval_ms=0)
+    routes.bind(_bound("job-a", 0, "n1", "G0", 1_000))
+    routes.bind(_bound("job-b", 0, "n1", "G1", 1_000))
+    assert routes.end_job("job-a") == ["n1"]
+    assert routes.route(_gpu("n1", "G0", 2_000)) == [UNBOUND_KEY]
+    assert routes.route(_gpu("n1", "G1", 2_000)) == ["job-b"]
+    assert routes.route(_host("n1", 2_000)) == ["job-b"]
+    assert routes.end_job("job-a") == []
+
+
+def test_unbound_telemetry_is_thinned_per_gpu_but_xid_and_oom_always_pass() -> None:
+    routes = NodeRoutes(unbound_interval_ms=10_000)
+    sent = [routes.route(_gpu("n9", "G0", ts)) for ts in range(0, 30_000, 1_000)]
+    assert sum(1 for s in sent if s) == 3  # one per 10 s of event time
+    assert routes.route(_gpu("n9", "G0", 30_500, xid=79)) == [UNBOUND_KEY]
+    assert routes.route(_gpu("n9", "G1", 30_500)) == [UNBOUND_KEY]  # another GPU has its own budget
+    assert routes.route(_host("n9", 0)) == [UNBOUND_KEY]
+    assert routes.route(_host("n9", 1_000)) == []
+    assert routes.route(_host("n9", 2_000, oom_kills=1)) == [UNBOUND_KEY]
+
+
+def test_node_state_round_trips_through_its_table_value() -> None:
+    routes = NodeRoutes()
+    routes.bind(_bound("job-a", 0, "n1", "G0", 1_000))
+    routes.bind(_bound("job-a", 1, "n1", None, 1_000))  # a CPU rank: on the node, no GPU
+    state = routes.state_of("n1")
+    again = NodeRoutes()
+    again.load("n1", state)
+    assert again.state_of("n1") == state
+    assert again.route(_gpu("n1", "G0", 2_000)) == ["job-a"]
+    again.load("n1", None)
+    assert again.state_of("n1") is None
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_ms = 1_800_000_000_000
+        self.silent_s = 0.0
+
+    def tick(self, seconds: float) -> None:
+        self.now_ms += int(seconds * 1000)
+        self.silent_s += seconds
+
+
+def test_guard_advances_a_live_engine_only_after_its_input_was_silent_for_guard_s() -> None:
+    clock = FakeClock()
+    guard = WallClockGuard(guard_s=120, live_ms=600_000, lateness_ms=5_000)
+    max_ts = clock.now_ms - 1_000  # live: the last event is a second old
+    clock.tick(119)
+    assert guard.watermark(clock.now_ms, clock.silent_s, max_ts, max_ts - 5_000) is None
+    clock.tick(1)
+    assert guard.watermark(clock.now_ms, clock.silent_s, max_ts, max_ts - 5_000) == clock.now_ms - 5_000
+    # Already there: nothing to gain.
+    assert guard.watermark(clock.now_ms, clock.silent_s, max_ts, clock.now_ms) is None
+
+
+def test_guard_never_advances_historical_event_time_or_an_empty_engine() -> None:
+    clock = FakeClock()
+    guard = WallClockGuard(guard_s=120, live_ms=600_000, lateness_ms=5_000)
+    clock.tick(3_600)
+    replay_ts = clock.now_ms - 86_400_000  # a day-old replay
+    assert guard.watermark(clock.now_ms, clock.silent_s, replay_ts, replay_ts) is None
+    assert guard.watermark(clock.now_ms, clock.silent_s, None, None) is None
+    assert WallClockGuard(guard_s=0).watermark(clock.now_ms, 1e9, clock.now_ms, None) is None
+
+
+def test_telemetry_front_waits_for_every_forwarder_and_is_held_back_by_one_catching_up(
+    tmp_path: Path,
+) -> None:
+    from streams.app import WorkerOptions, WorkerRuntime
+    from streams.config import EngineConfig
+    from streams.routing import load_router
+
+    rt = WorkerRuntime(
+        EngineConfig.default(), load_router(), WorkerOptions(bootstrap="x:1", workdir=tmp_path, partitions=3)
+    )
+    rt.marker_ts = {"@route:0": 50_000, "@route:1": 90_000}
+    rt.marker_backlog = {"@route:0": 0, "@route:1": 0}
+    assert rt.telemetry_front() is None  # forwarder of partition 2 not heard from yet
+    rt.marker_ts["@route:2"], rt.marker_backlog["@route:2"] = None, 0  # no telemetry there at all
+    assert rt.telemetry_front() == 90_000  # idle forwarders do not hold time back
+    rt.marker_backlog["@route:0"] = 1_200  # ... one still catching up does
+    assert rt.telemetry_front() == 50_000
+    rt.marker_ts["@route:2"], rt.marker_backlog["@route:2"] = None, 7  # backlog, nothing forwarded yet
+    assert rt.telemetry_front() is None
