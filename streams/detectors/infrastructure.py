@@ -326,7 +326,7 @@ class InfrastructureDetector(Detector):
         freshest = max((n["last"] for n in self._nodes.values()), default=None)
         if self._live_peer and (freshest is None or wm - freshest > self._miss_min):
             # No node at all reports: the telemetry pipeline (or the input) stopped, not one
-            # node's agent; the engine's wall-clock guard covers that case.
+            # node's agent; the worker's wall-clock guard (docs/worker.md) covers that case.
             return out
         for node in sorted(nodes):
             n = self._nodes.get(node)
