@@ -14,6 +14,7 @@ __all__ = [
     "TOPICS",
     "TRAINING_EVENTS",
     "TRAINING_STEPS",
+    "deadletter_headers",
     "key_for",
     "topic_for",
 ]
@@ -85,3 +86,20 @@ def key_for(topic: str, record: dict) -> bytes | None:
         return None
     value = record.get(field)
     return None if value is None else str(value).encode()
+
+
+def deadletter_headers(
+    error: BaseException, topic: str, partition: int, offset: int
+) -> list[tuple[str, bytes]]:
+    """Headers of a record sent to `rs.deadletter`: why it failed and where it came from.
+
+    Every component that dead-letters (sink, worker) uses these, so one consumer of the
+    dead-letter topic can read them all.
+    """
+    return [
+        ("x-error", str(error).encode()),
+        ("x-error-type", type(error).__name__.encode()),
+        ("x-source-topic", topic.encode()),
+        ("x-source-partition", str(partition).encode()),
+        ("x-source-offset", str(offset).encode()),
+    ]

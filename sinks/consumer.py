@@ -13,10 +13,7 @@ Run it as a module for an entry point that needs no CLI: `python -m sinks.consum
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from schemas.codec import Codec
 from schemas.errors import DecodeError
-from schemas.topics import DEADLETTER
+from schemas.topics import DEADLETTER, deadletter_headers
 from sinks.errors import (
     InvalidRecordError,
     KafkaUnavailableError,
@@ -37,7 +34,7 @@ from sinks.errors import (
 )
 from sinks.writer import ClickHouseSink
 
-__all__ = ["SINK_TOPICS", "SinkConsumer", "main"]
+__all__ = ["SINK_TOPICS", "SinkConsumer"]
 
 log = logging.getLogger(__name__)
 
@@ -243,13 +240,7 @@ class SinkConsumer:
                 }
             )
         headers: list[tuple[str, str | bytes | None]] = [(str(h[0]), h[1]) for h in msg.headers() or []]
-        headers += [
-            ("x-error", str(exc).encode()),
-            ("x-error-type", type(exc).__name__.encode()),
-            ("x-source-topic", (msg.topic() or "").encode()),
-            ("x-source-partition", str(msg.partition()).encode()),
-            ("x-source-offset", str(msg.offset()).encode()),
-        ]
+        headers += deadletter_headers(exc, msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
         self._producer.produce(
             self.deadletter_topic,
             key=msg.key(),
@@ -416,45 +407,3 @@ class SinkConsumer:
 def _kafka_reason(exc: KafkaException) -> str:
     error = exc.args[0] if exc.args else None
     return error.str() if isinstance(error, KafkaError) else str(exc)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m sinks.consumer`: run a sink from plain arguments, without the `ranksight` CLI."""
-    from schemas.codec import codec_from_settings
-    from sinks.clickhouse import connect
-    from sinks.ddl import migrate
-
-    parser = argparse.ArgumentParser(prog="python -m sinks.consumer", description=main.__doc__)
-    parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"))
-    parser.add_argument("--dsn", required=True, help="chdb:///abs/dir or http://host:8123")
-    parser.add_argument("--topics", nargs="+", default=list(SINK_TOPICS))
-    parser.add_argument("--prefix", default="", help="prefix of every topic name")
-    parser.add_argument("--group", default="ranksight-sink")
-    parser.add_argument("--batch-size", type=int, default=5000)
-    parser.add_argument("--batch-interval", type=float, default=1.0)
-    parser.add_argument("--idle-exit", type=float, default=None)
-    parser.add_argument("--schema-registry-url", default=os.environ.get("SCHEMA_REGISTRY_URL"))
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    client = connect(args.dsn)
-    migrate(client)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    sink = SinkConsumer(
-        {"bootstrap.servers": args.bootstrap},
-        client,
-        [args.prefix + t for t in args.topics],
-        args.group,
-        codec=codec_from_settings(args.schema_registry_url),
-        deadletter_topic=args.prefix + DEADLETTER,
-        batch_size=args.batch_size,
-        batch_interval_s=args.batch_interval,
-        progress_interval_s=2.0,
-    )
-    sink.run(stop=stop, idle_exit_s=args.idle_exit)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

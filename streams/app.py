@@ -52,6 +52,7 @@ from schemas.topics import (
     TELEMETRY_HOST,
     TRAINING_EVENTS,
     TRAINING_STEPS,
+    deadletter_headers,
     key_for,
     topic_for,
 )
@@ -764,7 +765,7 @@ def build_app(options: WorkerOptions) -> faust.App:
         return await out_topic(DEADLETTER).send(
             key=fevent.key,
             value=fevent.value,
-            headers={"ranksight.error": str(err).encode(), "ranksight.source": topic.encode()},
+            headers=dict(deadletter_headers(err, msg.topic, msg.partition, msg.offset)),
             force=True,
         )
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from streams.errors import ConfigError
+from streams.errors import ConfigError, StreamsError
 
 __all__ = ["DEFAULT_CONFIG_PATH", "EngineConfig", "deep_merge", "detector_section", "load_config"]
 
@@ -45,15 +45,20 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path, what: str, error: type[StreamsError]) -> Any:
+    """Parse a YAML file; a missing or malformed file is `error` naming `what` and the path."""
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist; pass an existing YAML file") from None
+        raise error(f"{what} file {path} does not exist; pass an existing YAML file") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        raise error(f"{what} file {path} is not valid YAML: {exc}") from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    data = read_yaml(path, "config", ConfigError)
     if data is None:
         return {}
     if not isinstance(data, dict):

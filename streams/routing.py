@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from streams.errors import RoutingError
 
 __all__ = ["DEFAULT_ROUTING_PATH", "JOB_TEAM", "Route", "Router", "load_router"]
@@ -199,13 +197,7 @@ def _parse_route(data: Any, where: str) -> Route:
 
 def load_router(path: str | Path | None = None) -> Router:
     """Router from a routing YAML file (default: the shipped `streams/routing.yaml`)."""
+    from streams.config import read_yaml
+
     p = Path(path) if path is not None else DEFAULT_ROUTING_PATH
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise RoutingError(f"routing file {p} does not exist; pass an existing YAML file") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise RoutingError(f"routing file {p} is not valid YAML: {exc}") from None
-    return Router.from_dict(data, source=str(p))
+    return Router.from_dict(read_yaml(p, "routing", RoutingError), source=str(p))
