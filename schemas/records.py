@@ -20,6 +20,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 __all__ = [
     "EVENT_SCHEMA_NAME",
+    "HISTORY_DIR",
     "NAMESPACE",
     "RECORD_TYPES",
     "SCHEMA_DIR",
@@ -33,6 +34,9 @@ __all__ = [
 
 NAMESPACE = "ranksight.v1"
 SCHEMA_DIR = Path(__file__).resolve().parent
+# Earlier versions of records that have since gained fields: data they wrote (an agent not yet
+# upgraded, an old recording) still decodes into the current schema by Avro schema resolution.
+HISTORY_DIR = SCHEMA_DIR / "history"
 EVENT_SCHEMA_NAME = f"{NAMESPACE}.Event"
 
 RECORD_TYPES: tuple[str, ...] = (
@@ -47,6 +51,7 @@ RECORD_TYPES: tuple[str, ...] = (
     "DataLoaderSample",
     "CollectiveSample",
     "ValidationResult",
+    "EvaluationEvent",
     "RankWindowStats",
     "JobWindowStats",
     "Alert",
@@ -152,6 +157,9 @@ class SchemaSet:
             path = self.directory / f"{NAMESPACE}.{name}.avsc"
             self.records[name] = _record_schema(json.loads(path.read_text()))
         self.by_fingerprint = {r.fingerprint: r for r in self.records.values()}
+        history = self.directory / "history"
+        for path in sorted(history.glob(f"{NAMESPACE}.*.avsc")) if history.is_dir() else []:
+            self.add_writer_version(json.loads(path.read_text()))
         event_json = json.loads((self.directory / f"{EVENT_SCHEMA_NAME}.avsc").read_text())
         event_inlined = dict(event_json)
         event_inlined["fields"] = [

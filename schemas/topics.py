@@ -54,6 +54,7 @@ RECORD_TOPIC: dict[str, str] = {
     "DataLoaderSample": TRAINING_EVENTS,
     "CollectiveSample": TRAINING_EVENTS,
     "ValidationResult": TRAINING_EVENTS,
+    "EvaluationEvent": TRAINING_EVENTS,
     "Alert": ALERTS,
     "RankWindowStats": DERIVED_RANK,
     "JobWindowStats": DERIVED_JOB,

@@ -56,6 +56,7 @@ TABLE_NAMES: dict[str, str] = {
     "DataLoaderSample": "dataloader_samples",
     "CollectiveSample": "collective_samples",
     "ValidationResult": "validation_results",
+    "EvaluationEvent": "evaluations",
     "RankWindowStats": "derived_rank_windows",
     "JobWindowStats": "derived_job_windows",
     "Alert": "alerts",
@@ -74,6 +75,7 @@ _ORDER_BY: dict[str, tuple[str, ...]] = {
     "DataLoaderSample": ("job_id", "rank", "ts"),
     "CollectiveSample": ("job_id", "rank", "op", "ts"),
     "ValidationResult": ("job_id", "step", "ts"),
+    "EvaluationEvent": ("job_id", "evaluation_id", "ts"),
     "RankWindowStats": ("job_id", "rank", "window_start"),
     "JobWindowStats": ("job_id", "window_start"),
     "Alert": ("team", "fingerprint", "alert_id", "status"),
@@ -354,7 +356,8 @@ def _rollup_sql(ttl_days: int | None) -> list[str]:
 
 # --- migrations -------------------------------------------------------------------------------------
 
-_RAW_TYPES = RECORD_TYPES[: RECORD_TYPES.index("ValidationResult") + 1]
+_DERIVED_TYPES = ("RankWindowStats", "JobWindowStats", "Alert")
+_RAW_TYPES = tuple(t for t in RECORD_TYPES if t not in _DERIVED_TYPES)
 
 
 @dataclass(frozen=True)
@@ -371,12 +374,13 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         2,
         "derived window tables and alerts",
-        lambda ttl: [
-            create_table_sql(table_for(t), ttl) for t in ("RankWindowStats", "JobWindowStats", "Alert")
-        ],
+        lambda ttl: [create_table_sql(table_for(t), ttl) for t in _DERIVED_TYPES],
     ),
     Migration(3, "baselines view", lambda ttl: [_baselines_sql()]),
     Migration(4, "per-minute GPU and job step roll-ups", _rollup_sql),
+    # Tables of record types added since version 1 (CREATE ... IF NOT EXISTS: a fresh database
+    # already made them in version 1). Fields added to existing records arrive by `_sync_columns`.
+    Migration(5, "evaluation events", lambda ttl: [create_table_sql(table_for("EvaluationEvent"), ttl)]),
 )
 
 _MIGRATIONS_TABLE = (
@@ -408,6 +412,7 @@ def migrate(client: Client, ttl_days: int | None = 30) -> list[int]:
                 column_names=["version", "description", "applied_at"],
             )
             applied.append(migration.version)
+        _sync_columns(client)
         _sync_ttl(client, ttl_days)
     except _DriverError as exc:
         raise ClickHouseError(f"schema migration failed: {exc}") from exc
@@ -421,6 +426,23 @@ def _ttl_tables() -> dict[str, str]:
     tables = {spec.name: spec.time_column for spec in table_specs().values()}
     tables.update({"gpu_minute": "minute", "job_step_minute": "minute"})
     return tables
+
+
+def _sync_columns(client: Client) -> None:
+    # A field added to a record (with its Avro default) is a column added to its table: data
+    # already stored reads the column's default, new rows carry the value.
+    specs = {spec.name: spec for spec in table_specs().values()}
+    existing: dict[str, set[str]] = {}
+    for table, column in client.query(
+        "SELECT table, name FROM system.columns WHERE database = currentDatabase() AND table IN %(names)s",
+        parameters={"names": list(specs)},
+    ).result_rows:
+        existing.setdefault(table, set()).add(column.split(".", 1)[0])
+    for name, columns in existing.items():
+        for definition in specs[name].definitions:
+            column = definition.split("`")[1]
+            if column not in columns:
+                client.command(f"ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {definition}")
 
 
 def _sync_ttl(client: Client, ttl_days: int | None) -> None:

@@ -182,6 +182,8 @@ class GpuSampler:
             "nvlink_rx_bytes_s": nvlink_rx,
             "pids": [int(p.pid) for p in procs] if procs else [],
             "xid": xid,
+            "job_id": None,  # stamped by the runner when the GPU is attributed to a job
+            "run_id": None,
         }
 
     def _clock_reasons(self, handle: Any) -> int:

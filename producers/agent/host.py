@@ -108,4 +108,8 @@ class HostSampler:
             "tcp_retrans_segs_s": self._rate("retrans", read_tcp_retrans_segs(self.proc), now_s),
             "open_files": read_file_nr(self.proc),
             "oom_kills": read_oom_kills(self.proc),
+            "job_ids": [],  # stamped by the runner from the jobs attributed on this node
+            "ib_rx_bytes_s": None,
+            "ib_tx_bytes_s": None,
+            "ib_errors": None,
         }

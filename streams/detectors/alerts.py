@@ -197,6 +197,8 @@ class AlertTracker:
             "history": [{"ts": int(t), "value": float(v)} for t, v in finding.history],
             "runbook_url": f"{self.runbook_base_url}{finding.rule}",
             "labels": labels,
+            "group_key": None,
+            "inhibited_by": None,
         }
 
     # -- state -------------------------------------------------------------------------

@@ -199,3 +199,26 @@ def test_sql_error_is_one_line_exit_1(tmp_path: Path, statement: str) -> None:
     assert done.returncode == 1
     assert done.stderr.startswith("error: query failed:")
     assert "Traceback" not in done.stderr
+
+
+def test_fields_added_to_a_record_become_columns_of_an_existing_table(chdb: Client) -> None:
+    """A store made before a record gained fields gets the new columns on the next migration."""
+    chdb.command("ALTER TABLE gpu_samples DROP COLUMN job_id")
+    chdb.command("ALTER TABLE host_samples DROP COLUMN job_ids")
+    migrate(chdb)
+    columns = {
+        (table, name)
+        for table, name in chdb.query(
+            "SELECT table, name FROM system.columns WHERE table IN ('gpu_samples', 'host_samples')"
+        ).result_rows
+    }
+    assert ("gpu_samples", "job_id") in columns
+    assert ("host_samples", "job_ids") in columns
+    sink = ClickHouseSink(chdb)
+    event = sample_event("GpuSample", 0)
+    event.record["job_id"] = "pretrain-1"
+    sink.add("rs.telemetry.gpu", 0, 0, event)
+    batch = sink.batch("rs.telemetry.gpu", 0)
+    assert batch is not None
+    sink.write(batch)
+    assert chdb.query("SELECT job_id FROM gpu_samples").result_rows == [("pretrain-1",)]
