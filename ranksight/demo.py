@@ -419,6 +419,12 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             f"{board.fired} alerts fired, {board.resolved} resolved.",
             highlight=False,
         )
+        console.print(
+            f"the demo's store is {home / 'chdb'}: query it with "
+            '`ranksight sql --demo "SELECT count() FROM steps"`',
+            highlight=False,
+            soft_wrap=True,
+        )
         return {
             "wall_s": wall,
             "published": dict(board.published),

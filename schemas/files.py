@@ -19,6 +19,7 @@ from typing import IO, Any, cast
 
 import fastavro
 from fastavro import schemaless_reader
+from fastavro.read import SchemaResolutionError
 from fastavro.schema import to_parsing_canonical_form
 
 from schemas.errors import InvalidEventError, RanksightError
@@ -35,6 +36,9 @@ __all__ = [
     "write_container",
 ]
 
+# Event time before 2000 is a producer bug, almost always seconds written where milliseconds belong.
+_MIN_TS_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
+_EVENT_NAME = f"{NAMESPACE}.Event"
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -109,9 +113,13 @@ def _compile(schema: Any, to_json: bool) -> Converter:
 
         def ts(v: Any, path: str) -> int:
             try:
-                return parse_ts(v)
+                ms = parse_ts(v)
             except ValueError as exc:
                 raise InvalidEventError(path, str(exc)) from None
+            if ms < _MIN_TS_MS:
+                hint = "looks like seconds; timestamps are UTC milliseconds" if isinstance(v, int) else "too old"
+                raise InvalidEventError(path, f"{json.dumps(v)} is before 2000-01-01 ({hint})")
+            return ms
 
         return ts
     if kind in ("int", "long"):
@@ -272,8 +280,14 @@ def read_jsonl(path: str | Path, fmt: JsonlFormat | None = None) -> list[Event]:
     fmt = fmt or JsonlFormat()
     events: list[Event] = []
     problems: list[InvalidEventError] = []
-    with open(path, encoding="utf-8") as fh:
-        for number, text in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                reason = f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at column {exc.start + 1}"
+                problems.append(InvalidEventError("(line)", reason, line=number))
+                continue
             if not text.strip():
                 continue
             try:
@@ -323,6 +337,14 @@ def iter_container(source: str | Path | IO[bytes], schemas: SchemaSet | None = N
     try:
         blocks = fastavro.block_reader(fh)
         writer_json = strip_logical_types(json.loads(blocks.metadata["avro.schema"]))
+        name = writer_json.get("name") if isinstance(writer_json, dict) else None
+        if isinstance(name, str) and "." not in name and isinstance(writer_json, dict):
+            name = f"{writer_json.get('namespace', '')}.{name}".lstrip(".")
+        if name != _EVENT_NAME:
+            raise RanksightError(
+                f"{source}: not a file of ranksight events (its Avro schema is {name or 'unnamed'!s}, "
+                f"not {_EVENT_NAME}); write one with `ranksight simulate --out` or `ranksight events load`"
+            )
         writer = fastavro.parse_schema(writer_json)
         current = to_parsing_canonical_form(schemas.event_parsed) == to_parsing_canonical_form(writer)
         reader = None if current else schemas.event_parsed
@@ -332,8 +354,14 @@ def iter_container(source: str | Path | IO[bytes], schemas: SchemaSet | None = N
                 row = schemaless_reader(data, writer, reader, return_record_name=True)
                 name, record = cast(dict[str, Any], row)["event"]
                 yield Event(name.rsplit(".", 1)[-1], record)
+    except SchemaResolutionError as exc:
+        # Its message dumps both schemas (tens of kB): the user needs the sentence, not the dump.
+        raise RanksightError(
+            f"{source}: its events were written with a {_EVENT_NAME} schema this version cannot read"
+        ) from exc
     except (ValueError, EOFError, StopIteration, KeyError, TypeError) as exc:
-        raise RanksightError(f"{source}: not a readable Avro container file of events ({exc})") from exc
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise RanksightError(f"{source}: not a readable Avro container file of events ({reason})") from exc
     finally:
         if fh is not source:
             fh.close()
