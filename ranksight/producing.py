@@ -7,6 +7,7 @@ says "spooled", not "published", for events that only reached the disk.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from ranksight.errors import KafkaUnreachableError
 from ranksight.settings import Settings
 from schemas.codec import Codec
 
-__all__ = ["drain_other_spools", "open_kafka_publisher", "outcome_line", "progress_verb"]
+__all__ = ["drain_other_spools", "open_kafka_publisher", "outcome_line", "progress_verb", "settle"]
 
 
 def drain_other_spools(
@@ -59,6 +60,15 @@ def open_kafka_publisher(
         spool_dir=spool_dir or settings.spool_root / producer,
         **knobs,
     )
+
+
+def settle(publisher: KafkaPublisher, timeout: float) -> int:
+    """Wait for delivery up to `timeout`, but not once Kafka is known to be away; returns what is pending."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = publisher.flush(min(0.5, max(0.0, deadline - time.monotonic())))
+        if pending == 0 or publisher.stats["outage"] or time.monotonic() >= deadline:
+            return pending
 
 
 def progress_verb(stats: dict[str, Any]) -> str:

@@ -141,7 +141,13 @@ def publish(
 ) -> None:
     """Publish a file of events to Kafka (telemetry by node, training by job)."""
     from ranksight.broker import kafka_settings
-    from ranksight.producing import drain_other_spools, open_kafka_publisher, outcome_line, progress_verb
+    from ranksight.producing import (
+        drain_other_spools,
+        open_kafka_publisher,
+        outcome_line,
+        progress_verb,
+        settle,
+    )
     from streams.kafka_replay import publish_file
 
     with user_errors():
@@ -158,7 +164,7 @@ def publish(
                     line.replace("published", progress_verb(publisher.stats), 1)
                 ),
             )
-            publisher.flush(2.0 if publisher.stats["outage"] else 60.0)
+            settle(publisher, 60.0)
         finally:
             publisher.close()
     console.print(f"{src}: " + outcome_line(publisher, count, settings.kafka_bootstrap), soft_wrap=True)

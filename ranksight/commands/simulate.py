@@ -149,7 +149,13 @@ def _publish(events: list[Any], speed: float, topic_prefix: str | None, quiet: b
     """Publish through the shared publisher, paced by event time; spool to <home>/spool/simulate if Kafka is away."""
     from producers.simulator import paced
     from ranksight.broker import kafka_settings
-    from ranksight.producing import drain_other_spools, open_kafka_publisher, outcome_line, progress_verb
+    from ranksight.producing import (
+        drain_other_spools,
+        open_kafka_publisher,
+        outcome_line,
+        progress_verb,
+        settle,
+    )
     from schemas.codec import codec_from_settings
 
     settings = kafka_settings()
@@ -181,7 +187,7 @@ def _publish(events: list[Any], speed: float, topic_prefix: str | None, quiet: b
                     highlight=False,
                 )
         # During an outage nothing is delivered: do not hold the user for the whole 30 s.
-        pub.flush(2.0 if pub.stats["outage"] else 30.0)
+        settle(pub, 30.0)
     finally:
         pub.close()
     console.print(outcome_line(pub, sent, settings.kafka_bootstrap), highlight=False, soft_wrap=True)
