@@ -55,6 +55,8 @@ def check_broker(settings: Settings, timeout: float = 10.0) -> None:
     from confluent_kafka.admin import AdminClient
 
     bootstrap, source = resolve_bootstrap(settings)
+    if bootstrap == running_bootstrap(settings.kafka_state_dir):
+        source = "local"  # resolved earlier by `kafka_settings`, or KAFKA_BOOTSTRAP names that broker
     errors: list[Any] = []
     conf = {
         **settings.model_copy(update={"kafka_bootstrap": bootstrap}).kafka_config(),
