@@ -26,6 +26,7 @@ from schemas.errors import InvalidEventError, RanksightError
 from schemas.records import NAMESPACE, Event, SchemaSet, default_schemas, strip_logical_types
 
 __all__ = [
+    "MIN_TS_MS",
     "EventFileError",
     "JsonlFormat",
     "format_ts",
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 # Event time before 2000 is a producer bug, almost always seconds written where milliseconds belong.
-_MIN_TS_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
+MIN_TS_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
 _EVENT_NAME = f"{NAMESPACE}.Event"
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
@@ -116,9 +117,6 @@ def _compile(schema: Any, to_json: bool) -> Converter:
                 ms = parse_ts(v)
             except ValueError as exc:
                 raise InvalidEventError(path, str(exc)) from None
-            if ms < _MIN_TS_MS:
-                hint = "looks like seconds; timestamps are UTC milliseconds" if isinstance(v, int) else "too old"
-                raise InvalidEventError(path, f"{json.dumps(v)} is before 2000-01-01 ({hint})")
             return ms
 
         return ts
@@ -275,8 +273,13 @@ class JsonlFormat:
         return self.from_obj(obj, line)
 
 
-def read_jsonl(path: str | Path, fmt: JsonlFormat | None = None) -> list[Event]:
-    """Every event of a JSONL file, or `EventFileError` listing every invalid line."""
+def read_jsonl(
+    path: str | Path, fmt: JsonlFormat | None = None, *, min_ts_ms: int | None = None
+) -> list[Event]:
+    """Every event of a JSONL file, or `EventFileError` listing every invalid line.
+
+    With `min_ts_ms`, an event stamped earlier is invalid: a `ts` of 1.7e9 is seconds, not 1970.
+    """
     fmt = fmt or JsonlFormat()
     events: list[Event] = []
     problems: list[InvalidEventError] = []
@@ -291,12 +294,22 @@ def read_jsonl(path: str | Path, fmt: JsonlFormat | None = None) -> list[Event]:
             if not text.strip():
                 continue
             try:
-                events.append(fmt.from_line(text, number))
+                event = fmt.from_line(text, number)
             except InvalidEventError as exc:
                 problems.append(exc)
+                continue
+            if min_ts_ms is not None and event.record["ts"] < min_ts_ms:
+                problems.append(_too_old(event.record["ts"], min_ts_ms, number))
+                continue
+            events.append(event)
     if problems:
         raise EventFileError(str(path), problems)
     return events
+
+
+def _too_old(ts: int, min_ts_ms: int, line: int) -> InvalidEventError:
+    hint = "looks like seconds: ts is UTC milliseconds" if ts * 1000 >= min_ts_ms else "too old"
+    return InvalidEventError("ts", f"{ts} is {format_ts(ts)}, before {format_ts(min_ts_ms)} ({hint})", line=line)
 
 
 def write_container(
@@ -367,7 +380,10 @@ def iter_container(source: str | Path | IO[bytes], schemas: SchemaSet | None = N
             fh.close()
 
 
-def load_jsonl(src: str | Path, dst: str | Path) -> int:
-    """`ranksight events load`: validate every line of `src`, then write `dst` atomically."""
-    events = read_jsonl(src)
+def load_jsonl(src: str | Path, dst: str | Path, *, min_ts_ms: int | None = MIN_TS_MS) -> int:
+    """`ranksight events load`: validate every line of `src`, then write `dst` atomically.
+
+    Events before `min_ts_ms` (default 2000-01-01) are rejected: almost always seconds for milliseconds.
+    """
+    events = read_jsonl(src, min_ts_ms=min_ts_ms)
     return write_container(dst, events)
