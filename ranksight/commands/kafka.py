@@ -40,6 +40,7 @@ def up(create: bool = typer.Option(True, help="Also create the rs.* topics.")) -
         if create:
             create_topics(bootstrap, prefix=settings.topic_prefix)
     console.print(f"Kafka is up: [bold]{bootstrap}[/]")
+    console.print("  every ranksight command finds it; for other tools:", highlight=False)
     console.print(f"  export KAFKA_BOOTSTRAP={bootstrap}", highlight=False)
 
 

@@ -217,6 +217,13 @@ def test_commands_find_the_running_local_broker_and_a_producer_drains_old_spools
         assert _topic_size(bootstrap, TELEMETRY_GPU) >= 1
         assert sum(_topic_size(bootstrap, t) for t in TOPICS if t.startswith("rs.t")) >= spooled
 
+        # Spooled again while "away", then sent by `ranksight spool drain` to the local broker.
+        again = _cli(home, "publish", str(events), env={"KAFKA_BOOTSTRAP": f"127.0.0.1:{closed}"})
+        assert "spooled" in again.stdout, again.stderr
+        drained = _cli(home, "spool", "drain")
+        assert drained.returncode == 0, drained.stderr
+        assert f"publish: sent {spooled:,} of {spooled:,} events to {bootstrap}" in drained.stdout
+
         tail = _cli(home, "alerts", "tail", "--from-beginning", "--idle-exit", "1")
         assert tail.returncode == 0, tail.stderr
         recorded = _cli(home, "record", "--from", "-1h", "-o", str(home / "recorded.avro"))
