@@ -309,7 +309,9 @@ def read_jsonl(
 
 def _too_old(ts: int, min_ts_ms: int, line: int) -> InvalidEventError:
     hint = "looks like seconds: ts is UTC milliseconds" if ts * 1000 >= min_ts_ms else "too old"
-    return InvalidEventError("ts", f"{ts} is {format_ts(ts)}, before {format_ts(min_ts_ms)} ({hint})", line=line)
+    return InvalidEventError(
+        "ts", f"{ts} is {format_ts(ts)}, before {format_ts(min_ts_ms)} ({hint})", line=line
+    )
 
 
 def write_container(
