@@ -35,7 +35,7 @@ def _expired_text(expired: int) -> str:
 def _print_progress(stats: dict[str, Any], expired: int = 0) -> None:
     elapsed = max(stats["elapsed_s"], 1e-9)
     console.print(
-        f"sink: consumed {stats['consumed']:,}, stored {stats['inserted_rows']:,} rows "
+        f"sink: consumed {stats['consumed']:,}, inserted {stats['inserted_rows']:,} rows "
         f"({stats['inserted_rows'] / elapsed:,.0f}/s) in {stats['batches']:,} batches"
         f"{_expired_text(expired)}, dead-lettered {stats['deadlettered']:,}, retries {stats['retries']:,}",
         highlight=False,
@@ -123,7 +123,7 @@ def sink(
         )
         stats = consumer.run(stop=stop, idle_exit_s=idle_exit)
     console.print(
-        f"sink stopped: stored {stats['inserted_rows']:,} rows{_expired_text(_expired(consumer))}, "
+        f"sink stopped: inserted {stats['inserted_rows']:,} rows{_expired_text(_expired(consumer))}, "
         f"skipped {stats['skipped_stored']:,} already stored, dead-lettered {stats['deadlettered']:,}",
         highlight=False,
         soft_wrap=True,
