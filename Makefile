@@ -10,6 +10,8 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo   - start a local Kafka, simulate a cluster, detect, store in ClickHouse (chDB), show alerts"
 	@echo "make test   - the whole test suite (starts its own Kafka broker)"
+	@echo "make unit   - the unit tests only (no broker, no services; seconds)"
+	@echo "make integration - the integration tests (real Kafka broker, real chDB)"
 	@echo "make lint   - ruff + mypy"
 	@echo "make bench  - benchmarks (print numbers; never part of the tests)"
 

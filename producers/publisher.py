@@ -26,14 +26,16 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from fastavro.validation import ValidationError
 from fastavro.write import Writer
 
-from producers.errors import DestinationError, PublisherClosedError, SpoolError
-from producers.spool import DEFAULT_MAX_BYTES, DEFAULT_SEGMENT_BYTES, Spool
+from infra.kafka.quiet import quiet_logger
+from producers.errors import DestinationError, PublisherClosedError, SpoolError, SpoolLockedError
+from producers.spool import DEFAULT_MAX_BYTES, DEFAULT_SEGMENT_BYTES, Spool, list_spools
 from schemas.codec import Codec
 from schemas.errors import EncodeError, RanksightError
 from schemas.records import NAMESPACE, Event, default_schemas
@@ -46,6 +48,8 @@ __all__ = [
     "MemoryPublisher",
     "Publisher",
     "RateLimitedLog",
+    "SpoolDrain",
+    "drain_spools",
     "open_publisher",
 ]
 
@@ -217,10 +221,10 @@ def _kafka_errors() -> tuple[Any, Any, Any]:
 
 
 class _LibrdkafkaLog:
-    """librdkafka's log lines through `logging`, rate-limited: a dead broker is refused every backoff."""
+    """librdkafka's log lines through `logging`, one line per state change (`infra.kafka.quiet`)."""
 
     def __init__(self) -> None:
-        self._limited = RateLimitedLog(logging.getLogger("producers.publisher.librdkafka"), period_s=30.0)
+        self._logger = quiet_logger("producers.publisher.librdkafka")
 
     def log(self, level: int, msg: str, *args: Any) -> None:
         """Called by confluent-kafka for each librdkafka log line."""
@@ -228,11 +232,11 @@ class _LibrdkafkaLog:
         if "Coordinator load in progress" in text:
             # A fresh broker loading its transaction coordinator: librdkafka retries by itself.
             level = logging.DEBUG
-        # One key per facility (the first word, e.g. FAIL): repeats within 30 s are counted, not printed.
-        self._limited(min(level, logging.WARNING), text.split(" ", 1)[0], "librdkafka: %s", text)
+        self._logger.log(min(level, logging.WARNING), "%s", text)
 
 
 _librdkafka_log = _LibrdkafkaLog()
+_kafka_errors_log = quiet_logger("producers.publisher.kafka")
 
 
 class KafkaPublisher(Publisher):
@@ -440,7 +444,8 @@ class KafkaPublisher(Publisher):
         if code == self._KafkaError._ALL_BROKERS_DOWN:
             self._enter_outage(f"all brokers down ({err.str()})")
         else:
-            self._log(logging.WARNING, f"error-{code}", "Kafka: %s", err.str())
+            # Repeats of the same error (a broker refusing every backoff) print once: infra.kafka.quiet.
+            _kafka_errors_log.warning("%s [error_cb]: Kafka: %s", err.name(), err.str())
 
     def _enter_outage(self, why: str) -> None:
         if not self._outage:
@@ -577,3 +582,54 @@ def open_publisher(
             raise DestinationError("file destination needs a path: file:///path/events.avro")
         return FilePublisher(path, **knobs)
     raise DestinationError(f"unknown destination {destination!r}: use 'kafka' or 'file:///path/events.avro'")
+
+
+@dataclass(frozen=True)
+class SpoolDrain:
+    """The outcome of draining one spool directory."""
+
+    directory: Path
+    waiting: int
+    left: int
+    in_use: bool = False
+
+    @property
+    def delivered(self) -> int:
+        """Events the broker acknowledged."""
+        return self.waiting - self.left
+
+
+def drain_spools(
+    root: str | Path,
+    kafka_conf: dict[str, Any],
+    *,
+    codec: Codec | None = None,
+    topic_prefix: str = "",
+    exclude: tuple[str, ...] = (),
+    timeout: float = 30.0,
+) -> list[SpoolDrain]:
+    """Send what every spool under `root` holds (one folder per producer) to Kafka, oldest first.
+
+    A spool held by a running producer is skipped (that producer drains it); what is not delivered
+    within `timeout` stays on disk.
+    """
+    out: list[SpoolDrain] = []
+    for info in list_spools(root):
+        if info.name in exclude or info.events == 0:
+            continue
+        if info.in_use:
+            out.append(SpoolDrain(info.directory, info.events, info.events, in_use=True))
+            continue
+        try:
+            publisher = KafkaPublisher(
+                kafka_conf, codec=codec, topic_prefix=topic_prefix, spool_dir=info.directory
+            )
+        except SpoolLockedError:
+            out.append(SpoolDrain(info.directory, info.events, info.events, in_use=True))
+            continue
+        try:
+            publisher.flush(timeout)
+        finally:
+            publisher.close(timeout=2.0)
+        out.append(SpoolDrain(info.directory, info.events, len(publisher.spool)))
+    return out

@@ -28,7 +28,15 @@ from fastavro.write import Writer
 from producers.errors import SpoolError, SpoolLockedError
 from schemas.records import NAMESPACE, Event, SchemaSet, default_schemas
 
-__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_SEGMENT_BYTES", "Segment", "Spool"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_SEGMENT_BYTES",
+    "Segment",
+    "Spool",
+    "SpoolInfo",
+    "list_spools",
+    "spool_info",
+]
 
 log = logging.getLogger(__name__)
 
@@ -249,3 +257,56 @@ class Spool:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class SpoolInfo:
+    """What a spool directory holds, read without taking its lock."""
+
+    directory: Path
+    events: int
+    size: int
+    in_use: bool
+
+    @property
+    def name(self) -> str:
+        """The producer the spool belongs to (its folder name)."""
+        return self.directory.name
+
+
+def _in_use(directory: Path) -> bool:
+    try:
+        fd = os.open(directory / ".lock", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def spool_info(directory: str | Path) -> SpoolInfo:
+    """Events and bytes waiting in one spool directory, and whether a running producer holds it."""
+    directory = Path(directory)
+    events = size = 0
+    for path in sorted(directory.glob("seg-*.avro")):
+        match = _NAME.match(path.name)
+        if match is None:
+            continue
+        # An open segment of a live producer is still being written: count its complete blocks.
+        events += int(match.group(3)) if match.group(3) else sum(1 for _ in _read_events(path))
+        size += path.stat().st_size
+    return SpoolInfo(directory, events, size, _in_use(directory))
+
+
+def list_spools(root: str | Path) -> list[SpoolInfo]:
+    """Every spool under `root` (one folder per producer), empty ones included, by name."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return [spool_info(path) for path in sorted(root.iterdir()) if path.is_dir()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from typing import NoReturn
@@ -12,10 +13,29 @@ from rich.console import Console
 
 from schemas.errors import RanksightError
 
-__all__ = ["console", "err_console", "fail", "user_errors"]
+__all__ = ["console", "err_console", "fail", "say_store", "user_errors"]
 
-console = Console()
-err_console = Console(stderr=True)
+# Piped or redirected output has no terminal width: rich would cut tables to 80 columns and wrap
+# lines. Without a terminal (and no COLUMNS set) print at natural width instead.
+_PIPE_WIDTH = 10_000
+
+
+def _width(stream: object) -> int | None:
+    isatty = getattr(stream, "isatty", None)
+    if "COLUMNS" in os.environ or (isatty is not None and isatty()):
+        return None
+    return _PIPE_WIDTH
+
+
+console = Console(width=_width(sys.stdout))
+err_console = Console(stderr=True, width=_width(sys.stderr))
+
+
+def say_store(dsn: str) -> None:
+    """One line on stderr naming the ClickHouse store a command opened (password hidden)."""
+    from sinks.clickhouse import describe_dsn
+
+    err_console.print(f"[dim]store: {describe_dsn(dsn)}[/]", highlight=False, soft_wrap=True)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

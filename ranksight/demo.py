@@ -28,6 +28,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from infra.kafka.local import LocalKafka, ensure_jars
+from infra.kafka.quiet import quiet_logger
 from infra.kafka.topics import create_topics
 from producers.publisher import open_publisher
 from producers.simulator import load_scenario, paced, simulate
@@ -296,6 +297,8 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
     def say(message: str) -> None:
         console.print(f"[dim]{message}[/]", highlight=False)
 
+    # The sink thread logs librdkafka through `sinks.kafka`: one line per state change.
+    quiet_logger("sinks.kafka")
     started = time.monotonic()
     # Event time ends about now: recent enough for the tables' TTL, and the queries below are
     # written relative to the scenario's start.
@@ -418,6 +421,12 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             f"the {sum(board.published.values()) / max(publish_s, 1e-9):,.0f} events/s published), "
             f"{board.fired} alerts fired, {board.resolved} resolved.",
             highlight=False,
+        )
+        console.print(
+            f"the demo's store is {home / 'chdb'}: query it with "
+            '`ranksight sql --demo "SELECT count() FROM steps"`',
+            highlight=False,
+            soft_wrap=True,
         )
         return {
             "wall_s": wall,

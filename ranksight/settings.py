@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["ENV", "Settings", "load_settings"]
+__all__ = ["ENV", "Settings", "default_home", "load_settings"]
 
 # Every environment variable ranksight reads, in one place.
 ENV = {
@@ -16,7 +17,16 @@ ENV = {
     "clickhouse_url": "CLICKHOUSE_URL",
     "schema_registry_url": "SCHEMA_REGISTRY_URL",
     "home": "RANKSIGHT_HOME",
+    "xdg_data_home": "XDG_DATA_HOME",
 }
+
+
+def default_home() -> Path:
+    """The per-user data directory: `$XDG_DATA_HOME/ranksight`, else `~/.local/share/ranksight`."""
+    xdg = os.environ.get(ENV["xdg_data_home"], "")
+    # The XDG spec says a relative value is invalid and must be ignored.
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
+    return base / "ranksight"
 
 
 class Settings(BaseSettings):
@@ -38,7 +48,10 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("SCHEMA_REGISTRY_URL", "RANKSIGHT_SCHEMA_REGISTRY_URL")
     )
     schema_registry_basic_auth: SecretStr | None = None
-    home: Path = Field(default=Path("var"), description="Local state: chDB data, the local broker, spools.")
+    home: Path = Field(
+        default_factory=default_home,
+        description="Local state: chDB data, the local broker, spools (default: the XDG data dir).",
+    )
     cluster: str = "local"
     ttl_days: int = Field(default=30, ge=1, description="Retention of raw tables in ClickHouse, days.")
     topic_prefix: str = ""
@@ -53,6 +66,16 @@ class Settings(BaseSettings):
         """Where `ranksight kafka up` keeps the local broker."""
         return self.home / "kafka"
 
+    @property
+    def demo_chdb_path(self) -> Path:
+        """The chDB directory of the last `ranksight demo` (read by `ranksight sql --demo`)."""
+        return self.home / "demo" / "chdb"
+
+    @property
+    def spool_root(self) -> Path:
+        """Where producers spool events while Kafka is unreachable, one folder per producer."""
+        return self.home / "spool"
+
     def clickhouse_dsn(self) -> str:
         """`CLICKHOUSE_URL` when set, else `chdb:///<home>/chdb`."""
         if self.clickhouse_url is not None:
@@ -62,7 +85,7 @@ class Settings(BaseSettings):
     def kafka_config(self) -> dict[str, Any]:
         """librdkafka client settings for the configured cluster (bootstrap must be set)."""
         if not self.kafka_bootstrap:
-            raise ValueError("no Kafka bootstrap: set KAFKA_BOOTSTRAP or run `ranksight kafka up`")
+            raise ValueError("no Kafka bootstrap: set KAFKA_BOOTSTRAP (or resolve it with ranksight.broker)")
         conf: dict[str, Any] = {
             "bootstrap.servers": self.kafka_bootstrap,
             "security.protocol": self.kafka_security_protocol,

@@ -19,12 +19,14 @@ from typing import IO, Any, cast
 
 import fastavro
 from fastavro import schemaless_reader
+from fastavro.read import SchemaResolutionError
 from fastavro.schema import to_parsing_canonical_form
 
 from schemas.errors import InvalidEventError, RanksightError
 from schemas.records import NAMESPACE, Event, SchemaSet, default_schemas, strip_logical_types
 
 __all__ = [
+    "MIN_TS_MS",
     "EventFileError",
     "JsonlFormat",
     "format_ts",
@@ -35,6 +37,9 @@ __all__ = [
     "write_container",
 ]
 
+# Event time before 2000 is a producer bug, almost always seconds written where milliseconds belong.
+MIN_TS_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
+_EVENT_NAME = f"{NAMESPACE}.Event"
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -109,9 +114,10 @@ def _compile(schema: Any, to_json: bool) -> Converter:
 
         def ts(v: Any, path: str) -> int:
             try:
-                return parse_ts(v)
+                ms = parse_ts(v)
             except ValueError as exc:
                 raise InvalidEventError(path, str(exc)) from None
+            return ms
 
         return ts
     if kind in ("int", "long"):
@@ -267,22 +273,45 @@ class JsonlFormat:
         return self.from_obj(obj, line)
 
 
-def read_jsonl(path: str | Path, fmt: JsonlFormat | None = None) -> list[Event]:
-    """Every event of a JSONL file, or `EventFileError` listing every invalid line."""
+def read_jsonl(
+    path: str | Path, fmt: JsonlFormat | None = None, *, min_ts_ms: int | None = None
+) -> list[Event]:
+    """Every event of a JSONL file, or `EventFileError` listing every invalid line.
+
+    With `min_ts_ms`, an event stamped earlier is invalid: a `ts` of 1.7e9 is seconds, not 1970.
+    """
     fmt = fmt or JsonlFormat()
     events: list[Event] = []
     problems: list[InvalidEventError] = []
-    with open(path, encoding="utf-8") as fh:
-        for number, text in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                reason = f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at column {exc.start + 1}"
+                problems.append(InvalidEventError("(line)", reason, line=number))
+                continue
             if not text.strip():
                 continue
             try:
-                events.append(fmt.from_line(text, number))
+                event = fmt.from_line(text, number)
             except InvalidEventError as exc:
                 problems.append(exc)
+                continue
+            if min_ts_ms is not None and event.record["ts"] < min_ts_ms:
+                problems.append(_too_old(event.record["ts"], min_ts_ms, number))
+                continue
+            events.append(event)
     if problems:
         raise EventFileError(str(path), problems)
     return events
+
+
+def _too_old(ts: int, min_ts_ms: int, line: int) -> InvalidEventError:
+    hint = "looks like seconds: ts is UTC milliseconds" if ts * 1000 >= min_ts_ms else "too old"
+    return InvalidEventError(
+        "ts", f"{ts} is {format_ts(ts)}, before {format_ts(min_ts_ms)} ({hint})", line=line
+    )
 
 
 def write_container(
@@ -323,6 +352,14 @@ def iter_container(source: str | Path | IO[bytes], schemas: SchemaSet | None = N
     try:
         blocks = fastavro.block_reader(fh)
         writer_json = strip_logical_types(json.loads(blocks.metadata["avro.schema"]))
+        name = writer_json.get("name") if isinstance(writer_json, dict) else None
+        if isinstance(name, str) and "." not in name and isinstance(writer_json, dict):
+            name = f"{writer_json.get('namespace', '')}.{name}".lstrip(".")
+        if name != _EVENT_NAME:
+            raise RanksightError(
+                f"{source}: not a file of ranksight events (its Avro schema is {name or 'unnamed'!s}, "
+                f"not {_EVENT_NAME}); write one with `ranksight simulate --out` or `ranksight events load`"
+            )
         writer = fastavro.parse_schema(writer_json)
         current = to_parsing_canonical_form(schemas.event_parsed) == to_parsing_canonical_form(writer)
         reader = None if current else schemas.event_parsed
@@ -332,14 +369,23 @@ def iter_container(source: str | Path | IO[bytes], schemas: SchemaSet | None = N
                 row = schemaless_reader(data, writer, reader, return_record_name=True)
                 name, record = cast(dict[str, Any], row)["event"]
                 yield Event(name.rsplit(".", 1)[-1], record)
+    except SchemaResolutionError as exc:
+        # Its message dumps both schemas (tens of kB): the user needs the sentence, not the dump.
+        raise RanksightError(
+            f"{source}: its events were written with a {_EVENT_NAME} schema this version cannot read"
+        ) from exc
     except (ValueError, EOFError, StopIteration, KeyError, TypeError) as exc:
-        raise RanksightError(f"{source}: not a readable Avro container file of events ({exc})") from exc
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise RanksightError(f"{source}: not a readable Avro container file of events ({reason})") from exc
     finally:
         if fh is not source:
             fh.close()
 
 
-def load_jsonl(src: str | Path, dst: str | Path) -> int:
-    """`ranksight events load`: validate every line of `src`, then write `dst` atomically."""
-    events = read_jsonl(src)
+def load_jsonl(src: str | Path, dst: str | Path, *, min_ts_ms: int | None = MIN_TS_MS) -> int:
+    """`ranksight events load`: validate every line of `src`, then write `dst` atomically.
+
+    Events before `min_ts_ms` (default 2000-01-01) are rejected: almost always seconds for milliseconds.
+    """
+    events = read_jsonl(src, min_ts_ms=min_ts_ms)
     return write_container(dst, events)

@@ -5,6 +5,9 @@ client on the same directory shares the engine, and clickhouse-connect serialise
 one client with a lock, so `connect()` hands out one cached client per DSN and that client
 may be shared by threads (a sink thread inserting, the main thread querying). A second
 process opening the same directory fails; that failure becomes `ClickHouseLockedError`.
+
+A server older than `MIN_SERVER_VERSION` fails with one sentence saying so; without the check
+clickhouse-connect's first query fails on an old server with "Unknown identifier: readonly".
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import threading
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlencode, urlparse
 
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
@@ -25,6 +30,7 @@ from clickhouse_connect.driver.exceptions import OperationalError
 from sinks.errors import ClickHouseError, ClickHouseLockedError, ClickHouseUnavailableError
 
 __all__ = [
+    "MIN_SERVER_VERSION",
     "Client",
     "chdb_path",
     "close",
@@ -34,6 +40,10 @@ __all__ = [
     "held_by_another_process",
     "is_chdb",
 ]
+
+# insert_deduplication_token (22.2) and clickhouse-connect's start-up queries; 22.8 is the oldest LTS since.
+MIN_SERVER_VERSION = (22, 8)
+_VERSION_RE = re.compile(r"^(\d+)\.(\d+)")
 
 _clients: dict[str, Client] = {}
 _lock = threading.Lock()
@@ -144,13 +154,48 @@ def _open(dsn: str, settings: dict[str, Any]) -> Client:
             raise ClickHouseError(f"cannot open chDB at {path or 'memory'}: {text}") from exc
     try:
         # A session id would make concurrent queries on the shared client fail ("session is locked").
-        return clickhouse_connect.get_client(
+        client = clickhouse_connect.get_client(
             dsn=dsn, settings=settings or None, autogenerate_session_id=False
         )
     except OperationalError as exc:
         raise ClickHouseUnavailableError(describe_dsn(dsn), str(exc).splitlines()[0]) from exc
     except _DriverError as exc:
-        raise ClickHouseError(f"cannot open ClickHouse at {describe_dsn(dsn)}: {exc}") from exc
+        # An old server fails clickhouse-connect's start-up queries: ask it its version plainly.
+        _require_version(dsn, _http_version(dsn))
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ClickHouseError(f"cannot open ClickHouse at {describe_dsn(dsn)}: {first}") from exc
+    _require_version(dsn, client.server_version)
+    return client
+
+
+def _require_version(dsn: str, version: str | None) -> None:
+    match = _VERSION_RE.match(version or "")
+    if match and (int(match.group(1)), int(match.group(2))) < MIN_SERVER_VERSION:
+        needed = ".".join(map(str, MIN_SERVER_VERSION))
+        raise ClickHouseError(
+            f"the ClickHouse server at {describe_dsn(dsn)} is version {version}, too old: "
+            f"ranksight needs ClickHouse {needed} or newer"
+        )
+
+
+def _http_version(dsn: str, timeout: float = 5.0) -> str | None:
+    """`SELECT version()` over plain HTTP, without clickhouse-connect; None when that fails too."""
+    parsed = urlparse(dsn)
+    if parsed.scheme not in ("http", "https", "clickhouse", "clickhousedb"):
+        return None
+    scheme = "https" if parsed.scheme == "https" else "http"
+    port = parsed.port or (8443 if scheme == "https" else 8123)
+    url = f"{scheme}://{parsed.hostname or 'localhost'}:{port}/?{urlencode({'query': 'SELECT version()'})}"
+    request = urllib.request.Request(url)
+    if parsed.username:
+        request.add_header("X-ClickHouse-User", unquote(parsed.username))
+    if parsed.password:
+        request.add_header("X-ClickHouse-Key", unquote(parsed.password))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return str(response.read(64).decode(errors="replace").strip()) or None
+    except (OSError, ValueError):
+        return None
 
 
 def close(dsn: str) -> None:

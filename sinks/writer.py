@@ -6,10 +6,15 @@ so a retried batch is stored once, and clears it in `finally` whatever happened.
 insert and offset commit can make the next run cut the same offsets into different batches (a
 different token); for that case every row stores its Kafka position and `add` skips offsets a
 table already holds for that topic-partition.
+
+Rows older than a table's TTL are dropped by ClickHouse on insert. The writer reads each table's
+TTL from the store once, counts such rows as `expired` (not `rows_by_table`, which counts rows
+that stay stored) and logs one warning per table, so nobody is told rows were stored that are not.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections import Counter
@@ -32,6 +37,10 @@ __all__ = ["ClickHouseSink", "SinkBatch", "SinkStats", "dedup_token"]
 # network, read-only replica, too many queries, keeper, unknown insert status.
 _TRANSIENT_CODES = frozenset({3, 159, 164, 202, 209, 210, 236, 241, 242, 252, 319, 394, 425, 999})
 _CODE_RE = re.compile(r"Code: (\d+)")
+_TTL_DAYS_RE = re.compile(r"TTL .*toIntervalDay\((\d+)\)")
+_DAY_MS = 86_400_000
+
+log = logging.getLogger(__name__)
 
 
 def dedup_token(topic: str, partition: int, first_offset: int, last_offset: int) -> str:
@@ -70,6 +79,7 @@ class SinkStats:
     """What the writer did so far."""
 
     rows_by_table: Counter[str] = field(default_factory=Counter)
+    expired_by_table: Counter[str] = field(default_factory=Counter)
     batches: int = 0
     inserts: int = 0
     insert_s: float = 0.0
@@ -88,6 +98,7 @@ class ClickHouseSink:
         clock: Callable[[], float] = time.monotonic,
         insert_settings: dict[str, Any] | None = None,
         backpressure_s: float = 1.0,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -97,6 +108,8 @@ class ClickHouseSink:
         self.backpressure_s = backpressure_s
         self.stats = SinkStats()
         self._clock = clock
+        self._wall_clock = wall_clock
+        self._ttl_ms: dict[str, int | None] = {}  # table -> its TTL in ms, read from the store once
         self._insert_settings = dict(insert_settings or {})
         self._batches: dict[tuple[str, int], SinkBatch] = {}
         self._stored: dict[
@@ -159,7 +172,8 @@ class ClickHouseSink:
             finally:
                 self.stats.insert_s += time.perf_counter() - started
             self._stored[(table, batch.topic, batch.partition)] = columns[-1][-1]
-            self.stats.rows_by_table[table] += len(columns[-1])
+            expired = self._expired(table, specs[table].column_names.index(specs[table].time_column), columns)
+            self.stats.rows_by_table[table] += len(columns[-1]) - expired
             self.stats.inserts += 1
         self.stats.batches += 1
 
@@ -198,6 +212,41 @@ class ClickHouseSink:
             del self._stored[key]
 
     # --- internals ---------------------------------------------------------------------------------
+
+    def _expired(self, table: str, time_index: int, columns: list[list[Any]]) -> int:
+        """Rows of an inserted batch that the table's TTL drops on insert (counted, warned once per table)."""
+        ttl_ms = self._table_ttl_ms(table)
+        if ttl_ms is None:
+            return 0
+        cutoff = int(self._wall_clock() * 1000) - ttl_ms
+        times = columns[time_index]
+        expired = sum(1 for ts in times if ts < cutoff)
+        if expired:
+            if not self.stats.expired_by_table[table]:
+                log.warning(
+                    "%s: %d of %d rows are older than the table's %d-day TTL and were dropped by "
+                    "ClickHouse on insert (oldest %s); further drops are counted, not logged",
+                    table,
+                    expired,
+                    len(times),
+                    ttl_ms // _DAY_MS,
+                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(min(times) / 1000)),
+                )
+            self.stats.expired_by_table[table] += expired
+        return expired
+
+    def _table_ttl_ms(self, table: str) -> int | None:
+        if table not in self._ttl_ms:
+            try:
+                rows = self.client.query(
+                    "SELECT engine_full FROM system.tables WHERE database = currentDatabase() AND name = %(t)s",
+                    parameters={"t": table},
+                ).result_rows
+            except _DriverError:
+                rows = []
+            match = _TTL_DAYS_RE.search(str(rows[0][0])) if rows else None
+            self._ttl_ms[table] = int(match.group(1)) * _DAY_MS if match else None
+        return self._ttl_ms[table]
 
     def _batch(self, topic: str, partition: int) -> SinkBatch:
         batch = self._batches.get((topic, partition))

@@ -24,6 +24,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test writes into the real per-user data dir: RANKSIGHT_HOME and XDG_DATA_HOME are temp dirs."""
+    base = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RANKSIGHT_HOME", str(base / "ranksight"))
+        patch.setenv("XDG_DATA_HOME", str(base / "xdg"))
+        yield
+
+
 # --- Kafka -------------------------------------------------------------------------------------
 
 

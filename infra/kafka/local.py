@@ -19,13 +19,12 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
-
-import psutil
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+from typing import TYPE_CHECKING, Any
 
 from infra.errors import KafkaSetupError
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
 
 __all__ = [
     "KAFKA_VERSION",
@@ -33,6 +32,7 @@ __all__ = [
     "down",
     "ensure_jars",
     "kafka_version",
+    "running_bootstrap",
     "status",
     "up",
 ]
@@ -192,11 +192,16 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _admin(bootstrap: str) -> AdminClient:
+    # Imported here: `ranksight --help` and every light command import this module.
+    from confluent_kafka.admin import AdminClient
+
     # log_level 0 keeps librdkafka's connection-refused chatter off our stderr while we poll.
     return AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, "reconnect.backoff.max.ms": 500})
 
 
 def _answers_metadata(bootstrap: str, timeout: float) -> bool:
+    from confluent_kafka import KafkaException
+
     try:
         _admin(bootstrap).list_topics(timeout=timeout)
     except KafkaException:
@@ -246,6 +251,8 @@ def _read_properties(path: Path) -> dict[str, str]:
 
 
 def _is_broker(pid: int, config: Path) -> bool:
+    import psutil
+
     try:
         process = psutil.Process(pid)
         return process.status() != psutil.STATUS_ZOMBIE and str(config) in process.cmdline()
@@ -466,6 +473,21 @@ def _read_state(state_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return state
+
+
+def running_bootstrap(state_dir: Path) -> str | None:
+    """The bootstrap of the broker `up` started in `state_dir` while its process lives; else None.
+
+    Cheap (a state file and a process check, no network): every command calls it to find Kafka.
+    """
+    state = _read_state(state_dir)
+    if state is None:
+        return None
+    try:
+        alive = _is_broker(int(state["pid"]), Path(state["config"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return str(state["bootstrap"]) if alive else None
 
 
 def up(state_dir: Path, progress: Progress = print, *, timeout: float = 60) -> str:

@@ -11,7 +11,6 @@ from typing import Any
 import typer
 
 from ranksight.console import console, err_console, fail, user_errors
-from ranksight.settings import load_settings
 
 __all__ = ["register"]
 
@@ -40,6 +39,8 @@ def agent(
     """Sample this node's GPUs and host every interval and publish GpuSample / HostSample events."""
     from producers.agent import Agent, FakeNvml, GpuSampler, HostSampler, load_nvml
     from producers.publisher import open_publisher
+    from ranksight.errors import KafkaNotFoundError
+    from ranksight.settings import load_settings
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = load_settings(cluster=cluster)
@@ -52,13 +53,17 @@ def agent(
         kafka_conf: dict[str, Any] | None = None
         knobs: dict[str, Any] = {}
         if to == "kafka":
-            if not settings.kafka_bootstrap:
-                fail(
-                    "no Kafka bootstrap: set KAFKA_BOOTSTRAP, run `ranksight kafka up`, or use --to file:///path.avro"
-                )
+            from ranksight.broker import kafka_settings
+            from ranksight.producing import drain_other_spools
+
+            try:
+                settings = kafka_settings(cluster=cluster)
+            except KafkaNotFoundError as exc:
+                fail(f"{exc} (or use --to file:///path.avro)")
             kafka_conf = settings.kafka_config()
             knobs["spool_max_bytes"] = spool_max_mb * 1024 * 1024
-            spool_dir = spool_dir or settings.home / "spool" / f"agent-{node_name}"
+            spool_dir = spool_dir or settings.spool_root / f"agent-{node_name}"
+            drain_other_spools(settings, exclude=(spool_dir.name,))
         publisher = open_publisher(
             to, kafka_conf=kafka_conf, topic_prefix=settings.topic_prefix, spool_dir=spool_dir, **knobs
         )

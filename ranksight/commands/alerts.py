@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import json
+import functools
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from ranksight.console import console, err_console, fail, user_errors
-from ranksight.settings import load_settings
-from schemas.codec import codec_from_settings
-from schemas.errors import DecodeError
-from schemas.files import format_ts
 from schemas.topics import ALERTS
 
-__all__ = ["alert_line", "register"]
+if TYPE_CHECKING:
+    from schemas.files import JsonlFormat
+
+__all__ = ["alert_json", "alert_line", "register"]
 
 alerts_app = typer.Typer(help="Follow routed alerts (rs.alerts) or forward them to Alertmanager.")
 
@@ -26,6 +25,8 @@ _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 def alert_line(r: dict[str, Any]) -> str:
     """One rich-markup line for an Alert record."""
+    from schemas.files import format_ts
+
     where = [f"job={r.get('job_id') or '-'}"]
     for name in ("rank", "node", "gpu_index"):
         if r.get(name) is not None:
@@ -39,14 +40,29 @@ def alert_line(r: dict[str, Any]) -> str:
     )
 
 
+def alert_json(record: dict[str, Any]) -> str:
+    """One JSON line for an Alert record, timestamps as ISO-8601 strings like every other JSON output."""
+    from schemas.records import Event
+
+    return _jsonl_format().to_line(Event("Alert", record))
+
+
+@functools.cache
+def _jsonl_format() -> JsonlFormat:
+    from schemas.files import JsonlFormat
+
+    return JsonlFormat()
+
+
 def _consumer(from_beginning: bool, topic: str) -> Any:
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
 
-    settings = load_settings()
-    if not settings.kafka_bootstrap:
-        fail("no Kafka bootstrap: set KAFKA_BOOTSTRAP or run `ranksight kafka up`")
+    from infra.kafka.quiet import quiet_kafka_conf
+    from ranksight.broker import kafka_settings
+
+    settings = kafka_settings()
     conf = {
-        **settings.kafka_config(),
+        **quiet_kafka_conf(settings.kafka_config()),
         # Own throw-away group, manual assignment, no commits: tails never disturb each other.
         "group.id": f"ranksight-alerts-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False,
@@ -70,6 +86,10 @@ def _consumer(from_beginning: bool, topic: str) -> Any:
 
 
 def _records(consumer: Any, team: str | None, idle_exit_s: float | None) -> Any:
+    from ranksight.settings import load_settings
+    from schemas.codec import codec_from_settings
+    from schemas.errors import DecodeError
+
     settings = load_settings()
     codec = codec_from_settings(settings.schema_registry_url)
     last = time.monotonic()
@@ -112,6 +132,8 @@ def tail(
     ),
 ) -> None:
     """Print routed alerts as they arrive (Ctrl-C stops)."""
+    from ranksight.settings import load_settings
+
     settings = load_settings()
     with user_errors():
         consumer = _consumer(from_beginning, settings.topic_prefix + topic)
@@ -120,7 +142,7 @@ def tail(
                 if record is None:
                     continue
                 if as_json:
-                    print(json.dumps(record, sort_keys=True, default=str), flush=True)
+                    print(alert_json(record), flush=True)
                 else:
                     console.print(alert_line(record), highlight=False, soft_wrap=True)
         finally:
@@ -143,6 +165,7 @@ def forward(
     ),
 ) -> None:
     """Forward alerts to Alertmanager (POST /api/v2/alerts), keeping firing ones alive."""
+    from ranksight.settings import load_settings
     from streams.alertmanager import AlertForwarder, AlertmanagerClient, AlertmanagerError
 
     settings = load_settings()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import typer
 
 from ranksight.console import console, user_errors
-from ranksight.settings import load_settings
 
 __all__ = ["register"]
 
@@ -26,9 +25,10 @@ def demo(
     from rich.console import Console
 
     from ranksight.demo import DemoOptions, run_demo
+    from ranksight.settings import load_settings
 
     # Piped output (CI logs, `make demo | tee`) would otherwise be cut to 80 columns.
-    out = console if console.is_terminal else Console(width=max(console.width, 140))
+    out = console if console.is_terminal else Console(width=140)
     with user_errors():
         run_demo(
             load_settings(), DemoOptions(scenario=scenario, seed=seed, speed=speed, timeout_s=timeout), out

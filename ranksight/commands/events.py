@@ -8,7 +8,6 @@ from pathlib import Path
 import typer
 
 from ranksight.console import console, user_errors
-from schemas.files import JsonlFormat, iter_container, load_jsonl
 
 __all__ = ["register"]
 
@@ -23,6 +22,8 @@ def load(
     out: Path = typer.Option(..., "-o", "--out", help="Avro container file to write."),
 ) -> None:
     """Validate every line and write an Avro container file of events (nothing is written on error)."""
+    from schemas.files import load_jsonl
+
     with user_errors():
         count = load_jsonl(src, out)
     console.print(f"wrote {count} events to {out}")
@@ -31,6 +32,8 @@ def load(
 @events_app.command("dump")
 def dump(src: list[Path] = typer.Argument(..., help="Avro container files of events.")) -> None:
     """Print events as JSON Lines."""
+    from schemas.files import JsonlFormat, iter_container
+
     fmt = JsonlFormat()
     write = sys.stdout.write
     with user_errors():

@@ -4,21 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
-from producers.importers import convert_nanogpt, convert_pai, convert_pythia
 from ranksight.commands.events import events_app
 from ranksight.console import console, fail, user_errors
-from schemas.files import format_ts, write_container
-from schemas.records import Event
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from schemas.records import Event
 
 __all__ = ["register"]
 
 
+def _importers() -> Any:
+    import producers.importers
+
+    return producers.importers
+
+
 def _write(out: Path, convert: Callable[[], Iterable[Event]], what: str) -> None:
     """Convert and write events with a live counter (errors as one line); print what was written."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from schemas.files import format_ts, write_container
+
     first: list[int] = []
     last: list[int] = []
 
@@ -68,7 +80,7 @@ def import_pai(
     _check_input(src)
     _write(
         out,
-        lambda: convert_pai(src, job_id=job_id, team=team, seconds_per_1000=scale),
+        lambda: _importers().convert_pai(src, job_id=job_id, team=team, seconds_per_1000=scale),
         f"importing {src.name}",
     )
 
@@ -84,7 +96,7 @@ def import_nanogpt(
 ) -> None:
     """Train/val lines of a speedrun log -> StepCompleted (rank 0) and ValidationResult."""
     _check_input(src)
-    _write(out, lambda: convert_nanogpt(src, job_id=job_id, team=team), f"importing {src.name}")
+    _write(out, lambda: _importers().convert_nanogpt(src, job_id=job_id, team=team), f"importing {src.name}")
 
 
 @events_app.command("import-pythia")
@@ -102,7 +114,9 @@ def import_pythia(
     _check_input(src)
     _write(
         out,
-        lambda: convert_pythia(src, every=every, step_time_s=step_time, job_id=job_id, team=team),
+        lambda: _importers().convert_pythia(
+            src, every=every, step_time_s=step_time, job_id=job_id, team=team
+        ),
         f"importing {src.name}",
     )
 

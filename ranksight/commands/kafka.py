@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from infra.kafka import local
-from infra.kafka.topics import create_topics
 from ranksight.console import console, err_console, fail, user_errors
-from ranksight.settings import load_settings
 
 __all__ = ["register"]
 
@@ -23,6 +20,8 @@ def _progress(message: str) -> None:
 @kafka_app.command("fetch")
 def fetch() -> None:
     """Download the Kafka jars once (Maven Central) into the cache."""
+    from infra.kafka import local
+
     with user_errors():
         libs = local.ensure_jars(progress=_progress)
     console.print(f"Kafka jars ready in {libs}")
@@ -31,18 +30,26 @@ def fetch() -> None:
 @kafka_app.command("up")
 def up(create: bool = typer.Option(True, help="Also create the rs.* topics.")) -> None:
     """Start the local broker in the background (idempotent) and print its bootstrap address."""
+    from infra.kafka import local
+    from infra.kafka.topics import create_topics
+    from ranksight.settings import load_settings
+
     settings = load_settings()
     with user_errors():
         bootstrap = local.up(settings.kafka_state_dir, progress=_progress)
         if create:
             create_topics(bootstrap, prefix=settings.topic_prefix)
     console.print(f"Kafka is up: [bold]{bootstrap}[/]")
+    console.print("  every ranksight command finds it; for other tools:", highlight=False)
     console.print(f"  export KAFKA_BOOTSTRAP={bootstrap}", highlight=False)
 
 
 @kafka_app.command("down")
 def down() -> None:
     """Stop the local broker started by `up`."""
+    from infra.kafka import local
+    from ranksight.settings import load_settings
+
     settings = load_settings()
     with user_errors():
         stopped = local.down(settings.kafka_state_dir)
@@ -52,6 +59,9 @@ def down() -> None:
 @kafka_app.command("status")
 def status() -> None:
     """Say whether the local broker runs and answers."""
+    from infra.kafka import local
+    from ranksight.settings import load_settings
+
     settings = load_settings()
     with user_errors():
         info = local.status(settings.kafka_state_dir)
@@ -63,14 +73,13 @@ def status() -> None:
 @kafka_app.command("topics")
 def topics() -> None:
     """Create the rs.* topics on KAFKA_BOOTSTRAP (or the local broker) with their partitions and retention."""
-    settings = load_settings()
-    bootstrap = settings.kafka_bootstrap
-    if not bootstrap:
-        info = local.status(settings.kafka_state_dir)
-        if info is None:
-            fail("no Kafka: set KAFKA_BOOTSTRAP or run `ranksight kafka up`")
-        bootstrap = info["bootstrap"]
+    from infra.kafka.topics import create_topics
+    from ranksight.broker import kafka_settings
+
     with user_errors():
+        settings = kafka_settings()
+        assert settings.kafka_bootstrap is not None
+        bootstrap = settings.kafka_bootstrap
         created = create_topics(bootstrap, prefix=settings.topic_prefix)
     console.print(f"topics ready: {', '.join(created)}")
 

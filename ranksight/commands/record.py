@@ -13,8 +13,6 @@ from typing import Any
 import typer
 
 from ranksight.console import console, fail, user_errors
-from ranksight.settings import load_settings
-from schemas.files import format_ts, parse_ts
 from schemas.topics import ALERTS_REPLAY, TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS
 
 __all__ = ["SOURCES", "parse_time", "publish", "record", "register", "replay_kafka"]
@@ -26,6 +24,8 @@ _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 def parse_time(value: str, now_ms: int | None = None) -> int:
     """`now`, `-30m`/`-2h`/`-1d` (before now), ISO-8601 (UTC unless an offset is given), or UTC ms."""
+    from schemas.files import parse_ts
+
     now = int(time.time() * 1000) if now_ms is None else now_ms
     text = value.strip()
     if text == "now":
@@ -44,10 +44,12 @@ def parse_time(value: str, now_ms: int | None = None) -> int:
 
 
 def _kafka() -> tuple[dict[str, Any], str]:
-    settings = load_settings()
-    if not settings.kafka_bootstrap:
-        fail("no Kafka bootstrap: set KAFKA_BOOTSTRAP or run `ranksight kafka up`")
-    return settings.kafka_config(), settings.topic_prefix
+    from infra.kafka.quiet import quiet_kafka_conf
+    from ranksight.broker import kafka_settings
+
+    with user_errors():
+        settings = kafka_settings()
+    return quiet_kafka_conf(settings.kafka_config()), settings.topic_prefix
 
 
 def _topics(spec: str, prefix: str) -> list[str]:
@@ -66,6 +68,7 @@ def record(
     topics: str = typer.Option(SOURCES, "--topics", help="Comma-separated topics (the prefix is added)."),
 ) -> None:
     """Write the events of a time range of Kafka topics to a file, sorted by event time."""
+    from schemas.files import format_ts
     from streams.kafka_replay import record_range
 
     conf, prefix = _kafka()
@@ -100,6 +103,7 @@ def replay_kafka(
 ) -> None:
     """Re-run detection over a time range of Kafka history with a separate engine; alerts to rs.alerts.replay."""
     from ranksight.commands.alerts import alert_line
+    from schemas.files import format_ts
     from streams.config import load_config
     from streams.engine import DetectionEngine
     from streams.kafka_replay import replay_kafka as run
@@ -136,20 +140,34 @@ def publish(
     ),
 ) -> None:
     """Publish a file of events to Kafka (telemetry by node, training by job)."""
-    from producers.publisher import open_publisher
+    from ranksight.broker import kafka_settings
+    from ranksight.producing import (
+        drain_other_spools,
+        open_kafka_publisher,
+        outcome_line,
+        progress_verb,
+        settle,
+    )
     from streams.kafka_replay import publish_file
 
-    conf, prefix = _kafka()
     with user_errors():
-        publisher = open_publisher("kafka", kafka_conf=conf, topic_prefix=prefix)
+        settings = kafka_settings()
+        assert settings.kafka_bootstrap is not None
+        drain_other_spools(settings, exclude=("publish",))
+        publisher = open_kafka_publisher(settings, "publish")
         try:
-            count = publish_file(src, publisher, speed=speed, progress=console.print)
-            left = publisher.flush(60)
+            count = publish_file(
+                src,
+                publisher,
+                speed=speed,
+                progress=lambda line: console.print(
+                    line.replace("published", progress_verb(publisher.stats), 1)
+                ),
+            )
+            settle(publisher, 60.0)
         finally:
             publisher.close()
-    if left:
-        fail(f"{left} of {count} events were not delivered (Kafka unreachable?); they stay in the spool")
-    console.print(f"published {count} events from {src}")
+    console.print(f"{src}: " + outcome_line(publisher, count, settings.kafka_bootstrap), soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

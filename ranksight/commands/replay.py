@@ -7,20 +7,16 @@ from collections import Counter
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from ranksight.console import console, err_console, fail, user_errors
-from schemas.files import JsonlFormat, format_ts
-from streams.config import load_config
-from streams.engine import DetectionEngine
-from streams.replay import replay_offline
-from streams.routing import load_router
 
 __all__ = ["register", "write_summary"]
 
 
 def write_summary(alert_counts: Counter[tuple[str, str]], stats: dict[str, object]) -> None:
     """Print the alerts-by-rule table and the engine counters."""
+    from rich.table import Table
+
     table = Table(title="alerts by rule")
     table.add_column("rule")
     table.add_column("firing", justify="right")
@@ -125,6 +121,12 @@ def _replay_offline(
     quiet: bool,
 ) -> None:
     """Run the detectors over files in this process and write the alerts they raise."""
+    from schemas.files import JsonlFormat, format_ts
+    from streams.config import load_config
+    from streams.engine import DetectionEngine
+    from streams.replay import replay_offline
+    from streams.routing import load_router
+
     fmt = JsonlFormat()
     counts: Counter[tuple[str, str]] = Counter()
     with user_errors():

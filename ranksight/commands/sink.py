@@ -5,18 +5,14 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ranksight.console import console, err_console, fail, user_errors
-from ranksight.settings import load_settings
-from schemas.codec import codec_from_settings
-from schemas.topics import DEADLETTER
-from sinks.clickhouse import connect, describe_dsn
-from sinks.consumer import SINK_TOPICS, SinkConsumer
-from sinks.ddl import migrate
-from sinks.errors import ClickHouseLockedError
+from ranksight.console import console, err_console, fail, say_store, user_errors
+
+if TYPE_CHECKING:
+    from sinks.consumer import SinkConsumer
 
 __all__ = ["register"]
 
@@ -26,19 +22,29 @@ def _prefixed(topic: str, prefix: str) -> str:
 
 
 def _topic_list(values: list[str] | None) -> list[str]:
+    from sinks.consumer import SINK_TOPICS
+
     names = [name.strip() for value in values or [] for name in value.split(",") if name.strip()]
     return names or list(SINK_TOPICS)
 
 
-def _print_progress(stats: dict[str, Any]) -> None:
+def _expired_text(expired: int) -> str:
+    return f", {expired:,} dropped by the TTL (older than the retention)" if expired else ""
+
+
+def _print_progress(stats: dict[str, Any], expired: int = 0) -> None:
     elapsed = max(stats["elapsed_s"], 1e-9)
     console.print(
         f"sink: consumed {stats['consumed']:,}, inserted {stats['inserted_rows']:,} rows "
-        f"({stats['inserted_rows'] / elapsed:,.0f}/s) in {stats['batches']:,} batches, "
-        f"dead-lettered {stats['deadlettered']:,}, retries {stats['retries']:,}",
+        f"({stats['inserted_rows'] / elapsed:,.0f}/s) in {stats['batches']:,} batches"
+        f"{_expired_text(expired)}, dead-lettered {stats['deadlettered']:,}, retries {stats['retries']:,}",
         highlight=False,
         soft_wrap=True,
     )
+
+
+def _expired(consumer: SinkConsumer) -> int:
+    return sum(consumer.sink.stats.expired_by_table.values())
 
 
 def sink(
@@ -68,20 +74,29 @@ def sink(
     ),
 ) -> None:
     """Consume ranksight topics and write every record to its ClickHouse table; commit offsets after the insert."""
+    from infra.kafka.quiet import quiet_logger
+    from ranksight.broker import kafka_settings
+    from schemas.codec import codec_from_settings
+    from schemas.topics import DEADLETTER
+    from sinks.clickhouse import connect, describe_dsn
+    from sinks.consumer import SinkConsumer
+    from sinks.ddl import migrate
+    from sinks.errors import ClickHouseLockedError
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    settings = load_settings()
-    prefix = settings.topic_prefix
+    # The consumer logs librdkafka through this logger: with Kafka away, one line per state change.
+    quiet_logger("sinks.kafka")
     with user_errors():
-        try:
-            kafka_conf = settings.kafka_config()
-        except ValueError as exc:
-            fail(str(exc))
+        settings = kafka_settings()
+        prefix = settings.topic_prefix
+        kafka_conf = settings.kafka_config()
         kafka_conf["session.timeout.ms"] = int(session_timeout * 1000)
         dsn = settings.clickhouse_dsn()
         try:
             client = connect(dsn)
         except ClickHouseLockedError as exc:
             fail(str(exc), code=2)
+        say_store(dsn)
         migrate(client, settings.ttl_days)
         names = [_prefixed(t, prefix) for t in _topic_list(topics)]
         consumer = SinkConsumer(
@@ -94,7 +109,7 @@ def sink(
             batch_size=batch_size,
             batch_interval_s=batch_interval,
             progress_interval_s=progress_interval,
-            progress=_print_progress,
+            progress=lambda stats: _print_progress(stats, _expired(consumer)),
         )
         stop = threading.Event()
         # Ctrl-C and SIGTERM both end the loop; run() then flushes, commits and leaves the group.
@@ -108,8 +123,8 @@ def sink(
         )
         stats = consumer.run(stop=stop, idle_exit_s=idle_exit)
     console.print(
-        f"sink stopped: inserted {stats['inserted_rows']:,} rows, skipped {stats['skipped_stored']:,} already stored, "
-        f"dead-lettered {stats['deadlettered']:,}",
+        f"sink stopped: inserted {stats['inserted_rows']:,} rows{_expired_text(_expired(consumer))}, "
+        f"skipped {stats['skipped_stored']:,} already stored, dead-lettered {stats['deadlettered']:,}",
         highlight=False,
         soft_wrap=True,
     )

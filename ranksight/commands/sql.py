@@ -11,14 +11,8 @@ from enum import StrEnum
 from typing import Any
 
 import typer
-from clickhouse_connect.driver.exceptions import ClickHouseError as _DriverError
-from rich.table import Table
 
-from ranksight.console import console, fail, user_errors
-from ranksight.settings import load_settings
-from sinks.clickhouse import connect
-from sinks.ddl import migrate
-from sinks.errors import ClickHouseLockedError, QueryError
+from ranksight.console import console, fail, say_store, user_errors
 
 __all__ = ["register"]
 
@@ -50,14 +44,34 @@ def _plain(value: Any) -> Any:
 def sql(
     statement: str = typer.Argument(..., help='One SQL statement, e.g. "SELECT count() FROM steps".'),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help="table, jsonl or csv."),
+    demo: bool = typer.Option(
+        False, "--demo", help="Query the store of the last `ranksight demo` (<home>/demo/chdb)."
+    ),
 ) -> None:
     """Run SQL on ranksight's ClickHouse (applies pending migrations first, so a fresh home works)."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError as _DriverError
+    from rich.table import Table
+
+    from ranksight.settings import load_settings
+    from sinks.clickhouse import connect
+    from sinks.ddl import migrate
+    from sinks.errors import ClickHouseLockedError, QueryError
+
     settings = load_settings()
     with user_errors():
+        if demo:
+            if settings.clickhouse_url is not None:
+                fail("--demo reads the demo's chDB store; unset CLICKHOUSE_URL to use it")
+            if not settings.demo_chdb_path.is_dir():
+                fail(f"no demo store at {settings.demo_chdb_path}: run `ranksight demo` first")
+            dsn = f"chdb://{settings.demo_chdb_path.resolve()}"
+        else:
+            dsn = settings.clickhouse_dsn()
         try:
-            client = connect(settings.clickhouse_dsn())
+            client = connect(dsn)
         except ClickHouseLockedError as exc:
             fail(str(exc), code=2)
+        say_store(dsn)
         migrate(client, settings.ttl_days)
         try:
             if statement.lstrip().upper().startswith(_ROW_STATEMENTS):

@@ -7,7 +7,6 @@ from pathlib import Path
 import typer
 
 from ranksight.console import console, fail, user_errors
-from ranksight.settings import load_settings
 
 __all__ = ["register"]
 
@@ -64,14 +63,19 @@ def worker(
     ),
 ) -> None:
     """Consume telemetry and training events, detect, publish alerts to rs.alerts and stats to rs.derived.*."""
+    from ranksight.broker import check_broker, kafka_settings
+
+    with user_errors():
+        settings = kafka_settings()
+        if settings.kafka_security_protocol != "PLAINTEXT":
+            fail("the worker supports PLAINTEXT Kafka only for now; use a PLAINTEXT listener")
+        # Before Faust starts: aiokafka would answer a closed port with a long traceback.
+        check_broker(settings)
+    assert settings.kafka_bootstrap is not None
+
     from streams.app import WorkerOptions
     from streams.worker import run_worker
 
-    settings = load_settings()
-    if not settings.kafka_bootstrap:
-        fail("no Kafka bootstrap: set KAFKA_BOOTSTRAP or run `ranksight kafka up`")
-    if settings.kafka_security_protocol != "PLAINTEXT":
-        fail("the worker supports PLAINTEXT Kafka only for now; use a PLAINTEXT listener")
     options = WorkerOptions(
         bootstrap=settings.kafka_bootstrap,
         workdir=(workdir or settings.home / "worker").resolve(),

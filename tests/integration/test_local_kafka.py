@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import psutil
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from infra.errors import KafkaSetupError
@@ -18,6 +21,7 @@ from infra.kafka.topics import DEFAULT_TOPIC_SPECS, TopicSpec, create_topics
 from schemas.topics import ALERTS, DEADLETTER, TELEMETRY_GPU, TOPICS
 
 _DAY_MS = 86_400_000
+RANKSIGHT = str(Path(sys.executable).with_name("ranksight"))
 
 
 def _admin(bootstrap: str) -> AdminClient:
@@ -156,3 +160,75 @@ def test_detached_up_status_down(tmp_path: Path) -> None:
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert local.status(state_dir) is None
     assert not local.down(state_dir)
+
+
+def _cli(
+    home: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """Run `ranksight` as a user would: a private home, no KAFKA_BOOTSTRAP unless given."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP", "RANKSIGHT_TOPIC_PREFIX")}
+    environ.update({"RANKSIGHT_HOME": str(home), **(env or {})})
+    return subprocess.run(
+        [RANKSIGHT, *args], env=environ, capture_output=True, text=True, timeout=timeout, cwd=home
+    )
+
+
+def _topic_size(bootstrap: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "sizes", "log_level": 0})
+    try:
+        partitions = consumer.list_topics(topic, timeout=15).topics[topic].partitions
+        total = 0
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
+            total += high - low
+        return total
+    finally:
+        consumer.close()
+
+
+def test_commands_find_the_running_local_broker_and_a_producer_drains_old_spools(tmp_path: Path) -> None:
+    """No KAFKA_BOOTSTRAP: after `kafka up`, agent, alerts tail and record use the local broker; events
+    spooled while Kafka was away are sent by the next producer run, and `spool list` sees them go."""
+    home = tmp_path / "home"
+    home.mkdir()
+    events = home / "events.avro"
+    made = _cli(home, "simulate", "-s", "mixed", "--duration", "1m", "-o", str(events), "-q")
+    assert made.returncode == 0, made.stderr
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+
+    away = _cli(home, "publish", str(events), env={"KAFKA_BOOTSTRAP": f"127.0.0.1:{closed}"})
+    assert away.returncode == 0, away.stderr
+    assert "spooled" in away.stdout and f"{home / 'spool' / 'publish'}" in away.stdout
+    spooled = int(away.stdout.split("spooled ")[1].split(" of")[0].replace(",", ""))
+    assert spooled > 0
+    assert f"publish: {spooled:,} events" in _cli(home, "spool", "list").stdout
+
+    up = _cli(home, "kafka", "up")
+    assert up.returncode == 0, up.stderr
+    try:
+        bootstrap = up.stdout.split("export KAFKA_BOOTSTRAP=")[1].split()[0]
+        agent = _cli(home, "agent", "--simulate", "--gpus", "1", "--count", "1", "--interval", "0.1")
+        assert agent.returncode == 0, agent.stderr
+        assert "no Kafka" not in agent.stderr
+        # The agent's start drained the publish spool to the local broker.
+        assert "no spooled events" in _cli(home, "spool", "list").stdout
+        assert _topic_size(bootstrap, TELEMETRY_GPU) >= 1
+        assert sum(_topic_size(bootstrap, t) for t in TOPICS if t.startswith("rs.t")) >= spooled
+
+        # Spooled again while "away", then sent by `ranksight spool drain` to the local broker.
+        again = _cli(home, "publish", str(events), env={"KAFKA_BOOTSTRAP": f"127.0.0.1:{closed}"})
+        assert "spooled" in again.stdout, again.stderr
+        drained = _cli(home, "spool", "drain")
+        assert drained.returncode == 0, drained.stderr
+        assert f"publish: sent {spooled:,} of {spooled:,} events to {bootstrap}" in drained.stdout
+
+        tail = _cli(home, "alerts", "tail", "--from-beginning", "--idle-exit", "1")
+        assert tail.returncode == 0, tail.stderr
+        recorded = _cli(home, "record", "--from", "-1h", "-o", str(home / "recorded.avro"))
+        assert recorded.returncode == 0, recorded.stderr
+        assert "wrote " in recorded.stdout
+    finally:
+        down = _cli(home, "kafka", "down")
+    assert down.returncode == 0, down.stderr

@@ -197,8 +197,10 @@ def test_sql_error_is_one_line_exit_1(tmp_path: Path, statement: str) -> None:
     env.pop("CLICKHOUSE_URL", None)
     done = subprocess.run([RANKSIGHT, "sql", statement], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
-    assert done.stderr.startswith("error: query failed:")
-    assert "Traceback" not in done.stderr
+    # One line saying which store was opened, then the error in one line.
+    store, error = done.stderr.splitlines()
+    assert store.startswith("store: chdb:")
+    assert error.startswith("error: query failed:")
 
 
 def test_fields_added_to_a_record_become_columns_of_an_existing_table(chdb: Client) -> None:
@@ -222,3 +224,47 @@ def test_fields_added_to_a_record_become_columns_of_an_existing_table(chdb: Clie
     assert batch is not None
     sink.write(batch)
     assert chdb.query("SELECT job_id FROM gpu_samples").result_rows == [("pretrain-1",)]
+
+
+def test_rows_older_than_the_ttl_are_dropped_by_chdb_and_counted_as_expired(chdb: Client) -> None:
+    """The premise (chDB drops them on insert) and the fix (the sink does not call them stored)."""
+    now_ms = int(time.time() * 1000)
+    old_ms = now_ms - 40 * 86_400_000  # the tables' TTL is 30 days
+    sink = ClickHouseSink(chdb)
+    for offset in range(3):
+        sink.add("t", 0, offset, sample_event("StepCompleted", offset, old_ms))
+    sink.add("t", 0, 3, sample_event("StepCompleted", 3, now_ms))
+    sink.flush("t", 0)
+    assert _count(chdb, "steps") == 1
+    assert sink.stats.rows_by_table == {"steps": 1}
+    assert sink.stats.expired_by_table == {"steps": 3}
+
+
+def test_sql_names_its_store_reaches_the_demo_store_and_keeps_full_width_when_piped(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = {**os.environ, "RANKSIGHT_HOME": str(home)}
+    env.pop("CLICKHOUSE_URL", None)
+
+    def sql(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([RANKSIGHT, "sql", *args], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode in (0, 1), done.stderr
+        return done
+
+    missing = sql("--demo", "SELECT 1")
+    assert missing.returncode == 1
+    assert f"no demo store at {home / 'demo' / 'chdb'}: run `ranksight demo` first" in missing.stderr
+
+    (home / "demo" / "chdb").mkdir(parents=True)
+    assert sql("--demo", "CREATE TABLE marker (x UInt8) ENGINE = MergeTree ORDER BY x").returncode == 0
+    assert sql("--demo", "INSERT INTO marker VALUES (7)").returncode == 0
+    demo = sql("--demo", "SELECT x FROM marker", "--format", "jsonl")
+    assert demo.stdout.strip() == '{"x": 7}'
+    assert f"store: chdb:{home / 'demo' / 'chdb'}" in demo.stderr
+
+    plain = sql("EXISTS TABLE marker", "--format", "jsonl")
+    assert f"store: chdb:{home / 'chdb'}" in plain.stderr
+    assert plain.stdout.strip() == '{"result": 0}'
+
+    wide = sql("SELECT repeat('x', 300) AS long, 'end-of-row' AS last")
+    assert "x" * 300 in wide.stdout  # stdout is a pipe: no 80-column cut
+    assert "end-of-row" in wide.stdout

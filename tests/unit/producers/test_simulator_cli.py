@@ -191,3 +191,26 @@ def test_list_shows_every_builtin_scenario_with_its_expected_alert() -> None:
     for name in builtin_scenarios():
         assert name in res.output
     assert "long_checkpoint -> no alert" in res.output
+
+
+def test_the_progress_line_never_goes_backwards(capsys: pytest.CaptureFixture[str]) -> None:
+    """The engine generates job by job, then node by node; the minutes it reports restart each pass."""
+    from ranksight.commands.simulate import _Progress
+
+    now = [0.0]
+    progress = _Progress(30 * 60, quiet=False, clock=lambda: now[0])
+    for minutes in (20.5, 6.2, 12.5, 25.0, 3.0, 30.0):
+        now[0] += 3.0
+        progress(1000, minutes * 60)
+    shown = [
+        float(line.split("simulated ")[1].split(" of")[0])
+        for line in capsys.readouterr().err.splitlines()
+        if "simulated" in line
+    ]
+    assert shown == [20.5, 20.5, 20.5, 25.0, 25.0, 30.0]
+
+
+def test_a_live_simulation_ends_about_now() -> None:
+    from ranksight.commands.simulate import live_start_ms
+
+    assert live_start_ms(600.0, now_ms=1_800_000_000_000) == 1_800_000_000_000 - 600_000

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas.errors import InvalidEventError
+from schemas.errors import InvalidEventError, RanksightError
 from schemas.files import (
     EventFileError,
     JsonlFormat,
@@ -30,7 +30,8 @@ def test_jsonl_and_container_files_round_trip_exactly(batch: list, tmp_path: Pat
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.avro"
-    assert load_jsonl(src, out) == len(batch)
+    # Every valid Avro timestamp round-trips; the 2000-01-01 floor of `events load` is tested apart.
+    assert load_jsonl(src, out, min_ts_ms=None) == len(batch)
     assert [FMT.to_line(e) for e in iter_container(out)] == lines
 
 
@@ -44,7 +45,7 @@ def test_timestamps_are_iso_utc_with_milliseconds() -> None:
 def test_an_invalid_line_is_reported_with_line_field_and_reason_and_nothing_is_written(
     tmp_path: Path,
 ) -> None:
-    good = '{"type": "RankBound", "ts": 1, "job_id": "j", "rank": 0, "node": "n", "pid": 1}'
+    good = '{"type": "RankBound", "ts": 1764486000123, "job_id": "j", "rank": 0, "node": "n", "pid": 1}'
     src = tmp_path / "in.jsonl"
     src.write_text(
         "\n".join(
@@ -174,3 +175,76 @@ def test_a_file_written_with_an_older_event_schema_reads_into_the_current_one(tm
     assert (
         event.record["skipped"] is False and event.record["tokens"] is None and event.record["run_id"] == ""
     )
+
+
+def test_a_timestamp_in_seconds_is_rejected_with_a_hint(tmp_path: Path) -> None:
+    """1764486000 is 2025-11-30 in seconds but 1970-01-21 in milliseconds: `events load` refuses it."""
+    src = tmp_path / "in.jsonl"
+    src.write_text(
+        '{"type": "RankBound", "ts": 1764486000, "job_id": "j", "rank": 0, "node": "n", "pid": 1}\n'
+    )
+    with pytest.raises(EventFileError) as err:
+        load_jsonl(src, tmp_path / "out.avro")
+    assert "line 1: field 'ts': 1764486000 is 1970-01-21T10:08:06.000Z" in str(err.value)
+    assert "looks like seconds" in str(err.value)
+
+
+def test_a_timestamp_after_2000_in_milliseconds_loads(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text(
+        '{"type": "RankBound", "ts": 946684800000, "job_id": "j", "rank": 0, "node": "n", "pid": 1}\n'
+    )
+    assert load_jsonl(src, tmp_path / "out.avro") == 1
+
+
+def test_a_line_that_is_not_utf8_is_named_not_a_traceback(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(
+        b'{"type": "RankBound", "ts": 1764486000123, "job_id": "j", "rank": 0, "node": "n", "pid": 1}\n'
+        b'{"type": "RankBound", "ts": 1764486000123, "job_id": "\xff", "rank": 0, "node": "n", "pid": 1}\n'
+    )
+    with pytest.raises(EventFileError) as err:
+        load_jsonl(src, tmp_path / "out.avro")
+    assert [(p.line, p.reason) for p in err.value.problems] == [(2, "not UTF-8 text: byte 0xff at column 55")]
+
+
+def test_a_container_of_foreign_records_is_one_sentence_without_the_schema(tmp_path: Path) -> None:
+    import fastavro
+
+    path = tmp_path / "foreign.avro"
+    with path.open("wb") as fh:
+        fastavro.writer(
+            fh, {"type": "record", "name": "Foo", "fields": [{"name": "x", "type": "int"}]}, [{"x": 1}]
+        )
+    with pytest.raises(RanksightError) as err:
+        list(iter_container(path))
+    assert str(err.value) == (
+        f"{path}: not a file of ranksight events (its Avro schema is Foo, not ranksight.v1.Event); "
+        "write one with `ranksight simulate --out` or `ranksight events load`"
+    )
+
+
+def test_an_event_schema_that_cannot_be_resolved_is_one_short_sentence(tmp_path: Path) -> None:
+    """Same name, incompatible content: fastavro's error dumps both schemas; ours names the file only."""
+    import fastavro
+
+    schema = {
+        "type": "record",
+        "name": "Event",
+        "namespace": "ranksight.v1",
+        "fields": [
+            {
+                "name": "event",
+                "type": {"type": "record", "name": "Alien", "fields": [{"name": "x", "type": "int"}]},
+            }
+        ],
+    }
+    path = tmp_path / "alien.avro"
+    with path.open("wb") as fh:
+        fastavro.writer(fh, schema, [{"event": {"x": 1}}])
+    with pytest.raises(RanksightError) as err:
+        list(iter_container(path))
+    message = str(err.value)
+    assert message.startswith(f"{path}: ")
+    assert len(message) < 300
+    assert "\n" not in message

@@ -27,6 +27,7 @@ class RecordingClient:
     inserts: list[dict[str, Any]] = field(default_factory=list)
     stored: dict[tuple[str, str, int], int] = field(default_factory=dict)
     fail_with: Exception | None = None
+    ttl_days: int | None = None
 
     def insert(
         self, table: str, data: Any, column_names: list[str], column_oriented: bool, settings: dict
@@ -39,6 +40,10 @@ class RecordingClient:
         )
 
     def query(self, sql: str, parameters: dict[str, Any]) -> _Result:
+        if "system.tables" in sql:
+            # What ClickHouse shows in engine_full for a table created with a TTL.
+            ttl = f" TTL toDateTime(ts) + toIntervalDay({self.ttl_days})" if self.ttl_days else ""
+            return _Result([(f"MergeTree ORDER BY ts{ttl} SETTINGS index_granularity = 8192",)])
         table = sql.split(" FROM ")[1].split()[0]
         key = (table, parameters["topic"], parameters["partition"])
         return _Result([(1, self.stored[key])] if key in self.stored else [(0, 0)])
@@ -191,3 +196,41 @@ def test_forget_drops_batch_and_known_offsets() -> None:
 def test_batch_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="batch_size"):
         _sink(RecordingClient(), batch_size=0)
+
+
+def test_rows_older_than_the_ttl_are_counted_as_expired_not_stored() -> None:
+    """Rows the TTL drops on insert are counted apart; only rows that stay are reported as stored."""
+    client = RecordingClient(ttl_days=30)
+    day_s = 86_400
+    now_s = NOW / 1000 + 31 * day_s  # the events are 31 days old
+    sink = _sink(client, wall_clock=lambda: now_s)
+    for offset in range(3):
+        sink.add("t", 0, offset, sample_event("StepCompleted", offset, NOW))
+    sink.flush("t", 0)
+    sink.add("t", 0, 3, sample_event("StepCompleted", 3, NOW))
+    sink.add("t", 0, 4, sample_event("StepCompleted", 4, int(now_s * 1000)))  # a fresh one is stored
+    sink.flush("t", 0)
+    assert sink.stats.expired_by_table == {"steps": 4}
+    assert sink.stats.rows_by_table == {"steps": 1}
+
+
+def test_a_table_without_ttl_never_expires_rows() -> None:
+    client = RecordingClient(ttl_days=None)
+    sink = _sink(client, wall_clock=lambda: NOW / 1000 + 10_000 * 86_400)
+    sink.add("t", 0, 0, sample_event("StepCompleted", 0, NOW))
+    sink.flush("t", 0)
+    assert sink.stats.rows_by_table == {"steps": 1}
+    assert not sink.stats.expired_by_table
+
+
+def test_the_ttl_warning_names_the_table_once(caplog: pytest.LogCaptureFixture) -> None:
+    client = RecordingClient(ttl_days=30)
+    sink = _sink(client, wall_clock=lambda: NOW / 1000 + 60 * 86_400)
+    with caplog.at_level("WARNING", logger="sinks.writer"):
+        for offset in range(5):
+            sink.add("t", 0, offset, sample_event("StepCompleted", offset, NOW))
+            sink.flush("t", 0)
+    warnings = [r.getMessage() for r in caplog.records if "TTL" in r.getMessage()]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("steps: 1 of 1 rows are older than the table's 30-day TTL")
+    assert sink.stats.expired_by_table == {"steps": 5}
