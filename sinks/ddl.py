@@ -57,6 +57,7 @@ TABLE_NAMES: dict[str, str] = {
     "CollectiveSample": "collective_samples",
     "ValidationResult": "validation_results",
     "EvaluationEvent": "evaluations",
+    "RestoreTest": "restore_tests",
     "RankWindowStats": "derived_rank_windows",
     "JobWindowStats": "derived_job_windows",
     "Alert": "alerts",
@@ -76,6 +77,7 @@ _ORDER_BY: dict[str, tuple[str, ...]] = {
     "CollectiveSample": ("job_id", "rank", "op", "ts"),
     "ValidationResult": ("job_id", "step", "ts"),
     "EvaluationEvent": ("job_id", "evaluation_id", "ts"),
+    "RestoreTest": ("job_id", "checkpoint_id", "ts"),
     "RankWindowStats": ("job_id", "rank", "window_start"),
     "JobWindowStats": ("job_id", "window_start"),
     "Alert": ("team", "fingerprint", "alert_id", "status"),
@@ -381,6 +383,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     # Tables of record types added since version 1 (CREATE ... IF NOT EXISTS: a fresh database
     # already made them in version 1). Fields added to existing records arrive by `_sync_columns`.
     Migration(5, "evaluation events", lambda ttl: [create_table_sql(table_for("EvaluationEvent"), ttl)]),
+    Migration(6, "checkpoint restore tests", lambda ttl: [create_table_sql(table_for("RestoreTest"), ttl)]),
 )
 
 _MIGRATIONS_TABLE = (
