@@ -8,7 +8,7 @@ all, optionally by label selector) and their Pods, and maps them:
 - condition `Complete`: `completed`; condition `Failed` (e.g. BackoffLimitExceeded): `failed`,
   with the exit code of the last terminated container.
 
-Restarts are failed Pod attempts (`status.failed`) plus container restarts. Queue time starts
+Restarts are Pod attempts after the first plus container restarts. Queue time starts
 at the Job's creation. The job id is the `ranksight.dev/job-id` label (set the same value as
 RANKSIGHT_JOB_ID in the Pods) or else `<namespace>/<name>`; the owner is the
 `ranksight.dev/owner` label; the namespace is the account the team map looks up.
@@ -61,7 +61,10 @@ def observation_from_job(job: Any, pods: Sequence[Any]) -> JobObservation:
     labels = meta.labels or {}
     job_id = labels.get(JOB_ID_LABEL) or f"{meta.namespace}/{meta.name}"
     status = job.status
-    failed_pods = int(status.failed or 0)
+    # Attempts beyond the first are restarts: Pods the controller created (or, once they are
+    # garbage-collected, the failed count, whose last failure ended a failed Job without a retry).
+    failed_pods = int(status.failed or 0) - (1 if _condition(job, "Failed") is not None else 0)
+    retries = max(len(pods) - 1, failed_pods, 0)
     container_restarts = sum(cs.restart_count or 0 for p in pods for cs in (p.status.container_statuses or []))
     running = [p for p in pods if p.status.phase == "Running"]
     preempted = [
@@ -97,7 +100,7 @@ def observation_from_job(job: Any, pods: Sequence[Any]) -> JobObservation:
         native_state=native,
         reason=reason,
         exit_code=_last_exit_code(pods) if state in ("failed", "completed", "preempted") else None,
-        restart_count=failed_pods + container_restarts,
+        restart_count=retries + container_restarts,
         owner=labels.get(OWNER_LABEL),
         account=meta.namespace,
         submit_ts=_ms(meta.creation_timestamp),
