@@ -179,3 +179,30 @@ def test_a_running_run_is_reported_as_it_goes(chdb: Client) -> None:
     assert first == {"outcome": "running", "steps": 10, "tokens": 10 * 2 * 2000}
     store(chdb, [e for e in events if e not in half], first_offset=len(half))
     assert _rows(chdb, "SELECT steps FROM run_efficiency")[0]["steps"] == 20
+
+
+def test_the_cli_prints_plain_text_with_costs_and_a_team_total(
+    loaded: tuple[Client, list[Event]], chdb_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from ranksight.cli import app
+    from sinks.clickhouse import close
+
+    client, _ = loaded
+    alloc = {r["job_id"]: r["allocated_gpu_h"] for r in _rows(client, "SELECT job_id, allocated_gpu_h FROM job_efficiency")}
+    close(chdb_dsn)  # chDB: one engine per process; the command opens it again
+    monkeypatch.setenv("CLICKHOUSE_URL", chdb_dsn)
+    result = CliRunner().invoke(app, ["efficiency", "--team", "nlp", "--price", "H100-80GB=3", "--runs"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split()[:3] == ["job", "team", "outcome"] and "\x1b[" not in result.output
+    big = next(line for line in lines if line.startswith("big "))
+    assert f"{alloc['big'] * 3:.2f}" in big.split()  # cost = GPU-hours x price
+    total = lines[-1]
+    assert total.startswith("nlp: 2 jobs (2 completed)")
+    assert f"cost per successful run {(alloc['big'] + alloc['solo']) * 3 / 2:.2f}" in total
+    missing = CliRunner().invoke(app, ["efficiency", "--job", "nope"])
+    assert missing.exit_code == 1 and "no runs recorded for job nope" in missing.output
+    bad = CliRunner().invoke(app, ["efficiency", "--price", "H100"])
+    assert bad.exit_code == 1 and "CLASS=USD_PER_GPU_HOUR" in bad.output
