@@ -89,7 +89,9 @@ def _where(job: str | None, team: str | None) -> tuple[str, dict[str, Any]]:
     return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
 
 
-def job_rows(client: Client, prices: PriceList, *, job: str | None = None, team: str | None = None) -> list[dict[str, Any]]:
+def job_rows(
+    client: Client, prices: PriceList, *, job: str | None = None, team: str | None = None
+) -> list[dict[str, Any]]:
     """`job_efficiency` rows (newest first) with `cost` and `cost_per_successful_run` added."""
     where, params = _where(job, team)
     rows = _query(client, f"SELECT * FROM job_efficiency{where} ORDER BY started DESC, job_id", params)
@@ -125,5 +127,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "kwh_per_billion_tokens": kwh / (tokens / 1e9) if tokens else None,
         "cost": cost,
         # Failed and unfinished jobs cost money too: all of it is divided by the runs that succeeded.
-        "cost_per_successful_run": cost / completed if cost is not None and completed and len(priced) == len(rows) else None,
+        "cost_per_successful_run": cost / completed
+        if cost is not None and completed and len(priced) == len(rows)
+        else None,
     }

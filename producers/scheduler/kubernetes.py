@@ -48,10 +48,10 @@ def _last_exit_code(pods: Sequence[Any]) -> int | None:
     for pod in pods:
         for cs in pod.status.container_statuses or []:
             for st in (cs.state, cs.last_state):
-                term = getattr(st, "terminated", None) if st is not None else None
-                if term is not None and term.finished_at is not None:
-                    if latest is None or term.finished_at > latest[0]:
-                        latest = (term.finished_at, int(term.exit_code))
+                term: Any = getattr(st, "terminated", None) if st is not None else None
+                finished = getattr(term, "finished_at", None)
+                if finished is not None and (latest is None or finished > latest[0]):
+                    latest = (finished, int(term.exit_code))
     return latest[1] if latest else None
 
 
@@ -65,7 +65,9 @@ def observation_from_job(job: Any, pods: Sequence[Any]) -> JobObservation:
     # garbage-collected, the failed count, whose last failure ended a failed Job without a retry).
     failed_pods = int(status.failed or 0) - (1 if _condition(job, "Failed") is not None else 0)
     retries = max(len(pods) - 1, failed_pods, 0)
-    container_restarts = sum(cs.restart_count or 0 for p in pods for cs in (p.status.container_statuses or []))
+    container_restarts = sum(
+        cs.restart_count or 0 for p in pods for cs in (p.status.container_statuses or [])
+    )
     running = [p for p in pods if p.status.phase == "Running"]
     preempted = [
         p
@@ -77,7 +79,9 @@ def observation_from_job(job: Any, pods: Sequence[Any]) -> JobObservation:
         )
     ]
     complete, failed = _condition(job, "Complete"), _condition(job, "Failed")
-    start_ts = min((_ms(p.status.start_time) for p in running if p.status.start_time), default=None)
+    start_ts = min(
+        (int(p.status.start_time.timestamp() * 1000) for p in running if p.status.start_time), default=None
+    )
     end_ts = None
     if complete is not None or failed is not None:
         cond = complete or failed
@@ -87,11 +91,17 @@ def observation_from_job(job: Any, pods: Sequence[Any]) -> JobObservation:
         state, native, reason = "running", "Running", None
     elif preempted:
         state, native, reason = "preempted", "DisruptionTarget", "preempted by the scheduler"
-        end_ts = max((_ms(c.last_transition_time) or 0 for p in preempted for c in p.status.conditions or []), default=None)
+        end_ts = max(
+            (_ms(c.last_transition_time) or 0 for p in preempted for c in p.status.conditions or []),
+            default=None,
+        )
     else:
         state, native = "pending", "Suspended" if job.spec.suspend else "Pending"
         reasons = [
-            c.reason for p in pods for c in (p.status.conditions or []) if c.type == "PodScheduled" and c.reason
+            c.reason
+            for p in pods
+            for c in (p.status.conditions or [])
+            if c.type == "PodScheduled" and c.reason
         ]
         reason = reasons[0] if reasons else ("queued (suspended)" if job.spec.suspend else None)
     return JobObservation(
@@ -134,7 +144,9 @@ class KubernetesSource:
                 try:
                     config.load_kube_config()
                 except (config.ConfigException, OSError) as exc:
-                    raise SchedulerUnavailableError(f"no Kubernetes configuration found ({exc}); set KUBECONFIG") from None
+                    raise SchedulerUnavailableError(
+                        f"no Kubernetes configuration found ({exc}); set KUBECONFIG"
+                    ) from None
             api_client = client.ApiClient()
         self._batch = client.BatchV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
@@ -148,14 +160,18 @@ class KubernetesSource:
                 return list(namespaced(self._namespace, **kwargs).items)
             return list(everywhere(**kwargs).items)
         except self._api_exception as exc:
-            raise SchedulerUnavailableError(f"the Kubernetes API refused the request: {exc.status} {exc.reason}") from None
+            raise SchedulerUnavailableError(
+                f"the Kubernetes API refused the request: {exc.status} {exc.reason}"
+            ) from None
         except OSError as exc:  # urllib3 connection errors derive from OSError
             raise SchedulerUnavailableError(f"the Kubernetes API does not answer: {exc}") from None
 
     def poll(self) -> list[JobObservation]:
         """Every Job listed now, with its Pods."""
         jobs = self._list(
-            self._batch.list_namespaced_job, self._batch.list_job_for_all_namespaces, label_selector=self._selector
+            self._batch.list_namespaced_job,
+            self._batch.list_job_for_all_namespaces,
+            label_selector=self._selector,
         )
         selector = ",".join(s for s in (self._selector, "job-name") if s)
         pods = self._list(

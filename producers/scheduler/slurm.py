@@ -99,7 +99,8 @@ def observation_from_slurm(job: dict[str, Any]) -> JobObservation | None:
     state = SLURM_STATES.get(native)
     if state is None:
         return None
-    times = job.get("time") if isinstance(job.get("time"), dict) else job  # sacct nests its times
+    nested = job.get("time")
+    times: dict[str, Any] = nested if isinstance(nested, dict) else job  # sacct nests its times
     reason = job.get("state_reason")
     if reason is None and isinstance(job.get("state"), dict):
         reason = job["state"].get("reason")
@@ -125,7 +126,9 @@ def parse_slurm_json(text: str, what: str = "squeue --json") -> list[JobObservat
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SchedulerUnavailableError(f"`{what}` did not print JSON ({exc}); is this Slurm 21.08 or newer?") from None
+        raise SchedulerUnavailableError(
+            f"`{what}` did not print JSON ({exc}); is this Slurm 21.08 or newer?"
+        ) from None
     errors = [e for e in data.get("errors") or [] if isinstance(e, dict) and e.get("error_number")]
     if errors:
         raise SchedulerUnavailableError(f"`{what}` reported: {errors[0].get('error') or errors[0]}")
@@ -145,7 +148,9 @@ def _run(argv: Sequence[str]) -> str:
             f"`{argv[0]}` is not installed here; run `ranksight scheduler --slurm` on a Slurm login node"
         ) from None
     except subprocess.TimeoutExpired:
-        raise SchedulerUnavailableError(f"`{' '.join(argv)}` did not answer within 60 s; is slurmctld up?") from None
+        raise SchedulerUnavailableError(
+            f"`{' '.join(argv)}` did not answer within 60 s; is slurmctld up?"
+        ) from None
     if done.returncode != 0:
         first = (done.stderr.strip().splitlines() or ["no message"])[-1]
         raise SchedulerUnavailableError(

@@ -47,7 +47,9 @@ class TeamMap:
             raise TeamMapError(f"{source} must be a mapping with `users`, `accounts` and `default`")
         unknown = set(data) - _KEYS
         if unknown:
-            raise TeamMapError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}; known: users, accounts, default")
+            raise TeamMapError(
+                f"{source}: unknown key(s) {', '.join(sorted(unknown))}; known: users, accounts, default"
+            )
         maps: dict[str, dict[str, str]] = {}
         for key in ("users", "accounts"):
             value = data.get(key) or {}

@@ -66,7 +66,11 @@ class StateTracker:
             if prev is not None and obs.restart_count > restarts and obs.state != "restarting":
                 # The scheduler requeued the job between two polls: the restart itself is a state.
                 ts = self._clamp(obs.submit_ts if obs.state == "pending" else None, last_ts, now_ms)
-                out.append(self._event(obs, "restarting", ts, f"requeued by {self.source} (restart {obs.restart_count})"))
+                out.append(
+                    self._event(
+                        obs, "restarting", ts, f"requeued by {self.source} (restart {obs.restart_count})"
+                    )
+                )
                 last_ts = ts
             if prev is None or (prev["state"], prev["restart_count"]) != (obs.state, obs.restart_count):
                 ts = self._clamp(_state_ts(obs), last_ts, now_ms)
@@ -107,7 +111,9 @@ class StateTracker:
     def missing(self, seen: Iterable[str]) -> list[str]:
         """Jobs not listed by this poll that had not reached an end state (the scheduler purged them)."""
         listed = set(seen)
-        return [j for j in sorted(self._jobs) if j not in listed and self._jobs[j]["state"] not in TERMINAL_STATES]
+        return [
+            j for j in sorted(self._jobs) if j not in listed and self._jobs[j]["state"] not in TERMINAL_STATES
+        ]
 
     def forget_unlisted(self, seen: Iterable[str]) -> None:
         """Drop jobs the scheduler no longer lists (bounded memory)."""

@@ -770,7 +770,12 @@ class _JobRun:
         """Restore-test faults: from their start, the latest verified checkpoint is restored and resumed once."""
         for kind in ("restore_test_failure", "restore_test_passed"):
             found = self._one(kind)
-            if found is None or found[0] in self.e.effects or t < found[1].start or self.last_verified is None:
+            if (
+                found is None
+                or found[0] in self.e.effects
+                or t < found[1].start
+                or self.last_verified is None
+            ):
                 continue
             i, f = found
             ckpt_id, step = self.last_verified

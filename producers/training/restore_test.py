@@ -80,7 +80,9 @@ def restore_test_event(
     parts = set(restored)
     unknown = parts - set(PARTS)
     if unknown:
-        raise ProducerError(f"unknown restored part(s) {', '.join(sorted(unknown))}; known: {', '.join(PARTS)}")
+        raise ProducerError(
+            f"unknown restored part(s) {', '.join(sorted(unknown))}; known: {', '.join(PARTS)}"
+        )
     if passed is None:
         passed, why = judge(
             parts,
@@ -120,7 +122,9 @@ def publish_restore_test(
     timeout_s: float = 30.0,
 ) -> None:
     """Publish one RestoreTest and wait for it; `ProducerError` when it was not delivered."""
-    publisher = open_publisher(destination, kafka_conf=kafka_conf, topic_prefix=topic_prefix, spool_dir=spool_dir)
+    publisher = open_publisher(
+        destination, kafka_conf=kafka_conf, topic_prefix=topic_prefix, spool_dir=spool_dir
+    )
     try:
         publisher.publish(event)
         left = publisher.flush(timeout_s)

@@ -19,14 +19,22 @@ def restore_test(
     restored: str = typer.Option(
         "", "--restored", help="What was restored, comma-separated: model,optimizer,scheduler,data."
     ),
-    steps_resumed: int = typer.Option(0, "--steps-resumed", min=0, help="Training steps run after the restore."),
+    steps_resumed: int = typer.Option(
+        0, "--steps-resumed", min=0, help="Training steps run after the restore."
+    ),
     run: str = typer.Option("", "--run", help="Run of the job that wrote the checkpoint."),
     step: int | None = typer.Option(None, "--step", help="Step the checkpoint captures."),
-    loss_before: float | None = typer.Option(None, "--loss-before", help="Loss the original run had at that step."),
+    loss_before: float | None = typer.Option(
+        None, "--loss-before", help="Loss the original run had at that step."
+    ),
     loss_after: float | None = typer.Option(None, "--loss-after", help="Loss of the first resumed step."),
     tolerance: float = typer.Option(0.05, "--tolerance", min=0, help="Relative loss jump still continuous."),
-    code_version: str | None = typer.Option(None, "--code-version", help="e.g. the git commit that restored it."),
-    runtime_version: str | None = typer.Option(None, "--runtime-version", help="e.g. 'torch 2.4.0 cuda 12.4'."),
+    code_version: str | None = typer.Option(
+        None, "--code-version", help="e.g. the git commit that restored it."
+    ),
+    runtime_version: str | None = typer.Option(
+        None, "--runtime-version", help="e.g. 'torch 2.4.0 cuda 12.4'."
+    ),
     passed: bool | None = typer.Option(
         None, "--passed/--failed", help="The verdict; without it ranksight judges from the values above."
     ),
@@ -60,7 +68,9 @@ def restore_test(
         spool_dir = None
         if to == "kafka":
             if not settings.kafka_bootstrap:
-                fail("no Kafka bootstrap: set KAFKA_BOOTSTRAP, run `ranksight kafka up`, or use --to file:///path.avro")
+                fail(
+                    "no Kafka bootstrap: set KAFKA_BOOTSTRAP, run `ranksight kafka up`, or use --to file:///path.avro"
+                )
             kafka_conf = settings.kafka_config()
             spool_dir = settings.home / "spool" / "restore-test"
         publish_restore_test(

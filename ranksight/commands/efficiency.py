@@ -112,7 +112,10 @@ def efficiency(
         jobs = job_rows(client, price_list, job=job, team=team)
         run_list = run_rows(client, job=job, team=team) if runs else []
     if not jobs:
-        fail(f"no runs recorded{f' for job {job}' if job else ''}{f' of team {team}' if team else ''} yet", code=1)
+        fail(
+            f"no runs recorded{f' for job {job}' if job else ''}{f' of team {team}' if team else ''} yet",
+            code=1,
+        )
     if as_json:
         for row in [*jobs, *run_list]:
             sys.stdout.write(json.dumps(row, default=_json_default) + "\n")

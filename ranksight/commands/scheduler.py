@@ -34,7 +34,9 @@ def scheduler(
     user: list[str] = typer.Option([], "--user", help="Slurm: only jobs of these users (repeatable)."),
     account: list[str] = typer.Option([], "--account", help="Slurm: only jobs of these accounts."),
     partition: list[str] = typer.Option([], "--partition", help="Slurm: only jobs in these partitions."),
-    namespace: str | None = typer.Option(None, "--namespace", help="Kubernetes: one namespace (default: all)."),
+    namespace: str | None = typer.Option(
+        None, "--namespace", help="Kubernetes: one namespace (default: all)."
+    ),
     selector: str | None = typer.Option(None, "--selector", help="Kubernetes: label selector of the Jobs."),
 ) -> None:
     """Poll the scheduler and publish every job state change once (pending, running, preempted, requeued, ended)."""
@@ -60,17 +62,23 @@ def scheduler(
         spool_dir = None
         if to == "kafka":
             if not settings.kafka_bootstrap:
-                fail("no Kafka bootstrap: set KAFKA_BOOTSTRAP, run `ranksight kafka up`, or use --to file:///path.avro")
+                fail(
+                    "no Kafka bootstrap: set KAFKA_BOOTSTRAP, run `ranksight kafka up`, or use --to file:///path.avro"
+                )
             kafka_conf = settings.kafka_config()
             spool_dir = settings.home / "spool" / f"scheduler-{source.name}"
-        publisher = open_publisher(to, kafka_conf=kafka_conf, topic_prefix=settings.topic_prefix, spool_dir=spool_dir)
+        publisher = open_publisher(
+            to, kafka_conf=kafka_conf, topic_prefix=settings.topic_prefix, spool_dir=spool_dir
+        )
     tracker = StateTracker(source.name, team_map.team_for)
     state_path = state_file or settings.home / "scheduler" / f"{source.name}.json"
     err_console.print(f"following {source.name} every {interval:g}s -> {to}")
 
     def _report(stats: Any) -> None:
         if stats.published or stats.polls == 1:
-            err_console.print(f"poll {stats.polls}: {stats.jobs} jobs listed, {stats.published} state changes published so far")
+            err_console.print(
+                f"poll {stats.polls}: {stats.jobs} jobs listed, {stats.published} state changes published so far"
+            )
 
     def _stop(*_: Any) -> None:
         raise KeyboardInterrupt
@@ -79,7 +87,15 @@ def scheduler(
     stats = None
     try:
         with user_errors():
-            stats = follow(source, tracker, publisher, interval_s=interval, count=count, state_file=state_path, on_poll=_report)
+            stats = follow(
+                source,
+                tracker,
+                publisher,
+                interval_s=interval,
+                count=count,
+                state_file=state_path,
+                on_poll=_report,
+            )
     finally:
         signal.signal(signal.SIGTERM, previous)
         publisher.close(10)

@@ -73,7 +73,14 @@ class ReadinessDetector(PerJobDetector):
 
     def new_job_state(self) -> dict[str, Any]:
         """The state of a job seen for the first time."""
-        return {"policy_s": None, "started": None, "written": {}, "passed": None, "failed": None, "stale": None}
+        return {
+            "policy_s": None,
+            "started": None,
+            "written": {},
+            "passed": None,
+            "failed": None,
+            "stale": None,
+        }
 
     def observe(self, event: Event) -> list[Finding]:
         """Note policies, checkpoint write times and restore tests; a failed test fires at once."""
@@ -83,12 +90,12 @@ class ReadinessDetector(PerJobDetector):
             job["policy_s"] = r.get("restore_test_max_age_s")
             job["started"] = job["started"] if job["started"] is not None else r["ts"]
         elif event.type == "CheckpointEvent" and r["phase"] in ("completed", "verified"):
-            job = self._jobs.get(r["job_id"])
-            if job is not None and r["checkpoint_id"] not in job["written"]:
-                job["written"][r["checkpoint_id"]] = r["ts"]
-                if len(job["written"]) > self._kept:
-                    oldest = min(job["written"], key=lambda c: (job["written"][c], c))
-                    del job["written"][oldest]
+            seen = self._jobs.get(r["job_id"])
+            if seen is not None and r["checkpoint_id"] not in seen["written"]:
+                written = seen["written"]
+                written[r["checkpoint_id"]] = r["ts"]
+                if len(written) > self._kept:
+                    del written[min(written, key=lambda c: (written[c], c))]
         elif event.type == "RestoreTest":
             return self._restore_test(r)
         return []

@@ -13,7 +13,9 @@ S = 1000
 T = (int(time.time()) - 3 * 3600) * S  # recent: the raw tables keep 30 days
 
 
-def job_started(job: str, run: str, ts: int, *, world: int, nodes: list[str], family: str = "llm-7b") -> Event:
+def job_started(
+    job: str, run: str, ts: int, *, world: int, nodes: list[str], family: str = "llm-7b"
+) -> Event:
     return Event("JobStarted", {
         "ts": ts, "job_id": job, "run_id": run, "owner": "ann", "team": "nlp", "cluster": "c1",
         "workload_family": family, "world_size": world, "nodes": nodes, "gpu_class": "H100-80GB",
@@ -36,11 +38,16 @@ def steps(job: str, run: str, first: int, last: int, t0: int, *, ranks: int, ste
     return out
 
 
-def checkpoint(job: str, run: str, cid: str, step: int, ts: int, write_s: float, *, verify: bool) -> list[Event]:
+def checkpoint(
+    job: str, run: str, cid: str, step: int, ts: int, write_s: float, *, verify: bool
+) -> list[Event]:
     base = {"job_id": job, "run_id": run, "checkpoint_id": cid, "step": step}
     out = [
         Event("CheckpointEvent", {**base, "ts": ts, "phase": "started"}),
-        Event("CheckpointEvent", {**base, "ts": ts + int(write_s * S), "phase": "completed", "duration_s": write_s}),
+        Event(
+            "CheckpointEvent",
+            {**base, "ts": ts + int(write_s * S), "phase": "completed", "duration_s": write_s},
+        ),
     ]
     if verify:
         out.append(Event("CheckpointEvent", {**base, "ts": ts + int(write_s * S) + 500, "phase": "verified"}))
@@ -51,7 +58,9 @@ def evaluation(job: str, run: str, eid: str, step: int, ts: int, dur_s: float) -
     base = {"job_id": job, "run_id": run, "evaluation_id": eid, "step": step}
     return [
         Event("EvaluationEvent", {**base, "ts": ts, "phase": "started"}),
-        Event("EvaluationEvent", {**base, "ts": ts + int(dur_s * S), "phase": "completed", "duration_s": dur_s}),
+        Event(
+            "EvaluationEvent", {**base, "ts": ts + int(dur_s * S), "phase": "completed", "duration_s": dur_s}
+        ),
     ]
 
 
@@ -83,7 +92,10 @@ def scenario() -> list[Event]:
     ev += checkpoint("big", "r1", "c10", 10, r1 + 24 * S, 2.0, verify=False)  # written, never verified
     # Energy: node telemetry without attribution during r1 (bound GPUs), and after it (not r1's).
     for k in range(0, 27, 3):
-        ev += [gpu(f"n{i // 2 + 1}", f"GPU-{i // 2}{i % 2}", r1 + k * S, 1_000_000 + k * 500_000 * (i + 1)) for i in range(4)]
+        ev += [
+            gpu(f"n{i // 2 + 1}", f"GPU-{i // 2}{i % 2}", r1 + k * S, 1_000_000 + k * 500_000 * (i + 1))
+            for i in range(4)
+        ]
     ev.append(state("big", r1 + 30 * S, "failed", exit_code=1, restart_count=0, source="slurm"))
     # Requeued: queued again 20 s.
     ev += [state("big", r1 + 31 * S, "restarting", restart_count=1, source="slurm"),
@@ -97,7 +109,10 @@ def scenario() -> list[Event]:
     ev += steps("big", "r2", 11, 14, r2 + 12 * S, ranks=4, step_s=2.0)  # to r2 + 20 s
     # Energy: attributed at the node (job_id set) during r2.
     for k in range(0, 21, 4):
-        ev += [gpu(f"n{i // 2 + 1}", f"GPU-{i // 2}{i % 2}", r2 + k * S, 50_000_000 + k * 1_000_000, job="big") for i in range(4)]
+        ev += [
+            gpu(f"n{i // 2 + 1}", f"GPU-{i // 2}{i % 2}", r2 + k * S, 50_000_000 + k * 1_000_000, job="big")
+            for i in range(4)
+        ]
     ev.append(state("big", r2 + 25 * S, "completed", exit_code=0, restart_count=1, source="slurm"))
     # --- solo: one node, two GPUs, same family, 2 000 tokens per rank-step at 1 s per step.
     s0 = T + 10 * S

@@ -36,7 +36,10 @@ def expected_runs(events: list[Event]) -> dict[tuple[str, str], dict[str, Any]]:
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for (job, run), js in runs.items():
         later = [r for (j, _), r in runs.items() if j == job and r["ts"] > js["ts"]]
-        mine = lambda kind: [r for r in by_type[kind] if r["job_id"] == job and r["run_id"] == run]  # noqa: E731
+
+        def mine(kind: str, job: str = job, run: str = run) -> list[dict[str, Any]]:
+            return [r for r in by_type[kind] if r["job_id"] == job and r["run_id"] == run]
+
         per_step: dict[int, dict[str, Any]] = {}
         for r in mine("StepCompleted"):
             s = per_step.setdefault(r["step"], {"s": 0.0, "tok": 0, "skip": False, "ts": 0})
@@ -68,7 +71,10 @@ def expected_runs(events: list[Event]) -> dict[tuple[str, str], dict[str, Any]]:
             outcome = outcome if outcome in (*LOST, "completed") else "running"
         ended = max(js["ts"], activity, last["ts"] if (not later and outcome != "running" and last) else 0)
         wall = (ended - js["ts"]) / S
-        saved = lambda step: vstep is not None and step <= vstep  # noqa: E731
+
+        def saved(step: int, vstep: int | None = vstep) -> bool:
+            return vstep is not None and step <= vstep
+
         step_s = sum(s["s"] for s in per_step.values())
         skipped_s = sum(s["s"] for s in per_step.values() if s["skip"])
         unsaved_s = sum(s["s"] for n, s in per_step.items() if not s["skip"] and not saved(n))
@@ -88,9 +94,14 @@ def expected_runs(events: list[Event]) -> dict[tuple[str, str], dict[str, Any]]:
                     energy[(g["node"], g["gpu_uuid"])].append(g["energy_mj"])
             elif g["job_id"] is None:
                 for b in by_type["RankBound"]:
-                    if (b["job_id"], b["run_id"], b["node"], b["gpu_uuid"]) == (job, run, g["node"], g["gpu_uuid"]):
-                        if b["ts"] <= g["ts"] <= activity:
-                            energy[(g["node"], g["gpu_uuid"])].append(g["energy_mj"])
+                    same_gpu = (b["job_id"], b["run_id"], b["node"], b["gpu_uuid"]) == (
+                        job,
+                        run,
+                        g["node"],
+                        g["gpu_uuid"],
+                    )
+                    if same_gpu and b["ts"] <= g["ts"] <= activity:
+                        energy[(g["node"], g["gpu_uuid"])].append(g["energy_mj"])
         kwh = sum(max(v) - min(v) for v in energy.values()) / 3.6e9
         out[(job, run)] = {
             "outcome": outcome,
@@ -158,7 +169,9 @@ def test_job_efficiency_adds_runs_queue_waits_energy_and_scaling(loaded: tuple[C
     assert big["goodput_pct"] == pytest.approx(100 * productive_gpu_h / alloc)
     assert big["restart_gpu_h"] == pytest.approx(8.0 * 4 / 3600)
     assert big["failed_work_pct"] == pytest.approx(100 * (r1["failed_work_s"] * 4 / 3600) / alloc)
-    assert big["tokens"] == r1["tokens"] + r2["tokens"] == 5 * 4000 + 8 * 4000  # r1 keeps steps 1-6 but the skipped 3
+    assert (
+        big["tokens"] == r1["tokens"] + r2["tokens"] == 5 * 4000 + 8 * 4000
+    )  # r1 keeps steps 1-6 but the skipped 3
     assert big["energy_kwh"] == pytest.approx(r1["energy_kwh"] + r2["energy_kwh"])
     assert big["energy_kwh"] == pytest.approx((105e6 + 80e6) / 3.6e9)
     assert big["kwh_per_billion_tokens"] == pytest.approx(big["energy_kwh"] / (big["tokens"] / 1e9))
@@ -190,7 +203,10 @@ def test_the_cli_prints_plain_text_with_costs_and_a_team_total(
     from sinks.clickhouse import close
 
     client, _ = loaded
-    alloc = {r["job_id"]: r["allocated_gpu_h"] for r in _rows(client, "SELECT job_id, allocated_gpu_h FROM job_efficiency")}
+    alloc = {
+        r["job_id"]: r["allocated_gpu_h"]
+        for r in _rows(client, "SELECT job_id, allocated_gpu_h FROM job_efficiency")
+    }
     close(chdb_dsn)  # chDB: one engine per process; the command opens it again
     monkeypatch.setenv("CLICKHOUSE_URL", chdb_dsn)
     result = CliRunner().invoke(app, ["efficiency", "--team", "nlp", "--price", "H100-80GB=3", "--runs"])

@@ -145,14 +145,22 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     ]  # fmt: skip
     try:
         for argv in commands:
-            done = subprocess.run(argv, env=cluster.env, capture_output=True, text=True, timeout=60, check=False)
+            done = subprocess.run(
+                argv, env=cluster.env, capture_output=True, text=True, timeout=60, check=False
+            )
             if done.returncode != 0:
-                _unavailable(f"`{' '.join(argv)}` exited {done.returncode}: {done.stderr.strip()}\n{cluster.logs()}")
+                _unavailable(
+                    f"`{' '.join(argv)}` exited {done.returncode}: {done.stderr.strip()}\n{cluster.logs()}"
+                )
         deadline = time.monotonic() + 90
         state = ""
         while time.monotonic() < deadline:
             done = subprocess.run(
-                ["sinfo", "-h", "-n", "localhost", "-o", "%t"], env=cluster.env, capture_output=True, text=True, check=False
+                ["sinfo", "-h", "-n", "localhost", "-o", "%t"],
+                env=cluster.env,
+                capture_output=True,
+                text=True,
+                check=False,
             )
             state = done.stdout.strip()
             if state == "idle":
@@ -162,6 +170,8 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
             _unavailable(f"the node did not become idle within 90 s (state {state!r})\n{cluster.logs()}")
         yield cluster
     finally:
-        subprocess.run(["scancel", "--full", "--user=root"], env=cluster.env, capture_output=True, check=False)
+        subprocess.run(
+            ["scancel", "--full", "--user=root"], env=cluster.env, capture_output=True, check=False
+        )
         for pid_file in (root / "slurmd.pid", root / "slurmctld.pid", root / "munge" / "munged.pid"):
             _stop(pid_file)

@@ -44,7 +44,9 @@ def slurm_env(slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmClus
     return slurm
 
 
-def test_jobs_publish_each_state_once_with_identity_exit_codes_and_queue_time(slurm_env: SlurmCluster) -> None:
+def test_jobs_publish_each_state_once_with_identity_exit_codes_and_queue_time(
+    slurm_env: SlurmCluster,
+) -> None:
     """A completed, a failed and a held job: every change once, in order, owner and team set."""
     source, tracker, out = SlurmSource(), StateTracker("slurm", TEAMS.team_for), MemoryPublisher()
     poll_once(source, tracker, out, int(time.time() * 1000))
@@ -55,8 +57,11 @@ def test_jobs_publish_each_state_once_with_identity_exit_codes_and_queue_time(sl
         source,
         tracker,
         out,
-        lambda: "completed" in _states(out.events, ok) and "failed" in _states(out.events, bad)
-        and "pending" in _states(out.events, held),
+        lambda: (
+            "completed" in _states(out.events, ok)
+            and "failed" in _states(out.events, bad)
+            and "pending" in _states(out.events, held)
+        ),
         "jobs completed, failed and held",
     )
     events = out.events

@@ -25,7 +25,9 @@ def test_judge_passes_a_full_restore_with_continuous_loss_and_names_each_failure
     assert not ok and why is not None and "loss jumped from 2 to 2.5 (25.0% > 5.0%)" in why
     assert judge(ALL, steps_resumed=5, loss_after=math.nan)[0] is False
     # A team that does not restore the data position can say so.
-    assert judge(("model", "optimizer", "scheduler"), required=("model", "optimizer", "scheduler"), steps_resumed=1)[0]
+    assert judge(
+        ("model", "optimizer", "scheduler"), required=("model", "optimizer", "scheduler"), steps_resumed=1
+    )[0]
 
 
 def test_the_event_encodes_against_the_contract_and_carries_the_verdict() -> None:
@@ -63,5 +65,19 @@ def test_the_cli_writes_one_restore_test_and_prints_the_verdict(tmp_path: Path) 
               "--to", f"file://{tmp_path / 'f.avro'}"],
     )  # fmt: skip
     assert failed.exit_code == 0 and "failed: OOM on restore" in failed.output
-    bad = CliRunner().invoke(app, ["checkpoint", "restore-test", "--job", "j", "--checkpoint", "c", "--restored", "weights", "--to", f"file://{tmp_path / 'b.avro'}"])
+    bad = CliRunner().invoke(
+        app,
+        [
+            "checkpoint",
+            "restore-test",
+            "--job",
+            "j",
+            "--checkpoint",
+            "c",
+            "--restored",
+            "weights",
+            "--to",
+            f"file://{tmp_path / 'b.avro'}",
+        ],
+    )
     assert bad.exit_code == 1 and "unknown restored part" in bad.output and "Traceback" not in bad.output

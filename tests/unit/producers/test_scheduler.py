@@ -58,13 +58,22 @@ def run_polls(fake: FakeSlurm, polls: int, tracker: StateTracker | None = None, 
     out = MemoryPublisher()
     tracker = tracker or StateTracker("slurm", TEAMS.team_for)
     clock = iter(range(t0 + 1, t0 + 1_000_000, 300))
-    follow(SlurmSource(runner=fake), tracker, out, count=polls, clock=lambda: float(next(clock)), sleep=lambda _: None)
+    follow(
+        SlurmSource(runner=fake),
+        tracker,
+        out,
+        count=polls,
+        clock=lambda: float(next(clock)),
+        sleep=lambda _: None,
+    )
     return out.events
 
 
 def test_slurm_states_exit_codes_and_times_map_for_22_05_and_newer_json() -> None:
     failed = observation_from_slurm(
-        slurm_job(7, "FAILED", state_reason="NonZeroExitCode", exit_code=3 << 8, start_time=T0 + 5, end_time=T0 + 9)
+        slurm_job(
+            7, "FAILED", state_reason="NonZeroExitCode", exit_code=3 << 8, start_time=T0 + 5, end_time=T0 + 9
+        )
     )
     assert failed is not None
     assert (failed.state, failed.exit_code, failed.reason) == ("failed", 3, "NonZeroExitCode")
@@ -80,7 +89,11 @@ def test_slurm_states_exit_codes_and_times_map_for_22_05_and_newer_json() -> Non
             "start_time": {"set": True, "infinite": False, "number": T0 + 1},
             "end_time": {"set": True, "infinite": False, "number": T0 + 2},
             "restart_cnt": 2,
-            "exit_code": {"status": ["SIGNALED"], "return_code": {"set": True, "number": 0}, "signal": {"id": {"set": True, "number": 15}}},
+            "exit_code": {
+                "status": ["SIGNALED"],
+                "return_code": {"set": True, "number": 0},
+                "signal": {"id": {"set": True, "number": 15}},
+            },
         }
     )
     assert newer is not None and (newer.state, newer.exit_code, newer.restart_count) == ("preempted", 143, 2)
@@ -92,12 +105,20 @@ def test_squeue_errors_and_garbage_are_one_sentence() -> None:
     with pytest.raises(SchedulerUnavailableError, match="did not print JSON"):
         parse_slurm_json("squeue: error: invalid option")
     with pytest.raises(SchedulerUnavailableError, match="Unable to contact slurm controller"):
-        parse_slurm_json(json.dumps({"errors": [{"error_number": 1, "error": "Unable to contact slurm controller"}]}))
+        parse_slurm_json(
+            json.dumps({"errors": [{"error_number": 1, "error": "Unable to contact slurm controller"}]})
+        )
 
 
 def test_each_state_change_is_published_once_with_owner_team_and_queue_time() -> None:
     pending = slurm_job(1, "PENDING", state_reason="Priority", user_name="alice")
-    running = {**pending, "job_state": "RUNNING", "state_reason": "None", "start_time": T0 + 120, "end_time": T0 + 86_400}
+    running = {
+        **pending,
+        "job_state": "RUNNING",
+        "state_reason": "None",
+        "start_time": T0 + 120,
+        "end_time": T0 + 86_400,
+    }
     done = {**running, "job_state": "COMPLETED", "end_time": T0 + 600}
     events = run_polls(FakeSlurm([pending], [pending], [running], [running], [done], [done]), 6)
     assert [e.record["state"] for e in events] == ["pending", "running", "completed"]
@@ -105,12 +126,20 @@ def test_each_state_change_is_published_once_with_owner_team_and_queue_time() ->
     assert first["ts"] == T0 * 1000 and first["reason"] == "PENDING: Priority"
     assert start["ts"] - start["submit_ts"] == 120_000  # queue wait, from Slurm's own times
     assert end["ts"] == (T0 + 600) * 1000 and end["exit_code"] == 0
-    assert {(r["owner"], r["team"], r["source"]) for r in (first, start, end)} == {("alice", "vision", "slurm")}
+    assert {(r["owner"], r["team"], r["source"]) for r in (first, start, end)} == {
+        ("alice", "vision", "slurm")
+    }
 
 
 def test_a_requeue_between_polls_is_published_as_restarting_then_the_new_state() -> None:
     running = slurm_job(2, "RUNNING", account="research", start_time=T0 + 10)
-    requeued = {**running, "job_state": "PENDING", "state_reason": "BeginTime", "restart_cnt": 1, "submit_time": T0 + 300}
+    requeued = {
+        **running,
+        "job_state": "PENDING",
+        "state_reason": "BeginTime",
+        "restart_cnt": 1,
+        "submit_time": T0 + 300,
+    }
     events = run_polls(FakeSlurm([running], [requeued]), 2)
     assert [(e.record["state"], e.record["restart_count"]) for e in events] == [
         ("running", 0),
@@ -146,7 +175,11 @@ def test_event_time_never_runs_ahead_of_the_poll_or_back_before_the_last_event()
 
 
 def test_filters_keep_only_the_listed_users_accounts_and_partitions() -> None:
-    jobs = [slurm_job(1, "PENDING", user_name="alice"), slurm_job(2, "PENDING", account="research"), slurm_job(3, "PENDING", partition="cpu")]
+    jobs = [
+        slurm_job(1, "PENDING", user_name="alice"),
+        slurm_job(2, "PENDING", account="research"),
+        slurm_job(3, "PENDING", partition="cpu"),
+    ]
     assert [o.job_id for o in SlurmSource(users=["alice"], runner=FakeSlurm(jobs)).poll()] == ["1"]
     assert [o.job_id for o in SlurmSource(accounts=["research"], runner=FakeSlurm(jobs)).poll()] == ["2"]
     assert [o.job_id for o in SlurmSource(partitions=["cpu"], runner=FakeSlurm(jobs)).poll()] == ["3"]
@@ -192,8 +225,15 @@ def test_scheduler_events_alone_raise_restart_loop_after_three_requeues() -> Non
     snapshots = []
     for n in range(4):
         base = slurm_job(30, "RUNNING", restart_cnt=n, submit_time=T0 + n * 300, start_time=T0 + n * 300 + 30)
-        snapshots += [[base], [{**base, "job_state": "PENDING", "restart_cnt": n + 1, "submit_time": T0 + n * 300 + 200}]]
+        snapshots += [
+            [base],
+            [{**base, "job_state": "PENDING", "restart_cnt": n + 1, "submit_time": T0 + n * 300 + 200}],
+        ]
     events = run_polls(FakeSlurm(*snapshots), len(snapshots))
     assert sum(1 for e in events if e.record["state"] == "restarting") == 4
-    fired = [a for a in _alerts(events, (T0 + 1300) * 1000) if a["rule"] == "restart_loop" and a["status"] == "firing"]
+    fired = [
+        a
+        for a in _alerts(events, (T0 + 1300) * 1000)
+        if a["rule"] == "restart_loop" and a["status"] == "firing"
+    ]
     assert fired and fired[0]["job_id"] == "30" and fired[0]["team"] == "platform"

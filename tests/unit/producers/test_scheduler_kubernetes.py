@@ -11,15 +11,17 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("kubernetes", reason="the Kubernetes client is an optional extra: pip install 'ranksight[kubernetes]'")
+pytest.importorskip(
+    "kubernetes", reason="the Kubernetes client is an optional extra: pip install 'ranksight[kubernetes]'"
+)
 
-from kubernetes import client  # noqa: E402
+from kubernetes import client
 
-from producers.publisher import MemoryPublisher  # noqa: E402
-from producers.scheduler import StateTracker, TeamMap, poll_once  # noqa: E402
-from producers.scheduler.errors import SchedulerUnavailableError  # noqa: E402
-from producers.scheduler.kubernetes import KubernetesSource  # noqa: E402
-from streams.engine import DetectionEngine  # noqa: E402
+from producers.publisher import MemoryPublisher
+from producers.scheduler import StateTracker, TeamMap, poll_once
+from producers.scheduler.errors import SchedulerUnavailableError
+from producers.scheduler.kubernetes import KubernetesSource
+from streams.engine import DetectionEngine
 
 RECORDED = Path(__file__).resolve().parents[2] / "fixtures" / "kubernetes"
 PHASES = sorted(p.stem for p in RECORDED.glob("*.json"))
@@ -37,7 +39,7 @@ class FakeApiServer:
             protocol_version = "HTTP/1.1"
             disable_nagle_algorithm = True  # headers and body go out at once, not 40 ms apart
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 server.paths.append(self.path)
                 path = self.path.split("?")[0]
                 if path == "/apis/batch/v1/namespaces/ml-research/jobs":
@@ -45,7 +47,10 @@ class FakeApiServer:
                 elif path == "/api/v1/namespaces/ml-research/pods":
                     body, status = server.phase["pods"], 200
                 else:
-                    body, status = {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}, 403
+                    body, status = (
+                        {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403},
+                        403,
+                    )
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -80,7 +85,9 @@ def api() -> Iterator[FakeApiServer]:
 
 
 def _source(api: FakeApiServer, namespace: str | None = "ml-research") -> KubernetesSource:
-    return KubernetesSource(namespace=namespace, label_selector="kueue.x-k8s.io/queue-name=gpu", api_client=api.api_client())
+    return KubernetesSource(
+        namespace=namespace, label_selector="kueue.x-k8s.io/queue-name=gpu", api_client=api.api_client()
+    )
 
 
 def test_a_job_through_its_life_publishes_each_scheduler_state_once(api: FakeApiServer) -> None:
@@ -113,7 +120,9 @@ def test_a_job_through_its_life_publishes_each_scheduler_state_once(api: FakeApi
 def test_the_engine_raises_long_pending_from_kubernetes_events_alone(api: FakeApiServer) -> None:
     api.load("1-queued")
     out = MemoryPublisher()
-    poll_once(_source(api), StateTracker("kubernetes", TeamMap(default="llm").team_for), out, 1_800_000_000_000)
+    poll_once(
+        _source(api), StateTracker("kubernetes", TeamMap(default="llm").team_for), out, 1_800_000_000_000
+    )
     engine = DetectionEngine()
     alerts = [a for e in out.events for a in engine.process(e)]
     alerts += engine.advance(out.events[0].record["ts"] + 20 * 60_000)

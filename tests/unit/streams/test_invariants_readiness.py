@@ -23,10 +23,15 @@ def restore(ts: int, cid: str, *, passed: bool, **extra: object) -> Event:
 
 
 def written(ts: int, cid: str) -> Event:
-    return Event("CheckpointEvent", {"ts": ts, "job_id": JOB, "run_id": "r1", "checkpoint_id": cid, "step": 100, "phase": "completed"})
+    return Event(
+        "CheckpointEvent",
+        {"ts": ts, "job_id": JOB, "run_id": "r1", "checkpoint_id": cid, "step": 100, "phase": "completed"},
+    )
 
 
-def drive(det: ReadinessDetector, events: list[Event], until: int | None = None, every: int = 600_000) -> list[Finding]:
+def drive(
+    det: ReadinessDetector, events: list[Event], until: int | None = None, every: int = 600_000
+) -> list[Finding]:
     out: list[Finding] = []
     last = T0
     for ev in events:
@@ -41,9 +46,13 @@ def drive(det: ReadinessDetector, events: list[Event], until: int | None = None,
 
 def test_a_failed_restore_test_fires_at_once_naming_what_failed_and_resolves_with_a_passing_one() -> None:
     det = ReadinessDetector(Topology())
-    found = drive(det, [job_started(JOB, T0), written(T0 + 1000, "c1"), restore(T0 + 60_000, "c1", passed=False)])
+    found = drive(
+        det, [job_started(JOB, T0), written(T0 + 1000, "c1"), restore(T0 + 60_000, "c1", passed=False)]
+    )
     fired = [f for f in found if f.rule == "restore_test_failed"]
-    assert len(fired) == 1 and fired[0].active and fired[0].ts == T0 + 60_000 and fired[0].severity == "critical"
+    assert (
+        len(fired) == 1 and fired[0].active and fired[0].ts == T0 + 60_000 and fired[0].severity == "critical"
+    )
     assert "not restored: optimizer" in fired[0].summary and "KeyError" in fired[0].summary
     later = drive(det, [restore(T0 + 120_000, "c2", passed=True)])
     assert [(f.rule, f.active) for f in later] == [("restore_test_failed", False)]
@@ -71,7 +80,11 @@ def test_without_a_policy_the_default_applies_from_the_job_start_and_only_while_
 
 def test_a_passing_restore_test_never_alerts_and_state_round_trips() -> None:
     det = ReadinessDetector(Topology())
-    found = drive(det, [job_started(JOB, T0), written(T0 + 1000, "c1"), restore(T0 + 5000, "c1", passed=True)], until=T0 + 24 * HOUR)
+    found = drive(
+        det,
+        [job_started(JOB, T0), written(T0 + 1000, "c1"), restore(T0 + 5000, "c1", passed=True)],
+        until=T0 + 24 * HOUR,
+    )
     assert found == []
     again = ReadinessDetector(det.topology)
     again.from_bytes(det.to_bytes())
@@ -80,7 +93,11 @@ def test_a_passing_restore_test_never_alerts_and_state_round_trips() -> None:
 
 def test_the_engine_routes_a_failed_restore_test_to_the_owning_team() -> None:
     engine = DetectionEngine()
-    alerts = [a for e in [job_started(JOB, T0, team="vision"), restore(T0 + 1000, "c1", passed=False)] for a in engine.process(e)]
+    alerts = [
+        a
+        for e in [job_started(JOB, T0, team="vision"), restore(T0 + 1000, "c1", passed=False)]
+        for a in engine.process(e)
+    ]
     alerts += engine.finish()
     fired = [a.record for a in alerts if a.type == "Alert" and a.record["rule"] == "restore_test_failed"]
     assert fired and fired[0]["status"] == "firing" and fired[0]["team"] == "vision"
