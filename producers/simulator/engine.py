@@ -768,16 +768,14 @@ class _JobRun:
 
     def _restore_tests(self, t: float) -> None:
         """Restore-test faults: from their start, the latest verified checkpoint is restored and resumed once."""
-        for kind in ("restore_test_failure", "restore_test_passed"):
-            found = self._one(kind)
-            if (
-                found is None
-                or found[0] in self.e.effects
-                or t < found[1].start
-                or self.last_verified is None
-            ):
+        pending = getattr(self, "_restore_faults", None)
+        if pending is None:  # looked up once per job: this runs after every step
+            kinds = ("restore_test_failure", "restore_test_passed")
+            pending = self._restore_faults = [(k, hit) for k in kinds if (hit := self._one(k)) is not None]
+        for kind, found in pending:
+            if found[0] in self.e.effects or t < found[1].start or self.last_verified is None:
                 continue
-            i, f = found
+            i, spec = found
             ckpt_id, step = self.last_verified
             ok = kind == "restore_test_passed"
             took = 180.0  # restore into a sandbox, resume 20 steps
@@ -799,7 +797,7 @@ class _JobRun:
                 code_version=self.job.model_version,
                 runtime_version="torch 2.4.0 cuda 12.4",
                 passed=ok,
-                error=None if ok else str(f.params["error"]),
+                error=None if ok else str(spec.params["error"]),
                 duration_s=took,
             )
             self.e.effects[i] = _Effect(t + took, None, {"checkpoint_id": ckpt_id})
