@@ -140,3 +140,47 @@ def test_the_cli_follows_slurm_into_a_file_and_keeps_state_across_restarts(
     assert result.exit_code == 0, result.output
     assert [e for e in iter_container(second) if e.record["job_id"] == job] == []
     slurm_env.run("scancel", job)
+
+
+def test_the_cli_publishes_to_the_real_broker_keyed_by_job(
+    slurm_env: SlurmCluster,
+    kafka_bootstrap: str,
+    topics: dict[str, str],
+    topic_prefix: str,
+    group_id: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A held job's `pending` reaches rs.training.events, Avro-encoded, keyed by the Slurm job id."""
+    from confluent_kafka import Consumer
+
+    from schemas.codec import Codec
+    from schemas.topics import TRAINING_EVENTS
+
+    job = slurm_env.sbatch("--hold", "--wrap", "sleep 1")
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", kafka_bootstrap)
+    monkeypatch.setenv("RANKSIGHT_TOPIC_PREFIX", topic_prefix)
+    monkeypatch.setenv("RANKSIGHT_HOME", str(tmp_path / "home"))
+    result = CliRunner().invoke(app, ["scheduler", "--slurm", "--count", "1"])
+    assert result.exit_code == 0, result.output
+    consumer = Consumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group_id, "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([topics[TRAINING_EVENTS]])
+    codec, found = Codec(), None
+    deadline = time.monotonic() + 60
+    try:
+        while found is None and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            event = codec.decode(msg.value())
+            if event.record["job_id"] == job:
+                found = (msg.key(), event)
+    finally:
+        consumer.close()
+    slurm_env.run("scancel", job)
+    assert found is not None, "the scheduler's event never reached the broker"
+    key, event = found
+    assert key == job.encode() and event.type == "JobStateChanged"
+    assert event.record["state"] == "pending" and event.record["source"] == "slurm"
