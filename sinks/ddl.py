@@ -643,7 +643,10 @@ queue_fallback AS (
     HAVING countIf(submit_ts IS NOT NULL) = 0 AND countIf(state = 'pending') > 0 AND countIf(state = 'running') > 0
 ),
 states AS (
-    SELECT job_id, max(restart_count) AS restart_count FROM job_states GROUP BY job_id
+    SELECT job_id, max(restart_count) AS s_restarts, argMax(state, ts) AS s_state,
+        ifNull(argMaxIf(team, ts, team IS NOT NULL), '') AS s_team,
+        ifNull(argMaxIf(owner, ts, owner IS NOT NULL), '') AS s_owner, min(ts) AS s_first, max(ts) AS s_last
+    FROM job_states GROUP BY job_id
 ),
 family AS (
     SELECT workload_family, quantileExact(0.5)(tokens_per_gpu_s) AS single_node_tokens_per_gpu_s
@@ -667,12 +670,18 @@ runs AS (
         sum(tokens) AS j_tokens, sum(samples) AS j_samples, sum(energy_kwh) AS j_energy_kwh,
         sum(productive_s * gpus) AS j_productive_gpu_s
     FROM run_efficiency GROUP BY job_id
+),
+ids AS (
+    -- Jobs known only from the scheduler (queued, or run without the SDK) are listed too.
+    SELECT DISTINCT job_id FROM (SELECT job_id FROM runs UNION ALL SELECT job_id FROM states)
 )
-SELECT r.job_id AS job_id, r.j_team AS team, r.j_owner AS owner, r.j_gpu_class AS gpu_class,
+SELECT i.job_id AS job_id, if(r.j_runs > 0, r.j_team, st.s_team) AS team,
+    if(r.j_runs > 0, r.j_owner, st.s_owner) AS owner, r.j_gpu_class AS gpu_class,
     r.j_workload_family AS workload_family, r.j_node_count AS node_count, r.j_gpus AS gpus,
-    r.j_last_outcome AS outcome,
-    r.j_runs AS runs, greatest(r.j_runs - 1, st.restart_count) AS restarts,
-    r.j_first_started AS started, r.j_last_ended AS ended,
+    if(r.j_runs > 0, r.j_last_outcome, if(st.s_state = 'restarting', 'restarted', st.s_state)) AS outcome,
+    r.j_runs AS runs, greatest(toInt64(r.j_runs) - 1, toInt64(st.s_restarts)) AS restarts,
+    if(r.j_runs > 0, r.j_first_started, st.s_first) AS started,
+    if(r.j_runs > 0, r.j_last_ended, st.s_last) AS ended,
     if(q.job_id != '', q.queue_s, if(f.job_id != '', f.queue_s, NULL)) AS queue_s,
     r.j_allocated_gpu_h AS allocated_gpu_h, r.j_productive_gpu_h AS productive_gpu_h,
     r.j_stall_gpu_h AS stall_gpu_h, r.j_restart_gpu_h AS restart_gpu_h, r.j_skipped_gpu_h AS skipped_gpu_h,
@@ -687,8 +696,9 @@ SELECT r.job_id AS job_id, r.j_team AS team, r.j_owner AS owner, r.j_gpu_class A
     if(r.j_productive_gpu_s > 0, r.j_tokens / r.j_productive_gpu_s, NULL) AS tokens_per_gpu_s,
     if(r.j_node_count > 1 AND fam.single_node_tokens_per_gpu_s > 0 AND r.j_productive_gpu_s > 0,
        (r.j_tokens / r.j_productive_gpu_s) / fam.single_node_tokens_per_gpu_s, NULL) AS scaling_efficiency
-FROM runs AS r
-LEFT JOIN states AS st ON r.job_id = st.job_id
-LEFT JOIN queue AS q ON r.job_id = q.job_id
-LEFT JOIN queue_fallback AS f ON r.job_id = f.job_id
+FROM ids AS i
+LEFT JOIN runs AS r ON i.job_id = r.job_id
+LEFT JOIN states AS st ON i.job_id = st.job_id
+LEFT JOIN queue AS q ON i.job_id = q.job_id
+LEFT JOIN queue_fallback AS f ON i.job_id = f.job_id
 LEFT JOIN family AS fam ON r.j_workload_family = fam.workload_family"""

@@ -119,4 +119,7 @@ def scenario() -> list[Event]:
     ev.append(job_started("solo", "s1", s0, world=2, nodes=["n9"]))
     ev += steps("solo", "s1", 1, 20, s0, ranks=2, step_s=1.0, tokens=2000)
     ev.append(state("solo", s0 + 21 * S, "completed", exit_code=0))
+    # --- queued: only the scheduler knows it (no SDK): pending 90 s, then running.
+    ev += [state("queued", T + 5 * S, "pending", submit_ts=T + 5 * S, source="slurm", team="vision", owner="bo"),
+           state("queued", T + 95 * S, "running", submit_ts=T + 5 * S, source="slurm", team="vision", owner="bo")]  # fmt: skip
     return sorted(ev, key=lambda e: e.record["ts"])

@@ -175,6 +175,16 @@ def test_job_efficiency_adds_runs_queue_waits_energy_and_scaling(loaded: tuple[C
     assert big["energy_kwh"] == pytest.approx(r1["energy_kwh"] + r2["energy_kwh"])
     assert big["energy_kwh"] == pytest.approx((105e6 + 80e6) / 3.6e9)
     assert big["kwh_per_billion_tokens"] == pytest.approx(big["energy_kwh"] / (big["tokens"] / 1e9))
+    # A job known only from the scheduler still shows its queue wait and owner.
+    queued = jobs["queued"]
+    assert (queued["outcome"], queued["runs"], queued["team"], queued["owner"]) == (
+        "running",
+        0,
+        "vision",
+        "bo",
+    )
+    assert queued["queue_s"] == pytest.approx(90.0) and queued["allocated_gpu_h"] == 0
+    assert queued["goodput_pct"] is None
     solo = jobs["solo"]
     assert solo["tokens_per_gpu_s"] == pytest.approx(2000.0) and solo["scaling_efficiency"] is None
     # 500 tokens per GPU-second on two nodes against 2 000 on one: 25 % scaling efficiency.
