@@ -52,6 +52,7 @@ RECORD_TYPES: tuple[str, ...] = (
     "CollectiveSample",
     "ValidationResult",
     "EvaluationEvent",
+    "RestoreTest",
     "RankWindowStats",
     "JobWindowStats",
     "Alert",

@@ -55,6 +55,7 @@ RECORD_TOPIC: dict[str, str] = {
     "CollectiveSample": TRAINING_EVENTS,
     "ValidationResult": TRAINING_EVENTS,
     "EvaluationEvent": TRAINING_EVENTS,
+    "RestoreTest": TRAINING_EVENTS,
     "Alert": ALERTS,
     "RankWindowStats": DERIVED_RANK,
     "JobWindowStats": DERIVED_JOB,

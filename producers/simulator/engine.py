@@ -766,6 +766,42 @@ class _JobRun:
         found = self.e._faults(self.job.id, fault_type)
         return found[0] if found else None
 
+    def _restore_tests(self, t: float) -> None:
+        """Restore-test faults: from their start, the latest verified checkpoint is restored and resumed once."""
+        pending = getattr(self, "_restore_faults", None)
+        if pending is None:  # looked up once per job: this runs after every step
+            kinds = ("restore_test_failure", "restore_test_passed")
+            pending = self._restore_faults = [(k, hit) for k in kinds if (hit := self._one(k)) is not None]
+        for kind, found in pending:
+            if found[0] in self.e.effects or t < found[1].start or self.last_verified is None:
+                continue
+            i, spec = found
+            ckpt_id, step = self.last_verified
+            ok = kind == "restore_test_passed"
+            took = 180.0  # restore into a sandbox, resume 20 steps
+            self.e.emit(
+                t + took,
+                "RestoreTest",
+                job_id=self.job.id,
+                run_id=self.run_id,
+                checkpoint_id=ckpt_id,
+                step=step,
+                restored_model=True,
+                restored_optimizer=ok,
+                restored_scheduler=True,
+                restored_data_position=True,
+                steps_resumed=20 if ok else 0,
+                loss_before=2.1,
+                loss_after=2.11 if ok else None,
+                loss_tolerance=0.05,
+                code_version=self.job.model_version,
+                runtime_version="torch 2.4.0 cuda 12.4",
+                passed=ok,
+                error=None if ok else str(spec.params["error"]),
+                duration_s=took,
+            )
+            self.e.effects[i] = _Effect(t + took, None, {"checkpoint_id": ckpt_id})
+
     # ---------------------------------------------------------------- the step loop
 
     def _loop(self, t: float) -> None:
@@ -836,6 +872,7 @@ class _JobRun:
                     self._checkpoint(t, job.checkpoint.duration * _lognormal(self.rng, 0.1), "ok")
                 self.next_ckpt = t + job.checkpoint.every
             t = self._step(t)
+            self._restore_tests(t)
             ev = job.evaluation
             if ev.every_steps and self.step % ev.every_steps == 0 and t < self.limit:
                 t = self._evaluate(t)

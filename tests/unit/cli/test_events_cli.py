@@ -15,7 +15,7 @@ LINES = [
     '"team": "llm", "cluster": "c1", "model_name": "m", "model_version": "v1", "dataset_version": "d1", '
     '"workload_family": "gpt", "world_size": 2, "nodes": ["n1"], "data_parallel": 2, "tensor_parallel": 1, '
     '"pipeline_parallel": 1, "global_batch_size": 64, "seq_len": 2048, "gpu_class": "H100", '
-    '"checkpoint_max_age_s": 3600.0, "checkpoint_timeout_s": 600.0, "labels": {"tier": "prod"}}',
+    '"checkpoint_max_age_s": 3600.0, "checkpoint_timeout_s": 600.0, "restore_test_max_age_s": null, "labels": {"tier": "prod"}}',
     '{"type": "StepCompleted", "ts": "2026-11-30T07:00:01.500Z", "job_id": "job-1", "run_id": "r1", "rank": 1, '
     '"step": 1, "samples": 32, "tokens": 65536, "loss": 2.5, "lr": 0.0003, "grad_norm": 1.25, "step_time_s": 1.5, '
     '"data_wait_s": 0.1, "forward_s": 0.4, "backward_s": 0.8, "optimizer_s": 0.1, "comm_s": 0.1, '

@@ -1,0 +1,103 @@
+"""ReadinessDetector: failed restore tests alert at once; the newest restore-tested checkpoint stays young."""
+
+from __future__ import annotations
+
+from schemas.records import Event
+from streams.detectors.base import Finding, Topology
+from streams.detectors.readiness import ReadinessDetector
+from streams.engine import DetectionEngine
+from tests.unit.streams.builders import T0, job_started, job_state
+
+JOB = "job-1"
+HOUR = 3_600_000
+
+
+def restore(ts: int, cid: str, *, passed: bool, **extra: object) -> Event:
+    record = {
+        "ts": ts, "job_id": JOB, "run_id": "r1", "checkpoint_id": cid, "step": 100,
+        "restored_model": True, "restored_optimizer": passed, "restored_scheduler": True,
+        "restored_data_position": True, "steps_resumed": 10 if passed else 0, "passed": passed,
+        "error": None if passed else "KeyError: 'optimizer'", **extra,
+    }  # fmt: skip
+    return Event("RestoreTest", record)
+
+
+def written(ts: int, cid: str) -> Event:
+    return Event(
+        "CheckpointEvent",
+        {"ts": ts, "job_id": JOB, "run_id": "r1", "checkpoint_id": cid, "step": 100, "phase": "completed"},
+    )
+
+
+def drive(
+    det: ReadinessDetector, events: list[Event], until: int | None = None, every: int = 600_000
+) -> list[Finding]:
+    out: list[Finding] = []
+    last = T0
+    for ev in events:
+        det.topology.observe(ev)
+        out += det.observe(ev)
+        out += det.advance(ev.record["ts"])
+        last = ev.record["ts"]
+    for wm in range(last + every, (until or last) + 1, every):
+        out += det.advance(wm)
+    return out
+
+
+def test_a_failed_restore_test_fires_at_once_naming_what_failed_and_resolves_with_a_passing_one() -> None:
+    det = ReadinessDetector(Topology())
+    found = drive(
+        det, [job_started(JOB, T0), written(T0 + 1000, "c1"), restore(T0 + 60_000, "c1", passed=False)]
+    )
+    fired = [f for f in found if f.rule == "restore_test_failed"]
+    assert (
+        len(fired) == 1 and fired[0].active and fired[0].ts == T0 + 60_000 and fired[0].severity == "critical"
+    )
+    assert "not restored: optimizer" in fired[0].summary and "KeyError" in fired[0].summary
+    later = drive(det, [restore(T0 + 120_000, "c2", passed=True)])
+    assert [(f.rule, f.active) for f in later] == [("restore_test_failed", False)]
+
+
+def test_stale_when_the_newest_restore_tested_checkpoint_is_older_than_the_job_policy() -> None:
+    det = ReadinessDetector(Topology())
+    events = [job_started(JOB, T0, restore_test_max_age_s=4 * 3600.0), written(T0 + HOUR, "c1"),
+              restore(T0 + 2 * HOUR, "c1", passed=True)]  # fmt: skip
+    found = [f for f in drive(det, events, until=T0 + 6 * HOUR) if f.rule == "restore_test_stale"]
+    # The checkpoint was written at 1 h, so it is 4 h old at 5 h (not at 6 h after the test).
+    assert found and found[0].active and found[0].since == T0 + 5 * HOUR
+    assert T0 + 5 * HOUR < found[0].ts <= T0 + 5 * HOUR + 600_000
+    fresh = drive(det, [written(T0 + 6 * HOUR + 1, "c2"), restore(T0 + 6 * HOUR + 2, "c2", passed=True)])
+    assert [(f.rule, f.active) for f in fresh] == [("restore_test_stale", False)]
+
+
+def test_without_a_policy_the_default_applies_from_the_job_start_and_only_while_it_runs() -> None:
+    det = ReadinessDetector(Topology(), {"restore_test_max_age_s": 2 * 3600.0})
+    found = drive(det, [job_started(JOB, T0)], until=T0 + 3 * HOUR)
+    assert [f.active for f in found if f.rule == "restore_test_stale"][:1] == [True]
+    ended = drive(det, [job_state(JOB, T0 + 3 * HOUR + 1, "preempted")])
+    assert [(f.rule, f.active) for f in ended] == [("restore_test_stale", False)]
+
+
+def test_a_passing_restore_test_never_alerts_and_state_round_trips() -> None:
+    det = ReadinessDetector(Topology())
+    found = drive(
+        det,
+        [job_started(JOB, T0), written(T0 + 1000, "c1"), restore(T0 + 5000, "c1", passed=True)],
+        until=T0 + 24 * HOUR,
+    )
+    assert found == []
+    again = ReadinessDetector(det.topology)
+    again.from_bytes(det.to_bytes())
+    assert again.to_bytes() == det.to_bytes()
+
+
+def test_the_engine_routes_a_failed_restore_test_to_the_owning_team() -> None:
+    engine = DetectionEngine()
+    alerts = [
+        a
+        for e in [job_started(JOB, T0, team="vision"), restore(T0 + 1000, "c1", passed=False)]
+        for a in engine.process(e)
+    ]
+    alerts += engine.finish()
+    fired = [a.record for a in alerts if a.type == "Alert" and a.record["rule"] == "restore_test_failed"]
+    assert fired and fired[0]["status"] == "firing" and fired[0]["team"] == "vision"
