@@ -5,7 +5,6 @@ from __future__ import annotations
 import typer
 
 from ranksight.console import console, fail, user_errors
-from ranksight.settings import load_settings
 
 __all__ = ["register"]
 
@@ -44,6 +43,7 @@ def restore_test(
 ) -> None:
     """Publish a RestoreTest (a failed one alerts the owning team); exits 0 once it is delivered."""
     from producers.training.restore_test import publish_restore_test, restore_test_event
+    from ranksight.settings import load_settings
 
     settings = load_settings()
     parts = [p.strip() for p in restored.split(",") if p.strip()]

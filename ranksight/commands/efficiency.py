@@ -12,7 +12,6 @@ from typing import Any
 import typer
 
 from ranksight.console import console, fail, user_errors
-from ranksight.settings import load_settings
 
 __all__ = ["register"]
 
@@ -96,6 +95,7 @@ def efficiency(
     as_json: bool = typer.Option(False, "--json", help="JSON Lines of the rows instead of a table."),
 ) -> None:
     """Goodput per job: GPU-hours, where they went, throughput, energy, queue wait, failed work and cost."""
+    from ranksight.settings import load_settings
     from sinks.clickhouse import connect
     from sinks.ddl import migrate
     from sinks.efficiency import PriceList, job_rows, run_rows, summarise

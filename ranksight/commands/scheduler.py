@@ -10,7 +10,6 @@ from typing import Any
 import typer
 
 from ranksight.console import console, err_console, fail, user_errors
-from ranksight.settings import load_settings
 
 __all__ = ["register"]
 
@@ -46,6 +45,8 @@ def scheduler(
     if slurm == kubernetes:
         fail("choose one source: --slurm or --kubernetes")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ranksight.settings import load_settings
+
     settings = load_settings()
     source: Any
     with user_errors():
