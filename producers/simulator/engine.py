@@ -718,7 +718,13 @@ class _Engine:
                 continue
             if not _window_overlaps(job.start, job.end, start, end):
                 continue
+            if fault.type == "ib_degradation" and len(job.nodes) == 1:
+                continue  # NVLink inside the node: the IB port does not carry its collectives
             shared = dict(label)
+            if fault.type == "storage_slowdown" and set(job.nodes) == {node}:
+                # Every rank of this job waits alike: no straggler among them, the run slows
+                # against its own history.
+                shared |= {"alert": "throughput_drop", "also": ["baseline_deviation", *label["also"]]}
             shared |= {
                 "job_id": job.id,
                 "team": job.team,
@@ -974,7 +980,8 @@ class _JobRun:
                 continue
             e.effects.setdefault(i, _Effect(t, f.end, {}))
             if f.type == "ib_degradation":
-                net *= _magnitude_at(f, t, 2.0)
+                if len(job.nodes) > 1:  # a job on one node talks over NVLink, not the IB port
+                    net *= _magnitude_at(f, t, 2.0)
             else:
                 extra = _extra_at(f, t, 0.6) * job.step_time
                 for r in self.layout:
@@ -1179,7 +1186,7 @@ class _JobRun:
             )
             verify = dur + rng.uniform(4.0, 12.0)
             checksum = hashlib.sha256(f"{ckpt_id}/{nbytes}".encode()).hexdigest()
-            if self._unverified(t):
+            if self._unverified(t + verify):  # the verifier is gone when the check would run
                 for node in job.nodes:
                     e._add_disk_write(node, t, dur, nbytes / len(job.nodes))
                 for r in self.layout:

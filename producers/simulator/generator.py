@@ -127,7 +127,8 @@ def _twin_faults(rng: random.Random, kind: str, job: dict[str, Any]) -> list[dic
                     "duration": 150,
                 }
             ]
-        job["evaluation"] = {"every_steps": 200, "duration": "150s"}
+        # A long evaluation where the stall would be: steps ~2 s, so it starts around 2-3 min in.
+        job["evaluation"] = {"every_steps": 60, "duration": "150s"}
     return []
 
 

@@ -14,8 +14,9 @@ from streams.detectors import rules_of
 ROOT = Path(__file__).resolve().parents[3]
 RUNBOOKS = ROOT / "docs" / "runbooks"
 SECTIONS = ("What it means", "How to confirm", "What to do", "Who owns it")
-# Rules being added by detector work in flight; their runbooks ship ahead of them.
-UPCOMING_RULES = ("clock_skew",)
+# Rules the detector work of issue 10 adds: clock_skew (in flight) and throughput_drop (the
+# self-baseline rule the simulator's labels expect, 10.5). Their runbooks ship ahead of them.
+UPCOMING_RULES = ("clock_skew", "throughput_drop")
 
 
 def _rules_named_in_config() -> set[str]:
