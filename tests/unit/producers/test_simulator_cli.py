@@ -191,3 +191,23 @@ def test_list_shows_every_builtin_scenario_with_its_expected_alert() -> None:
     for name in builtin_scenarios():
         assert name in res.output
     assert "long_checkpoint -> no alert" in res.output
+
+
+def test_generate_writes_scenario_files_that_load_and_evaluate(tmp_path: Path) -> None:
+    """`simulate --generate N` writes N valid scenario files; `evaluate --scenarios` scores them."""
+    out = tmp_path / "generated"
+    result = runner.invoke(app, ["simulate", "--generate", "4", "--seed", "5", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    files = sorted(out.glob("*.yaml"))
+    assert len(files) == 4 and files[1].stem.endswith("-twin")
+    scenarios = [load_scenario(f) for f in files]
+    assert len(scenarios[0].faults) == 1 and scenarios[0].duration == 420
+    scored = runner.invoke(app, ["evaluate", "--scenarios", str(out), "--only", files[1].stem])
+    assert scored.exit_code == 0, scored.output
+    assert "overall recall" in scored.output
+
+
+def test_evaluate_generated_prints_a_summary_line() -> None:
+    result = runner.invoke(app, ["evaluate", "--generated", "2", "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    assert "2 generated cases (seed 3)" in " ".join(result.output.split())
