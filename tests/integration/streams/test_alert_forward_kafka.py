@@ -258,3 +258,40 @@ def test_forwards_the_replay_topic_too(
         "the replayed alert", lambda posts: any(p.fingerprint == "nonfinite_loss/r" for p in posts)
     )
     forwarder.stop()
+
+
+def test_the_cli_rebuilds_from_the_topic_and_resends_what_still_fires(
+    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, alertmanager: AlertmanagerStandIn
+) -> None:
+    """`ranksight alerts forward` as users run it: a fresh group re-sends the alert still firing."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _publish(
+        kafka_bootstrap,
+        topics[ALERTS],
+        [
+            _alert("job_stall/x", "firing"),
+            _alert("xid_error/y", "firing"),
+            _alert("xid_error/y", "resolved", 3),
+        ],
+    )
+    env = {
+        "KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "RANKSIGHT_TOPIC_PREFIX": topic_prefix,
+        "RANKSIGHT_UI_URL": "http://ui.example",
+        "PATH": str(Path(sys.executable).parent),
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "ranksight"), "alerts", "forward", "--alertmanager", alertmanager.url,
+         "--idle-exit", "2"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())
+    assert "rebuilt: 3 earlier alert records read, 1 firing" in out
+    assert [p.fingerprint for p in alertmanager.since(0)] == ["job_stall/x"]
+    assert (
+        alertmanager.since(0)[0].alert["generatorURL"] == "http://ui.example/alerts/job_stall/x@1767225600000"
+    )
