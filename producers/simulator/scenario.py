@@ -537,6 +537,10 @@ def _job(ctx: _Ctx, raw: Any, where: str, cluster: ClusterSpec, placed: list[Job
     else:
         raise ctx.error(f"{where}.nodes", "expected a node count or a list of node names")
     values["nodes"] = nodes
+    world = len(nodes) * gpus
+    for rank in values.get("slow_ranks", {}):
+        if rank >= world:
+            raise ctx.error(f"{where}.slow_ranks", f"rank {rank} is not a rank of this job (0..{world - 1})")
     return JobSpec(**values)
 
 

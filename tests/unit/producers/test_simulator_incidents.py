@@ -120,6 +120,10 @@ def test_overlapping_gpus_on_a_shared_node_are_rejected_with_the_key() -> None:
         )
     with pytest.raises(ScenarioError, match=r"jobs\[0\]\.gpu_offset: GPUs 3\.\.4 do not fit"):
         _scenario([_job(gpus_per_node=2, gpu_offset=3)])
+    with pytest.raises(
+        ScenarioError, match=r"jobs\[0\]\.slow_ranks: rank 4 is not a rank of this job \(0\.\.3\)"
+    ):
+        _scenario([_job(slow_ranks={4: 1.1})])
 
 
 @pytest.mark.parametrize("with_events", [True, False])
