@@ -1,14 +1,24 @@
 """Bridge from ranksight Alert records to Prometheus Alertmanager's `POST /api/v2/alerts`.
 
-Alertmanager resolves an alert on its own when it is not re-sent within `resolve_timeout`
-(default 5 min), so firing alerts are re-sent every `resend_s` (default 60 s) until resolved;
-a resolved record is sent once with `endsAt` set and forgotten.
+Delivery survives restarts. The forwarder is a pure state machine over Alert records; the
+`alerts forward` command feeds it from a Kafka consumer group and commits offsets only after
+Alertmanager accepted what they carried. On start it *rebuilds* its firing set by re-reading
+the topic from a lookback point up to the committed offset (`restore`, nothing sent), then
+re-sends every alert still firing at once, before the `endsAt` of its last send can lapse.
+
+Every firing alert is sent with `endsAt` = now + `keepalive_s` (default 4 x `resend_s`, as
+Prometheus does) and re-sent every `resend_s`, so Alertmanager keeps it firing while ranksight
+does and resolves it by itself only when the forwarder is gone for longer than `keepalive_s`.
+A resolved record is sent once with its real `endsAt` and forgotten. Records are coalesced per
+alert (last state wins) within a batch, so a backlog that holds a firing and its resolution
+never pages the firing one.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,9 +26,20 @@ import httpx
 
 from streams.errors import StreamsError
 
-__all__ = ["AlertForwarder", "AlertmanagerClient", "AlertmanagerError", "to_alertmanager"]
+__all__ = [
+    "AlertForwarder",
+    "AlertmanagerClient",
+    "AlertmanagerError",
+    "alert_key",
+    "coalesce",
+    "generator_url",
+    "round_observed",
+    "to_alertmanager",
+]
 
 # Alert fields copied into labels (identity: Alertmanager groups and deduplicates by labels).
+# `job` is the conventional Alertmanager/Prometheus name for the job identity, `job_id` stays for
+# existing routes. run_id is deliberately not a label: a restarted run is the same alert.
 _LABELS = (
     "team",
     "job_id",
@@ -34,13 +55,17 @@ _LABELS = (
 _ANNOTATIONS = (
     "summary",
     "runbook_url",
+    "run_id",
     "invariant",
     "suspected_layer",
     "observed",
     "expected",
     "baseline",
     "owner",
+    "group_key",
+    "inhibited_by",
 )
+_NUMERIC_ANNOTATIONS = ("observed", "expected")
 
 
 class AlertmanagerError(StreamsError):
@@ -51,19 +76,66 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def to_alertmanager(record: dict[str, Any], generator_url: str = "") -> dict[str, Any]:
-    """One Alertmanager v2 alert (labels, annotations, startsAt, endsAt for resolved, generatorURL)."""
+def round_observed(value: Any) -> str:
+    """A measured value as people read it: 3 significant digits (`1.41`, `97.3`, `12300`)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if not math.isfinite(value):
+        return str(value)
+    if value == 0:
+        return "0"
+    return f"{value:.3g}" if abs(value) < 1e6 else f"{value:.4g}"
+
+
+def generator_url(record: dict[str, Any], ui_url: str) -> str:
+    """The UI's page of the alert (`<ui>/alerts/<alert_id>`), or "" without a UI."""
+    if not ui_url:
+        return ""
+    return f"{ui_url.rstrip('/')}/alerts/{record['alert_id']}"
+
+
+def alert_key(record: dict[str, Any]) -> tuple[str, str]:
+    """The identity of one alert towards Alertmanager: (fingerprint, team)."""
+    return str(record["fingerprint"]), str(record.get("team") or "")
+
+
+def coalesce(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last state of each alert, in the order of those last states."""
+    last: dict[tuple[str, str], dict[str, Any]] = {}
+    for record in records:
+        key = alert_key(record)
+        last.pop(key, None)  # re-insert: keep the order of the last appearance
+        last[key] = record
+    return list(last.values())
+
+
+def to_alertmanager(
+    record: dict[str, Any], *, ui_url: str = "", ends_at_ms: int | None = None
+) -> dict[str, Any]:
+    """One Alertmanager v2 alert: labels, annotations, startsAt, endsAt, generatorURL.
+
+    A resolved record gets its own `ends_at`; a firing one `ends_at_ms` when given (the
+    keep-alive deadline), else no `endsAt` (Alertmanager's `resolve_timeout` applies).
+    """
     labels = {"alertname": str(record["rule"]), "fingerprint": str(record["fingerprint"])}
     for name in _LABELS:
         value = record.get(name)
         if value is not None and value != "":
             labels[name] = str(value)
+    if record.get("job_id"):
+        labels["job"] = str(record["job_id"])
     for name, value in sorted((record.get("labels") or {}).items()):
         labels.setdefault(str(name), str(value))
     annotations = {}
     for name in _ANNOTATIONS:
         value = record.get(name)
-        if value is not None and value != "":
+        if value is None or value == "" or value == []:
+            continue
+        if name in _NUMERIC_ANNOTATIONS:
+            annotations[name] = round_observed(value)
+        elif isinstance(value, list):
+            annotations[name] = ",".join(str(v) for v in value)
+        else:
             annotations[name] = str(value)
     alert: dict[str, Any] = {
         "labels": labels,
@@ -72,8 +144,11 @@ def to_alertmanager(record: dict[str, Any], generator_url: str = "") -> dict[str
     }
     if record.get("status") == "resolved":
         alert["endsAt"] = _iso(int(record.get("ends_at") or record["ts"]))
-    if generator_url:
-        alert["generatorURL"] = generator_url
+    elif ends_at_ms is not None:
+        alert["endsAt"] = _iso(ends_at_ms)
+    url = generator_url(record, ui_url)
+    if url:
+        alert["generatorURL"] = url
     return alert
 
 
@@ -103,58 +178,113 @@ class AlertmanagerClient:
 
 
 class AlertForwarder:
-    """Keeps firing alerts and re-sends them every `resend_s`; sends resolutions once."""
+    """The firing set: restores it from history, sends new states, keeps firing alerts alive.
+
+    `clock` is wall-clock seconds (it sets `endsAt`); tests pass a fake one.
+    """
 
     def __init__(
         self,
         post: Callable[[list[dict[str, Any]]], None],
         *,
         resend_s: float = 60.0,
-        generator_url: str = "",
+        keepalive_s: float | None = None,
+        ui_url: str = "",
         team: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._post = post
         self.resend_s = resend_s
-        self.generator_url = generator_url
+        self.keepalive_s = 4 * resend_s if keepalive_s is None else keepalive_s
+        if self.keepalive_s <= resend_s:
+            raise ValueError("keepalive_s must be longer than resend_s, or firing alerts lapse between sends")
+        self.ui_url = ui_url
         self.team = team
         self._clock = clock
-        # key (fingerprint, team) -> (payload, last sent at)
+        # key (fingerprint, team) -> (latest firing record, last sent at; -inf = never by us)
         self._firing: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
+        self._unsent_resolved: dict[tuple[str, str], dict[str, Any]] = {}
         self.sent = 0
+        self.restored = 0
 
     @property
     def firing(self) -> int:
         """Number of alerts being kept alive."""
         return len(self._firing)
 
-    def handle(self, record: dict[str, Any]) -> bool:
-        """Take one Alert record; send it now; return False when filtered out by team."""
-        if self.team is not None and record.get("team") != self.team:
-            return False
-        key = (str(record["fingerprint"]), str(record.get("team", "")))
-        payload = to_alertmanager(record, self.generator_url)
+    @property
+    def settled(self) -> bool:
+        """True when every state taken so far reached Alertmanager (offsets may be committed)."""
+        return not self._unsent_resolved and all(last > -math.inf for _, last in self._firing.values())
+
+    def firing_records(self) -> list[dict[str, Any]]:
+        """The firing alerts' latest records, by key."""
+        return [record for _, (record, _) in sorted(self._firing.items())]
+
+    def _wanted(self, record: dict[str, Any]) -> bool:
+        return self.team is None or record.get("team") == self.team
+
+    def _payload(self, record: dict[str, Any], now: float) -> dict[str, Any]:
+        ends = None if record.get("status") == "resolved" else int((now + self.keepalive_s) * 1000)
+        return to_alertmanager(record, ui_url=self.ui_url, ends_at_ms=ends)
+
+    def restore(self, record: dict[str, Any]) -> None:
+        """Take one record from before the committed offset: update the firing set, send nothing."""
+        if not self._wanted(record):
+            return
+        key = alert_key(record)
         if record.get("status") == "resolved":
             self._firing.pop(key, None)
         else:
-            self._firing[key] = (payload, self._clock())
-        self._post([payload])
-        self.sent += 1
-        return True
+            # Sent by the previous forwarder at an unknown time: due at the next tick.
+            self._firing[key] = (record, -math.inf)
+        self.restored += 1
+
+    def handle(self, record: dict[str, Any]) -> bool:
+        """Take one new Alert record and send it now; False when filtered out by team."""
+        return bool(self.handle_batch([record]))
+
+    def handle_batch(self, records: Iterable[dict[str, Any]]) -> int:
+        """Take new records, coalesced per alert, and send their last states in one post.
+
+        A resolution is sent even when the firing set never held the alert (it may have fired
+        before the lookback); it never pages. Raises `AlertmanagerError` after updating the set,
+        so the next `tick` retries what did not go out.
+        """
+        now = self._clock()
+        out: list[dict[str, Any]] = []
+        for record in coalesce(r for r in records if self._wanted(r)):
+            key = alert_key(record)
+            if record.get("status") == "resolved":
+                self._firing.pop(key, None)
+                self._unsent_resolved[key] = record
+            else:
+                self._firing[key] = (record, -math.inf)
+            out.append(record)
+        if out:
+            self._send(out, now)
+        return len(out)
+
+    def _send(self, records: list[dict[str, Any]], now: float) -> None:
+        self._post([self._payload(r, now) for r in records])
+        for record in records:
+            key = alert_key(record)
+            if record.get("status") == "resolved":
+                self._unsent_resolved.pop(key, None)
+            elif key in self._firing:
+                self._firing[key] = (record, now)
+        self.sent += len(records)
 
     def due(self) -> list[dict[str, Any]]:
-        """Firing alerts not sent for `resend_s`."""
+        """Records to send at this tick: unsent resolutions, then firing alerts not sent for `resend_s`."""
         now = self._clock()
-        return [p for p, last in self._firing.values() if now - last >= self.resend_s]
+        firing = [r for _, (r, last) in sorted(self._firing.items()) if now - last >= self.resend_s]
+        return list(self._unsent_resolved.values()) + firing
 
     def tick(self) -> int:
-        """Re-send the firing alerts that are due; return how many were sent."""
-        now = self._clock()
-        due_keys = [k for k, (_, last) in sorted(self._firing.items()) if now - last >= self.resend_s]
-        if not due_keys:
+        """Send what is due; return how many alerts went out."""
+        due = self.due()
+        if not due:
             return 0
-        self._post([self._firing[k][0] for k in due_keys])
-        for k in due_keys:
-            self._firing[k] = (self._firing[k][0], now)
-        self.sent += len(due_keys)
-        return len(due_keys)
+        self._send(due, self._clock())
+        return len(due)

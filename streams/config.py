@@ -72,7 +72,7 @@ class EngineConfig:
 
     allowed_lateness_ms: int = 5_000
     advance_every_ms: int = 1_000
-    runbook_base_url: str = "https://ranksight.dev/runbooks/"
+    runbook_base_url: str = "docs/runbooks/"
     job_end_states: tuple[str, ...] = ("completed", "failed")
     disabled_rules: tuple[str, ...] = ()
     detectors: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -135,7 +135,7 @@ class EngineConfig:
             raise ConfigError(
                 f"{source}: engine.allowed_lateness_s must be >= 0 and engine.advance_every_s > 0"
             )
-        base_url = str(engine.get("runbook_base_url", "https://ranksight.dev/runbooks/"))
+        base_url = str(engine.get("runbook_base_url", "docs/runbooks/"))
         if not base_url.endswith("/"):
             base_url += "/"
         return cls(

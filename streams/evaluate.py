@@ -11,10 +11,10 @@ in the `healthy` and `long_checkpoint` scenarios every alert is one. A transient
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schemas.files import parse_ts
 from schemas.records import Event
@@ -22,6 +22,9 @@ from streams.config import EngineConfig
 from streams.engine import DetectionEngine
 from streams.errors import EvaluationError
 from streams.routing import Router
+
+if TYPE_CHECKING:
+    from producers.simulator import Scenario
 
 __all__ = [
     "DEFAULT_DEADLINE_S",
@@ -31,6 +34,7 @@ __all__ = [
     "ScenarioResult",
     "ScenarioRun",
     "evaluate_alerts",
+    "evaluate_generated",
     "evaluate_scenarios",
     "rule_delay_ms",
     "run_scenario",
@@ -273,13 +277,15 @@ class ScenarioRun:
         return [e.record for e in self.output if e.type == "Alert"]
 
 
-def run_scenario(path_or_name: str | Path, seed: int, config: EngineConfig, router: Router) -> ScenarioRun:
-    """Simulate one scenario and replay it offline through a fresh engine."""
+def run_scenario(
+    path_or_name: str | Path | Scenario, seed: int, config: EngineConfig, router: Router
+) -> ScenarioRun:
+    """Simulate one scenario (a file, a built-in name or a `Scenario`) and replay it through a fresh engine."""
     try:
-        from producers.simulator import load_scenario, simulate
+        from producers.simulator import Scenario, load_scenario, simulate
     except ImportError as exc:  # pragma: no cover - the simulator ships with ranksight
         raise EvaluationError(f"the simulator is not available ({exc})") from None
-    scenario = load_scenario(path_or_name)
+    scenario = path_or_name if isinstance(path_or_name, Scenario) else load_scenario(path_or_name)
     sim = simulate(scenario, seed)
     engine = DetectionEngine(config, router)
     out: list[Event] = []
@@ -291,8 +297,62 @@ def run_scenario(path_or_name: str | Path, seed: int, config: EngineConfig, rout
             jobs.setdefault(event.record["job_id"], event.record)
         out.extend(engine.process(event))
     out.extend(engine.finish())
-    name = Path(path_or_name).stem if str(path_or_name).endswith((".yaml", ".yml")) else str(path_or_name)
+    if isinstance(path_or_name, Scenario):
+        name = scenario.name
+    else:
+        name = Path(path_or_name).stem if str(path_or_name).endswith((".yaml", ".yml")) else str(path_or_name)
     return ScenarioRun(name, out, list(sim.labels), jobs, n)
+
+
+def _score_generated(
+    scenario: Scenario, seed: int, config: EngineConfig, router: Router, deadline_s: float
+) -> ScenarioResult:
+    run = run_scenario(scenario, seed, config, router)
+    result = evaluate_alerts(
+        scenario.name, run.alerts, run.labels, config, deadline_s=deadline_s, jobs=run.jobs
+    )
+    result.events = run.events
+    return result
+
+
+def evaluate_generated(
+    n: int,
+    seed: int,
+    config: EngineConfig,
+    router: Router,
+    *,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+    workers: int = 1,
+    on_scenario: Callable[[ScenarioResult], None] | None = None,
+) -> EvaluationReport:
+    """Generate `n` cases from `seed` (faults and their must-not-alert twins), simulate, replay, score.
+
+    `workers` > 1 spreads the cases over processes; each case is scored alone and the report
+    keeps the cases' order, so the result does not depend on it.
+    """
+    from producers.simulator.generator import generate
+
+    scenarios = generate(n, seed)
+    report = EvaluationReport()
+    if workers <= 1:
+        results: Iterable[ScenarioResult] = (
+            _score_generated(sc, seed, config, router, deadline_s) for sc in scenarios
+        )
+        for result in results:
+            report.scenarios.append(result)
+            if on_scenario is not None:
+                on_scenario(result)
+        return report
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(_score_generated, sc, seed, config, router, deadline_s) for sc in scenarios]
+        for future in futures:
+            result = future.result()
+            report.scenarios.append(result)
+            if on_scenario is not None:
+                on_scenario(result)
+    return report
 
 
 def evaluate_scenarios(

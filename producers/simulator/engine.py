@@ -19,7 +19,7 @@ from typing import Any
 
 from producers.simulator.faults import FAULTS
 from producers.simulator.scenario import FaultSpec, JobSpec, Scenario
-from schemas.files import format_ts
+from schemas.files import format_ts, parse_ts
 from schemas.records import Event, default_schemas
 
 __all__ = ["Progress", "Simulation", "simulate"]
@@ -135,6 +135,16 @@ def simulate(scenario: Scenario, seed: int = 0, *, progress: Progress | None = N
     return Simulation(scenario, seed, progress)
 
 
+# Faults of a node (or of one of its GPUs) that every job on the node suffers.
+_SHARED_NODE_FAULTS = frozenset(
+    {"xid_error", "ecc_uncorrectable", "host_oom", "ib_degradation", "storage_slowdown", "agent_silent"}
+)
+
+
+def _window_overlaps(a0: float, a1: float | None, b0: float, b1: float | None) -> bool:
+    return (a1 is None or b0 <= a1) and (b1 is None or a0 <= b1)
+
+
 def _end_of(fault: FaultSpec) -> float:
     """Where a fault's window closes (infinity when it lasts to the end)."""
     return _NEVER if fault.end is None else fault.end
@@ -142,6 +152,24 @@ def _end_of(fault: FaultSpec) -> float:
 
 def _lognormal(rng: random.Random, sigma: float) -> float:
     return math.exp(rng.gauss(0.0, sigma)) if sigma > 0 else 1.0
+
+
+def _magnitude_at(fault: FaultSpec, t: float, default: float) -> float:
+    """A fault's factor at `t`: its magnitude, reached linearly from 1 (no effect) over `ramp` seconds."""
+    full = fault.magnitude or default
+    ramp = float(fault.params.get("ramp") or 0.0)
+    if ramp <= 0 or t >= fault.start + ramp:
+        return full
+    return 1.0 + (full - 1.0) * max(0.0, t - fault.start) / ramp
+
+
+def _extra_at(fault: FaultSpec, t: float, default: float) -> float:
+    """An additive fault's amount at `t` (extra data wait): 0 at the start, full after `ramp`."""
+    full = fault.magnitude or default
+    ramp = float(fault.params.get("ramp") or 0.0)
+    if ramp <= 0 or t >= fault.start + ramp:
+        return full
+    return full * max(0.0, t - fault.start) / ramp
 
 
 class _Engine:
@@ -181,9 +209,11 @@ class _Engine:
     def _layout(self, job: JobSpec) -> list[_Rank]:
         ranks = []
         for n, node in enumerate(job.nodes):
-            for g in range(job.gpus_per_node):
+            for g, index in enumerate(job.gpu_indices):
                 ranks.append(
-                    _Rank(n * job.gpus_per_node + g, g, node, g, gpu_uuid(self.sc.cluster.name, node, g))
+                    _Rank(
+                        n * job.gpus_per_node + g, g, node, index, gpu_uuid(self.sc.cluster.name, node, index)
+                    )
                 )
         return ranks
 
@@ -272,7 +302,7 @@ class _Engine:
             faults_by_node.setdefault(node, []).append((i, f))
         for i, f in enumerate(sc.faults):
             node, gidx, _ = self.targets[i]
-            if f.type == "foreign_process" and node is not None and gidx is not None:
+            if f.type in ("foreign_process", "contention") and node is not None and gidx is not None:
                 rng = self._rng(f"foreign/{i}")
                 pid = f.params.get("pid") or rng.randint(200_000, 400_000)
                 end = _end_of(f)
@@ -311,6 +341,7 @@ class _Engine:
         remap_u = [0] * gpus
         uuids = [gpu_uuid(sc.cluster.name, node, g) for g in range(gpus)]
         oom_kills = rng.randint(0, 2)
+        ib_errors = [0]  # the port's error counter, cumulative like the kernel's
         swap = 0.0
         load5 = load15 = 0.0
         host_total = sc.cluster.host_memory_gib * _GIB
@@ -379,7 +410,7 @@ class _Engine:
                     end = _end_of(f)
                     active = f.start <= tick < end
                     if f.type == "straggler_gpu" and active:
-                        m = f.magnitude or 1.5
+                        m = _magnitude_at(f, tick, 1.5)
                         sm_clock = int(clock_max / m) + rng.randint(-15, 15)
                         if f.params.get("variant") == "power":
                             limit = round(gc.power_limit_w / m**1.6, 1)
@@ -476,10 +507,36 @@ class _Engine:
                     tcp_retrans_segs_s=round(retrans, 2),
                     open_files=12_000 + 350 * held_gpus + rng.randint(0, 200),
                     oom_kills=oom_kills,
+                    **self._infiniband(node, tick, multi, held_gpus, ib_errors),
                 )
         for i, f in silent:
             if i not in self.effects:
                 self.effects[i] = _Effect(f.start, f.end, {})
+
+    def _infiniband(
+        self, node: str, tick: float, comm: float, held_gpus: int, errors: list[int]
+    ) -> dict[str, Any]:
+        """InfiniBand port counters of one HostSample: collective traffic, less and with errors under a fault.
+
+        Its own random stream per node and tick, so the rest of the node's telemetry is unchanged.
+        """
+        rng = self._rng(f"ib/{node}/{round(tick * 1000)}")
+        multi_node = any(node in j.nodes and len(j.nodes) > 1 for j in self.sc.jobs)
+        rate = (
+            (2.0e10 * comm * _lognormal(rng, 0.05))
+            if held_gpus and multi_node
+            else 1e5 * _lognormal(rng, 0.3)
+        )
+        for i, f in enumerate(self.sc.faults):
+            if f.type == "ib_degradation" and self.targets[i][0] == node and f.start <= tick < _end_of(f):
+                m = _magnitude_at(f, tick, 2.0)
+                rate /= m
+                errors[0] += int((m - 1.0) * 40 * _lognormal(rng, 0.3)) + 1
+        return {
+            "ib_rx_bytes_s": round(rate, 1),
+            "ib_tx_bytes_s": round(rate * 0.99, 1),
+            "ib_errors": errors[0],
+        }
 
     def _oom_rank_fault(self, index: int, fault: FaultSpec, t: float) -> None:
         node = self.targets[index][0]
@@ -613,6 +670,9 @@ class _Engine:
             uuid = None
             if gidx is not None and node is not None:
                 uuid = gpu_uuid(self.sc.cluster.name, node, gidx)
+            if kind.scope == "job":
+                # A job-wide effect placed on one GPU (contention): the alert names the job, not the GPU.
+                node, gidx, rank, uuid = None, None, None, None
             end = effect.end
             if end is not None and end >= self.sc.duration:
                 end = None
@@ -639,6 +699,41 @@ class _Engine:
                     "detail": detail,
                 }
             )
+            out.extend(self._shared_node_labels(f, out[-1]))
+        return out
+
+    def _shared_node_labels(self, fault: FaultSpec, label: dict[str, Any]) -> list[dict[str, Any]]:
+        """A node fault hits every job on the node: one more label per co-located job, with its team.
+
+        The job is named by its node (it owns neither the faulty GPU nor a rank of the fault's job).
+        """
+        node = label["node"]
+        if fault.type not in _SHARED_NODE_FAULTS or node is None:
+            return []
+        start = (parse_ts(label["start"]) - self.sc.start_ms) / 1000
+        end = None if label["end"] is None else (parse_ts(label["end"]) - self.sc.start_ms) / 1000
+        out = []
+        for job in self.sc.jobs:
+            if job.id == fault.job or node not in job.nodes:
+                continue
+            if not _window_overlaps(job.start, job.end, start, end):
+                continue
+            if fault.type == "ib_degradation" and len(job.nodes) == 1:
+                continue  # NVLink inside the node: the IB port does not carry its collectives
+            shared = dict(label)
+            if fault.type == "storage_slowdown" and set(job.nodes) == {node}:
+                # Every rank of this job waits alike: no straggler among them, the run slows
+                # against its own history.
+                shared |= {"alert": "throughput_drop", "also": ["baseline_deviation", *label["also"]]}
+            shared |= {
+                "job_id": job.id,
+                "team": job.team,
+                "rank": None,
+                "gpu_uuid": None,
+                "gpu_index": None,
+                "detail": {**label["detail"], "shared_node_with": fault.job},
+            }
+            out.append(shared)
         return out
 
 
@@ -661,13 +756,34 @@ class _JobRun:
         self.spike_steps_left: dict[int, int] = {}
         self.pending_data_s = 0.0
         self.last_verified: tuple[str, int] | None = None
+        self.last_verified_at: float | None = None
         self.ckpt_stuck = False
+        self.last_eval_s: float | None = None
         self.live: list[_Holding] = []
         dp = max(1, job.world_size // (job.tensor_parallel * job.pipeline_parallel))
         self.samples = max(1, job.global_batch_size // dp)
         data0 = job.step_time * job.data_wait_fraction
         comm0 = job.step_time * job.comm_fraction
         self.base = (data0, job.step_time - data0 - comm0, comm0)
+        self._rank_noise()
+
+    def _rank_noise(self) -> None:
+        """Per-rank character: a persistent speed and an own jitter, from their own random stream.
+
+        Drawn only when the job asks for them, so scenarios without them keep their exact output.
+        """
+        job = self.job
+        self.rank_speed = [job.slow_ranks.get(r, 1.0) for r in range(job.world_size)]
+        self.rank_jitter: list[float] | None = None
+        self.rank_rng = self.e._rng(f"ranks/{job.id}")
+        if job.rank_speed_spread > 0:
+            self.rank_speed = [
+                s * (1.0 + self.rank_rng.uniform(0, job.rank_speed_spread)) for s in self.rank_speed
+            ]
+        if job.rank_jitter > 0:
+            self.rank_jitter = [
+                job.rank_jitter * self.rank_rng.uniform(0.5, 1.5) for _ in range(job.world_size)
+            ]
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -880,6 +996,36 @@ class _JobRun:
             self._state(job.end, "completed", reason="training finished", exit_code=0)
             self._release(job.end + 1.0)
 
+    def _rank_factors(self) -> list[float]:
+        """Each rank's own compute factor for this step: its persistent speed times its own jitter."""
+        if self.rank_jitter is None:
+            return list(self.rank_speed)
+        return [
+            speed * _lognormal(self.rank_rng, sigma)
+            for speed, sigma in zip(self.rank_speed, self.rank_jitter, strict=True)
+        ]
+
+    def _node_faults(self, t: float, extra_data: list[float]) -> float:
+        """Faults of a node hit every job on it (co-located jobs too): IB, storage. Returns the net factor."""
+        e, job = self.e, self.job
+        net = 1.0
+        for i, f in enumerate(e.sc.faults):
+            if f.type not in ("ib_degradation", "storage_slowdown") or not f.start <= t < _end_of(f):
+                continue
+            node = e.targets[i][0]
+            if node not in job.nodes:
+                continue
+            e.effects.setdefault(i, _Effect(t, f.end, {}))
+            if f.type == "ib_degradation":
+                if len(job.nodes) > 1:  # a job on one node talks over NVLink, not the IB port
+                    net *= _magnitude_at(f, t, 2.0)
+            else:
+                extra = _extra_at(f, t, 0.6) * job.step_time
+                for r in self.layout:
+                    if r.node == node:
+                        extra_data[r.rank] += extra * _lognormal(self.rng, 0.1)
+        return net
+
     def _active(self, fault_type: str, t: float) -> list[tuple[int, FaultSpec]]:
         return [(i, f) for i, f in self.e._faults(self.job.id, fault_type) if f.start <= t < _end_of(f)]
 
@@ -891,21 +1037,27 @@ class _JobRun:
         warm = 1.0 + 3.0 * math.exp(-self.steps_in_run / 4.0) if self.steps_in_run < job.warmup_steps else 1.0
         slow = 1.0
         for i, f in self._active("throughput_regression", t):
-            slow *= f.magnitude or 1.3
+            slow *= _magnitude_at(f, t, 1.3)
             e.effects.setdefault(i, _Effect(t, f.end, {}))
         net = 1.0
         for _, f in self._active("network_degradation", t):
-            net *= f.magnitude or 2.0
-        compute_factor = [1.0] * job.world_size
+            net *= _magnitude_at(f, t, 2.0)
+        compute_factor = self._rank_factors()
+        for i, f in self._active("contention", t):
+            # The foreign process takes GPU time from the job's kernels: compute expands, every rank alike.
+            m = _magnitude_at(f, t, 2.0)
+            compute_factor = [c * m for c in compute_factor]
+            e.effects.setdefault(i, _Effect(t, f.end, {}))
         for i, f in self._active("straggler_gpu", t):
             assert f.rank is not None
-            compute_factor[f.rank] *= f.magnitude or 1.5
+            compute_factor[f.rank] *= _magnitude_at(f, t, 1.5)
             e.effects.setdefault(i, _Effect(t, f.end, {}))
         extra_data = [0.0] * job.world_size
         for i, f in self._active("slow_data_worker", t):
             assert f.rank is not None
-            extra_data[f.rank] += (f.magnitude or 0.5) * job.step_time * _lognormal(rng, 0.15)
+            extra_data[f.rank] += _extra_at(f, t, 0.5) * job.step_time * _lognormal(rng, 0.15)
             e.effects.setdefault(i, _Effect(t, f.end, {}))
+        net *= self._node_faults(t, extra_data)
         content = _lognormal(rng, noise)  # the step's work, the same for every rank (same shapes)
         ckpt_s, self.pending_ckpt_s = self.pending_ckpt_s, 0.0
         stalled_s, self.pending_data_s = self.pending_data_s, 0.0
@@ -1004,6 +1156,8 @@ class _JobRun:
         for r in self.layout:
             e._spread(r.node, r.gpu_index, _EVAL, t, dur)
         loss, *_ = self._model(t, self.step)
+        if e.sc.telemetry.evaluation_events:
+            self._evaluation_events(t, dur)
         val = loss * 1.03 if math.isfinite(loss) else loss
         e.emit(
             t + dur,
@@ -1015,6 +1169,22 @@ class _JobRun:
             duration_s=round(dur, 3),
         )
         return t + dur
+
+    def _evaluation_events(self, t: float, dur: float) -> None:
+        """EvaluationEvent started/completed around one evaluation pause (the SDK's evaluation context)."""
+        common = {
+            "job_id": self.job.id,
+            "run_id": self.run_id,
+            "rank": None,
+            "evaluation_id": f"{self.run_id}-eval{self.step - 1:07d}",
+            "step": self.step - 1,
+            "name": "val",
+        }
+        # The producer expects the pass to take as long as the previous one (the configured length first).
+        expected = self.last_eval_s if self.last_eval_s is not None else self.job.evaluation.duration
+        self.e.emit(t, "EvaluationEvent", **common, phase="started", expected_duration_s=round(expected, 3))
+        self.e.emit(t + dur - 0.001, "EvaluationEvent", **common, phase="completed", duration_s=round(dur, 3))
+        self.last_eval_s = dur
 
     def _checkpoint(
         self,
@@ -1053,6 +1223,13 @@ class _JobRun:
             )
             verify = dur + rng.uniform(4.0, 12.0)
             checksum = hashlib.sha256(f"{ckpt_id}/{nbytes}".encode()).hexdigest()
+            if self._unverified(t + verify):  # the verifier is gone when the check would run
+                for node in job.nodes:
+                    e._add_disk_write(node, t, dur, nbytes / len(job.nodes))
+                for r in self.layout:
+                    e._spread(r.node, r.gpu_index, _CKPT, t, dur)
+                self.pending_ckpt_s += dur
+                return t, t + dur
             e.emit(
                 t + verify,
                 "CheckpointEvent",
@@ -1065,6 +1242,7 @@ class _JobRun:
                 checksum=checksum,
             )
             self.last_verified = (ckpt_id, step)
+            self.last_verified_at = t + verify
             for node in job.nodes:
                 e._add_disk_write(node, t, dur, nbytes / len(job.nodes))
             ended = t + dur
@@ -1101,6 +1279,14 @@ class _JobRun:
             e._spread(r.node, r.gpu_index, _CKPT, t, blocking)
         self.pending_ckpt_s += blocking
         return t, ended
+
+    def _unverified(self, t: float) -> bool:
+        """True while a checkpoint_unverified fault holds: checkpoints complete, no verification follows."""
+        found = self._active("checkpoint_unverified", t)
+        for i, f in found:
+            verified_at = self.last_verified_at if self.last_verified_at is not None else self.job.start
+            self.e.effects.setdefault(i, _Effect(verified_at, f.end, {}))
+        return bool(found)
 
     def _hang(self, t: float, index: int, fault: FaultSpec) -> None:
         """One rank stops inside a step; the others block in its collective until the timeout."""

@@ -49,6 +49,7 @@ FAULTS: dict[str, FaultKind] = {
             "one GPU throttles (thermal or power): clocks down, throttle bits set, its compute slower",
             magnitude=1.5,
             variant="thermal",
+            ramp=0.0,
             duration=360.0,
         ),
         _kind(
@@ -59,6 +60,7 @@ FAULTS: dict[str, FaultKind] = {
             "rank",
             "one rank waits longer for its data loader (magnitude = extra wait, x base step time)",
             magnitude=0.5,
+            ramp=0.0,
             duration=360.0,
         ),
         _kind(
@@ -70,6 +72,7 @@ FAULTS: dict[str, FaultKind] = {
             "one node's link degrades: every rank's collective slower, TCP retransmits on the node",
             magnitude=2.0,
             retransmits=900.0,
+            ramp=0.0,
             duration=360.0,
         ),
         _kind(
@@ -240,6 +243,7 @@ FAULTS: dict[str, FaultKind] = {
             "job",
             "the run is slower than earlier runs of its workload family (magnitude = step time factor)",
             magnitude=1.3,
+            ramp=0.0,
             duration=None,
         ),
         _kind(
@@ -270,6 +274,51 @@ FAULTS: dict[str, FaultKind] = {
             "job",
             "the training loop ends but the processes keep their GPUs; the job never ends",
             duration=None,
+        ),
+        _kind(
+            "ib_degradation",
+            "network_degradation",
+            (),
+            "network",
+            "node",
+            "a node's InfiniBand port degrades: IB throughput down, port errors up, every collective slower",
+            magnitude=2.0,
+            ramp=0.0,
+            duration=360.0,
+        ),
+        _kind(
+            "storage_slowdown",
+            "straggler",
+            ("gpu_imbalance", "network_degradation", "baseline_deviation", "job_stall"),
+            "data",
+            "node",
+            "the storage server under one node is slow: that node's ranks wait for data (magnitude = extra"
+            " wait, x base step time); one incident, not one alert per rank",
+            magnitude=0.6,
+            ramp=0.0,
+            duration=360.0,
+        ),
+        _kind(
+            "checkpoint_unverified",
+            "checkpoint_stale",
+            (),
+            "checkpoint",
+            "job",
+            "checkpoints complete but are never verified: the latest verified checkpoint ages",
+            duration=None,
+        ),
+        _kind(
+            "contention",
+            "throughput_drop",
+            ("foreign_process", "gpu_memory_pressure", "baseline_deviation"),
+            "gpu",
+            "job",
+            "a foreign process on one GPU slows the whole job (magnitude = step time factor); the run's"
+            " own recent history is the baseline",
+            magnitude=2.0,
+            pid=None,
+            mem_gib=6.0,
+            duration=75.0,
         ),
     )
 }

@@ -90,6 +90,9 @@ class TelemetrySpec:
     interval: float = 2.0
     dataloader_samples: bool = True
     collective_samples: bool = True
+    # The SDK's evaluation context sends EvaluationEvent started/completed around each pause;
+    # false = only a ValidationResult at the end, as older producers do.
+    evaluation_events: bool = True
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,7 @@ class JobSpec:
     owner: str = "sim-user"
     nodes: tuple[str, ...] = ()
     gpus_per_node: int = 8
+    gpu_offset: int = 0  # first GPU index the job uses on each node (co-located jobs split a node)
     start: float = 0.0
     end: float | None = None
     model_name: str = "llama-7b"
@@ -133,6 +137,9 @@ class JobSpec:
     pipeline_parallel: int = 1
     step_time: float = 1.0
     step_noise: float = 0.03
+    rank_jitter: float = 0.0  # each rank's own extra step-to-step jitter (lognormal sigma, drawn per rank)
+    rank_speed_spread: float = 0.0  # each rank persistently slower by a factor drawn in [1, 1 + spread]
+    slow_ranks: dict[int, float] = field(default_factory=dict)  # rank -> persistent compute factor
     data_wait_fraction: float = 0.03
     comm_fraction: float = 0.12
     warmup_steps: int = 20
@@ -146,6 +153,11 @@ class JobSpec:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     evaluation: EvalSpec = field(default_factory=EvalSpec)
     labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gpu_indices(self) -> range:
+        """The GPU indices the job uses on each of its nodes."""
+        return range(self.gpu_offset, self.gpu_offset + self.gpus_per_node)
 
     @property
     def world_size(self) -> int:
@@ -361,6 +373,7 @@ _TELEMETRY: dict[str, Conv] = {
     "interval": _pos_duration,
     "dataloader_samples": _bool,
     "collective_samples": _bool,
+    "evaluation_events": _bool,
 }
 _CHECKPOINT: dict[str, Conv] = {
     "every": _pos_duration,
@@ -377,6 +390,7 @@ _JOB_SIMPLE: dict[str, Conv] = {
     "owner": _str,
     "nodes": lambda v: v,  # resolved against the cluster below
     "gpus_per_node": _pos_int,
+    "gpu_offset": _nonneg_int,
     "start": parse_duration,
     "end": _opt(_pos_duration),
     "model_name": _str,
@@ -389,6 +403,9 @@ _JOB_SIMPLE: dict[str, Conv] = {
     "pipeline_parallel": _pos_int,
     "step_time": _pos_duration,
     "step_noise": _fraction,
+    "rank_jitter": _fraction,
+    "rank_speed_spread": _fraction,
+    "slow_ranks": lambda v: _slow_ranks(v),
     "data_wait_fraction": _fraction,
     "comm_fraction": _fraction,
     "warmup_steps": _nonneg_int,
@@ -426,8 +443,19 @@ _PARAM_CONV: dict[str, Conv] = {
     "mem_gib": _pos_float,
     "restarts": _pos_int,
     "every": _pos_duration,
+    "ramp": parse_duration,
 }
 _TOP = ["name", "description", "duration", "start", "cluster", "telemetry", "jobs", "faults"]
+
+
+def _slow_ranks(v: Any) -> dict[int, float]:
+    if not isinstance(v, Mapping):
+        raise ValueError("expected a mapping of rank -> compute factor, e.g. {3: 1.04}")
+    out = {}
+    for rank, factor in v.items():
+        r, x = _nonneg_int(rank), _pos_float(factor)
+        out[r] = x
+    return out
 
 
 def _choice(v: Any, choices: tuple[str, ...]) -> str:
@@ -456,17 +484,29 @@ def _job(ctx: _Ctx, raw: Any, where: str, cluster: ClusterSpec, placed: list[Job
         )
     )
     gpus = values.setdefault("gpus_per_node", cluster.gpus_per_node)
+    offset = values.get("gpu_offset", 0)
     if gpus > cluster.gpus_per_node:
         raise ctx.error(
             f"{where}.gpus_per_node", f"the cluster's nodes have only {cluster.gpus_per_node} GPUs"
         )
+    if offset + gpus > cluster.gpus_per_node:
+        raise ctx.error(
+            f"{where}.gpu_offset",
+            f"GPUs {offset}..{offset + gpus - 1} do not fit a node of {cluster.gpus_per_node} GPUs",
+        )
+    mine = set(range(offset, offset + gpus))
     start, end = values.get("start", 0.0), values.get("end")
     if end is not None and end <= start:
         raise ctx.error(f"{where}.end", "must be after start")
     nodes_raw = values.get("nodes", 1)
     known = cluster.node_names
     if isinstance(nodes_raw, int) and not isinstance(nodes_raw, bool):
-        busy = {n for j in placed if _overlaps(j.start, j.end, start, end) for n in j.nodes}
+        busy = {
+            n
+            for j in placed
+            if _overlaps(j.start, j.end, start, end) and mine & set(j.gpu_indices)
+            for n in j.nodes
+        }
         free = [n for n in known if n not in busy]
         if nodes_raw < 1 or nodes_raw > len(free):
             raise ctx.error(
@@ -475,9 +515,20 @@ def _job(ctx: _Ctx, raw: Any, where: str, cluster: ClusterSpec, placed: list[Job
         nodes = tuple(free[:nodes_raw])
     elif isinstance(nodes_raw, list) and nodes_raw and all(isinstance(n, str) for n in nodes_raw):
         for n in nodes_raw:
-            other = next((j for j in placed if n in j.nodes and _overlaps(j.start, j.end, start, end)), None)
+            other = next(
+                (
+                    j
+                    for j in placed
+                    if n in j.nodes and _overlaps(j.start, j.end, start, end) and mine & set(j.gpu_indices)
+                ),
+                None,
+            )
             if other is not None:
-                raise ctx.error(f"{where}.nodes", f"{n} is already used by job {other.id} at that time")
+                raise ctx.error(
+                    f"{where}.nodes",
+                    f"{n}'s GPUs {min(mine & set(other.gpu_indices))}.. are already used by job {other.id} "
+                    "at that time (co-located jobs need disjoint GPUs: set gpu_offset)",
+                )
             if n not in known:
                 raise ctx.error(
                     f"{where}.nodes", f"{n!r} is not a node of the cluster ({known[0]}..{known[-1]})"
@@ -486,6 +537,10 @@ def _job(ctx: _Ctx, raw: Any, where: str, cluster: ClusterSpec, placed: list[Job
     else:
         raise ctx.error(f"{where}.nodes", "expected a node count or a list of node names")
     values["nodes"] = nodes
+    world = len(nodes) * gpus
+    for rank in values.get("slow_ranks", {}):
+        if rank >= world:
+            raise ctx.error(f"{where}.slow_ranks", f"rank {rank} is not a rank of this job (0..{world - 1})")
     return JobSpec(**values)
 
 
@@ -519,10 +574,16 @@ def _fault(ctx: _Ctx, raw: Any, where: str, jobs: dict[str, JobSpec], duration: 
         raise ctx.error(f"{where}.rank", f"job {job.id} has ranks 0..{job.world_size - 1}")
     if node is not None and node not in job.nodes:
         raise ctx.error(f"{where}.node", f"job {job.id} runs on {', '.join(job.nodes)}")
-    if gpu is not None and gpu >= job.gpus_per_node:
-        raise ctx.error(f"{where}.gpu", f"job {job.id} uses GPUs 0..{job.gpus_per_node - 1} of each node")
+    if gpu is not None and gpu not in job.gpu_indices:
+        raise ctx.error(
+            f"{where}.gpu", f"job {job.id} uses GPUs {job.gpu_indices[0]}..{job.gpu_indices[-1]} of each node"
+        )
     if kind.scope == "rank" and rank is None:
         raise ctx.error(f"{where}.rank", f"a {kind.name} fault needs the rank it hits")
+    if kind.name == "contention" and (node is None or gpu is None):
+        raise ctx.error(
+            f"{where}.gpu", "a contention fault needs the node and gpu the foreign process lands on"
+        )
     if kind.scope == "gpu" and rank is None and (node is None or gpu is None):
         raise ctx.error(f"{where}.rank", f"a {kind.name} fault needs a rank, or a node and a gpu")
     params = {k: values.pop(k) if k in values else kind.params[k] for k in extra}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -156,39 +157,111 @@ def forward(
     ),
     team: str | None = typer.Option(None, "--team", help="Only alerts routed to this team."),
     resend_s: float = typer.Option(60.0, "--resend", min=1.0, help="Re-send firing alerts every N seconds."),
-    from_beginning: bool = typer.Option(False, "--from-beginning", help="Start at the oldest alert kept."),
-    generator_url: str = typer.Option(
-        "", "--generator-url", help="generatorURL of every alert (a dashboard link)."
+    keepalive_s: float | None = typer.Option(
+        None,
+        "--keepalive",
+        help="endsAt of a firing alert = now + N s (default 4 x --resend): how long Alertmanager "
+        "keeps it firing if the forwarder stops.",
+    ),
+    topic: str = typer.Option(
+        ALERTS, "--topic", help="Alert topic to forward (e.g. rs.alerts.replay); prefix is added."
+    ),
+    file: Path | None = typer.Option(
+        None,
+        "--file",
+        help="Forward the last state of every alert of a file (.avro or .jsonl) once, then exit.",
+    ),
+    group: str | None = typer.Option(
+        None,
+        "--group",
+        help="Consumer group keeping the committed offsets (default ranksight-alerts-forward.<topic>[.<team>]).",
+    ),
+    lookback: str | None = typer.Option(
+        None,
+        "--lookback",
+        help="Rebuild the firing set from alerts of the last DURATION (e.g. 7d; default: every alert kept).",
+    ),
+    from_beginning: bool = typer.Option(
+        False,
+        "--from-beginning",
+        help="Rebuild from the oldest alert kept (the default; overrides --lookback).",
+    ),
+    ui_url: str = typer.Option(
+        "",
+        "--ui-url",
+        envvar="RANKSIGHT_UI_URL",
+        help="ranksight UI base URL: generatorURL = <url>/alerts/<alert_id>.",
     ),
     idle_exit_s: float | None = typer.Option(
         None, "--idle-exit", help="Exit after N seconds without alerts."
     ),
 ) -> None:
-    """Forward alerts to Alertmanager (POST /api/v2/alerts), keeping firing ones alive."""
+    """Forward alerts to Alertmanager (POST /api/v2/alerts), keeping firing ones alive across restarts."""
+    from infra.kafka.quiet import quiet_kafka_conf
+    from producers.simulator import parse_duration
+    from ranksight.broker import kafka_settings
     from ranksight.settings import load_settings
+    from schemas.codec import codec_from_settings
+    from streams.alert_delivery import DeliveryStats, forward_file, forward_topic
     from streams.alertmanager import AlertForwarder, AlertmanagerClient, AlertmanagerError
 
     settings = load_settings()
-    client = AlertmanagerClient(alertmanager)
-    forwarder = AlertForwarder(client.post, resend_s=resend_s, generator_url=generator_url, team=team)
-    console.print(
-        f"forwarding {settings.topic_prefix}{ALERTS} to {client.url} (re-send every {resend_s:.0f} s)"
-    )
     with user_errors():
-        consumer = _consumer(from_beginning, settings.topic_prefix + ALERTS)
+        lookback_s = None
+        if lookback is not None and not from_beginning:
+            try:
+                lookback_s = parse_duration(lookback)
+            except ValueError as exc:
+                fail(f"--lookback: {exc}")
+        client = AlertmanagerClient(alertmanager)
         try:
-            for record in _records(consumer, team, idle_exit_s):
-                try:
-                    if record is not None and forwarder.handle(record):
-                        console.print(alert_line(record), highlight=False, soft_wrap=True)
-                    forwarder.tick()
-                except AlertmanagerError as exc:
-                    # Keep going: the alert stays firing locally and is re-sent at the next tick.
-                    err_console.print(f"[yellow]warning:[/] {exc}")
-        finally:
-            consumer.close()
+            forwarder = AlertForwarder(
+                client.post, resend_s=resend_s, keepalive_s=keepalive_s, ui_url=ui_url, team=team
+            )
+        except ValueError as exc:
             client.close()
-    console.print(f"sent {forwarder.sent} alerts; {forwarder.firing} firing")
+            fail(f"--keepalive: {exc}")
+        try:
+            if file is not None:
+                try:
+                    sent = forward_file(file, forwarder)
+                except AlertmanagerError as exc:
+                    fail(str(exc))
+                console.print(f"sent the last state of {sent} alerts from {file} to {client.url}")
+                return
+            full_topic = settings.topic_prefix + topic
+            group_id = group or f"ranksight-alerts-forward.{full_topic}" + (f".{team}" if team else "")
+            console.print(
+                f"forwarding {full_topic} to {client.url} as group {group_id} "
+                f"(re-send every {resend_s:.0f} s, endsAt +{forwarder.keepalive_s:.0f} s)"
+            )
+            settings = kafka_settings()  # KAFKA_BOOTSTRAP, else the running `ranksight kafka up`
+            codec = codec_from_settings(settings.schema_registry_url)
+
+            def rebuilt(stats: DeliveryStats) -> None:
+                console.print(
+                    f"rebuilt: {stats.restored} earlier alert records read, {forwarder.firing} firing",
+                    highlight=False,
+                )
+
+            def warn(message: str) -> None:
+                err_console.print(f"[yellow]warning:[/] {message}")
+
+            stats = forward_topic(
+                quiet_kafka_conf(settings.kafka_config()),
+                full_topic,
+                group_id,
+                forwarder,
+                codec.decode,
+                lookback_s=lookback_s,
+                idle_exit_s=idle_exit_s,
+                on_record=lambda r: console.print(alert_line(r), highlight=False, soft_wrap=True),
+                on_rebuilt=rebuilt,
+                warn=warn,
+            )
+        finally:
+            client.close()
+    console.print(f"sent {stats.sent} alerts; {forwarder.firing} firing")
 
 
 def register(app: typer.Typer) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -93,6 +93,13 @@ def evaluate(
     fail_under: float | None = typer.Option(
         None, "--fail-under", help="Exit 1 when the overall recall is below this (0..1)."
     ),
+    generated: int | None = typer.Option(
+        None,
+        "--generated",
+        min=1,
+        help="Evaluate N generated cases (faults and must-not-alert twins, from --seed) instead of files.",
+    ),
+    workers: int = typer.Option(1, "--workers", min=1, help="Processes for --generated cases."),
 ) -> None:
     """Simulate every scenario, replay it offline, and print recall, precision and time to detect."""
     from streams.config import load_config
@@ -102,6 +109,9 @@ def evaluate(
     with user_errors():
         cfg = load_config(config)
         router = load_router(routing)
+        if generated is not None:
+            _evaluate_generated(generated, seed, cfg, router, deadline, workers, fail_under)
+            return
         files = scenario_files(scenarios or _default_scenarios())
         if only:
             files = [f for f in files if f.stem in set(only)]
@@ -115,6 +125,44 @@ def evaluate(
 
         report = evaluate_scenarios(files, seed, cfg, router, deadline_s=deadline, on_scenario=progress)
     _print_report(report)
+    if fail_under is not None and report.recall < fail_under:
+        fail(f"recall {report.recall:.2f} is below --fail-under {fail_under:.2f}")
+
+
+def _evaluate_generated(
+    n: int, seed: int, cfg: Any, router: Any, deadline: float, workers: int, fail_under: float | None
+) -> None:
+    """`--generated N`: score generated cases; print the summary and only the cases that went wrong."""
+    import time
+
+    from streams.evaluate import evaluate_generated
+
+    began = time.monotonic()
+    done = [0]
+
+    def progress(result: ScenarioResult) -> None:
+        done[0] += 1
+        if done[0] % 50 == 0 or done[0] == n:
+            err_console.print(f"  {done[0]}/{n} generated cases", highlight=False)
+
+    report = evaluate_generated(
+        n, seed, cfg, router, deadline_s=deadline, workers=workers, on_scenario=progress
+    )
+    elapsed = time.monotonic() - began
+    bad = EvaluationReport(
+        [
+            s
+            for s in report.scenarios
+            if s.false_positives or any(lab.alert and not lab.detected for lab in s.labels)
+        ]
+    )
+    if bad.scenarios:
+        _print_report(bad)
+    console.print(
+        f"{n} generated cases (seed {seed}) in {elapsed:.1f}s, {sum(s.events for s in report.scenarios):,} events: "
+        f"recall {report.recall:.2f}, precision {report.precision:.2f}; {len(bad.scenarios)} case(s) went wrong",
+        highlight=False,
+    )
     if fail_under is not None and report.recall < fail_under:
         fail(f"recall {report.recall:.2f} is below --fail-under {fail_under:.2f}")
 

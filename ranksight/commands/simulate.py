@@ -80,6 +80,13 @@ def simulate_command(
     ),
     list_: bool = typer.Option(False, "--list", help="List the built-in scenarios and exit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    generate: int | None = typer.Option(
+        None,
+        "--generate",
+        min=1,
+        help="Write N generated scenario files (random jobs, noise, co-location, faults and their "
+        "must-not-alert twins, from --seed) to the folder --out (default: generated/).",
+    ),
 ) -> None:
     """Generate a cluster's GPU/host telemetry and training events, with labelled faults."""
     from producers.simulator import load_scenario, parse_duration, simulate, write_labels
@@ -88,6 +95,9 @@ def simulate_command(
     with user_errors():
         if list_:
             _list()
+            return
+        if generate is not None:
+            _write_generated(generate, seed, out or Path("generated"))
             return
         if scenario is None:
             fail("give a scenario: --scenario NAME|FILE.yaml (see --list)")
@@ -143,6 +153,26 @@ def live_start_ms(duration_s: float, now_ms: int | None = None) -> int:
     """The start of a live simulation: `duration_s` before now, so its last event is about now."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     return now - int(duration_s * 1000)
+
+
+def _write_generated(n: int, seed: int, folder: Path) -> None:
+    """`--generate N`: one scenario YAML file per generated case, loadable by --scenario and evaluate."""
+    import yaml
+
+    from producers.simulator.generator import generate_mappings
+
+    if folder.exists() and not folder.is_dir():
+        fail(f"--out {folder} is a file; --generate writes scenario files into a folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    for mapping in generate_mappings(n, seed):
+        (folder / f"{mapping['name']}.yaml").write_text(
+            f"# {mapping['description']}\n" + yaml.safe_dump(mapping, sort_keys=False), encoding="utf-8"
+        )
+    console.print(
+        f"wrote {n} generated scenario(s) (seed {seed}) to {folder}/; "
+        f"score them with `ranksight evaluate --scenarios {folder}`",
+        highlight=False,
+    )
 
 
 def _publish(events: list[Any], speed: float, topic_prefix: str | None, quiet: bool) -> None:

@@ -20,6 +20,44 @@ from streams.routing import load_router
 
 SCENARIOS = builtin_scenarios()
 
+# Scenarios written from issue 10 that today's detectors do not pass yet: (test, scenario) -> the
+# detector gap. strict: the detector work that closes a gap must remove its entry.
+_MISSED = "test_labelled_alerts_fire_for_the_right_identity_and_team_in_time"
+_UNEXPLAINED = "test_no_alert_fires_without_a_label_explaining_it"
+DETECTOR_GAPS: dict[tuple[str, str], str] = {
+    (
+        _MISSED,
+        "colocated_node_fault",
+    ): "issue 10.1: a node fault reaches only the first job's team (_node_job)",
+    (_MISSED, "contention"): "issue 10.5: no self-baseline rule (throughput_drop) yet",
+    (
+        _MISSED,
+        "ib_degradation",
+    ): "issue 10.6: network_degradation names nodes by TCP retransmits, not IB errors",
+    (
+        _MISSED,
+        "storage_slowdown",
+    ): "issue 10.3: half a job slow on one node is no straggler and no grouped incident",
+    (
+        _MISSED,
+        "straggler_ramp",
+    ): "issue 10.5: a 1.28x straggler is below the 1.33x threshold (no change detection)",
+    (_UNEXPLAINED, "long_evaluation"): "issue 10.2: EvaluationEvent is not used to suppress job_stall",
+    (
+        _UNEXPLAINED,
+        "long_evaluation_legacy",
+    ): "issue 10.2: the first evaluation gets only the 60 s stall floor",
+}
+
+
+def _cases(test: str) -> list[object]:
+    return [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=DETECTOR_GAPS[(test, name)]))
+        if (test, name) in DETECTOR_GAPS
+        else name
+        for name in SCENARIOS
+    ]
+
 
 @cache
 def _run(name: str) -> ScenarioRun:
@@ -47,7 +85,7 @@ def test_every_fault_scenario_is_shipped() -> None:
     } <= set(SCENARIOS)
 
 
-@pytest.mark.parametrize("name", SCENARIOS)
+@pytest.mark.parametrize("name", _cases(_MISSED))
 def test_labelled_alerts_fire_for_the_right_identity_and_team_in_time(name: str) -> None:
     result = _result(name)
     missed = [
@@ -68,7 +106,7 @@ def test_transient_faults_resolve_after_they_end(name: str) -> None:
     assert not unresolved, f"{name}: still firing after the fault ended: {unresolved}"
 
 
-@pytest.mark.parametrize("name", SCENARIOS)
+@pytest.mark.parametrize("name", _cases(_UNEXPLAINED))
 def test_no_alert_fires_without_a_label_explaining_it(name: str) -> None:
     fps = [
         f"{a['rule']} {a['job_id']} rank={a['rank']} node={a['node']}: {a['summary']}"

@@ -214,3 +214,23 @@ def test_a_live_simulation_ends_about_now() -> None:
     from ranksight.commands.simulate import live_start_ms
 
     assert live_start_ms(600.0, now_ms=1_800_000_000_000) == 1_800_000_000_000 - 600_000
+
+
+def test_generate_writes_scenario_files_that_load_and_evaluate(tmp_path: Path) -> None:
+    """`simulate --generate N` writes N valid scenario files; `evaluate --scenarios` scores them."""
+    out = tmp_path / "generated"
+    result = runner.invoke(app, ["simulate", "--generate", "4", "--seed", "5", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    files = sorted(out.glob("*.yaml"))
+    assert len(files) == 4 and files[1].stem.endswith("-twin")
+    scenarios = [load_scenario(f) for f in files]
+    assert len(scenarios[0].faults) == 1 and scenarios[0].duration == 420
+    scored = runner.invoke(app, ["evaluate", "--scenarios", str(out), "--only", files[1].stem])
+    assert scored.exit_code == 0, scored.output
+    assert "overall recall" in scored.output
+
+
+def test_evaluate_generated_prints_a_summary_line() -> None:
+    result = runner.invoke(app, ["evaluate", "--generated", "2", "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    assert "2 generated cases (seed 3)" in " ".join(result.output.split())

@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from streams.alertmanager import AlertForwarder, AlertmanagerClient, AlertmanagerError, to_alertmanager
+from streams.alertmanager import (
+    AlertForwarder,
+    AlertmanagerClient,
+    AlertmanagerError,
+    coalesce,
+    round_observed,
+    to_alertmanager,
+)
 
 
 def _alert(status: str = "firing", **over: Any) -> dict[str, Any]:
@@ -83,10 +90,14 @@ def fake_alertmanager() -> Iterator[tuple[str, type[_Recorder]]]:
 
 
 def test_firing_payload_has_rule_as_alertname_identity_labels_and_no_end() -> None:
-    p = to_alertmanager(_alert(), "http://grafana/d/1")
+    p = to_alertmanager(_alert(run_id="job1-r2", observed=1.41234567), ui_url="http://ui:8080/")
     assert p["labels"]["alertname"] == "straggler"
     assert p["labels"]["team"] == "llm-pretrain"
     assert p["labels"]["job_id"] == "job1"
+    assert p["labels"]["job"] == "job1"
+    assert "run_id" not in p["labels"]  # a restarted run is the same alert
+    assert p["annotations"]["run_id"] == "job1-r2"
+    assert p["annotations"]["observed"] == "1.41"
     assert p["labels"]["rank"] == "3"
     assert p["labels"]["severity"] == "warning"
     assert p["labels"]["model"] == "7b"
@@ -95,16 +106,17 @@ def test_firing_payload_has_rule_as_alertname_identity_labels_and_no_end() -> No
     assert p["annotations"]["runbook_url"] == "https://runbooks.example/straggler"
     assert p["startsAt"] == "2026-01-01T00:00:00.000Z"
     assert "endsAt" not in p
-    assert p["generatorURL"] == "http://grafana/d/1"
+    assert p["generatorURL"] == "http://ui:8080/alerts/a1"
 
 
 def test_resolved_payload_sets_ends_at() -> None:
-    p = to_alertmanager(_alert("resolved"))
+    p = to_alertmanager(_alert("resolved"), ends_at_ms=1)
     assert p["endsAt"] == "2026-01-01T00:01:00.000Z"
     assert "generatorURL" not in p
 
 
 def test_firing_alert_is_resent_every_interval_until_resolved() -> None:
+    """The re-send schedule: every `resend_s` while firing, never after the resolution."""
     sent: list[list[dict[str, Any]]] = []
     clock = FakeClock()
     fwd = AlertForwarder(sent.append, resend_s=60, clock=clock)
@@ -146,7 +158,7 @@ def test_client_posts_json_list_to_api_v2_alerts(fake_alertmanager: tuple[str, t
     assert [path for path, _ in rec.posts] == ["/api/v2/alerts"] * 3
     bodies = [body for _, body in rec.posts]
     assert all(isinstance(b, list) and len(b) == 1 for b in bodies)
-    assert "endsAt" not in bodies[1][0]
+    assert bodies[1][0]["endsAt"] == "1970-01-01T00:21:41.000Z"  # keep-alive: 1061 s + 240 s
     assert bodies[2][0]["endsAt"] == "2026-01-01T00:01:00.000Z"
 
 
@@ -168,3 +180,147 @@ def test_client_unreachable_raises() -> None:
             client.post([to_alertmanager(_alert())])
     finally:
         client.close()
+
+
+def test_observed_is_rounded_to_three_significant_digits() -> None:
+    assert round_observed(1.41234) == "1.41"
+    assert round_observed(97.349) == "97.3"
+    assert round_observed(0.000123456) == "0.000123"
+    assert round_observed(12345.6) == "1.23e+04"
+    assert round_observed(0) == "0"
+    assert round_observed(float("nan")) == "nan"
+
+
+def test_firing_alert_carries_a_keepalive_end_and_is_resent_before_it_lapses() -> None:
+    """Every send of a firing alert sets endsAt = now + keepalive; the next send comes before that."""
+    sent: list[list[dict[str, Any]]] = []
+    clock = FakeClock()
+    fwd = AlertForwarder(sent.append, resend_s=60, clock=clock)
+    fwd.handle(_alert())
+    for _ in range(5):
+        clock.now += 30
+        fwd.tick()
+    ends = [batch[0]["endsAt"] for batch in sent]
+    assert len(sent) == 3  # t=0, 60, 120
+    assert ends[0] == "1970-01-01T00:20:40.000Z"  # 1000 s + 4 x 60 s
+    assert len(set(ends)) == 3
+
+
+def test_keepalive_must_outlast_the_resend_interval() -> None:
+    with pytest.raises(ValueError, match="keepalive_s must be longer"):
+        AlertForwarder(lambda alerts: None, resend_s=60, keepalive_s=60)
+
+
+def test_restored_firing_alerts_are_resent_at_the_first_tick_and_resolved_ones_never() -> None:
+    """A restart rebuilds the firing set silently, then re-sends only what still fires."""
+    sent: list[list[dict[str, Any]]] = []
+    fwd = AlertForwarder(sent.append, resend_s=60, clock=FakeClock())
+    fwd.restore(_alert(fingerprint="a"))
+    fwd.restore(_alert(fingerprint="b"))
+    fwd.restore(_alert("resolved", fingerprint="b"))
+    assert sent == [] and not fwd.settled
+    assert fwd.tick() == 1
+    assert [a["labels"]["fingerprint"] for a in sent[0]] == ["a"]
+    assert "endsAt" in sent[0][0] and fwd.settled
+
+
+def test_a_backlog_is_coalesced_so_a_resolved_alert_is_never_paged() -> None:
+    sent: list[list[dict[str, Any]]] = []
+    fwd = AlertForwarder(sent.append, clock=FakeClock())
+    n = fwd.handle_batch(
+        [_alert(fingerprint="a"), _alert(fingerprint="b"), _alert("resolved", fingerprint="a")]
+    )
+    assert n == 2 and len(sent) == 1
+    by_fp = {a["labels"]["fingerprint"]: a for a in sent[0]}
+    assert by_fp["a"]["endsAt"] == "2026-01-01T00:01:00.000Z"  # the real resolution, not a page
+    assert fwd.firing == 1
+    assert [
+        r["fingerprint"]
+        for r in coalesce([_alert(fingerprint="x"), _alert(fingerprint="y"), _alert(fingerprint="x")])
+    ] == ["y", "x"]
+
+
+def test_a_failed_post_is_retried_at_the_next_tick() -> None:
+    """Alertmanager down: nothing is lost, the forwarder is not settled until it went out."""
+    sent: list[list[dict[str, Any]]] = []
+    down = True
+
+    def post(alerts: list[dict[str, Any]]) -> None:
+        if down:
+            raise AlertmanagerError("down")
+        sent.append(alerts)
+
+    fwd = AlertForwarder(post, clock=FakeClock())
+    with pytest.raises(AlertmanagerError):
+        fwd.handle_batch([_alert(fingerprint="a"), _alert("resolved", fingerprint="b")])
+    assert not fwd.settled
+    down = False
+    assert fwd.tick() == 2
+    assert fwd.settled and fwd.tick() == 0
+
+
+def test_a_file_of_alerts_is_forwarded_as_the_last_state_of_each(tmp_path: Any) -> None:
+    """`alerts forward --file`: a replay's alerts, coalesced; the resolved one goes out as a resolution."""
+    from schemas.files import write_container
+    from schemas.records import Event, default_schemas
+    from streams.alert_delivery import forward_file
+
+    def full(record: dict[str, Any]) -> dict[str, Any]:
+        out = {
+            f["name"]: f["default"]
+            for f in default_schemas().records["Alert"].json["fields"]
+            if "default" in f
+        }
+        return out | {k: v for k, v in record.items() if v is not None or k in out}
+
+    path = tmp_path / "alerts.avro"
+    write_container(
+        path,
+        [
+            Event("Alert", full(_alert(fingerprint="a", labels={}))),
+            Event("Alert", full(_alert(fingerprint="b", labels={}))),
+            Event("Alert", full(_alert("resolved", fingerprint="a", labels={}))),
+        ],
+    )
+    sent: list[list[dict[str, Any]]] = []
+    assert forward_file(path, AlertForwarder(sent.append, clock=FakeClock())) == 2
+    assert [(a["labels"]["fingerprint"], a["endsAt"]) for a in sent[0]] == [
+        ("b", "1970-01-01T00:20:40.000Z"),
+        ("a", "2026-01-01T00:01:00.000Z"),
+    ]
+
+
+def _config_labels(matchers: list[str]) -> set[str]:
+    import re
+
+    return {re.match(r"\s*(\w+)\s*(=~|!=|!~|=)", m).group(1) for m in matchers}  # type: ignore[union-attr]
+
+
+def test_shipped_alertmanager_config_groups_and_routes_on_labels_ranksight_sends() -> None:
+    """infra/alertmanager/alertmanager.yml: group_by, matchers and inhibit `equal` name real labels; teams routed."""
+    from pathlib import Path
+
+    import yaml
+
+    from producers.simulator import builtin_scenarios, load_scenario
+
+    root = Path(__file__).resolve().parents[3]
+    config = yaml.safe_load((root / "infra/alertmanager/alertmanager.yml").read_text(encoding="utf-8"))
+    sent = set(to_alertmanager(_alert(labels={}))["labels"]) | {"gpu_uuid", "gpu_index"}
+    route = config["route"]
+    routes = route["routes"]
+    used = set(route["group_by"]) | {label for r in routes for label in r.get("group_by", [])}
+    used |= {label for r in routes for label in _config_labels(r["matchers"])}
+    for rule in config["inhibit_rules"]:
+        used |= _config_labels(rule["source_matchers"]) | _config_labels(rule["target_matchers"])
+        used |= set(rule["equal"])
+    assert "rule" not in used and "alertname" in route["group_by"]
+    assert used <= sent, sorted(used - sent)
+    receivers = {r["name"] for r in config["receivers"]}
+    assert {r["receiver"] for r in routes} | {route["receiver"]} <= receivers
+    team_routes = " ".join(m for r in routes for m in r["matchers"] if m.startswith("team"))
+    teams = {"platform"} | {j.team for name in builtin_scenarios() for j in load_scenario(name).jobs}
+    import re
+
+    routed = {t for t in teams if re.search(rf'team(=~?)"[^"]*\b{re.escape(t)}\b', team_routes)}
+    assert routed == teams, sorted(teams - routed)

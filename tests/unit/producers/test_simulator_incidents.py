@@ -1,0 +1,218 @@
+"""Simulator features for real incidents (issue 10.6): ramps, per-rank noise, co-location,
+evaluation start events, unverified checkpoints, InfiniBand counters, and the case generator."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import pytest
+
+from producers.simulator import ScenarioError, simulate
+from producers.simulator.generator import GENERATED_FAULTS, generate, generate_mappings
+from producers.simulator.scenario import scenario_from_mapping
+from schemas.files import parse_ts
+from schemas.records import Event
+
+T0 = parse_ts("2026-01-01T00:00:00Z")
+
+
+def _scenario(jobs: list[dict[str, Any]], faults: list[dict[str, Any]] | None = None, **top: Any) -> Any:
+    data = {
+        "name": "t",
+        "duration": top.pop("duration", "6m"),
+        "cluster": {"name": "t", "nodes": 2, "gpus_per_node": 4},
+        "telemetry": {"interval": "5s", "dataloader_samples": False, "collective_samples": False},
+        "jobs": jobs,
+        "faults": faults or [],
+        **top,
+    }
+    return scenario_from_mapping(data, "t.yaml")
+
+
+def _job(**over: Any) -> dict[str, Any]:
+    return {"id": "j1", "team": "a", "nodes": 1, "gpus_per_node": 4, "init_time": 5, **over}
+
+
+def _events(sc: Any, seed: int = 0) -> tuple[list[Event], list[dict[str, Any]]]:
+    sim = simulate(sc, seed)
+    return list(sim.events()), sim.labels
+
+
+def _compute_by_rank(events: list[Event], lo_s: float = 0, hi_s: float = 1e9) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for e in events:
+        r = e.record
+        if e.type == "StepCompleted" and lo_s * 1000 <= r["ts"] - T0 < hi_s * 1000:
+            out.setdefault(r["rank"], []).append(r["forward_s"] + r["backward_s"] + r["optimizer_s"])
+    return out
+
+
+def test_a_ramped_straggler_slows_gradually_to_its_magnitude() -> None:
+    """ramp: 1.0x at the start, the full factor only after the ramp."""
+    sc = _scenario(
+        [_job(step_noise=0.0)],
+        [
+            {
+                "type": "straggler_gpu",
+                "job": "j1",
+                "rank": 2,
+                "start": 60,
+                "duration": 240,
+                "magnitude": 1.6,
+                "ramp": 120,
+            }
+        ],
+    )
+    events, _ = _events(sc)
+
+    def ratio(lo: float, hi: float) -> float:
+        c = _compute_by_rank(events, lo, hi)
+        return statistics.median(c[2]) / statistics.median(c[0])
+
+    early, middle, late = ratio(62, 80), ratio(110, 130), ratio(200, 290)
+    assert early < 1.15 < middle < 1.45 < late
+    assert late == pytest.approx(1.6, rel=0.05)
+
+
+def test_persistently_slow_ranks_and_per_rank_jitter_show_in_the_steps() -> None:
+    sc = _scenario([_job(step_noise=0.01, rank_jitter=0.05, slow_ranks={1: 1.05})])
+    c = _compute_by_rank(_events(sc)[0], 60)
+    assert statistics.median(c[1]) / statistics.median(c[0]) == pytest.approx(1.05, rel=0.02)
+    spread = {r: statistics.stdev(v) / statistics.mean(v) for r, v in c.items()}
+    assert min(spread.values()) > 0.015  # each rank jitters on its own, beyond the shared noise
+    assert max(spread.values()) / min(spread.values()) > 1.2  # ...and each by its own amount
+
+
+def test_a_scenario_without_the_new_knobs_keeps_its_exact_output() -> None:
+    """Rank noise is drawn from its own stream only when asked: old scenarios replay unchanged."""
+    plain = _events(_scenario([_job()]))[0]
+    explicit = _events(_scenario([_job(rank_jitter=0.0, rank_speed_spread=0.0, slow_ranks={})]))[0]
+    assert plain == explicit
+
+
+def test_two_jobs_split_one_node_and_a_node_fault_is_labelled_for_both_teams() -> None:
+    """Co-location: disjoint GPU ranges on node-01; an ECC error there reaches both jobs' teams."""
+    sc = _scenario(
+        [
+            _job(id="a", team="vision", nodes=["node-01"], gpus_per_node=2, gpu_offset=0),
+            _job(id="b", team="speech", nodes=["node-01"], gpus_per_node=2, gpu_offset=2),
+        ],
+        [{"type": "ecc_uncorrectable", "job": "a", "node": "node-01", "gpu": 1, "start": 120}],
+    )
+    events, labels = _events(sc)
+    bound = {(r.record["job_id"], r.record["gpu_index"]) for r in events if r.type == "RankBound"}
+    assert bound == {("a", 0), ("a", 1), ("b", 2), ("b", 3)}
+    assert [(lab["job_id"], lab["team"], lab["alert"]) for lab in labels] == [
+        ("a", "vision", "ecc_uncorrectable"),
+        ("b", "speech", "ecc_uncorrectable"),
+    ]
+    assert labels[0]["gpu_index"] == 1 and labels[1]["gpu_uuid"] is None and labels[1]["node"] == "node-01"
+
+
+def test_overlapping_gpus_on_a_shared_node_are_rejected_with_the_key() -> None:
+    with pytest.raises(ScenarioError, match=r"jobs\[1\]\.nodes: .*already used by job a.*gpu_offset"):
+        _scenario(
+            [
+                _job(id="a", nodes=["node-01"], gpus_per_node=2),
+                _job(id="b", nodes=["node-01"], gpus_per_node=2, gpu_offset=1),
+            ]
+        )
+    with pytest.raises(ScenarioError, match=r"jobs\[0\]\.gpu_offset: GPUs 3\.\.4 do not fit"):
+        _scenario([_job(gpus_per_node=2, gpu_offset=3)])
+    with pytest.raises(
+        ScenarioError, match=r"jobs\[0\]\.slow_ranks: rank 4 is not a rank of this job \(0\.\.3\)"
+    ):
+        _scenario([_job(slow_ranks={4: 1.1})])
+
+
+@pytest.mark.parametrize("with_events", [True, False])
+def test_evaluations_send_start_and_completion_events_unless_switched_off(with_events: bool) -> None:
+    sc = _scenario(
+        [_job(evaluation={"every_steps": 50, "duration": "40s"}, step_time=1.0)],
+        telemetry={"interval": "5s", "evaluation_events": with_events},
+    )
+    events, _ = _events(sc)
+    evals = [e.record for e in events if e.type == "EvaluationEvent"]
+    results = [e.record for e in events if e.type == "ValidationResult"]
+    assert results
+    if not with_events:
+        assert evals == []
+        return
+    assert [e["phase"] for e in evals[:2]] == ["started", "completed"]
+    started, completed = evals[0], evals[1]
+    assert started["evaluation_id"] == completed["evaluation_id"] and started["step"] == results[0]["step"]
+    assert started["expected_duration_s"] == 40.0
+    assert completed["ts"] < results[0]["ts"] and completed["ts"] - started["ts"] == pytest.approx(
+        results[0]["duration_s"] * 1000, abs=5
+    )
+    # No step completes while an evaluation is open.
+    steps = [e.record["ts"] for e in events if e.type == "StepCompleted"]
+    assert not [t for t in steps if started["ts"] < t < completed["ts"]]
+
+
+def test_unverified_checkpoints_complete_without_a_verification_and_are_labelled_stale() -> None:
+    sc = _scenario(
+        [_job(checkpoint={"every": "1m", "duration": "5s", "max_age": "3m"})],
+        [{"type": "checkpoint_unverified", "job": "j1", "start": 150}],
+    )
+    events, labels = _events(sc)
+    phases = [(e.record["ts"] - T0, e.record["phase"]) for e in events if e.type == "CheckpointEvent"]
+    verified = [t for t, p in phases if p == "verified"]
+    completed = [t for t, p in phases if p == "completed"]
+    assert verified and max(verified) < 150_000 < max(completed)
+    (label,) = labels
+    assert label["alert"] == "checkpoint_stale"
+    assert parse_ts(label["start"]) - T0 == max(verified)  # the age counts from the last verification
+
+
+def test_hosts_report_infiniband_counters_and_an_ib_fault_degrades_one_node() -> None:
+    sc = _scenario(
+        [_job(nodes=2)],
+        [
+            {
+                "type": "ib_degradation",
+                "job": "j1",
+                "node": "node-02",
+                "start": 150,
+                "duration": 120,
+                "magnitude": 2.5,
+            }
+        ],
+    )
+    events, labels = _events(sc)
+    hosts = [e.record for e in events if e.type == "HostSample"]
+
+    def rx(node: str, lo: float, hi: float) -> float:
+        return statistics.median(
+            h["ib_rx_bytes_s"] for h in hosts if h["node"] == node and lo * 1000 <= h["ts"] - T0 < hi * 1000
+        )
+
+    assert all(h["ib_rx_bytes_s"] is not None and h["ib_errors"] is not None for h in hosts)
+    degraded = rx("node-02", 160, 260) / rx("node-02", 60, 140)
+    healthy = rx("node-01", 160, 260) / rx("node-01", 60, 140)
+    assert degraded < 0.85 < 0.95 < healthy  # the faulty port moves less; its peer waits, not slower
+    errors = [h["ib_errors"] for h in hosts if h["node"] == "node-02"]
+    assert errors == sorted(errors) and errors[-1] > 0  # a cumulative counter that climbed
+    assert all(h["ib_errors"] == 0 for h in hosts if h["node"] == "node-01")
+    assert labels[0]["alert"] == "network_degradation" and labels[0]["node"] == "node-02"
+
+
+def test_the_generator_is_a_pure_function_of_its_seed() -> None:
+    assert generate_mappings(12, 7) == generate_mappings(12, 7)
+    assert generate_mappings(12, 7) != generate_mappings(12, 8)
+
+
+def test_generated_cases_pair_each_fault_with_a_must_not_alert_twin_and_cover_the_catalogue() -> None:
+    cases = generate(300, 0)
+    kinds = set()
+    for fault_case, twin in zip(cases[::2], cases[1::2], strict=True):
+        assert twin.name == fault_case.name.replace(fault_case.name[:11], twin.name[:11]) + "-twin"
+        assert [j.id for j in twin.jobs] == [j.id for j in fault_case.jobs]
+        (fault,) = fault_case.faults
+        kinds.add(fault.type)
+        assert all(f.type in ("long_checkpoint",) for f in twin.faults)  # nothing that should alert
+    assert kinds == set(GENERATED_FAULTS)
+    assert any(
+        len({n for j in c.jobs for n in j.nodes if n == "node-01"}) and len(c.jobs) == 2 for c in cases
+    )
