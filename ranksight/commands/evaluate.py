@@ -135,7 +135,7 @@ def _evaluate_generated(
     """`--generated N`: score generated cases; print the summary and only the cases that went wrong."""
     import time
 
-    from streams.evaluate import evaluate_generated
+    from streams.evaluate import EvaluationReport, evaluate_generated
 
     began = time.monotonic()
     done = [0]
