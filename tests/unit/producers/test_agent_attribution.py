@@ -1,0 +1,240 @@
+"""The agent attributes GPUs to jobs on the node: SDK binding files, Slurm (a fake /proc tree with
+cgroup v1/v2 paths and environ files), Kubernetes (recorded pod-resources responses); unattributed
+GPUs are still published."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from producers.agent import Agent, FakeDevice, FakeNvml, GpuSampler, HostSampler
+from producers.agent.attribution import (
+    Attributor,
+    JobRef,
+    decode_pod_resources,
+    parse_pod_resources_json,
+    slurm_job_of_pid,
+)
+from producers.publisher import MemoryPublisher
+from producers.training import Reporter
+from producers.training.bindings import Binding, read_bindings, write_binding
+
+
+def _proc(root: Path, pid: int, *, cgroup: str = "", environ: dict[str, str] | None = None) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    (d / "cgroup").write_text(cgroup)
+    (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in (environ or {}).items()))
+
+
+def _agent(nvml: FakeNvml, attributor: Attributor, tmp_path: Path) -> tuple[Agent, MemoryPublisher]:
+    publisher = MemoryPublisher()
+    host_proc = tmp_path / "hostproc"
+    host_proc.mkdir(exist_ok=True)
+    agent = Agent(
+        publisher,
+        host=HostSampler(cluster="c", node="n", proc_root=host_proc),
+        gpus=GpuSampler(nvml, cluster="c", node="n"),
+        interval=1.0,
+        watch_xid=False,
+        attributor=attributor,
+    )
+    return agent, publisher
+
+
+def _by_gpu(publisher: MemoryPublisher) -> dict[int, dict]:
+    return {e.record["gpu_index"]: e.record for e in publisher.events if e.type == "GpuSample"}
+
+
+def test_slurm_job_from_cgroup_v2_v1_and_environ(tmp_path: Path) -> None:
+    _proc(tmp_path, 101, cgroup="0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n")
+    _proc(tmp_path, 102, cgroup="12:pids:/\n5:cpuset:/slurm/uid_1000/job_77/step_batch\n")
+    _proc(tmp_path, 103, cgroup="0::/user.slice\n", environ={"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "1"})
+    _proc(tmp_path, 104, environ={"RANKSIGHT_JOB_ID": "llm-7", "RANKSIGHT_RUN_ID": "r2", "SLURM_JOB_ID": "9"})
+    _proc(tmp_path, 105, cgroup="0::/user.slice/user-1000.slice\n")
+    assert slurm_job_of_pid(tmp_path, 101) == JobRef("4242", None, "slurm")
+    assert slurm_job_of_pid(tmp_path, 102) == JobRef("77", None, "slurm")
+    assert slurm_job_of_pid(tmp_path, 103) == JobRef("9", "restart-1", "slurm")
+    assert slurm_job_of_pid(tmp_path, 104) == JobRef("llm-7", "r2", "sdk")
+    assert slurm_job_of_pid(tmp_path, 105) is None
+    assert slurm_job_of_pid(tmp_path, 999) is None, "a process that exited"
+
+
+def test_agent_stamps_slurm_jobs_and_publishes_unattributed_gpus(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    _proc(proc, 501, cgroup="0::/system.slice/slurmstepd.scope/job_31/step_0/user/task_0\n")
+    _proc(proc, 502, cgroup="0::/system.slice/slurmstepd.scope/job_32/step_0/user/task_0\n")
+    devices = [FakeDevice(0, "GPU-a", pids=[501]), FakeDevice(1, "GPU-b", pids=[502]), FakeDevice(2, "GPU-c")]
+    attributor = Attributor(proc_root=proc, bindings=[tmp_path / "none"])
+    agent, publisher = _agent(FakeNvml(devices=devices), attributor, tmp_path)
+    agent.tick()
+    gpus = _by_gpu(publisher)
+    assert (gpus[0]["job_id"], gpus[1]["job_id"], gpus[2]["job_id"]) == ("31", "32", None)
+    [host] = [e.record for e in publisher.events if e.type == "HostSample"]
+    assert host["job_ids"] == ["31", "32"]
+
+
+def test_sdk_binding_wins_and_stale_bindings_are_dropped(tmp_path: Path) -> None:
+    bindings = tmp_path / "bindings"
+    write_binding(
+        bindings, Binding(pid=os.getpid(), job_id="sdk-job", run_id="run-3", rank=0, gpu_uuid="GPU-b")
+    )
+    write_binding(bindings, Binding(pid=2**22 + 17, job_id="gone", run_id="", gpu_uuid="GPU-a"))
+    proc = tmp_path / "proc"
+    _proc(proc, 601, cgroup="0::/system.slice/slurmstepd.scope/job_99/step_0\n")
+    devices = [FakeDevice(0, "GPU-a"), FakeDevice(1, "GPU-b", pids=[601])]
+    alive = frozenset({os.getpid(), 601})
+    attributor = Attributor(proc_root=proc, bindings=[bindings], alive=lambda: alive)
+    agent, publisher = _agent(FakeNvml(devices=devices), attributor, tmp_path)
+    agent.tick()
+    gpus = _by_gpu(publisher)
+    assert (gpus[1]["job_id"], gpus[1]["run_id"]) == ("sdk-job", "run-3"), (
+        "the SDK's binding beats the cgroup"
+    )
+    assert gpus[0]["job_id"] is None, "a binding of a dead process is stale"
+    assert not (bindings / f"{2**22 + 17}.json").exists()
+
+
+def test_a_reporter_binding_reaches_the_agent_on_the_same_node(tmp_path: Path) -> None:
+    nvml = FakeNvml(gpus=2)
+    runtime = tmp_path / "run" / "bindings"
+    reporter = Reporter(
+        "train-42",
+        1,
+        local_rank=1,
+        node="n",
+        publisher=MemoryPublisher(),
+        env={},
+        nvml=nvml,
+        runtime_dir=runtime,
+    )
+    reporter.flush(5)
+    attributor = Attributor(proc_root=tmp_path / "proc", bindings=[runtime])
+    agent, publisher = _agent(nvml, attributor, tmp_path)
+    agent.tick()
+    reporter.close()
+    gpus = _by_gpu(publisher)
+    assert (gpus[0]["job_id"], gpus[1]["job_id"]) == (None, "train-42")
+
+
+def _pb_len(number: int, payload: bytes) -> bytes:
+    key = (number << 3) | 2
+    size = len(payload)
+    varint = b""
+    while True:
+        byte, size = size & 0x7F, size >> 7
+        varint += bytes([byte | (0x80 if size else 0)])
+        if not size:
+            break
+    return bytes([key]) + varint + payload
+
+
+def _recorded_list_response() -> bytes:
+    """v1.ListPodResourcesResponse as the kubelet sends it: 2 pods, GPUs plus CPU ids and another device."""
+
+    def pod(name: str, ns: str, gpus: list[str]) -> bytes:
+        device = _pb_len(1, b"nvidia.com/gpu") + b"".join(_pb_len(2, g.encode()) for g in gpus)
+        nic = _pb_len(1, b"rdma/hca") + _pb_len(2, b"mlx5_0")
+        cpu_ids = bytes([0x1A, 2, 4, 5])  # packed repeated int64 cpu_ids = 3
+        container = _pb_len(1, b"pytorch") + _pb_len(2, device) + _pb_len(2, nic) + cpu_ids
+        return _pb_len(1, name.encode()) + _pb_len(2, ns.encode()) + _pb_len(3, container)
+
+    return _pb_len(1, pod("llama-ft-worker-1", "ml", ["GPU-a", "GPU-b"])) + _pb_len(
+        1, pod("notebook-x", "users", ["GPU-c"])
+    )
+
+
+def test_kubernetes_pod_resources_protobuf_and_json_agree(tmp_path: Path) -> None:
+    devices = decode_pod_resources(_recorded_list_response())
+    gpus = [(d.pod, d.device_ids) for d in devices if d.resource == "nvidia.com/gpu"]
+    assert gpus == [("llama-ft-worker-1", ("GPU-a", "GPU-b")), ("notebook-x", ("GPU-c",))]
+    as_json = {
+        "podResources": [
+            {
+                "name": "llama-ft-worker-1",
+                "namespace": "ml",
+                "containers": [
+                    {
+                        "name": "pytorch",
+                        "devices": [{"resourceName": "nvidia.com/gpu", "deviceIds": ["GPU-a", "GPU-b"]}],
+                    }
+                ],
+            },
+            {
+                "name": "notebook-x",
+                "namespace": "users",
+                "containers": [
+                    {"name": "nb", "devices": [{"resourceName": "nvidia.com/gpu", "deviceIds": ["GPU-c"]}]}
+                ],
+            },
+        ]
+    }
+    parsed = [
+        (d.pod, d.device_ids) for d in parse_pod_resources_json(as_json) if d.resource == "nvidia.com/gpu"
+    ]
+    assert parsed == gpus
+
+
+@pytest.mark.parametrize("fmt", ["bin", "json"])
+def test_agent_stamps_kubernetes_jobs_from_a_recorded_response(tmp_path: Path, fmt: str) -> None:
+    path = tmp_path / f"list.{fmt}"
+    if fmt == "bin":
+        path.write_bytes(_recorded_list_response())
+    else:
+        path.write_text(
+            json.dumps(
+                {
+                    "pod_resources": [
+                        {
+                            "name": "llama-ft-worker-1",
+                            "namespace": "ml",
+                            "containers": [
+                                {
+                                    "name": "c",
+                                    "devices": [
+                                        {"resource_name": "nvidia.com/gpu", "device_ids": ["GPU-a", "GPU-b"]}
+                                    ],
+                                }
+                            ],
+                        }
+                    ]
+                }
+            )
+        )
+    devices = [FakeDevice(0, "GPU-a"), FakeDevice(1, "GPU-b"), FakeDevice(2, "GPU-z")]
+    attributor = Attributor(proc_root=tmp_path / "proc", bindings=[], pod_resources=str(path))
+    agent, publisher = _agent(FakeNvml(devices=devices), attributor, tmp_path)
+    agent.tick()
+    gpus = _by_gpu(publisher)
+    assert [gpus[i]["job_id"] for i in range(3)] == ["llama-ft", "llama-ft", None]
+
+
+def test_a_missing_kubelet_leaves_the_other_sources_working(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    proc = tmp_path / "proc"
+    _proc(proc, 701, cgroup="0::/system.slice/slurmstepd.scope/job_5/step_0\n")
+    attributor = Attributor(proc_root=proc, bindings=[], pod_resources=str(tmp_path / "no.sock"))
+    answer = attributor.refresh([("GPU-a", [701]), ("GPU-b", [])], 0.0)
+    assert answer == {"GPU-a": JobRef("5", None, "slurm")}
+    attributor.refresh([("GPU-a", [701])], 20.0)
+    assert sum("pod-resources" in r.getMessage() for r in caplog.records) == 1, "logged once"
+
+
+def test_attribution_is_refreshed_at_its_own_cadence(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    _proc(proc, 801, cgroup="0::/system.slice/slurmstepd.scope/job_1/step_0\n")
+    attributor = Attributor(proc_root=proc, bindings=[], refresh_s=10)
+    assert attributor.due(0.0)
+    attributor.refresh([("GPU-a", [801])], 0.0)
+    assert not attributor.due(9.9) and attributor.due(10.0)
+    assert attributor.job_ids() == ["1"]
+
+
+def test_bindings_reader_skips_garbage(tmp_path: Path) -> None:
+    (tmp_path / "1.json").write_text("{not json")
+    (tmp_path / "2.json").write_text(json.dumps({"pid": "x"}))
+    assert list(read_bindings([tmp_path], alive=frozenset({1, 2}))) == []
