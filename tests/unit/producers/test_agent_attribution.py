@@ -238,3 +238,20 @@ def test_bindings_reader_skips_garbage(tmp_path: Path) -> None:
     (tmp_path / "1.json").write_text("{not json")
     (tmp_path / "2.json").write_text(json.dumps({"pid": "x"}))
     assert list(read_bindings([tmp_path], alive=frozenset({1, 2}))) == []
+
+
+def test_the_simulator_stamps_telemetry_like_an_attributing_agent() -> None:
+    from producers.simulator import load_scenario, simulate
+
+    events = list(simulate(load_scenario("foreign_process"), 3).events())
+    bound = {
+        (e.record["node"], e.record["gpu_uuid"]): e.record["job_id"] for e in events if e.type == "RankBound"
+    }
+    gpu = [e.record for e in events if e.type == "GpuSample"]
+    stamped = [r for r in gpu if (r["node"], r["gpu_uuid"]) in bound and r["pids"]]
+    assert stamped and all(r["job_id"] == bound[(r["node"], r["gpu_uuid"])] for r in stamped)
+    assert all(r["run_id"] for r in stamped)
+    assert any(r["job_id"] is None for r in gpu), "a GPU no job holds stays unattributed"
+    hosts = [e.record for e in events if e.type == "HostSample"]
+    jobs = {j for j in bound.values()}
+    assert any(set(h["job_ids"]) == {j for j in jobs if j} for h in hosts)
