@@ -162,15 +162,24 @@ class Step:
             r._internal("step", internal)
         return self
 
-    def end(self, exc: BaseException | None = None) -> None:
-        """End the step (what `with` does on exit); `exc` makes it a RankFault instead of a step."""
+    def stop_clock(self) -> None:
+        """Take the step's end mark now but publish later with `end()` (when values arrive after the step)."""
         r = self._reporter
         try:
             if self._open is not None:
                 self.segment_end()
-            self._end = r._timer.mark()
+            if self._end is None:
+                self._end = r._timer.mark()
             r._live_step = None
             r._live_segment = None
+        except Exception as internal:
+            r._internal("step", internal)
+
+    def end(self, exc: BaseException | None = None) -> None:
+        """End the step (what `with` does on exit); `exc` makes it a RankFault instead of a step."""
+        r = self._reporter
+        self.stop_clock()
+        try:
             r._step_done(self, exc)
         except Exception as internal:
             r._internal("step", internal)
