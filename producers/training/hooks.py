@@ -180,8 +180,8 @@ class LoopHooks:
         if waiting is not None and self.reporter is not None:
             if self.reporter._current is waiting:
                 self.reporter._current = None
-            self.reporter._live_step = None
-            self.reporter._live_segment = None
+            if self.reporter._live_step is waiting:
+                self.reporter._live_step = None
 
     def samples_tokens(self, batch: Any) -> dict[str, int | None]:
         """samples (batch size) and tokens (samples x tokens_per_sample, or input_ids' numel)."""

@@ -90,7 +90,15 @@ class _Segment:
         self._name = name
 
     def __enter__(self) -> _Segment:
-        self._step.segment_begin(self._name)
+        step = self._step
+        if step._open is not None:
+            step.segment_end()
+        try:
+            mark = step._mark()
+            step._open = (self._name, mark)
+            step._open_host = mark if step._host is None else step._host()
+        except Exception as internal:
+            step._reporter._internal("segment", internal)
         return self
 
     def __exit__(self, *exc: object) -> Literal[False]:
@@ -106,13 +114,30 @@ class Step:
     marks into seconds once they are reached.
     """
 
-    __slots__ = ("_begin", "_end", "_fields", "_marks", "_open", "_reporter", "step")
+    __slots__ = (
+        "_begin",
+        "_begin_host",
+        "_end",
+        "_fields",
+        "_host",
+        "_mark",
+        "_marks",
+        "_open",
+        "_open_host",
+        "_reporter",
+        "step",
+    )
 
     def __init__(self, reporter: Reporter, step: int) -> None:
         self._reporter = reporter
+        self._mark = reporter._mark
+        # Host monotonic ns for the heartbeat: the marks themselves with host clocks, a clock read with CUDA.
+        self._host = None if reporter._host_marks else reporter._mono_ns
         self.step = step
         self._marks: list[tuple[str, Any, Any]] = []  # (segment, begin mark, end mark)
         self._open: tuple[str, Any] | None = None
+        self._open_host = 0
+        self._begin_host = 0
         self._fields: dict[str, Any] = {}
         self._begin: Any = None
         self._end: Any = None
@@ -123,28 +148,25 @@ class Step:
 
     def segment_begin(self, name: str) -> None:
         """Start a segment (ends the one still open, if any)."""
-        r = self._reporter
         try:
             if self._open is not None:
                 self.segment_end()
-            mark = r._timer.mark()
+            mark = self._mark()
             self._open = (name, mark)
-            r._live_segment = (name, mark if r._host_marks else r._mono_ns())
+            self._open_host = mark if self._host is None else self._host()
         except Exception as internal:
-            r._internal("segment", internal)
+            self._reporter._internal("segment", internal)
 
     def segment_end(self) -> None:
         """End the open segment (a no-op when none is open)."""
-        r = self._reporter
+        opened = self._open
+        if opened is None:
+            return
         try:
-            if self._open is None:
-                return
-            name, begin = self._open
             self._open = None
-            self._marks.append((name, begin, r._timer.mark()))
-            r._live_segment = None
+            self._marks.append((opened[0], opened[1], self._mark()))
         except Exception as internal:
-            r._internal("segment", internal)
+            self._reporter._internal("segment", internal)
 
     def record(self, **values: Any) -> None:
         """Attach loss, lr, grad_norm, samples, tokens (tensors are fine) and `skipped`."""
@@ -152,37 +174,35 @@ class Step:
 
     def begin(self) -> Step:
         """Start the step (what `with` does on enter)."""
-        r = self._reporter
         try:
-            mark = r._timer.mark()
+            mark = self._mark()
             self._begin = mark
-            r._live_step = (self.step, mark if r._host_marks else r._mono_ns())
-            r._live_segment = None
+            self._begin_host = mark if self._host is None else self._host()
+            self._reporter._live_step = self
         except Exception as internal:
-            r._internal("step", internal)
+            self._reporter._internal("step", internal)
         return self
 
     def stop_clock(self) -> None:
         """Take the step's end mark now but publish later with `end()` (when values arrive after the step)."""
-        r = self._reporter
         try:
             if self._open is not None:
                 self.segment_end()
             if self._end is None:
-                self._end = r._timer.mark()
-            r._live_step = None
-            r._live_segment = None
+                self._end = self._mark()
+            r = self._reporter
+            if r._live_step is self:
+                r._live_step = None
         except Exception as internal:
-            r._internal("step", internal)
+            self._reporter._internal("step", internal)
 
     def end(self, exc: BaseException | None = None) -> None:
         """End the step (what `with` does on exit); `exc` makes it a RankFault instead of a step."""
-        r = self._reporter
         self.stop_clock()
         try:
-            r._step_done(self, exc)
+            self._reporter._step_done(self, exc)
         except Exception as internal:
-            r._internal("step", internal)
+            self._reporter._internal("step", internal)
 
     def __enter__(self) -> Step:
         return self.begin()
@@ -381,8 +401,9 @@ class Reporter:
             self._timer = HostTimer(mono_ns)  # the reporter's clock, so tests can pass a fake one
         # Host marks are monotonic nanoseconds: they double as the live-step clock of the heartbeat.
         self._host_marks = self._timer.clock == "host"
-        self._live_step: tuple[int, int] | None = None  # (step, monotonic ns at its start), training thread
-        self._live_segment: tuple[str, int] | None = None  # (segment, monotonic ns at its start)
+        # Host clocks: the clock itself marks (one call per edge on the training thread, not two).
+        self._mark: Callable[[], Any] = mono_ns if isinstance(self._timer, HostTimer) else self._timer.mark
+        self._live_step: Step | None = None  # the step open on the training thread (for the heartbeat)
         beat = heartbeat_s if heartbeat_s is not None else float(env.get("RANKSIGHT_HEARTBEAT_S", "10"))
         self._heartbeat_ns = int(beat * 1e9) if beat > 0 else 0
         self._last_beat_ns: int | None = None
@@ -492,7 +513,7 @@ class Reporter:
         if not every or live is None:
             self._last_beat_ns = None
             return
-        _, started = live
+        started = live._begin_host
         if now_ns - started < every:
             return
         last = self._last_beat_ns
@@ -502,10 +523,10 @@ class Reporter:
         interval = now_ns - since
         if interval <= 0:
             return
-        segment = self._live_segment
+        segment = live._open  # read once: the training thread may replace it
         blocked = 0
         if segment is not None and segment[0] == "comm":
-            blocked = now_ns - max(since, segment[1])
+            blocked = now_ns - max(since, live._open_host)
         self._last_beat_ns = now_ns
         ident = self.identity
         self._outbox.appendleft(
