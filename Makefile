@@ -39,7 +39,7 @@ test-frameworks: kafka-jars
 	test -x $(FRAMEWORK_VENV)/bin/python || $(PYTHON) -m venv $(FRAMEWORK_VENV)
 	$(FRAMEWORK_VENV)/bin/python -m pip install -q --upgrade pip
 	$(FRAMEWORK_VENV)/bin/python -m pip install -q torch --index-url $(TORCH_INDEX_URL)
-	$(FRAMEWORK_VENV)/bin/python -m pip install -q -e ".[server,dev]" lightning transformers
+	$(FRAMEWORK_VENV)/bin/python -m pip install -q -e ".[server,dev]" lightning transformers accelerate
 	RANKSIGHT_FRAMEWORK_TESTS=1 RANKSIGHT_TORCH_TESTS=1 $(FRAMEWORK_VENV)/bin/python -m pytest \
 	  tests/unit/producers/test_training_callbacks.py tests/integration/producers/test_training_frameworks.py \
 	  tests/integration/producers/test_torch_example.py $(PYTEST_ARGS)

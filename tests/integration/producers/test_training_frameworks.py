@@ -17,6 +17,9 @@ from producers.training import Reporter
 
 pytestmark = [
     pytest.mark.frameworks,
+    # The frameworks' own advice (srun, num_workers, ...) is not what these tests are about.
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
     pytest.mark.skipif(
         os.environ.get("RANKSIGHT_FRAMEWORK_TESTS") != "1",
         reason="set RANKSIGHT_FRAMEWORK_TESTS=1 (make test-frameworks) to run the real Lightning / Transformers",
