@@ -13,6 +13,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 FIRST_PARTY = {"producers", "schemas", "streams", "sinks", "infra", "ranksight"}
 # import name -> the base distribution that provides it
@@ -120,3 +122,33 @@ def test_base_install_is_the_light_dependencies_and_the_server_side_is_an_extra(
 def test_the_framework_adapters_are_not_imported_by_the_sdk_package() -> None:
     modules, _ = _reachable()
     assert "producers.training.lightning" not in modules and "producers.training.hf" not in modules
+
+
+def _command_modules() -> list[str]:
+    return [
+        f"ranksight.commands.{p.stem}"
+        for p in sorted((ROOT / "ranksight" / "commands").glob("*.py"))
+        if not p.stem.startswith("_")
+    ]
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="`ranksight` imports every command module to build its CLI; `ranksight agent` runs in the "
+    "light install once every command imports its server packages lazily (the CLI issue's branch); "
+    "drop this mark after that merge",
+)
+def test_every_cli_command_module_imports_only_light_dependencies_at_top_level() -> None:
+    heavy: dict[str, set[str]] = {}
+    for module in ["ranksight.cli", *_command_modules()]:
+        path = _module_file(module)
+        assert path is not None
+        third = {
+            name.split(".")[0]
+            for name in _top_level_imports(path)
+            if name.split(".")[0] not in sys.stdlib_module_names | FIRST_PARTY | {"__future__"}
+        }
+        first = {n for n in _top_level_imports(path) if n.split(".")[0] in {"streams", "sinks", "infra"}}
+        if third - set(LIGHT) or first:
+            heavy[module] = (third - set(LIGHT)) | first
+    assert not heavy, heavy
