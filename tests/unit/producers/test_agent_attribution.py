@@ -255,3 +255,28 @@ def test_the_simulator_stamps_telemetry_like_an_attributing_agent() -> None:
     hosts = [e.record for e in events if e.type == "HostSample"]
     jobs = {j for j in bound.values()}
     assert any(set(h["job_ids"]) == {j for j in jobs if j} for h in hosts)
+
+
+def test_host_sample_reads_infiniband_port_counters(tmp_path: Path) -> None:
+    proc, sysfs = tmp_path / "proc", tmp_path / "sys"
+    proc.mkdir()
+
+    def port(dev: str, n: int, rcv: int, xmit: int, sym: int) -> None:
+        c = sysfs / "class" / "infiniband" / dev / "ports" / str(n) / "counters"
+        c.mkdir(parents=True, exist_ok=True)
+        for name, value in (("port_rcv_data", rcv), ("port_xmit_data", xmit), ("symbol_error", sym)):
+            (c / name).write_text(f"{value}\n")
+
+    host = HostSampler(cluster="c", node="n", proc_root=proc, sys_root=sysfs)
+    port("mlx5_0", 1, 1000, 2000, 0)
+    port("mlx5_1", 1, 0, 0, 5)
+    first = host.sample(1, 10.0)
+    assert first["ib_rx_bytes_s"] is None and first["ib_errors"] is None, "rates need two samples"
+    port("mlx5_0", 1, 1000 + 250_000, 2000 + 500_000, 0)  # counters are 4-byte words
+    port("mlx5_1", 1, 0, 0, 8)
+    second = host.sample(2, 12.0)
+    assert second["ib_rx_bytes_s"] == pytest.approx(250_000 * 4 / 2)
+    assert second["ib_tx_bytes_s"] == pytest.approx(500_000 * 4 / 2)
+    assert second["ib_errors"] == 3
+    bare = HostSampler(cluster="c", node="n", proc_root=proc, sys_root=tmp_path / "nosys").sample(3, 1.0)
+    assert (bare["ib_rx_bytes_s"], bare["ib_tx_bytes_s"], bare["ib_errors"]) == (None, None, None)
