@@ -266,7 +266,7 @@ class Attributor:
         self._last = now_s
         gpus = list(gpus)
         alive = self._alive() if self._alive is not None else None
-        sdk: list[Binding] = list(read_bindings(self.bindings, alive=alive))
+        sdk: list[Binding] = list(read_bindings(self.bindings, alive=alive, proc=self.proc))
         by_uuid_sdk = {b.gpu_uuid: b for b in sdk if b.gpu_uuid}
         by_pid_sdk = {b.pid: b for b in sdk}
         pods = self._pods()

@@ -2,7 +2,9 @@
 
 The SDK knows its pid, its GPU's UUID and its job identity; the agent on the same node reads
 these files to stamp `job_id` / `run_id` on the GPU's telemetry without asking Kafka. A file
-whose process is gone is stale and ignored (and removed when the agent may).
+whose process is gone is stale and ignored: the pid must exist *and* have the start time the
+SDK recorded, so a reused pid does not inherit an old job. The SDK removes its file at close;
+the agent never deletes (in another pid namespace every process would look gone).
 
 Directory: RANKSIGHT_RUNTIME_DIR, else `$XDG_RUNTIME_DIR/ranksight/bindings`, else
 `/tmp/ranksight-<uid>/bindings`. The agent reads RANKSIGHT_RUNTIME_DIR and every default
@@ -11,7 +13,6 @@ location (`/run/ranksight/bindings`, `/run/user/*/ranksight/bindings`, `/tmp/ran
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import tempfile
@@ -19,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["Binding", "bindings_dir", "read_bindings", "reader_dirs", "write_binding"]
+__all__ = ["Binding", "bindings_dir", "process_start_time", "read_bindings", "reader_dirs", "write_binding"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,21 @@ class Binding:
     gpu_uuid: str | None = None
     gpu_index: int | None = None
     node: str | None = None
+    start_time: int | None = None  # the process's start (clock ticks since boot, /proc/<pid>/stat field 22)
+
+
+def process_start_time(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """Start time of a process in clock ticks since boot, or None when it does not exist (or no /proc)."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after its last ")".
+    fields = stat[stat.rfind(")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
 
 
 def bindings_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -72,8 +88,10 @@ def write_binding(directory: Path, binding: Binding) -> Path | None:
         return None
 
 
-def read_bindings(directories: list[Path], *, alive: frozenset[int] | None = None) -> Iterator[Binding]:
-    """Bindings of live processes (`alive`: the pids to trust; default: those with /proc/<pid>)."""
+def read_bindings(
+    directories: list[Path], *, alive: frozenset[int] | None = None, proc: Path = Path("/proc")
+) -> Iterator[Binding]:
+    """Bindings of live processes (`alive`: the pids to trust; default: pid in `proc` with the recorded start)."""
     for directory in directories:
         try:
             files = sorted(directory.glob("*.json"))
@@ -86,9 +104,10 @@ def read_bindings(directories: list[Path], *, alive: frozenset[int] | None = Non
                 pid = int(binding.pid)
             except (OSError, ValueError, TypeError):
                 continue
-            live = pid in alive if alive is not None else Path(f"/proc/{pid}").exists()
-            if not live:
-                with contextlib.suppress(OSError):
-                    path.unlink()  # stale: its process is gone
-                continue
-            yield binding
+            if alive is not None:
+                live = pid in alive
+            else:
+                started = process_start_time(pid, proc)
+                live = started is not None and (binding.start_time is None or binding.start_time == started)
+            if live:
+                yield binding

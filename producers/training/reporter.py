@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from producers.publisher import Publisher, open_publisher
-from producers.training.bindings import Binding, bindings_dir, write_binding
+from producers.training.bindings import Binding, bindings_dir, process_start_time, write_binding
 from producers.training.identity import RankIdentity, resolve_identity
 from producers.training.timing import HostTimer, SegmentTimer, TimingMode, choose_timer
 from schemas.errors import RanksightError
@@ -597,6 +597,7 @@ class Reporter:
                     gpu_uuid=uuid,
                     gpu_index=index,
                     node=ident.node,
+                    start_time=process_start_time(os.getpid()),
                 ),
             )
         return Event(

@@ -20,7 +20,7 @@ from producers.agent.attribution import (
 )
 from producers.publisher import MemoryPublisher
 from producers.training import Reporter
-from producers.training.bindings import Binding, read_bindings, write_binding
+from producers.training.bindings import Binding, process_start_time, read_bindings, write_binding
 
 
 def _proc(root: Path, pid: int, *, cgroup: str = "", environ: dict[str, str] | None = None) -> None:
@@ -95,7 +95,20 @@ def test_sdk_binding_wins_and_stale_bindings_are_dropped(tmp_path: Path) -> None
         "the SDK's binding beats the cgroup"
     )
     assert gpus[0]["job_id"] is None, "a binding of a dead process is stale"
-    assert not (bindings / f"{2**22 + 17}.json").exists()
+    assert (bindings / f"{2**22 + 17}.json").exists(), "the agent never deletes (pid namespaces)"
+
+
+def test_a_reused_pid_does_not_inherit_an_old_binding(tmp_path: Path) -> None:
+    proc, bindings = tmp_path / "proc", tmp_path / "bindings"
+    stat = "4242 (python3 (train) x) S 1 4242 4242 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 {start} 1 1\n"
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "stat").write_text(stat.format(start=777))
+    assert process_start_time(4242, proc) == 777
+    write_binding(bindings, Binding(pid=4242, job_id="old", run_id="", gpu_uuid="GPU-a", start_time=555))
+    write_binding(bindings, Binding(pid=4242 + 1, job_id="gone", run_id="", gpu_uuid="GPU-b", start_time=1))
+    assert list(read_bindings([bindings], proc=proc)) == [], "pid 4242 now belongs to another process"
+    write_binding(bindings, Binding(pid=4242, job_id="new", run_id="r", gpu_uuid="GPU-a", start_time=777))
+    assert [b.job_id for b in read_bindings([bindings], proc=proc)] == ["new"]
 
 
 def test_a_reporter_binding_reaches_the_agent_on_the_same_node(tmp_path: Path) -> None:
@@ -112,7 +125,7 @@ def test_a_reporter_binding_reaches_the_agent_on_the_same_node(tmp_path: Path) -
         runtime_dir=runtime,
     )
     reporter.flush(5)
-    attributor = Attributor(proc_root=tmp_path / "proc", bindings=[runtime])
+    attributor = Attributor(bindings=[runtime])  # the real /proc: this process is the training rank
     agent, publisher = _agent(nvml, attributor, tmp_path)
     agent.tick()
     reporter.close()
