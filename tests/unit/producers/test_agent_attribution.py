@@ -293,3 +293,41 @@ def test_host_sample_reads_infiniband_port_counters(tmp_path: Path) -> None:
     assert second["ib_errors"] == 3
     bare = HostSampler(cluster="c", node="n", proc_root=proc, sys_root=tmp_path / "nosys").sample(3, 1.0)
     assert (bare["ib_rx_bytes_s"], bare["ib_tx_bytes_s"], bare["ib_errors"]) == (None, None, None)
+
+
+def test_ranksight_agent_stamps_jobs_from_a_recorded_pod_resources_file(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ranksight.cli import app
+    from schemas.files import iter_container
+
+    uuid = FakeNvml(gpus=1).devices[0].uuid
+    recorded = tmp_path / "list.json"
+    recorded.write_text(
+        json.dumps(
+            {
+                "podResources": [
+                    {
+                        "name": "bert-worker-0",
+                        "namespace": "ml",
+                        "containers": [
+                            {
+                                "name": "c",
+                                "devices": [{"resourceName": "nvidia.com/gpu", "deviceIds": [uuid]}],
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    out = tmp_path / "a.avro"
+    args = ["agent", "--simulate", "--gpus", "2", "--count", "1", "--to", f"file://{out}"]
+    args += ["--pod-resources", str(recorded), "--bindings-dir", str(tmp_path / "none")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    events = list(iter_container(out))
+    gpus = {e.record["gpu_index"]: e.record["job_id"] for e in events if e.type == "GpuSample"}
+    assert gpus == {0: "bert", 1: None}
+    [host] = [e.record for e in events if e.type == "HostSample"]
+    assert host["job_ids"] == ["bert"]
