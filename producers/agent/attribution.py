@@ -254,6 +254,7 @@ class Attributor:
         self.refresh_s = refresh_s
         self._alive = alive
         self._by_uuid: dict[str, JobRef] = {}
+        self._jobs: set[str] = set()
         self._last: float | None = None
         self._k8s_logged = False
 
@@ -286,6 +287,8 @@ class Attributor:
             if ref is not None:
                 answer[uuid] = ref
         self._by_uuid = answer
+        # The host's jobs: those holding GPUs, and SDK processes here without one (CPU-only ranks).
+        self._jobs = {ref.job_id for ref in answer.values()} | {b.job_id for b in sdk}
         return answer
 
     def _pods(self) -> dict[str, JobRef]:
@@ -311,5 +314,5 @@ class Attributor:
         return self._by_uuid.get(uuid)
 
     def job_ids(self) -> list[str]:
-        """Every job with a GPU on this node at the last refresh, sorted."""
-        return sorted({ref.job_id for ref in self._by_uuid.values()})
+        """Every job on this node at the last refresh (holding a GPU, or an SDK process), sorted."""
+        return sorted(self._jobs)

@@ -331,3 +331,20 @@ def test_ranksight_agent_stamps_jobs_from_a_recorded_pod_resources_file(tmp_path
     assert gpus == {0: "bert", 1: None}
     [host] = [e.record for e in events if e.type == "HostSample"]
     assert host["job_ids"] == ["bert"]
+
+
+def test_a_cpu_only_node_lists_the_jobs_of_its_sdk_processes(tmp_path: Path) -> None:
+    bindings = tmp_path / "bindings"
+    write_binding(bindings, Binding(pid=os.getpid(), job_id="cpu-job", run_id="", rank=3))
+    publisher = MemoryPublisher()
+    host_proc = tmp_path / "hostproc"
+    host_proc.mkdir()
+    agent = Agent(
+        publisher,
+        host=HostSampler(cluster="c", node="n", proc_root=host_proc),
+        gpus=None,
+        attributor=Attributor(bindings=[bindings]),
+    )
+    agent.tick()
+    [host] = [e.record for e in publisher.events]
+    assert host["job_ids"] == ["cpu-job"]
