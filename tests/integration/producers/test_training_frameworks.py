@@ -6,7 +6,10 @@ sets RANKSIGHT_FRAMEWORK_TESTS=1). No model or data set is downloaded.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +151,51 @@ def test_hf_trainer_reports_every_step_evaluations_and_checkpoints(tmp_path: Pat
     assert phases.count("started") == phases.count("completed") >= 1
     ck = [c for c in _by_type(publisher, "CheckpointEvent") if c["phase"] == "completed"]
     assert ck and ck[0]["bytes"] > 0
+
+
+_STAND_IN_CUDA = """
+import runpy, sys, time, torch
+
+class Event:  # host-clock stand-in for torch.cuda.Event: same calls, no GPU
+    def __init__(self, enable_timing=False):
+        self.t = None
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+    def query(self):
+        return True
+    def synchronize(self):
+        pass
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+torch.cuda.is_available = lambda: True
+torch.cuda.Event = Event
+torch.cuda.synchronize = lambda *a: None
+torch.cuda.get_device_name = lambda *a: "stand-in"
+torch.optim.Optimizer._accelerator_graph_capture_health_check = lambda self: None
+torch.nn.Module.cuda = lambda self, *a: self
+torch.Tensor.pin_memory = lambda self: self
+_to = torch.Tensor.to
+torch.Tensor.to = lambda self, *a, **k: self if a and a[0] == "cuda" else _to(self, *a, **k)
+sys.argv = ["gpu_check.py", "--steps", "8", "--hidden", "64", "--layers", "2", "--batch", "32",
+            "--agent-ticks", "3", "--json", sys.argv[1]]
+runpy.run_path("bench/gpu_check.py", run_name="__main__")
+"""
+
+
+def test_gpu_check_runs_end_to_end_with_stand_in_cuda_events(tmp_path: Path) -> None:
+    """The GPU session has minutes: the script's own code path is exercised here first (numbers meaningless)."""
+    pytest.importorskip("torch")
+    harness = tmp_path / "harness.py"
+    harness.write_text(_STAND_IN_CUDA)
+    root = Path(__file__).resolve().parents[3]
+    out = tmp_path / "gpu.json"
+    run = subprocess.run(
+        [sys.executable, str(harness), str(out)], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "== 1. segment times" in run.stdout and "== 2. step time" in run.stdout
+    assert "== 3. node agent" in run.stdout
+    report = json.loads(out.read_text())
+    assert set(report["segments"]) == {"data_wait", "forward", "backward", "optimizer", "step"}
+    assert report["sdk_errors"] == 0
