@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ranksight-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit integration lint bench kafka-jars clean help
+.PHONY: demo test unit integration lint bench kafka-jars clean help test-frameworks
 
 help:
 	@echo "make demo   - start a local Kafka, simulate a cluster, detect, store in ClickHouse (chDB), show alerts"
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	@command -v mvn >/dev/null || { echo "error: Maven is required (it fetches the Kafka jars from Maven Central)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[dev,rocksdb]"
+	$(BIN)/python -m pip install -q -e ".[server,dev,rocksdb]"
 	touch $(STAMP)
 
 kafka-jars: $(STAMP)
@@ -31,6 +31,20 @@ demo: $(STAMP) kafka-jars
 
 test: $(STAMP) kafka-jars
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Opt-in, not part of `make test`: the SDK's Lightning / Hugging Face callbacks and the PyTorch
+# example in the real frameworks, in their own venv with a CPU-only torch (PyPI's torch wheel
+# brings ~3 GB of CUDA libraries; the CPU wheel index does not).
+FRAMEWORK_VENV  ?= $(VENV)/frameworks
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+test-frameworks: kafka-jars
+	test -x $(FRAMEWORK_VENV)/bin/python || $(PYTHON) -m venv $(FRAMEWORK_VENV)
+	$(FRAMEWORK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FRAMEWORK_VENV)/bin/python -m pip install -q torch --index-url $(TORCH_INDEX_URL)
+	$(FRAMEWORK_VENV)/bin/python -m pip install -q -e ".[server,dev]" lightning transformers accelerate
+	RANKSIGHT_FRAMEWORK_TESTS=1 RANKSIGHT_TORCH_TESTS=1 $(FRAMEWORK_VENV)/bin/python -m pytest \
+	  tests/unit/producers/test_training_callbacks.py tests/integration/producers/test_training_frameworks.py \
+	  tests/integration/producers/test_torch_example.py $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -11,8 +11,15 @@ Gradients are averaged by an explicit all-reduce inside the `comm` segment (inst
 overlap with backward), so a slow rank shows up as communication wait on the others.
 Faults: `--straggler-rank R --straggler-delay S` (sleep in forward), `--nan-at-step S` (the loss
 becomes NaN), `--hang-rank R --hang-at-step S [--hang-seconds T]` (one rank stops; the others
-block in the all-reduce). Destination: `--to kafka|file://...` or RANKSIGHT_DESTINATION,
-KAFKA_BOOTSTRAP, RANKSIGHT_TOPIC_PREFIX, RANKSIGHT_JOB_ID.
+block in the all-reduce; every rank's SDK sends a heartbeat while its step is stuck, so the
+hang is seen and the hung rank named even when nobody finishes a step). Destination:
+`--to kafka|file://...` or RANKSIGHT_DESTINATION, KAFKA_BOOTSTRAP, RANKSIGHT_TOPIC_PREFIX,
+RANKSIGHT_JOB_ID.
+
+Needs torch. PyPI's wheel brings ~3 GB of CUDA libraries; for this CPU example a CPU-only torch
+is enough:
+
+    pip install torch --index-url https://download.pytorch.org/whl/cpu
 """
 
 from __future__ import annotations

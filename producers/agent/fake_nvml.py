@@ -3,6 +3,11 @@
 It answers the NVML calls the agent makes with plausible, slowly varying values for an 8-GPU
 node, and can be told to misbehave: fields that are not supported on some GPUs, a GPU that
 fails on every call, a missing driver at init, XID / ECC events waiting in the event set.
+
+`FakeNvml.h200()` answers the way the real single H200 did: NVLink fields NotSupported, clock
+event reasons 0x1 (GPU idle) with no process and 0x4 (software power cap) under load, an empty
+pid list at idle. `latency_s` makes chosen functions take time (e.g. the 20 ms window of
+`nvmlDeviceGetPcieThroughput`), so benchmarks can show what a blocking call costs.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import math
 import queue
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +77,9 @@ class FakeDevice:
     broken: bool = False  # every call raises GPU_IS_LOST
     pids: list[int] = field(default_factory=list)
     util: float = 95.0
+    memory_total: int = 80 * 1024**3
+    # Clock event reasons: None = 0 always; "h200" = 0x1 (idle) without pids, 0x4 (SW power cap) with
+    clock_reasons: str | None = None
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
     energy_mj: int = 0
@@ -147,6 +156,8 @@ class FakeNvml:
     NVML_PCIE_UTIL_TX_BYTES = 0
     NVML_PCIE_UTIL_RX_BYTES = 1
     NVML_FI_DEV_MEMORY_TEMP = 82
+    NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
+    NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
     NVML_NVLINK_MAX_LINKS = 18
@@ -168,8 +179,11 @@ class FakeNvml:
         seed: int = 0,
         devices: list[FakeDevice] | None = None,
         clock: Any = time.monotonic,
+        latency_s: dict[str, float] | None = None,
     ) -> None:
         self._init_error = init_error
+        self.latency_s = dict(latency_s or {})
+        self.call_counts: dict[str, int] = {}
         self._rng = random.Random(seed)
         self._clock = clock
         self._t0 = clock()
@@ -181,7 +195,23 @@ class FakeNvml:
         self._events: queue.Queue[_EventData] = queue.Queue()
         self._registered: dict[int, int] = {}
         self._nvlink_kib = [0] * len(self.devices)
+        self._pcie_bytes = [0] * len(self.devices)
         self._pcie_replays = [0] * len(self.devices)
+
+    @classmethod
+    def h200(cls, *, busy: bool = False, **kw: Any) -> FakeNvml:
+        """One H200 as the real one answered: no NVLink, reasons 0x1 idle / 0x4 busy, no pids at idle."""
+        device = FakeDevice(
+            index=0,
+            uuid="GPU-3f1e9c2a-6b7d-4e0f-9a51-2c8d7e6f1a20",
+            name="NVIDIA H200",
+            unsupported={"nvlink"},
+            pids=[4242] if busy else [],
+            util=97.0 if busy else 0.0,
+            memory_total=143771 * 1024**2,
+            clock_reasons="h200",
+        )
+        return cls(devices=[device], **kw)
 
     # -- misbehaviour switches for tests ------------------------------------------------------
 
@@ -198,6 +228,11 @@ class FakeNvml:
 
     def _dev(self, handle: Any, field_name: str) -> FakeDevice:
         self.calls += 1
+        caller = sys._getframe(1).f_code.co_name
+        self.call_counts[caller] = self.call_counts.get(caller, 0) + 1
+        delay = self.latency_s.get(caller)
+        if delay:
+            time.sleep(delay)
         if not self.initialized:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         dev: FakeDevice = handle
@@ -269,8 +304,8 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> _Memory:
         """Framebuffer memory in bytes."""
         dev = self._dev(handle, "memory")
-        total = 80 * 1024**3
-        used = int(total * (0.7 + 0.001 * self._wave(dev, 300, 5)))
+        total = dev.memory_total
+        used = int(total * (0.7 + 0.001 * self._wave(dev, 300, 5))) if dev.util > 0 else 512 * 1024**2
         return _Memory(total=total, used=used, free=total - used)
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
@@ -306,7 +341,9 @@ class FakeNvml:
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
         """Bit mask of clock event (throttle) reasons; 0 when none."""
-        self._dev(handle, "clock_event_reasons")
+        dev = self._dev(handle, "clock_event_reasons")
+        if dev.clock_reasons == "h200":
+            return 0x4 if dev.pids else 0x1  # SW power cap under load; GPU idle without processes
         return 0
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
@@ -339,10 +376,22 @@ class FakeNvml:
         """Field values; NVLink throughput counters (KiB) and memory temperature."""
         dev = self._dev(handle, "field_values")
         self._nvlink_kib[dev.index] += 40 * 1024 * 1024  # about 40 GiB/s when sampled each second
+        self._pcie_bytes[dev.index] += 500 * 1024 * 1024  # about 500 MiB/s when sampled each second
         out = []
         for item in field_ids:
             fid, scope = item if isinstance(item, tuple) else (item, 0)
-            if fid == self.NVML_FI_DEV_MEMORY_TEMP:
+            if fid in (self.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, self.NVML_FI_DEV_PCIE_COUNT_RX_BYTES):
+                ok = "pcie_counters" not in dev.unsupported
+                out.append(
+                    _FieldValue(
+                        fid,
+                        scope,
+                        NVML_SUCCESS if ok else NVML_ERROR_NOT_SUPPORTED,
+                        self.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+                        _Value(ullVal=self._pcie_bytes[dev.index]),
+                    )
+                )
+            elif fid == self.NVML_FI_DEV_MEMORY_TEMP:
                 ret = NVML_ERROR_NOT_SUPPORTED if "temp_mem" in dev.unsupported else NVML_SUCCESS
                 out.append(_FieldValue(fid, scope, ret, self.NVML_VALUE_TYPE_UNSIGNED_INT, _Value(uiVal=70)))
             elif fid in (

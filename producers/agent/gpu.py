@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from producers.errors import NvmlUnavailableError
 
-__all__ = ["GpuSampler", "XidWatcher", "load_nvml"]
+__all__ = ["GpuSampler", "TimedNvml", "XidWatcher", "load_nvml"]
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +34,26 @@ def load_nvml() -> Any:
 
 
 class GpuSampler:
-    """Reads every GPU of the node through an NVML module; `sample(ts)` -> GpuSample records."""
+    """Reads every GPU of the node through an NVML module; `sample(ts, now)` -> GpuSample records.
 
-    def __init__(self, nvml: Any, *, cluster: str, node: str) -> None:
+    Cost matters: the node's CPUs belong to the training job. Per tick and GPU the sampler makes
+    only cheap, non-blocking reads (activity, memory, power, energy, temperature, clocks, clock
+    event reasons) plus one `nvmlDeviceGetFieldValues` call for memory temperature and the PCIe
+    and NVLink byte *counters* (rates are counter deltas over the tick). It never calls
+    `nvmlDeviceGetPcieThroughput` per tick: that function samples a byte counter over a 20 ms
+    window, so two calls block 40 ms per GPU (what made the first agent take ~50 ms per GPU on an
+    H200); it is only a fallback, every `slow_interval_s`, for GPUs without the PCIe counter
+    fields. Slowly changing values (ECC counts, remapped rows, PCIe replays, power limit, the pids
+    on the GPU) are read every `slow_interval_s` and repeated in between; static ones (name, UUID,
+    maximum SM clock) once. NVLink links that answer NotSupported (a single GPU without NVLink)
+    are not asked again.
+    """
+
+    def __init__(self, nvml: Any, *, cluster: str, node: str, slow_interval_s: float = 10.0) -> None:
         self.nvml = nvml
         self.cluster = cluster
         self.node = node
+        self.slow_interval_s = slow_interval_s
         self._quiet = {getattr(nvml, n) for n in _QUIET_CODES_NAMES if hasattr(nvml, n)}
         no_driver = {getattr(nvml, n) for n in _NO_DRIVER_NAMES if hasattr(nvml, n)}
         try:
@@ -62,15 +77,25 @@ class GpuSampler:
                 self._read_once(index, "name", partial(_nvml_text, nvml.nvmlDeviceGetName, handle))
             )
         self._failed: set[tuple[int, str]] = set()
-        self._nvlink_prev: dict[int, tuple[int, float]] = {}
-        self._nvlink_fields = [
-            (getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", 138), link)
-            for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))
-        ] + [
-            (getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", 139), link)
-            for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))
-        ]
         self.errors = 0
+        self._ok = getattr(nvml, "NVML_SUCCESS", 0)
+        self._mem_temp_id = getattr(nvml, "NVML_FI_DEV_MEMORY_TEMP", 82)
+        self._pcie_tx_id = getattr(nvml, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 197)
+        self._pcie_rx_id = getattr(nvml, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198)
+        self._nvlink_tx_id = getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", 138)
+        self._nvlink_rx_id = getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", 139)
+        links = range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))
+        all_links = [(self._nvlink_tx_id, link) for link in links] + [
+            (self._nvlink_rx_id, link) for link in links
+        ]
+        # Per GPU: the field ids still worth asking for (NotSupported ones are dropped after one answer).
+        self._field_ids: list[list[Any]] = [
+            [self._mem_temp_id, self._pcie_tx_id, self._pcie_rx_id, *all_links] for _ in range(self.count)
+        ]
+        self._prev_counters: list[dict[str, tuple[int, float]]] = [{} for _ in range(self.count)]
+        self._slow: list[dict[str, Any]] = [{} for _ in range(self.count)]
+        self._slow_at: list[float | None] = [None] * self.count
+        self._static: list[dict[str, Any]] = [{} for _ in range(self.count)]
 
     def _read_once(self, index: int, field: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -107,22 +132,34 @@ class GpuSampler:
         """A GpuSample record per GPU (fields it cannot read are null)."""
         return [self.sample_one(index, ts_ms, now_s) for index in range(self.count)]
 
+    def pids(self, index: int) -> list[int]:
+        """The pids on a GPU at its last slow read."""
+        return list(self._slow[index].get("pids") or [])
+
     def sample_one(self, index: int, ts_ms: int, now_s: float, xid: int | None = None) -> dict[str, Any]:
-        """The GpuSample record of one GPU."""
+        """The GpuSample record of one GPU (an XID/ECC event re-reads the slow fields at once)."""
         nvml, h, read = self.nvml, self.handles[index], self._read
+        last = self._slow_at[index]
+        if xid is not None or last is None or now_s - last >= self.slow_interval_s or now_s < last:
+            self._read_slow(index)
+            self._slow_at[index] = now_s
+        slow = self._slow[index]
+        static = self._static[index]
+        if "sm_clock_max" not in static:
+            static["sm_clock_max"] = _int(
+                read(index, "sm_clock_max", lambda: nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM))
+            )
         util = read(index, "utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(h))
         mem = read(index, "memory", lambda: nvml.nvmlDeviceGetMemoryInfo(h))
         power_mw = read(index, "power", lambda: nvml.nvmlDeviceGetPowerUsage(h))
-        limit_mw = read(index, "power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h))
-        remapped = read(index, "remapped_rows", lambda: nvml.nvmlDeviceGetRemappedRows(h))
-        tx_kb = read(
-            index, "pcie_tx", lambda: nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_TX_BYTES)
-        )
-        rx_kb = read(
-            index, "pcie_rx", lambda: nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_RX_BYTES)
-        )
-        procs = read(index, "processes", lambda: nvml.nvmlDeviceGetComputeRunningProcesses(h))
-        temp_mem, nvlink_tx, nvlink_rx = self._field_values(index, now_s)
+        limit_mw = slow.get("power_limit")
+        temp_mem, pcie_tx, pcie_rx, nvlink_tx, nvlink_rx = self._field_values(index, now_s)
+        if pcie_tx is None and pcie_rx is None and "pcie_tx_kb" in slow:
+            # No PCIe counters on this GPU: the 20 ms-window throughput, read at the slow cadence.
+            tx_kb, rx_kb = slow["pcie_tx_kb"], slow["pcie_rx_kb"]
+            pcie_tx = None if tx_kb is None else int(tx_kb) * 1024
+            pcie_rx = None if rx_kb is None else int(rx_kb) * 1024
+        remapped = slow.get("remapped_rows")
         return {
             "ts": ts_ms,
             "cluster": self.cluster,
@@ -149,42 +186,53 @@ class GpuSampler:
             "mem_clock_mhz": _int(
                 read(index, "mem_clock", lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM))
             ),
-            "sm_clock_max_mhz": _int(
-                read(index, "sm_clock_max", lambda: nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM))
-            ),
+            "sm_clock_max_mhz": static["sm_clock_max"],
             "clock_event_reasons": _int(read(index, "clock_event_reasons", lambda: self._clock_reasons(h))),
-            "ecc_corrected": _int(
-                read(
-                    index,
-                    "ecc_corrected",
-                    lambda: nvml.nvmlDeviceGetTotalEccErrors(
-                        h, nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_VOLATILE_ECC
-                    ),
-                )
-            ),
-            "ecc_uncorrected": _int(
-                read(
-                    index,
-                    "ecc_uncorrected",
-                    lambda: nvml.nvmlDeviceGetTotalEccErrors(
-                        h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
-                    ),
-                )
-            ),
+            "ecc_corrected": _int(slow.get("ecc_corrected")),
+            "ecc_uncorrected": _int(slow.get("ecc_uncorrected")),
             "remapped_rows_correctable": None if remapped is None else int(remapped[0]),
             "remapped_rows_uncorrectable": None if remapped is None else int(remapped[1]),
-            "pcie_tx_bytes_s": None if tx_kb is None else int(tx_kb) * 1024,
-            "pcie_rx_bytes_s": None if rx_kb is None else int(rx_kb) * 1024,
-            "pcie_replay_count": _int(
-                read(index, "pcie_replay", lambda: nvml.nvmlDeviceGetPcieReplayCounter(h))
-            ),
+            "pcie_tx_bytes_s": pcie_tx,
+            "pcie_rx_bytes_s": pcie_rx,
+            "pcie_replay_count": _int(slow.get("pcie_replay")),
             "nvlink_tx_bytes_s": nvlink_tx,
             "nvlink_rx_bytes_s": nvlink_rx,
-            "pids": [int(p.pid) for p in procs] if procs else [],
+            "pids": list(slow.get("pids") or []),
             "xid": xid,
             "job_id": None,  # stamped by the runner when the GPU is attributed to a job
             "run_id": None,
         }
+
+    def _read_slow(self, index: int) -> None:
+        """The fields read every `slow_interval_s`: counts that change rarely, and the pids on the GPU."""
+        nvml, h, read = self.nvml, self.handles[index], self._read
+        slow = self._slow[index]
+        slow["power_limit"] = read(index, "power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(h))
+        slow["ecc_corrected"] = read(
+            index,
+            "ecc_corrected",
+            lambda: nvml.nvmlDeviceGetTotalEccErrors(
+                h, nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_VOLATILE_ECC
+            ),
+        )
+        slow["ecc_uncorrected"] = read(
+            index,
+            "ecc_uncorrected",
+            lambda: nvml.nvmlDeviceGetTotalEccErrors(
+                h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+            ),
+        )
+        slow["remapped_rows"] = read(index, "remapped_rows", lambda: nvml.nvmlDeviceGetRemappedRows(h))
+        slow["pcie_replay"] = read(index, "pcie_replay", lambda: nvml.nvmlDeviceGetPcieReplayCounter(h))
+        procs = read(index, "processes", lambda: nvml.nvmlDeviceGetComputeRunningProcesses(h))
+        slow["pids"] = [int(p.pid) for p in procs] if procs else []
+        if slow.get("pcie_counters") is False:
+            slow["pcie_tx_kb"] = read(
+                index, "pcie_tx", lambda: nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_TX_BYTES)
+            )
+            slow["pcie_rx_kb"] = read(
+                index, "pcie_rx", lambda: nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_RX_BYTES)
+            )
 
     def _clock_reasons(self, handle: Any) -> int:
         fn = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
@@ -196,46 +244,111 @@ class GpuSampler:
                     raise
         return int(self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
-    def _field_values(self, index: int, now_s: float) -> tuple[float | None, int | None, int | None]:
-        """Memory temperature and NVLink TX/RX bytes/s (a rate from the cumulative KiB counters)."""
-        nvml = self.nvml
-        mem_temp_id = getattr(nvml, "NVML_FI_DEV_MEMORY_TEMP", 82)
+    def _rate(self, index: int, name: str, value: int | None, now_s: float, scale: int = 1) -> int | None:
+        """Bytes/s from a cumulative counter; None on the first reading or after a reset / wrap."""
+        prev_all = self._prev_counters[index]
+        if value is None:
+            prev_all.pop(name, None)
+            return None
+        prev = prev_all.get(name)
+        prev_all[name] = (value, now_s)
+        if prev is None or now_s <= prev[1] or value < prev[0]:
+            return None
+        return int((value - prev[0]) * scale / (now_s - prev[1]))
+
+    def _field_values(
+        self, index: int, now_s: float
+    ) -> tuple[float | None, int | None, int | None, int | None, int | None]:
+        """Memory temperature, PCIe TX/RX and NVLink TX/RX bytes/s, from one field-values call."""
+        ids = self._field_ids[index]
         values = self._read(
-            index,
-            "field_values",
-            lambda: nvml.nvmlDeviceGetFieldValues(self.handles[index], [mem_temp_id, *self._nvlink_fields]),
+            index, "field_values", lambda: self.nvml.nvmlDeviceGetFieldValues(self.handles[index], ids)
         )
         if values is None:
-            return None, None, None
-        ok = getattr(nvml, "NVML_SUCCESS", 0)
-        temp_mem = _field_number(values[0]) if values[0].nvmlReturn == ok else None
-        tx = rx = 0
-        seen = False
-        for v in values[1:]:
+            return None, None, None, None, None
+        ok = self._ok
+        not_supported = getattr(self.nvml, "NVML_ERROR_NOT_SUPPORTED", 3)
+        temp_mem: float | None = None
+        pcie: dict[int, int] = {}
+        nvlink_tx = nvlink_rx = 0
+        nvlink_seen = False
+        keep: list[Any] = []
+        for asked, v in zip(ids, values, strict=False):
+            if v.nvmlReturn == not_supported:
+                continue  # never ask again: this GPU does not have it
+            keep.append(asked)
             if v.nvmlReturn != ok:
                 continue
-            seen = True
-            if v.fieldId == self._nvlink_fields[0][0]:
-                tx += int(_field_number(v) or 0)
-            else:
-                rx += int(_field_number(v) or 0)
-        if not seen:
-            return (None if temp_mem is None else float(temp_mem)), None, None
-        prev = self._nvlink_prev.get(index)
-        self._nvlink_prev[index] = ((tx << 64) | rx, now_s)
-        if prev is None or now_s <= prev[1]:
-            return (None if temp_mem is None else float(temp_mem)), None, None
-        dt = now_s - prev[1]
-        ptx, prx = prev[0] >> 64, prev[0] & ((1 << 64) - 1)
-        # Counters in KiB; a reset (driver reload) gives a negative delta, reported as unknown.
-        tx_rate = int((tx - ptx) * 1024 / dt) if tx >= ptx else None
-        rx_rate = int((rx - prx) * 1024 / dt) if rx >= prx else None
-        return (None if temp_mem is None else float(temp_mem)), tx_rate, rx_rate
+            fid = v.fieldId
+            if fid == self._mem_temp_id:
+                number = _field_number(v)
+                temp_mem = None if number is None else float(number)
+            elif fid in (self._pcie_tx_id, self._pcie_rx_id):
+                pcie[fid] = int(_field_number(v) or 0)
+            elif fid == self._nvlink_tx_id:
+                nvlink_seen = True
+                nvlink_tx += int(_field_number(v) or 0)
+            elif fid == self._nvlink_rx_id:
+                nvlink_seen = True
+                nvlink_rx += int(_field_number(v) or 0)
+        if len(keep) != len(ids):
+            self._field_ids[index] = keep
+        slow = self._slow[index]
+        if "pcie_counters" not in slow:
+            slow["pcie_counters"] = bool(pcie)
+            if not pcie:
+                self._read_slow(index)  # fetch the fallback throughput right away
+        tx = self._rate(index, "pcie_tx", pcie.get(self._pcie_tx_id), now_s)
+        rx = self._rate(index, "pcie_rx", pcie.get(self._pcie_rx_id), now_s)
+        if not nvlink_seen:
+            return temp_mem, tx, rx, None, None
+        # NVLink counters are KiB.
+        return (
+            temp_mem,
+            tx,
+            rx,
+            self._rate(index, "nvlink_tx", nvlink_tx, now_s, 1024),
+            self._rate(index, "nvlink_rx", nvlink_rx, now_s, 1024),
+        )
 
     def close(self) -> None:
         """Shut NVML down."""
         with contextlib.suppress(self.nvml.NVMLError):
             self.nvml.nvmlShutdown()
+
+
+class TimedNvml:
+    """Wraps an NVML module and measures every `nvml*` call: `costs()` -> {function: (calls, seconds)}."""
+
+    def __init__(self, nvml: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._nvml = nvml
+        self._clock = clock
+        self._costs: dict[str, list[float]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._nvml, name)
+        if not (name.startswith("nvml") and callable(attr)):
+            return attr
+        costs = self._costs.setdefault(name, [0, 0.0])
+        clock = self._clock
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                costs[0] += 1
+                costs[1] += clock() - t0
+
+        return timed
+
+    def costs(self) -> dict[str, tuple[int, float]]:
+        """Calls and total seconds per NVML function, most expensive first."""
+        return {
+            name: (int(n), total)
+            for name, (n, total) in sorted(self._costs.items(), key=lambda kv: -kv[1][1])
+            if n
+        }
 
 
 class XidWatcher:

@@ -3,7 +3,9 @@
 Throughputs (disk, network, TCP retransmits) are rates from counter deltas between two samples,
 so the first sample has them null. `oom_kills` is the kernel's cumulative `oom_kill` counter from
 /proc/vmstat (consumers alert on its increase); `open_files` is the allocated file handles of
-/proc/sys/fs/file-nr.
+/proc/sys/fs/file-nr. InfiniBand: port counters under `/sys/class/infiniband/*/ports/*/counters`
+(`port_rcv_data` / `port_xmit_data` count 4-byte words), summed over ports; `ib_errors` is the
+increase of the error counters during the interval; all null on a node without InfiniBand.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Any
 
 import psutil
 
-__all__ = ["HostSampler", "read_file_nr", "read_oom_kills", "read_tcp_retrans_segs"]
+__all__ = ["HostSampler", "read_file_nr", "read_ib_counters", "read_oom_kills", "read_tcp_retrans_segs"]
+
+_IB_ERRORS = ("symbol_error", "port_rcv_errors", "link_downed", "link_error_recovery")
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +59,43 @@ def read_oom_kills(proc: Path) -> int | None:
     return None
 
 
+def read_ib_counters(sys_root: Path) -> tuple[int, int, int] | None:
+    """(received bytes, transmitted bytes, errors) summed over every InfiniBand port, or None without any."""
+    ports = sorted((sys_root / "class" / "infiniband").glob("*/ports/*/counters"))
+    if not ports:
+        return None
+    rx = tx = errors = 0
+    for counters in ports:
+        try:
+            rx += int((counters / "port_rcv_data").read_text()) * 4
+            tx += int((counters / "port_xmit_data").read_text()) * 4
+        except (OSError, ValueError):
+            continue
+        for name in _IB_ERRORS:
+            try:
+                errors += int((counters / name).read_text())
+            except (OSError, ValueError):
+                continue
+    return rx, tx, errors
+
+
 class HostSampler:
     """Samples the host; `sample(ts_ms, now_s)` -> a HostSample record. `now_s` is a monotonic clock."""
 
-    def __init__(self, *, cluster: str, node: str, proc_root: str | Path = "/proc", ps: Any = psutil) -> None:
+    def __init__(
+        self,
+        *,
+        cluster: str,
+        node: str,
+        proc_root: str | Path = "/proc",
+        sys_root: str | Path = "/sys",
+        ps: Any = psutil,
+    ) -> None:
         self.cluster = cluster
         self.node = node
         self.proc = Path(proc_root)
+        self.sys = Path(sys_root)
+        self._ib_errors_prev: int | None = None
         self.ps = ps
         self._prev: dict[str, tuple[float, float]] = {}
         ps.cpu_percent(interval=None)  # the first call only primes the counter
@@ -89,6 +123,11 @@ class HostSampler:
             swap_used = None
         disk = ps.disk_io_counters()
         net = ps.net_io_counters()
+        ib = read_ib_counters(self.sys)
+        ib_errors: int | None = None
+        if ib is not None:
+            prev, self._ib_errors_prev = self._ib_errors_prev, ib[2]
+            ib_errors = None if prev is None or ib[2] < prev else ib[2] - prev
         return {
             "ts": ts_ms,
             "cluster": self.cluster,
@@ -109,7 +148,7 @@ class HostSampler:
             "open_files": read_file_nr(self.proc),
             "oom_kills": read_oom_kills(self.proc),
             "job_ids": [],  # stamped by the runner from the jobs attributed on this node
-            "ib_rx_bytes_s": None,
-            "ib_tx_bytes_s": None,
-            "ib_errors": None,
+            "ib_rx_bytes_s": self._rate("ib_rx", None if ib is None else ib[0], now_s),
+            "ib_tx_bytes_s": self._rate("ib_tx", None if ib is None else ib[1], now_s),
+            "ib_errors": ib_errors,
         }

@@ -3,7 +3,8 @@
 Ticks are at `start + k * interval` (monotonic clock), not `last + interval`, so sampling cost
 does not accumulate into drift; when a tick is missed (the host stalled) the agent skips to the
 next future tick rather than bursting. XID / ECC events are published from the watcher thread
-as soon as NVML reports them.
+as soon as NVML reports them. With an `Attributor`, each GPU sample carries the job (and run)
+holding the GPU, and the host sample every job on the node; GPUs no job claims are still published.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from producers.agent.attribution import Attributor
 from producers.agent.gpu import GpuSampler, XidWatcher
 from producers.agent.host import HostSampler
 from producers.publisher import Publisher
@@ -55,6 +57,7 @@ class Agent:
         gpus: GpuSampler | None,
         interval: float = 1.0,
         watch_xid: bool = True,
+        attributor: Attributor | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
@@ -64,6 +67,7 @@ class Agent:
         self.host = host
         self.gpus = gpus
         self.interval = interval
+        self.attributor = attributor
         self.monotonic = monotonic
         self.wall_ms = wall_ms
         self.stats = AgentStats()
@@ -79,6 +83,7 @@ class Agent:
         """An XID or ECC event: publish a fresh sample of that GPU immediately, with `xid` set."""
         assert self.gpus is not None
         record = self.gpus.sample_one(index, self.wall_ms(), self.monotonic(), xid=xid)
+        self._stamp(record)
         self.stats.xid_events += 1
         self.publisher.publish(Event("GpuSample", record))
         log.warning("GPU %d: %s", index, f"XID {xid}" if xid is not None else "ECC error event")
@@ -87,9 +92,14 @@ class Agent:
         """Take one round of samples and publish them."""
         ts, now = self.wall_ms(), self.monotonic()
         if self.gpus is not None:
-            for record in self.gpus.sample(ts, now):
+            records = self.gpus.sample(ts, now)
+            self._attribute(now)
+            for record in records:
+                self._stamp(record)
                 self.publisher.publish(Event("GpuSample", record))
                 self.stats.gpu_samples += 1
+        elif self.attributor is not None and self.attributor.due(now):
+            self.attributor.refresh([], now)
         if self.host is not None:
             try:
                 record = self.host.sample(ts, now)
@@ -97,9 +107,27 @@ class Agent:
                 self.stats.sample_errors += 1
                 log.warning("host sampling failed: %s", exc)
             else:
+                if self.attributor is not None:
+                    record["job_ids"] = self.attributor.job_ids()
                 self.publisher.publish(Event("HostSample", record))
                 self.stats.host_samples += 1
         self.stats.ticks += 1
+
+    def _attribute(self, now: float) -> None:
+        attributor, gpus = self.attributor, self.gpus
+        if attributor is None or gpus is None or not attributor.due(now):
+            return
+        try:
+            attributor.refresh([(gpus.uuids[i], gpus.pids(i)) for i in range(gpus.count)], now)
+        except Exception as exc:  # attribution is best effort: telemetry goes out regardless
+            self.stats.sample_errors += 1
+            log.warning("job attribution failed: %s", exc)
+
+    def _stamp(self, record: dict[str, Any]) -> None:
+        ref = self.attributor.job_for(record["gpu_uuid"]) if self.attributor is not None else None
+        if ref is not None:
+            record["job_id"] = ref.job_id
+            record["run_id"] = ref.run_id
 
     def run(
         self, count: int | None = None, on_tick: Callable[[AgentStats], None] | None = None

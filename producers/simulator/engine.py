@@ -378,9 +378,11 @@ class _Engine:
             host_busy = 0.0
             held_gpus = 0
             comm_frac = 0.0
+            node_jobs: set[str] = set()  # what an attributing agent stamps on the HostSample
             for g in range(gpus):
                 vec = self.acc.get((node, g, b)) or [0.0] * _SLOTS
                 holds = [h for h in self.holdings.get((node, g), ()) if h.start <= tick < h.end]
+                node_jobs.update(h.job_id for h in holds if h.job_id)
                 fc, fm, fd = vec[_COMPUTE] / iv, vec[_COMM] / iv, vec[_DATA] / iv
                 fk, fe, fs = vec[_CKPT] / iv, vec[_EVAL] / iv, vec[_SPIN] / iv
                 busy = min(1.0, fc + 0.97 * fm + 0.9 * fe + 0.3 * fk + fs)
@@ -508,6 +510,7 @@ class _Engine:
                     open_files=12_000 + 350 * held_gpus + rng.randint(0, 200),
                     oom_kills=oom_kills,
                     **self._infiniband(node, tick, multi, held_gpus, ib_errors),
+                    job_ids=sorted(node_jobs),
                 )
         for i, f in silent:
             if i not in self.effects:
@@ -589,6 +592,10 @@ class _Engine:
             "nvlink_tx_bytes_s": int(1.1e11 * fm + 1.5e10 * fc),
             "nvlink_rx_bytes_s": int(1.1e11 * fm + 1.5e10 * fc),
             "pids": [h.pid for h in holds],
+            # As an attributing agent stamps it: the job whose process holds the GPU (foreign
+            # processes, which belong to no job, leave it null).
+            "job_id": next((h.job_id for h in holds if h.job_id), None),
+            "run_id": next((h.run_id for h in holds if h.job_id), None),
         }
 
     def _sdk_samples(self) -> None:

@@ -25,11 +25,13 @@ from types import TracebackType
 from typing import Any, Literal
 
 from producers.publisher import Publisher, open_publisher
+from producers.training.bindings import Binding, bindings_dir, process_start_time, write_binding
 from producers.training.identity import RankIdentity, resolve_identity
+from producers.training.timing import HostTimer, SegmentTimer, TimingMode, choose_timer
 from schemas.errors import RanksightError
 from schemas.records import Event
 
-__all__ = ["SEGMENTS", "CheckpointReport", "Reporter", "Step", "visible_gpu"]
+__all__ = ["SEGMENTS", "CheckpointReport", "EvaluationReport", "Reporter", "Step", "visible_gpu"]
 
 log = logging.getLogger(__name__)
 
@@ -79,58 +81,136 @@ def visible_gpu(
 
 
 class _Segment:
-    """Times one named part of a step; nested in `with step.segment(name):`."""
+    """Times one named part of a step; `with step.segment(name):`."""
 
-    __slots__ = ("_name", "_segments", "_t0")
+    __slots__ = ("_name", "_step")
 
-    def __init__(self, segments: dict[str, int], name: str) -> None:
-        self._segments = segments
+    def __init__(self, step: Step, name: str) -> None:
+        self._step = step
         self._name = name
-        self._t0 = 0
 
     def __enter__(self) -> _Segment:
-        self._t0 = perf_counter_ns()
+        step = self._step
+        if step._open is not None:
+            step.segment_end()
+        try:
+            mark = step._mark()
+            step._open = (self._name, mark)
+            step._open_host = mark if step._host is None else step._host()
+        except Exception as internal:
+            step._reporter._internal("segment", internal)
         return self
 
     def __exit__(self, *exc: object) -> Literal[False]:
-        elapsed = perf_counter_ns() - self._t0
-        segments = self._segments
-        segments[self._name] = segments.get(self._name, 0) + elapsed
+        self._step.segment_end()
         return False
 
 
 class Step:
-    """One training step: `with reporter.step(n) as s:`; its segments and `record(...)` values."""
+    """One training step: `with reporter.step(n) as s:` (or `reporter.step_begin(n)` ... `step_end()`).
 
-    __slots__ = ("_fields", "_reporter", "_segments", "_t0", "step")
+    On the training thread a segment edge only takes a mark of the reporter's timer (a host clock
+    reading, or a CUDA event recorded on the current stream); the reporter's thread turns the
+    marks into seconds once they are reached.
+    """
+
+    __slots__ = (
+        "_begin",
+        "_begin_host",
+        "_end",
+        "_fields",
+        "_host",
+        "_mark",
+        "_marks",
+        "_open",
+        "_open_host",
+        "_reporter",
+        "step",
+    )
 
     def __init__(self, reporter: Reporter, step: int) -> None:
         self._reporter = reporter
+        self._mark = reporter._mark
+        # Host monotonic ns for the heartbeat: the marks themselves with host clocks, a clock read with CUDA.
+        self._host = None if reporter._host_marks else reporter._mono_ns
         self.step = step
-        self._segments: dict[str, int] = {}
+        self._marks: list[tuple[str, Any, Any]] = []  # (segment, begin mark, end mark)
+        self._open: tuple[str, Any] | None = None
+        self._open_host = 0
+        self._begin_host = 0
         self._fields: dict[str, Any] = {}
-        self._t0 = 0
+        self._begin: Any = None
+        self._end: Any = None
 
     def segment(self, name: str) -> _Segment:
         """Time a part of the step: data_wait, forward, backward, optimizer, comm or checkpoint."""
-        return _Segment(self._segments, name)
+        return _Segment(self, name)
+
+    def segment_begin(self, name: str) -> None:
+        """Start a segment (ends the one still open, if any)."""
+        try:
+            if self._open is not None:
+                self.segment_end()
+            mark = self._mark()
+            self._open = (name, mark)
+            self._open_host = mark if self._host is None else self._host()
+        except Exception as internal:
+            self._reporter._internal("segment", internal)
+
+    def segment_end(self) -> None:
+        """End the open segment (a no-op when none is open)."""
+        opened = self._open
+        if opened is None:
+            return
+        try:
+            self._open = None
+            self._marks.append((opened[0], opened[1], self._mark()))
+        except Exception as internal:
+            self._reporter._internal("segment", internal)
 
     def record(self, **values: Any) -> None:
         """Attach loss, lr, grad_norm, samples, tokens (tensors are fine) and `skipped`."""
         self._fields.update(values)
 
-    def __enter__(self) -> Step:
-        self._t0 = perf_counter_ns()
+    def begin(self) -> Step:
+        """Start the step (what `with` does on enter)."""
+        try:
+            mark = self._mark()
+            self._begin = mark
+            self._begin_host = mark if self._host is None else self._host()
+            self._reporter._live_step = self
+        except Exception as internal:
+            self._reporter._internal("step", internal)
         return self
+
+    def stop_clock(self) -> None:
+        """Take the step's end mark now but publish later with `end()` (when values arrive after the step)."""
+        try:
+            if self._open is not None:
+                self.segment_end()
+            if self._end is None:
+                self._end = self._mark()
+            r = self._reporter
+            if r._live_step is self:
+                r._live_step = None
+        except Exception as internal:
+            self._reporter._internal("step", internal)
+
+    def end(self, exc: BaseException | None = None) -> None:
+        """End the step (what `with` does on exit); `exc` makes it a RankFault instead of a step."""
+        self.stop_clock()
+        try:
+            self._reporter._step_done(self, exc)
+        except Exception as internal:
+            self._reporter._internal("step", internal)
+
+    def __enter__(self) -> Step:
+        return self.begin()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> Literal[False]:
-        elapsed = perf_counter_ns() - self._t0
-        try:
-            self._reporter._step_done(self, elapsed, exc)
-        except Exception as internal:
-            self._reporter._internal("step", internal)
+        self.end(exc)
         return False
 
 
@@ -153,7 +233,7 @@ class CheckpointReport:
         r._emit(
             "CheckpointEvent",
             {
-                "ts": time_ns() // 1_000_000,
+                "ts": r._now_ms(),
                 "job_id": r.identity.job_id,
                 "run_id": r.identity.run_id,
                 "rank": r.identity.rank,
@@ -203,6 +283,72 @@ class CheckpointReport:
             self._reporter._internal("checkpoint", internal)
 
 
+class EvaluationReport:
+    """One evaluation pass: EvaluationEvent `started` on enter, `completed` or `failed` on exit."""
+
+    def __init__(
+        self,
+        reporter: Reporter,
+        step: int,
+        name: str | None,
+        evaluation_id: str,
+        expected_duration_s: float | None,
+    ) -> None:
+        self._reporter = reporter
+        self.step = step
+        self.name = name
+        self.evaluation_id = evaluation_id
+        self.expected_duration_s = expected_duration_s
+        self.batches: int | None = None
+        self._t0 = 0
+
+    def _emit(self, phase: str, duration_s: float | None = None, error: str | None = None) -> None:
+        self._reporter._job_event(
+            "EvaluationEvent",
+            {
+                "rank": self._reporter.identity.rank,
+                "evaluation_id": self.evaluation_id,
+                "step": self.step,
+                "phase": phase,
+                "name": self.name,
+                "expected_duration_s": self.expected_duration_s,
+                "duration_s": duration_s,
+                "batches": self.batches,
+                "error": error,
+            },
+            per_rank=False,
+        )
+
+    def begin(self) -> EvaluationReport:
+        """Send `started` (what `with` does on enter)."""
+        try:
+            self._t0 = self._reporter._mono_ns()
+            self._emit("started")
+        except Exception as internal:
+            self._reporter._internal("evaluation", internal)
+        return self
+
+    def end(self, exc: BaseException | None = None) -> None:
+        """Send `completed`, or `failed` with the exception (what `with` does on exit)."""
+        try:
+            duration = (self._reporter._mono_ns() - self._t0) / 1e9
+            if exc is None:
+                self._emit("completed", duration)
+            else:
+                self._emit("failed", duration, f"{type(exc).__name__}: {exc}"[:2000])
+        except Exception as internal:
+            self._reporter._internal("evaluation", internal)
+
+    def __enter__(self) -> EvaluationReport:
+        return self.begin()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
+        self.end(exc)
+        return False
+
+
 class Reporter:
     """Reports one rank of a training job; identity from arguments or the launcher environment."""
 
@@ -225,8 +371,15 @@ class Reporter:
         max_pending: int = 100_000,
         env: Mapping[str, str] | None = None,
         nvml: Any = None,
+        timing: TimingMode | SegmentTimer | None = None,
+        heartbeat_s: float | None = None,
+        runtime_dir: Path | str | None = None,
+        wall_ns: Callable[[], int] = time_ns,
+        mono_ns: Callable[[], int] = perf_counter_ns,
     ) -> None:
         env = os.environ if env is None else env
+        self._wall_ns = wall_ns
+        self._mono_ns = mono_ns
         self.identity: RankIdentity = resolve_identity(
             job_id,
             rank,
@@ -237,14 +390,34 @@ class Reporter:
             cluster=cluster,
             env=env,
         )
-        self._counts = {"enqueued": 0, "published": 0, "dropped": 0, "sdk_errors": 0}
+        self._counts = {"enqueued": 0, "published": 0, "dropped": 0, "sdk_errors": 0, "heartbeats": 0}
         self._logged: set[str] = set()
+        try:
+            self._timer: SegmentTimer = choose_timer(timing, env)
+        except Exception as exc:
+            self._internal("timing", exc, f"ranksight: {exc}; segments are timed with host clocks")
+            self._timer = HostTimer()
+        if isinstance(self._timer, HostTimer):
+            self._timer = HostTimer(mono_ns)  # the reporter's clock, so tests can pass a fake one
+        # Host marks are monotonic nanoseconds: they double as the live-step clock of the heartbeat.
+        self._host_marks = self._timer.clock == "host"
+        # Host clocks: the clock itself marks (one call per edge on the training thread, not two).
+        self._mark: Callable[[], Any] = mono_ns if isinstance(self._timer, HostTimer) else self._timer.mark
+        self._live_step: Step | None = None  # the step open on the training thread (for the heartbeat)
+        beat = heartbeat_s if heartbeat_s is not None else float(env.get("RANKSIGHT_HEARTBEAT_S", "10"))
+        self._heartbeat_ns = int(beat * 1e9) if beat > 0 else 0
+        self._last_beat_ns: int | None = None
+        self._runtime_dir = runtime_dir if runtime_dir is not None else bindings_dir(env)
+        self._binding_file: Path | None = None
+        self._warned_owner = False
         self._owns_publisher = publisher is None
         self.publisher: Publisher | None = publisher
         if publisher is None:
             self.publisher = self._open_publisher(destination, kafka_conf, topic_prefix, spool_dir, env)
-        self._outbox: deque[Event | Callable[[], Event | None] | tuple[Step, int, int]] = deque()
+        self._outbox: deque[Event | Callable[[], Event | None] | tuple[Step, int]] = deque()
         self._max_pending = max_pending
+        self._env = env
+        self._current: Step | None = None
         self._stop = threading.Event()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="ranksight-reporter", daemon=True)
@@ -294,10 +467,13 @@ class Reporter:
                 "%s", message or f"ranksight SDK error ({kind}), further ones are only counted: {exc!r}"
             )
 
+    def _now_ms(self) -> int:
+        return self._wall_ns() // 1_000_000
+
     def _job_event(self, record_type: str, fields: dict[str, Any], *, per_rank: bool) -> None:
         """Enqueue a record stamped now with this process's job and run (and rank, when per rank)."""
         ident = self.identity
-        head: dict[str, Any] = {"ts": time_ns() // 1_000_000, "job_id": ident.job_id, "run_id": ident.run_id}
+        head: dict[str, Any] = {"ts": self._now_ms(), "job_id": ident.job_id, "run_id": ident.run_id}
         if per_rank:
             head["rank"] = ident.rank
         self._emit(record_type, {**head, **fields})
@@ -312,37 +488,122 @@ class Reporter:
     def _run(self) -> None:
         while True:
             stopping = self._stop.is_set()
-            self._drain()
+            try:
+                self._heartbeat(self._mono_ns())
+            except Exception as exc:
+                self._internal("heartbeat", exc)
+            self._drain(final=stopping)
             if stopping:
+                self._unbind()
                 return
             self._stop.wait(0.02)
 
-    def _drain(self) -> None:
+    def _heartbeat(self, now_ns: int) -> None:
+        """While a step stays open longer than the heartbeat, say so every heartbeat (off-thread).
+
+        A rank stuck in a step sends nothing else, and when every rank is stuck (one hangs, the
+        others block in its collective) no event moves event time, so a replay of the job's own
+        events could never see the stall. The heartbeat is a CollectiveSample: the share of the
+        last interval this rank spent blocked in its open `comm` segment (1.0 for the peers
+        waiting in the all-reduce, 0.0 for the rank they wait for), which is what `rank_hang`
+        reads to name the hung rank.
+        """
+        every = self._heartbeat_ns
+        live = self._live_step
+        if not every or live is None:
+            self._last_beat_ns = None
+            return
+        started = live._begin_host
+        if now_ns - started < every:
+            return
+        last = self._last_beat_ns
+        if last is not None and last >= started and now_ns - last < every:
+            return
+        since = max(started, last if last is not None and last >= started else now_ns - every)
+        interval = now_ns - since
+        if interval <= 0:
+            return
+        segment = live._open  # read once: the training thread may replace it
+        blocked = 0
+        if segment is not None and segment[0] == "comm":
+            blocked = now_ns - max(since, live._open_host)
+        self._last_beat_ns = now_ns
+        ident = self.identity
+        self._outbox.appendleft(
+            Event(
+                "CollectiveSample",
+                {
+                    "ts": self._now_ms(),
+                    "job_id": ident.job_id,
+                    "run_id": ident.run_id,
+                    "rank": ident.rank,
+                    "op": "comm",
+                    "interval_s": interval / 1e9,
+                    "count": 0,
+                    "bytes": None,
+                    "time_s": max(0, blocked) / 1e9,
+                    "bus_bw_gbps": None,
+                },
+            )
+        )
+        self._counts["heartbeats"] += 1
+
+    def _drain(self, final: bool = False) -> None:
+        # An item leaves the outbox only once handed to the publisher, so `flush()` (which waits
+        # for an empty outbox) never returns while one is still being converted.
         outbox = self._outbox
         while outbox:
-            item = outbox.popleft()
+            item = outbox[0]
             try:
                 event: Event | None
                 if isinstance(item, tuple) and not isinstance(item, Event):
+                    if not self._resolved(item[0], final):
+                        return  # its GPU work is still running: keep the order, look again at the next poll
                     event = self._step_record(*item)
                 elif callable(item):
                     event = item()
                 else:
                     event = item
-                if event is None or self.publisher is None:
-                    continue
-                self.publisher.publish(_coerce(event))
-                self._counts["published"] += 1
+                if event is not None and self.publisher is not None:
+                    self.publisher.publish(_coerce(event))
+                    self._counts["published"] += 1
             except Exception as exc:
                 self._internal(f"publish-{getattr(item, 'type', 'task')}", exc)
+            outbox.popleft()
+
+    def _resolved(self, step: Step, final: bool) -> bool:
+        """Whether every mark of the step has been reached; at close, wait for them."""
+        timer = self._timer
+        marks = [step._begin, step._end, *(m for _, b, e in step._marks for m in (b, e))]
+        for mark in marks:
+            if not timer.ready(mark):
+                if not final:
+                    return False
+                timer.wait(mark)
+        return True
 
     def _rank_bound(self, env: Mapping[str, str], nvml: Any) -> Event:
         ident = self.identity
         index, uuid = visible_gpu(ident.local_rank, env, nvml)
+        if self._runtime_dir:
+            self._binding_file = write_binding(
+                Path(self._runtime_dir),
+                Binding(
+                    pid=os.getpid(),
+                    job_id=ident.job_id,
+                    run_id=ident.run_id,
+                    rank=ident.rank,
+                    local_rank=ident.local_rank,
+                    gpu_uuid=uuid,
+                    gpu_index=index,
+                    node=ident.node,
+                    start_time=process_start_time(os.getpid()),
+                ),
+            )
         return Event(
             "RankBound",
             {
-                "ts": time_ns() // 1_000_000,
+                "ts": self._now_ms(),
                 "job_id": ident.job_id,
                 "run_id": ident.run_id,
                 "rank": ident.rank,
@@ -354,7 +615,13 @@ class Reporter:
             },
         )
 
-    def _step_done(self, step: Step, elapsed_ns: int, exc: BaseException | None) -> None:
+    def _unbind(self) -> None:
+        if self._binding_file is not None:
+            with contextlib.suppress(OSError):
+                self._binding_file.unlink()
+            self._binding_file = None
+
+    def _step_done(self, step: Step, exc: BaseException | None) -> None:
         if exc is not None:
             self._job_event(
                 "RankFault",
@@ -371,12 +638,20 @@ class Reporter:
         if len(self._outbox) >= self._max_pending:
             self._counts["dropped"] += 1
             return
-        self._outbox.append((step, elapsed_ns, time_ns() // 1_000_000))
+        self._outbox.append((step, self._now_ms()))
         self._counts["enqueued"] += 1
 
-    def _step_record(self, step: Step, elapsed_ns: int, ts_ms: int) -> Event:
+    def _step_record(self, step: Step, ts_ms: int) -> Event:
         ident = self.identity
-        seg = step._segments
+        timer = self._timer
+        seg: dict[str, float] = {}
+        for name, begin, end in step._marks:
+            seg[name] = seg.get(name, 0.0) + timer.elapsed_s(begin, end)
+            timer.release(begin)
+            timer.release(end)
+        step_time = timer.elapsed_s(step._begin, step._end)
+        timer.release(step._begin)
+        timer.release(step._end)
         fields = step._fields
         if not seg.keys() <= _SEGMENT_SET:
             self._internal(
@@ -399,13 +674,13 @@ class Reporter:
                 "loss": fields.get("loss"),
                 "lr": fields.get("lr"),
                 "grad_norm": fields.get("grad_norm"),
-                "step_time_s": elapsed_ns / 1e9,
-                "data_wait_s": _s(get("data_wait")),
-                "forward_s": _s(get("forward")),
-                "backward_s": _s(get("backward")),
-                "optimizer_s": _s(get("optimizer")),
-                "comm_s": _s(get("comm")),
-                "checkpoint_s": _s(get("checkpoint")),
+                "step_time_s": step_time,
+                "data_wait_s": get("data_wait"),
+                "forward_s": get("forward"),
+                "backward_s": get("backward"),
+                "optimizer_s": get("optimizer"),
+                "comm_s": get("comm"),
+                "checkpoint_s": get("checkpoint"),
                 "skipped": bool(fields.get("skipped", False)),
             },
         )
@@ -413,8 +688,57 @@ class Reporter:
     # -- public API -------------------------------------------------------------------------
 
     def step(self, step: int) -> Step:
-        """`with reporter.step(n) as s:` -> one StepCompleted (wall time of the block, segments summed)."""
+        """`with reporter.step(n) as s:` -> one StepCompleted (time of the block, segments summed)."""
         return Step(self, step)
+
+    def step_begin(self, step: int) -> Step:
+        """Start step `step` without a `with` block; end it with `step_end()` (for framework hooks)."""
+        current = Step(self, step).begin()
+        self._current = current
+        return current
+
+    def segment_begin(self, name: str) -> None:
+        """Start a segment of the step begun with `step_begin` (ends the open one, if any)."""
+        current = self._current
+        if current is not None:
+            current.segment_begin(name)
+
+    def segment_end(self) -> None:
+        """End the open segment of the current step."""
+        current = self._current
+        if current is not None:
+            current.segment_end()
+
+    def step_end(self, **values: Any) -> None:
+        """End the step begun with `step_begin`, with its loss, lr, grad_norm, samples, tokens, skipped."""
+        current, self._current = self._current, None
+        if current is not None:
+            if values:
+                current.record(**values)
+            current.end()
+
+    @property
+    def current_step(self) -> Step | None:
+        """The step begun with `step_begin` and not yet ended."""
+        return self._current
+
+    @property
+    def timer_clock(self) -> str:
+        """Which clock times segments and steps: "host" or "cuda"."""
+        return self._timer.clock
+
+    def evaluation(
+        self,
+        step: int,
+        name: str | None = None,
+        *,
+        evaluation_id: str | None = None,
+        expected_duration_s: float | None = None,
+    ) -> EvaluationReport:
+        """`with reporter.evaluation(step, "val"):` -> EvaluationEvent started, then completed or failed."""
+        return EvaluationReport(
+            self, step, name, evaluation_id or f"{self.identity.job_id}-eval{step}", expected_duration_s
+        )
 
     def checkpoint(
         self,
@@ -442,8 +766,8 @@ class Reporter:
     def job_started(
         self,
         *,
-        owner: str,
-        team: str,
+        owner: str | None = None,
+        team: str | None = None,
         model_name: str = "",
         model_version: str = "",
         dataset_version: str = "",
@@ -459,14 +783,30 @@ class Reporter:
         checkpoint_timeout_s: float | None = None,
         labels: Mapping[str, str] | None = None,
     ) -> None:
-        """Describe the job (typically from rank 0): owner, team, model, parallelism, checkpoint policy."""
+        """Describe the job (typically from rank 0): owner, team, model, parallelism, checkpoint policy.
+
+        Owner and team default to RANKSIGHT_OWNER / RANKSIGHT_TEAM, then Slurm's job user and
+        account; without them one warning says the job's alerts go to the `platform` team.
+        """
         try:
+            env = self._env
+            owner = owner or env.get("RANKSIGHT_OWNER") or env.get("SLURM_JOB_USER") or ""
+            team = team or env.get("RANKSIGHT_TEAM") or env.get("SLURM_JOB_ACCOUNT") or ""
+            if (not owner or not team) and not self._warned_owner:
+                self._warned_owner = True
+                missing = " and ".join(n for n, v in (("owner", owner), ("team", team)) if not v)
+                log.warning(
+                    "ranksight: job %s has no %s (pass job_started(owner=..., team=...) or set "
+                    "RANKSIGHT_OWNER / RANKSIGHT_TEAM); its alerts will go to the `platform` team",
+                    self.identity.job_id,
+                    missing,
+                )
             ident = self.identity
             world = ident.world_size
             self._emit(
                 "JobStarted",
                 {
-                    "ts": time_ns() // 1_000_000,
+                    "ts": self._now_ms(),
                     "job_id": ident.job_id,
                     "run_id": ident.run_id,
                     "owner": owner,
@@ -644,10 +984,6 @@ def _close_at_exit(ref: weakref.ref[Reporter]) -> None:
     reporter = ref()
     if reporter is not None:
         reporter.close(timeout=5)
-
-
-def _s(ns: int | None) -> float | None:
-    return None if ns is None else ns / 1e9
 
 
 def _with_rank(path: str, rank: int) -> str:

@@ -35,9 +35,33 @@ def agent(
     report_every: int = typer.Option(
         60, "--report-every", min=1, help="Print a status line every N intervals."
     ),
+    slow_interval: float = typer.Option(
+        10.0,
+        "--slow-interval",
+        min=0.0,
+        help="Seconds between reads of slowly changing GPU fields (ECC, remapped rows, pids, power limit).",
+    ),
+    attribution: bool = typer.Option(
+        True, "--attribution/--no-attribution", help="Stamp each GPU sample with the job holding the GPU."
+    ),
+    bindings_dir: list[Path] = typer.Option(
+        [],
+        "--bindings-dir",
+        help="Where the SDK leaves bindings (repeatable; default: RANKSIGHT_RUNTIME_DIR and the usual places).",
+    ),
+    pod_resources: str | None = typer.Option(
+        None,
+        "--pod-resources",
+        help="Kubelet pod-resources socket or a recorded List response (.json or protobuf); "
+        "default: the kubelet socket when present.",
+    ),
+    proc_root: Path = typer.Option(
+        Path("/proc"), "--proc-root", help="The /proc of the host (Slurm attribution)."
+    ),
 ) -> None:
     """Sample this node's GPUs and host every interval and publish GpuSample / HostSample events."""
     from producers.agent import Agent, FakeNvml, GpuSampler, HostSampler, load_nvml
+    from producers.agent.attribution import KUBELET_SOCKET, Attributor
     from producers.publisher import open_publisher
     from ranksight.errors import KafkaNotFoundError
     from ranksight.settings import load_settings
@@ -49,7 +73,9 @@ def agent(
         sampler = None
         if not no_gpu:
             nvml: Any = FakeNvml(gpus=gpus) if simulate else load_nvml()
-            sampler = GpuSampler(nvml, cluster=settings.cluster, node=node_name)
+            sampler = GpuSampler(
+                nvml, cluster=settings.cluster, node=node_name, slow_interval_s=slow_interval
+            )
         kafka_conf: dict[str, Any] | None = None
         knobs: dict[str, Any] = {}
         if to == "kafka":
@@ -69,7 +95,13 @@ def agent(
         )
     assert publisher is not None
     host = HostSampler(cluster=settings.cluster, node=node_name)
-    runner = Agent(publisher, host=host, gpus=sampler, interval=interval)
+    attributor = None
+    if attribution:
+        kubelet = pod_resources or (KUBELET_SOCKET if Path(KUBELET_SOCKET).exists() else None)
+        attributor = Attributor(
+            proc_root=proc_root, bindings=list(bindings_dir) or None, pod_resources=kubelet
+        )
+    runner = Agent(publisher, host=host, gpus=sampler, interval=interval, attributor=attributor)
     gpu_text = "no GPUs" if sampler is None else f"{sampler.count} {'simulated ' if simulate else ''}GPU(s)"
     err_console.print(
         f"agent on {node_name} ({settings.cluster}): {gpu_text} + host, every {interval:g}s -> {to}"

@@ -138,3 +138,64 @@ def test_example_reports_every_rank_step_and_the_straggler_makes_others_wait(
         assert int(client.command(f"SELECT count() FROM rank_bound WHERE job_id = '{job_id}'")) == RANKS
     finally:
         close(dsn)
+
+
+@pytest.mark.parametrize(
+    ("fault", "argv", "rule", "rank"),
+    [
+        (
+            "straggler",
+            ["--steps", "500", "--straggler-rank", "2", "--straggler-delay", "0.05"],
+            "straggler",
+            2,
+        ),
+        ("nan", ["--steps", "40", "--nan-at-step", "20"], "nonfinite_loss", None),
+        # 75 s: longer than the 60 s stall floor; the SDK's heartbeat keeps event time moving.
+        (
+            "hang",
+            ["--steps", "30", "--hang-rank", "1", "--hang-at-step", "15", "--hang-seconds", "75"],
+            "rank_hang",
+            1,
+        ),
+    ],
+)
+def test_each_example_fault_raises_its_alert_in_offline_replay(
+    tmp_path: Path, fault: str, argv: list[str], rule: str, rank: int | None
+) -> None:
+    """What the example emits, replayed offline through the detectors: each injected fault fires its rule."""
+    pytest.importorskip("torch")
+    from streams.config import load_config
+    from streams.engine import DetectionEngine
+    from streams.replay import merged_events
+
+    out = tmp_path / "events.avro"
+    env = {**os.environ, "PYTHONPATH": str(_EXAMPLE.parents[1]), "RANKSIGHT_JOB_ID": f"example-{fault}"}
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(_EXAMPLE),
+            "--spawn",
+            str(RANKS),
+            "--to",
+            f"file://{out}",
+            "--checkpoint-every",
+            "0",
+            *argv,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    files = sorted(tmp_path.glob("events.rank*.avro"))
+    assert len(files) == RANKS
+    # Short windows so that a run of ~30 s holds the two low windows a straggler needs.
+    config = load_config(overrides={"detectors": {"imbalance": {"window_s": 10.0, "hop_s": 5.0}}})
+    alerts = [
+        e.record
+        for e in DetectionEngine(config).run(merged_events(files))
+        if e.type == "Alert" and e.record["status"] == "firing"
+    ]
+    fired = {(a["rule"], a.get("rank")) for a in alerts}
+    assert any(r == rule and (rank is None or k == rank) for r, k in fired), fired

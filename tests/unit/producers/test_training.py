@@ -169,7 +169,7 @@ def test_misuse_never_raises_into_the_training_loop() -> None:
     reporter = _reporter(publisher)
     reporter.state("exploded")  # not a job state
     reporter.validation(1, {"acc": "not a number"})  # fails on the background thread
-    reporter.job_started(owner=None, team="t")  # type: ignore[arg-type]
+    reporter.job_started(owner=123, team="t")  # type: ignore[arg-type]  # fails to encode, off-thread
     with reporter.step(1) as s:
         with s.segment("teleport"):
             pass

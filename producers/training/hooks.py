@@ -1,0 +1,242 @@
+"""Framework hooks -> SDK calls: the logic shared by the Lightning and Hugging Face callbacks.
+
+`LoopHooks` knows nothing about either framework: the adapters (`lightning.py`, `hf.py`) call
+it with plain values from their hooks, so its behaviour is tested without the frameworks. One
+StepCompleted per training batch:
+
+- `data_wait`: from the end of the previous batch to the start of this one (the data loader);
+- `forward` / `backward` / `optimizer`: between the hooks that bound them, where the framework
+  has them (Lightning: all three; Hugging Face: `forward` covers forward *and* backward, which
+  its `Trainer` runs in one call without a hook in between);
+- loss, lr, grad norm, samples, tokens as the framework exposes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from producers.training.reporter import CheckpointReport, EvaluationReport, Reporter, Step
+
+__all__ = ["LoopHooks", "path_bytes", "tensor_batch_size"]
+
+log = logging.getLogger(__name__)
+
+
+def tensor_batch_size(batch: Any) -> int | None:
+    """Samples in a batch: the first dimension of the first tensor found (dict, list, tuple or tensor)."""
+    if hasattr(batch, "shape") and getattr(batch, "shape", None):
+        return int(batch.shape[0])
+    if isinstance(batch, Mapping):
+        for value in batch.values():
+            n = tensor_batch_size(value)
+            if n is not None:
+                return n
+    if isinstance(batch, (list, tuple)):
+        for value in batch:
+            n = tensor_batch_size(value)
+            if n is not None:
+                return n
+    return None
+
+
+def path_bytes(path: str | os.PathLike[str] | None) -> int | None:
+    """Size of a checkpoint file, or of every file under a checkpoint directory."""
+    if not path:
+        return None
+    p = Path(path)
+    try:
+        if p.is_file():
+            return p.stat().st_size
+        if p.is_dir():
+            return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+    except OSError:
+        return None
+    return None
+
+
+class LoopHooks:
+    """Turns a framework's training-loop hooks into one reporter's steps, evaluations and checkpoints."""
+
+    def __init__(
+        self,
+        reporter_factory: Callable[..., Reporter],
+        *,
+        job_info: Mapping[str, Any] | None = None,
+        tokens_per_sample: int | None = None,
+    ) -> None:
+        self._factory = reporter_factory
+        self.job_info = dict(job_info or {})
+        self.tokens_per_sample = tokens_per_sample
+        self.reporter: Reporter | None = None
+        self._step: Step | None = None
+        self._waiting: Step | None = None  # a batch's data wait, opened at the end of the previous batch
+        self._pending: Step | None = None  # ended on the clock, published when its values arrive
+        self._evaluation: EvaluationReport | None = None
+        self._checkpoint: tuple[CheckpointReport, str | None] | None = None
+        self._owns_reporter = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def train_start(self, *, rank: int, world_size: int, local_rank: int | None, is_zero: bool) -> None:
+        """Create the reporter (identity from the framework, job from the environment); rank 0 describes the job."""
+        if self.reporter is None:
+            self.reporter = self._factory(rank=rank, world_size=world_size, local_rank=local_rank)
+            self._owns_reporter = True
+        if is_zero:
+            self.reporter.job_started(**self.job_info)
+            self.reporter.state("running")
+
+    def train_end(self, *, is_zero: bool) -> None:
+        """Publish what is pending; rank 0 marks the job completed; close the reporter we created."""
+        r = self.reporter
+        if r is None:
+            return
+        self.flush_pending()
+        self._drop_waiting()
+        self.checkpoint_finished()
+        if is_zero:
+            r.state("completed")
+        if self._owns_reporter:
+            r.close()
+        else:
+            r.flush()
+
+    def exception(self, exc: BaseException, *, is_zero: bool) -> None:
+        """The loop raised: a RankFault, and (rank 0) the job failed."""
+        r = self.reporter
+        if r is None:
+            return
+        self._step = None
+        self._drop_waiting()
+        r.fault("exception", f"{type(exc).__name__}: {exc}"[:2000])
+        if is_zero:
+            r.state("failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def batch_start(self, step: int) -> None:
+        """A training batch begins (after the data loader delivered it)."""
+        r = self.reporter
+        if r is None:
+            return
+        self.flush_pending()
+        self.checkpoint_finished()
+        current = self._waiting
+        self._waiting = None
+        if current is None:
+            current = r.step_begin(step)
+        else:
+            current.step = step
+            r._current = current
+        current.segment_begin("forward")
+        self._step = current
+
+    def segment(self, name: str) -> None:
+        """The next part of the current batch starts (ending the one before)."""
+        if self._step is not None:
+            self._step.segment_begin(name)
+
+    def batch_end(self, *, wait_for_values: bool = False, **values: Any) -> None:
+        """The batch is done; with `wait_for_values` its record waits for `values_arrived` (logged loss)."""
+        r, current = self.reporter, self._step
+        if r is None or current is None:
+            return
+        self._step = None
+        r._current = None
+        clean = {k: v for k, v in values.items() if v is not None}
+        if clean:
+            current.record(**clean)
+        if wait_for_values:
+            current.stop_clock()
+            self._pending = current
+        else:
+            current.end()
+        # The next batch's data wait starts now.
+        self._waiting = r.step_begin(current.step + 1)
+        self._waiting.segment_begin("data_wait")
+
+    def values_arrived(self, **values: Any) -> None:
+        """Loss / lr / grad norm logged after the batch: attach them and publish its record."""
+        pending = self._pending
+        if pending is None:
+            return
+        clean = {k: v for k, v in values.items() if v is not None}
+        if clean:
+            pending.record(**clean)
+        self.flush_pending()
+
+    def flush_pending(self) -> None:
+        """Publish a batch that was waiting for values."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.end()
+
+    def _drop_waiting(self) -> None:
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None and self.reporter is not None:
+            if self.reporter._current is waiting:
+                self.reporter._current = None
+            if self.reporter._live_step is waiting:
+                self.reporter._live_step = None
+
+    def samples_tokens(self, batch: Any) -> dict[str, int | None]:
+        """samples (batch size) and tokens (samples x tokens_per_sample, or input_ids' numel)."""
+        samples = tensor_batch_size(batch)
+        tokens: int | None = None
+        if self.tokens_per_sample and samples is not None:
+            tokens = samples * self.tokens_per_sample
+        elif isinstance(batch, Mapping) and hasattr(batch.get("input_ids"), "numel"):
+            tokens = int(batch["input_ids"].numel())
+        return {"samples": samples, "tokens": tokens}
+
+    # -- evaluations and checkpoints ------------------------------------------------------------
+
+    def evaluation_start(self, step: int, name: str | None = "val") -> None:
+        """Validation begins: training pauses (the pause is announced, not a stall)."""
+        r = self.reporter
+        if r is None or self._evaluation is not None:
+            return
+        self.flush_pending()
+        self._drop_waiting()
+        self._evaluation = r.evaluation(step, name).begin()
+
+    def evaluation_end(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
+        """Validation ended: EvaluationEvent completed, and its metrics as a ValidationResult."""
+        r = self.reporter
+        if r is None:
+            return
+        evaluation, self._evaluation = self._evaluation, None
+        if evaluation is not None:
+            evaluation.end()
+        numbers = {}
+        for key, value in (metrics or {}).items():
+            try:
+                numbers[str(key)] = float(value)
+            except (TypeError, ValueError):
+                continue
+        if numbers:
+            r.validation(step, numbers)
+
+    def checkpoint_started(self, step: int, uri: str | None = None) -> None:
+        """A checkpoint is being written (a previous one still open is completed first)."""
+        r = self.reporter
+        if r is None:
+            return
+        self.checkpoint_finished()
+        ck = r.checkpoint(step, uri)
+        ck.__enter__()
+        self._checkpoint = (ck, uri)
+
+    def checkpoint_finished(self, path: str | os.PathLike[str] | None = None) -> None:
+        """The open checkpoint is on disk: completed, with its size when the path is known."""
+        entry, self._checkpoint = self._checkpoint, None
+        if entry is None:
+            return
+        ck, uri = entry
+        where = path or (uri[len("file://") :] if uri and uri.startswith("file://") else uri)
+        ck.bytes = path_bytes(where)
+        ck.__exit__(None, None, None)
