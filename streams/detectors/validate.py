@@ -1,0 +1,130 @@
+"""Values no producer can measure: removed before any detector sees them.
+
+A schema-valid record can still carry a value that no instrument produces: a negative duration,
+GPU activity of 140 %, more device memory used than the device has, a negative power draw, an
+infinite step time. A detector judging such a value alerts on a fault that does not exist (a
+"straggler" with a negative step time, "memory pressure" at 300 %). `clean` returns the record
+with every such value replaced by "unknown" (None for optional fields, NaN for required floats,
+which every detector already treats as missing) and the names of the fields it replaced, so the
+engine can count them.
+
+Non-finite *loss* and *gradient norm* are kept: they are real measurements and the numerical
+detector's signal. Timestamps are the engine's business (`streams.engine`), not this module's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from schemas.records import Event
+
+__all__ = ["clean"]
+
+_NONNEG = "nonneg"  # finite and >= 0
+_POSITIVE = "positive"  # finite and > 0
+_PERCENT = "percent"  # finite, 0..100
+_FINITE = "finite"  # any finite number
+
+# record type -> field -> (kind, required). Required fields become NaN, optional ones None.
+_RULES: dict[str, dict[str, tuple[str, bool]]] = {
+    "StepCompleted": {
+        "step_time_s": (_NONNEG, True),
+        "data_wait_s": (_NONNEG, False),
+        "forward_s": (_NONNEG, False),
+        "backward_s": (_NONNEG, False),
+        "optimizer_s": (_NONNEG, False),
+        "comm_s": (_NONNEG, False),
+        "checkpoint_s": (_NONNEG, False),
+        "samples": (_NONNEG, False),
+        "tokens": (_NONNEG, False),
+    },
+    "GpuSample": {
+        "gpu_util_pct": (_PERCENT, False),
+        "mem_util_pct": (_PERCENT, False),
+        "mem_used_bytes": (_NONNEG, False),
+        "mem_total_bytes": (_POSITIVE, False),
+        "power_w": (_NONNEG, False),
+        "power_limit_w": (_POSITIVE, False),
+        "temp_gpu_c": (_FINITE, False),
+        "temp_mem_c": (_FINITE, False),
+        "sm_clock_mhz": (_NONNEG, False),
+        "mem_clock_mhz": (_NONNEG, False),
+        "sm_clock_max_mhz": (_POSITIVE, False),
+        "clock_event_reasons": (_NONNEG, False),
+        "ecc_corrected": (_NONNEG, False),
+        "ecc_uncorrected": (_NONNEG, False),
+        "remapped_rows_correctable": (_NONNEG, False),
+        "remapped_rows_uncorrectable": (_NONNEG, False),
+        "xid": (_NONNEG, False),
+    },
+    "HostSample": {
+        "cpu_util_pct": (_PERCENT, False),
+        "load1": (_NONNEG, False),
+        "load5": (_NONNEG, False),
+        "load15": (_NONNEG, False),
+        "mem_used_bytes": (_NONNEG, False),
+        "mem_available_bytes": (_NONNEG, False),
+        "mem_total_bytes": (_POSITIVE, False),
+        "swap_used_bytes": (_NONNEG, False),
+        "disk_read_bytes_s": (_NONNEG, False),
+        "disk_write_bytes_s": (_NONNEG, False),
+        "net_rx_bytes_s": (_NONNEG, False),
+        "net_tx_bytes_s": (_NONNEG, False),
+        "tcp_retrans_segs_s": (_NONNEG, False),
+        "oom_kills": (_NONNEG, False),
+    },
+    "CheckpointEvent": {"duration_s": (_NONNEG, False), "bytes": (_NONNEG, False)},
+    "CollectiveSample": {"interval_s": (_POSITIVE, True), "time_s": (_NONNEG, True)},
+    "DataLoaderSample": {"interval_s": (_POSITIVE, True), "wait_s": (_NONNEG, False)},
+    "ValidationResult": {"duration_s": (_NONNEG, False)},
+    "JobStarted": {
+        "checkpoint_max_age_s": (_POSITIVE, False),
+        "checkpoint_timeout_s": (_POSITIVE, False),
+        "world_size": (_NONNEG, True),
+    },
+}
+
+# Pairs (part, whole): a part larger than its whole was not measured.
+_PARTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "GpuSample": (("mem_used_bytes", "mem_total_bytes"),),
+    "HostSample": (("mem_used_bytes", "mem_total_bytes"), ("mem_available_bytes", "mem_total_bytes")),
+}
+
+
+def _ok(value: Any, kind: str) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    if kind == _NONNEG:
+        return value >= 0
+    if kind == _POSITIVE:
+        return value > 0
+    if kind == _PERCENT:
+        return 0 <= value <= 100
+    return True
+
+
+def clean(event: Event) -> tuple[Event, tuple[str, ...]]:
+    """The event with unmeasurable values made unknown, and the fields replaced (empty: unchanged)."""
+    rules = _RULES.get(event.type)
+    if rules is None:
+        return event, ()
+    r = event.record
+    bad: dict[str, Any] = {}
+    for name, (kind, required) in rules.items():
+        value = r.get(name)
+        if value is None or _ok(value, kind):
+            continue
+        if required:
+            bad[name] = math.nan if name.endswith("_s") else 0
+        else:
+            bad[name] = None
+    for part, whole in _PARTS.get(event.type, ()):
+        p, w = bad.get(part, r.get(part)), bad.get(whole, r.get(whole))
+        if p is not None and w is not None and p > w:
+            bad[part] = None
+    if not bad:
+        return event, ()
+    return Event(event.type, {**r, **bad}), tuple(sorted(bad))
