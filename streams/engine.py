@@ -33,6 +33,7 @@ from streams.errors import StreamsError
 from streams.routing import Router, load_router
 
 __all__ = [
+    "JUMP_RECORDS",
     "MAX_EVENT_TS",
     "MIN_EVENT_TS",
     "REJECT_REASONS",
@@ -48,6 +49,10 @@ _DERIVED = ("RankWindowStats", "JobWindowStats")
 # milliseconds; the sink refuses the same range (`sinks.rows`).
 MIN_EVENT_TS = 946_684_800_000
 MAX_EVENT_TS = 7_258_118_400_000
+
+# Offline, this many records in a row ahead of every accepted time (nothing believable between
+# them, all within the skew of each other) confirm a jump even from one source: the stream moved.
+JUMP_RECORDS = 64
 
 # Why `process` rejected a record (`engine.rejection`); the caller dead-letters it with the reason.
 REJECT_REASONS = ("out_of_range", "clock_ahead")
@@ -167,14 +172,16 @@ class DetectionEngine:
             self._jump = None  # a believable record ends any run of records from the future
             return None
         # Ahead of everything accepted: one bad clock, or the stream itself jumped (a gap in a
-        # replay). Only several sources ahead in a row, agreeing within the skew, make a jump.
+        # replay). Only several sources (or many records) ahead in a row, agreeing within the
+        # skew, make a jump.
         source = source_of(event, self.topology)[0]
         run = self._jump
         if run is None or abs(ts - run["first"]) > skew:
-            run = self._jump = {"first": ts, "sources": []}
+            run = self._jump = {"first": ts, "sources": [], "records": 0}
         if source not in run["sources"]:
             run["sources"].append(source)
-        if len(run["sources"]) < self.config.clock_jump_sources:
+        run["records"] += 1
+        if len(run["sources"]) < self.config.clock_jump_sources and run["records"] < JUMP_RECORDS:
             return "clock_ahead"
         # The jump is genuine: its first records were rejected (and counted) but are no clock fault.
         self._clock.forget_unreported(run["sources"])

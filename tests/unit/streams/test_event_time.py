@@ -8,7 +8,7 @@ from pathlib import Path
 from schemas.files import write_container
 from schemas.records import Event
 from streams.config import load_config
-from streams.engine import MIN_EVENT_TS, DetectionEngine
+from streams.engine import JUMP_RECORDS, MIN_EVENT_TS, DetectionEngine
 from streams.replay import replay_offline
 from tests.unit.streams.builders import T0, gpu_sample, job_state, step, training_job
 
@@ -134,13 +134,24 @@ def test_offline_a_jump_agreed_by_several_sources_is_a_gap_not_a_bad_clock() -> 
     assert _alerts(engine.advance(T0 + 2 * day + 100_000), "clock_skew") == []
 
 
-def test_offline_one_source_far_ahead_never_moves_event_time() -> None:
+def test_offline_one_source_far_ahead_never_moves_event_time_while_others_speak() -> None:
     engine = _engine(clock_jump_sources=3)
-    engine.process(gpu_sample("node-01", 0, T0))
-    for i in range(50):
+    for i in range(200):
+        engine.process(gpu_sample("node-01", 0, T0 + i * 1000))
         engine.process(gpu_sample("node-02", i % 8, Y2199 + i))
         assert engine.rejection == "clock_ahead"
-    assert engine.max_ts == T0
+    assert engine.max_ts == T0 + 199_000
+
+
+def test_offline_a_gap_in_a_single_source_stream_is_confirmed_by_many_records() -> None:
+    engine = _engine()
+    engine.process(gpu_sample("node-01", 0, T0))
+    later = T0 + 86_400_000
+    verdicts = []
+    for i in range(JUMP_RECORDS + 1):
+        engine.process(gpu_sample("node-01", i % 8, later + i))
+        verdicts.append(engine.rejection)
+    assert verdicts == ["clock_ahead"] * (JUMP_RECORDS - 1) + [None, None]
 
 
 def test_no_absurd_stall_and_no_window_at_time_zero_after_records_from_1970_and_2199() -> None:
