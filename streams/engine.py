@@ -55,7 +55,7 @@ MAX_EVENT_TS = 7_258_118_400_000
 JUMP_RECORDS = 64
 
 # Why `process` rejected a record (`engine.rejection`); the caller dead-letters it with the reason.
-REJECT_REASONS = ("out_of_range", "clock_ahead")
+REJECT_REASONS = ("out_of_range", "clock_ahead", "clock_behind")
 
 
 def event_ts(event: Event) -> int:
@@ -167,7 +167,9 @@ class DetectionEngine:
             return "out_of_range"
         skew = self.config.max_clock_skew_ms
         if received_ts is not None:
-            return "clock_ahead" if ts > received_ts + skew else None
+            if ts > received_ts + skew:
+                return "clock_ahead"
+            return "clock_behind" if ts < received_ts - self.config.max_record_age_ms else None
         if self.max_ts is None or ts <= self.max_ts + skew:
             self._jump = None  # a believable record ends any run of records from the future
             return None

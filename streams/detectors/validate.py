@@ -19,23 +19,29 @@ from typing import Any
 
 from schemas.records import Event
 
-__all__ = ["clean"]
+__all__ = ["MAX_DURATION_S", "clean"]
 
 _NONNEG = "nonneg"  # finite and >= 0
 _POSITIVE = "positive"  # finite and > 0
 _PERCENT = "percent"  # finite, 0..100
 _FINITE = "finite"  # any finite number
+_DURATION = "duration"  # seconds, 0 .. MAX_DURATION_S
+_POSITIVE_DURATION = "positive_duration"  # seconds, > 0 and <= MAX_DURATION_S
+
+# No step, checkpoint, evaluation or sampling interval lasts longer than this (~116 days); a
+# larger value is a unit or overflow bug, and would overflow when turned into milliseconds.
+MAX_DURATION_S = 1e7
 
 # record type -> field -> (kind, required). Required fields become NaN, optional ones None.
 _RULES: dict[str, dict[str, tuple[str, bool]]] = {
     "StepCompleted": {
-        "step_time_s": (_NONNEG, True),
-        "data_wait_s": (_NONNEG, False),
-        "forward_s": (_NONNEG, False),
-        "backward_s": (_NONNEG, False),
-        "optimizer_s": (_NONNEG, False),
-        "comm_s": (_NONNEG, False),
-        "checkpoint_s": (_NONNEG, False),
+        "step_time_s": (_DURATION, True),
+        "data_wait_s": (_DURATION, False),
+        "forward_s": (_DURATION, False),
+        "backward_s": (_DURATION, False),
+        "optimizer_s": (_DURATION, False),
+        "comm_s": (_DURATION, False),
+        "checkpoint_s": (_DURATION, False),
         "samples": (_NONNEG, False),
         "tokens": (_NONNEG, False),
     },
@@ -74,13 +80,13 @@ _RULES: dict[str, dict[str, tuple[str, bool]]] = {
         "tcp_retrans_segs_s": (_NONNEG, False),
         "oom_kills": (_NONNEG, False),
     },
-    "CheckpointEvent": {"duration_s": (_NONNEG, False), "bytes": (_NONNEG, False)},
-    "CollectiveSample": {"interval_s": (_POSITIVE, True), "time_s": (_NONNEG, True)},
-    "DataLoaderSample": {"interval_s": (_POSITIVE, True), "wait_s": (_NONNEG, False)},
-    "ValidationResult": {"duration_s": (_NONNEG, False)},
+    "CheckpointEvent": {"duration_s": (_DURATION, False), "bytes": (_NONNEG, False)},
+    "CollectiveSample": {"interval_s": (_POSITIVE_DURATION, True), "time_s": (_DURATION, True)},
+    "DataLoaderSample": {"interval_s": (_POSITIVE_DURATION, True), "wait_s": (_DURATION, False)},
+    "ValidationResult": {"duration_s": (_DURATION, False)},
     "JobStarted": {
-        "checkpoint_max_age_s": (_POSITIVE, False),
-        "checkpoint_timeout_s": (_POSITIVE, False),
+        "checkpoint_max_age_s": (_POSITIVE_DURATION, False),
+        "checkpoint_timeout_s": (_POSITIVE_DURATION, False),
         "world_size": (_NONNEG, True),
     },
 }
@@ -103,6 +109,10 @@ def _ok(value: Any, kind: str) -> bool:
         return value > 0
     if kind == _PERCENT:
         return 0 <= value <= 100
+    if kind == _DURATION:
+        return 0 <= value <= MAX_DURATION_S
+    if kind == _POSITIVE_DURATION:
+        return 0 < value <= MAX_DURATION_S
     return True
 
 
