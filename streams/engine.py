@@ -86,6 +86,8 @@ class DetectionEngine:
         self._advanced_to: int | None = None  # last watermark bucket the detectors advanced to
         self._disabled = frozenset(self.config.disabled_rules)
         self._clock = next(d for d in self.detectors if isinstance(d, ClockDetector))
+        self._skew_ms = self.config.max_clock_skew_ms
+        self._max_age_ms = self.config.max_record_age_ms
         # Offline: a run of records ahead of every accepted time ({"first": ts, "sources": [...]}).
         self._jump: dict[str, Any] | None = None
         self.stats: dict[str, Any] = _empty_stats()
@@ -103,7 +105,15 @@ class DetectionEngine:
         ts = event_ts(event)
         if received_ts is not None and received_ts < MIN_EVENT_TS:
             received_ts = None  # Kafka's "no timestamp" (-1) or a producer's own broken clock
-        reason = self._time_verdict(event, ts, received_ts)
+        # The common case inline (this runs for every record); `_time_verdict` decides the rest.
+        if received_ts is not None:
+            believable = received_ts - self._max_age_ms <= ts <= received_ts + self._skew_ms
+        else:
+            believable = self._jump is None and self.max_ts is not None and ts <= self.max_ts + self._skew_ms
+        if believable and MIN_EVENT_TS <= ts < MAX_EVENT_TS:
+            reason = None
+        else:
+            reason = self._time_verdict(event, ts, received_ts)
         self.rejection = reason
         if reason is not None:
             rejected = self.stats["rejected"]

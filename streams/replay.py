@@ -104,7 +104,7 @@ def replay_offline(
     try:
         for event, reference in _merged(list(paths), eng.config.max_clock_skew_ms):
             count += 1
-            last_ts = max(last_ts, min(event_ts(event), reference))
+            last_ts = max(last_ts, reference)  # a spike's own time is not progress
             # The file's own time is the reference a Kafka timestamp is live: a spike is rejected.
             yield from eng.process(event, received_ts=reference)
             if on_progress is not None and count % PROGRESS_EVERY == 0:

@@ -114,7 +114,7 @@ def clean(event: Event) -> tuple[Event, tuple[str, ...]]:
         if value is None:
             continue
         try:
-            if low <= value <= high and type(value) is not bool:
+            if low <= value <= high:
                 continue
         except TypeError:  # not a number at all (a caller bypassing the schema)
             pass
