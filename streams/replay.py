@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
+from itertools import islice
 from pathlib import Path
 
 from schemas.errors import RanksightError
@@ -41,30 +42,33 @@ def _keyed(path: Path, index: int, skew_ms: int) -> Iterator[tuple[int, int, int
     the file, and its reference is the time the file had reached, so the engine rejects it. A
     first record far ahead of the records after it is a spike too (measured against their median).
     """
-    ahead: deque[tuple[int, int, Event]] = deque()
-    source = enumerate(iter_container(path))
+    records = enumerate(iter_container(path))
+    ahead: deque[tuple[int, int, Event]] = deque(
+        (event_ts(event), position, event) for position, event in islice(records, SPIKE_LOOKAHEAD)
+    )
     last: int | None = None  # event time of the latest record that was no spike
-    exhausted = False
-    while True:
-        while not exhausted and len(ahead) <= SPIKE_LOOKAHEAD:
-            item = next(source, None)
-            if item is None:
-                exhausted = True
-            else:
-                ahead.append((event_ts(item[1]), item[0], item[1]))
-        if not ahead:
-            return
+
+    def judged() -> tuple[int, int, int, Event, int]:
+        nonlocal last
         ts, position, event = ahead.popleft()
-        if last is None and ahead:
-            later = median([float(t) for t, _, _ in ahead])
+        if last is not None and ts <= last + skew_ms:  # the common case
+            if ts > last:
+                last = ts
+            return ts, index, position, event, ts
+        if last is None:
+            later = median([float(t) for t, _, _ in ahead]) if ahead else None
             if later is not None and ts > later + skew_ms:
-                yield int(later), index, position, event, int(later)
-                continue
-        elif last is not None and ts > last + skew_ms and any(t <= last + skew_ms for t, _, _ in ahead):
-            yield last, index, position, event, last
-            continue
+                return int(later), index, position, event, int(later)
+        elif any(t <= last + skew_ms for t, _, _ in ahead):
+            return last, index, position, event, last  # a spike: keep its place in the file
         last = ts if last is None else max(last, ts)
-        yield ts, index, position, event, ts
+        return ts, index, position, event, ts
+
+    for position, event in records:
+        ahead.append((event_ts(event), position, event))
+        yield judged()
+    while ahead:
+        yield judged()
 
 
 def _merged(paths: list[Path], skew_ms: int) -> Iterator[tuple[Event, int]]:
