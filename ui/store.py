@@ -8,7 +8,7 @@ roll-ups are exactly those of a live deployment.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from clickhouse_connect.driver.client import Client
@@ -53,9 +53,19 @@ def load_recording(
 ) -> dict[str, int]:
     """Replay recordings through the detectors offline and store events, alerts and derived windows."""
     from streams.config import load_config
-    from streams.replay import merged_events, replay_offline
+    from streams.engine import DetectionEngine
+    from streams.replay import merged_events
     from streams.routing import load_router
 
-    source = load_events(client, merged_events(paths))
-    derived = load_events(client, replay_offline(paths, load_config(config), load_router(routing)))
-    return {"events": source, "derived": derived}
+    engine = DetectionEngine(load_config(config), load_router(routing))
+    found: list[Event] = []
+
+    def source() -> Iterator[Event]:
+        # One pass over the files: each event is stored and fed to the engine (same order as a replay).
+        for event in merged_events(paths):
+            found.extend(engine.process(event))
+            yield event
+
+    events = load_events(client, source())
+    found.extend(engine.finish())
+    return {"events": events, "derived": load_events(client, found)}

@@ -176,18 +176,22 @@
     }
     if (!points.length) { lo = 0; hi = 1; }
     else {
-      // A robust colour range (2nd..98th percentile): warm-up steps must not wash out a straggler's stripe.
+      // A robust colour range: warm-up steps must not wash out a straggler's stripe, so anything far
+      // above the median (in median absolute deviations) is already the hottest colour.
       const sorted = points.map((p) => p[2]).sort((a, b) => a - b);
-      lo = sorted[Math.floor(0.02 * (sorted.length - 1))];
-      hi = sorted[Math.ceil(0.98 * (sorted.length - 1))];
+      const q = (f) => sorted[Math.min(sorted.length - 1, Math.floor(f * (sorted.length - 1)))];
+      const median = q(0.5);
+      const mad = Math.max(q(0.5) * 0.02, [...sorted].map((v) => Math.abs(v - median)).sort((a, b) => a - b)[Math.floor(sorted.length / 2)]);
+      lo = q(0.02);
+      hi = Math.min(q(0.99), median + 8 * mad);
       if (hi <= lo) hi = lo + 1e-9;
     }
     return {
       animation: false,
-      grid: { left: 110, right: 90, top: 10, bottom: 24 },
+      grid: { left: 150, right: 90, top: 10, bottom: 24 },
       tooltip: { formatter: (p) => `${rows[p.value[1]]}<br>${fmtTime(buckets[p.value[0]])}: <b>${fmtNum(p.value[2], 4)} ${unit}</b>` },
-      xAxis: { type: 'category', data: buckets, axisLabel: { formatter: (v) => fmtTime(Number(v)).slice(0, 5), hideOverlap: true }, splitArea: { show: false } },
-      yAxis: { type: 'category', data: rows, inverse: true, axisLabel: { fontSize: 10, hideOverlap: true, formatter: (v) => (RS.focusRows && RS.focusRows.has(v) ? `{focus|▶ ${v}}` : v), rich: { focus: { color: '#fff', backgroundColor: '#d62728', fontWeight: 'bold', padding: [1, 3] } } } },
+      xAxis: { type: 'category', data: buckets, axisLabel: { formatter: (v) => (data.range.bucket_ms < 60000 ? fmtTime(Number(v)) : fmtTime(Number(v)).slice(0, 5)), hideOverlap: true }, splitArea: { show: false } },
+      yAxis: { type: 'category', data: rows, inverse: true, axisLabel: { fontSize: 10, hideOverlap: true, formatter: (v) => (RS.focusRows && RS.focusRows.has(v) ? `{focus|${v}}` : v), rich: { focus: { color: '#fff', backgroundColor: '#d62728', fontWeight: 'bold', padding: [1, 3] } } } },
       visualMap: { type: 'continuous', min: lo, max: hi, calculable: true, orient: 'vertical', right: 0, top: 'middle', itemHeight: 120, text: [`${fmtNum(hi)} ${unit}`, fmtNum(lo)], inRange: { color: ['#f7fbff', '#c6dbef', '#6baed6', '#2171b5', '#fdae61', '#d7191c'] } },
       dataZoom: [{ type: 'inside', xAxisIndex: 0, filterMode: 'none' }],
       series: [{ name, type: 'heatmap', data: points, progressive: 0, emphasis: { itemStyle: { borderColor: '#000', borderWidth: 1 } } }],
@@ -386,8 +390,12 @@
     if (label) label.textContent = `focus: ${a.rule} · ${where(a)}`;
   }
 
-  function rowMark(row, label) {
-    return { silent: true, z: 10, itemStyle: { color: 'rgba(0,0,0,0)', borderColor: '#000', borderWidth: 2 }, label: { show: true, position: 'insideLeft', formatter: label, color: '#000', fontWeight: 'bold' }, data: [[{ yAxis: row }, { yAxis: row }]] };
+  function rowMark(rows, row) {
+    // A frame around the row (category bands: from the centre of the row above to the one below).
+    const i = rows.indexOf(row);
+    const above = rows[Math.max(0, i - 1)];
+    const below = rows[Math.min(rows.length - 1, i + 1)];
+    return { silent: true, itemStyle: { color: 'rgba(0,0,0,0)', borderColor: '#d62728', borderWidth: 2, borderType: 'dashed' }, data: [[{ yAxis: above }, { yAxis: below }]] };
   }
 
   function applyFocus() {
@@ -397,13 +405,13 @@
     RS.focusRows = new Set();
     if (RS.charts.heatmap && f.rank !== null && RS.rankLabels[f.rank] !== undefined) {
       RS.focusRows.add(RS.rankLabels[f.rank]);
-      RS.charts.heatmap.setOption({ series: [{ markArea: rowMark(RS.rankLabels[f.rank], '◀ alert') }] });
+      RS.charts.heatmap.setOption({ series: [{ markArea: rowMark(RS.rankLabels, RS.rankLabels[f.rank]) }] });
     }
     const gpuIndex = data.gpus.keys.findIndex((k) => k[0] === f.node && k[1] === f.gpu_index);
     if (gpuIndex >= 0) {
       const label = data.gpus.labels[gpuIndex];
       RS.focusRows.add(label);
-      RS.charts.gpu_util && RS.charts.gpu_util.setOption({ series: [{ markArea: rowMark(label, '◀ alert') }] });
+      RS.charts.gpu_util && RS.charts.gpu_util.setOption({ series: [{ markArea: rowMark(data.gpus.labels, label) }] });
       for (const key of ['power', 'sm_clock', 'mem_used']) {
         const chart = RS.charts[`gpu_${key}`];
         if (!chart) continue;
@@ -443,7 +451,7 @@
     return el('table', { class: 'grid alerts' },
       el('thead', {}, el('tr', {}, ['', 'severity', 'status', 'rule', 'where', 'team', 'since', 'until', 'suspected layer', 'summary', ''].map((h) => el('th', {}, h)))),
       el('tbody', {}, sorted.map((a) => el('tr', { 'data-alert': a.alert_id, class: `clickable row-${a.status}`, onclick: () => focusAlert(a), title: 'zoom every panel to this alert' },
-        el('td', {}, el('button', { class: 'zoom' }, '⌖')),
+        el('td', {}, el('button', { class: 'zoom' }, 'zoom')),
         el('td', {}, badge(a.severity)), el('td', {}, a.status), el('td', {}, a.rule), el('td', {}, where(a)), el('td', {}, el('strong', {}, a.team)),
         el('td', { class: 'nowrap' }, fmtTime(a.starts_ms)), el('td', { class: 'nowrap' }, a.status === 'resolved' ? fmtTime(a.ends_ms) : 'firing'),
         el('td', {}, a.suspected_layer), el('td', { class: 'summary' }, a.summary),
