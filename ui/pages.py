@@ -45,7 +45,9 @@ def page_html(kind: str, key: str | None, title: str) -> str:
 
 def _inline_json(data: Any) -> str:
     # `</` would end the script element early; `<!--` would start a comment state in it.
-    return json.dumps(data, separators=(",", ":")).replace("</", "<\\/").replace("<!--", "<\\!--")
+    from ui.queries import to_json
+
+    return to_json(data).replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
 def report_html(kind: str, key: str, title: str, data: Any, generated: str) -> str:

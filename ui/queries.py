@@ -10,9 +10,11 @@ and any zoomed-in range.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +30,7 @@ __all__ = [
     "fleet",
     "job_page",
     "latest_version",
+    "to_json",
 ]
 
 TARGET_BUCKETS = 180
@@ -49,6 +52,40 @@ def bucket_ms(span_ms: int, target: int = TARGET_BUCKETS) -> int:
         if step >= want:
             return step
     return BUCKET_STEPS_MS[-1]
+
+
+@dataclass(frozen=True)
+class RawJson:
+    """JSON text ClickHouse wrote itself (big cell arrays): passed through, never parsed in Python."""
+
+    text: str
+
+
+def to_json(data: Any) -> str:
+    """Compact JSON of a page's data, `RawJson` parts spliced in as they are."""
+    raws: list[str] = []
+
+    def default(value: Any) -> str:
+        if isinstance(value, RawJson):
+            raws.append(value.text)
+            return f"\u0000raw{len(raws) - 1}\u0000"
+        raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+    text = json.dumps(data, separators=(",", ":"), default=default)
+    for i, raw in enumerate(raws):
+        text = text.replace(f'"\\u0000raw{i}\\u0000"', raw, 1)
+    return text
+
+
+def _columns(client: Client, sql: str, **params: Any) -> RawJson:
+    """A result as JSON columns (`[[col1...], [col2...]]`) written by ClickHouse."""
+    raw = client.raw_query(
+        sql,
+        parameters=params or None,
+        fmt="JSONCompactColumns",
+        settings={"output_format_json_quote_64bit_integers": 0, "output_format_json_quote_denormals": 0},
+    )
+    return RawJson(raw.decode().strip())
 
 
 def _rows(client: Client, sql: str, **params: Any) -> Sequence[Sequence[Any]]:
@@ -295,71 +332,98 @@ def _ranks(client: Client, job_id: str) -> list[dict[str, Any]]:
     return [{"rank": int(r[0]), "node": r[1], "gpu_index": r[2], "gpu_uuid": r[3]} for r in rows]
 
 
+def _r(expr: str, digits: int = 4) -> str:
+    """SQL rounding a float for the wire, NULL when not finite (JSON has no NaN): no per-value Python work."""
+    return f"if(isFinite({expr}), round({expr}, {digits}), NULL)"
+
+
 def _rank_heatmap(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict[str, Any]:
-    # One cell per (bucket, rank): compute, step time, communication and data wait, in seconds.
+    """Per (bucket, rank): compute, step time, communication and data wait in seconds, as JSON columns."""
     if width >= _DERIVED_HOP_MS:
-        rows = _rows(
+        where = f"job_id = %(job)s AND {_between('window_start', t0, t1)}"
+        if _rows(client, f"SELECT count() FROM derived_rank_windows WHERE {where}", job=job_id)[0][0]:
+            return {
+                "source": "derived_rank_windows",
+                "columns": ["bucket index", "rank", "compute", "step", "comm", "wait"],
+                "cells": _columns(
+                    client,
+                    f"SELECT intDiv({_ms('window_start')} - {int(t0)}, {int(width)}) AS x, rank, {_r('avg(compute_s)')}, "
+                    f"{_r('avg(step_time_s)')}, {_r('avg(comm_s)')}, {_r('avg(data_wait_s)')} "
+                    f"FROM derived_rank_windows WHERE {where} GROUP BY x, rank ORDER BY x, rank",
+                    job=job_id,
+                ),
+            }
+    return {
+        "source": "steps",
+        "columns": ["bucket index", "rank", "compute", "step", "comm", "wait"],
+        "cells": _columns(
             client,
-            f"SELECT {_bucket(_ms('window_start'), width)} AS b, rank, avg(compute_s), avg(step_time_s), "
-            "avg(comm_s), avg(data_wait_s) FROM derived_rank_windows "
-            f"WHERE job_id = %(job)s AND {_between('window_start', t0, t1)} GROUP BY b, rank ORDER BY b, rank",
+            f"SELECT intDiv({_ms('ts')} - {int(t0)}, {int(width)}) AS x, rank, "
+            f"{_r('avg(ifNull(forward_s, 0) + ifNull(backward_s, 0) + ifNull(optimizer_s, 0))')}, "
+            f"{_r('avg(step_time_s)')}, {_r('avg(comm_s)')}, {_r('avg(data_wait_s)')} "
+            f"FROM steps WHERE job_id = %(job)s AND {_between('ts', t0, t1)} GROUP BY x, rank ORDER BY x, rank",
             job=job_id,
-        )
-        if rows:
-            return {"source": "derived_rank_windows", "cells": _cells(rows)}
-    rows = _rows(
-        client,
-        f"SELECT {_bucket(_ms('ts'), width)} AS b, rank, "
-        "avg(ifNull(forward_s, 0) + ifNull(backward_s, 0) + ifNull(optimizer_s, 0)), avg(step_time_s), "
-        f"avg(comm_s), avg(data_wait_s) FROM steps WHERE job_id = %(job)s AND {_between('ts', t0, t1)} "
-        "GROUP BY b, rank ORDER BY b, rank",
-        job=job_id,
-    )
-    return {"source": "steps", "cells": _cells(rows)}
-
-
-def _cells(rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
-    return [[int(r[0]), int(r[1]), _num(r[2]), _num(r[3]), _num(r[4]), _num(r[5])] for r in rows]
+        ),
+    }
 
 
 _SEGMENTS = ("data_wait_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "checkpoint_s")
 
 
-def _step_series(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict[str, Any]:
-    # Segments averaged over ranks; model metrics from rank 0 (the primary key answers it directly).
-    segments = _rows(
+def _step_series(
+    client: Client, job_id: str, t0: int, t1: int, width: int, from_windows: bool
+) -> dict[str, Any]:
+    """Step segments, step time and rate, loss, lr and grad norm per bucket.
+
+    Over wide ranges the segments come from the derived rank windows already read for the heatmap
+    (compute = forward + backward + optimizer; no extra scan of the step rows); zoomed in, from the
+    step rows with the forward / backward / optimizer / checkpoint split. Model metrics come from rank 0
+    (the primary key answers it directly).
+    """
+    progress = _rows(
         client,
-        f"SELECT {_bucket(_ms('ts'), width)} AS b, "
-        + ", ".join(f"avg({s})" for s in _SEGMENTS)
-        + f", avg(step_time_s), max(step) FROM steps WHERE job_id = %(job)s AND {_between('ts', t0, t1)} "
-        "GROUP BY b ORDER BY b",
-        job=job_id,
-    )
-    model = _rows(
-        client,
-        f"SELECT {_bucket(_ms('ts'), width)} AS b, avg(loss), avg(lr), avg(grad_norm), max(step), "
-        "countIf(skipped) FROM steps "
+        f"SELECT {_bucket(_ms('ts'), width)} AS b, {_r('avg(loss)', 5)}, {_r('avg(lr)', 9)}, "
+        f"{_r('avg(grad_norm)')}, max(step), countIf(skipped), {_r('avg(step_time_s)')} FROM steps "
         f"WHERE job_id = %(job)s AND rank = 0 AND {_between('ts', t0, t1)} GROUP BY b ORDER BY b",
         job=job_id,
     )
-    out: dict[str, Any] = {
-        s.removesuffix("_s"): [[int(r[0]), _num(r[i + 1])] for r in segments] for i, s in enumerate(_SEGMENTS)
-    }
-    step_time = [[int(r[0]), _num(r[7])] for r in segments]
+    if from_windows:
+        rows = _rows(
+            client,
+            f"SELECT {_bucket(_ms('window_start'), width)} AS b, {_r('avg(data_wait_s)')}, {_r('avg(compute_s)')}, "
+            f"{_r('avg(comm_s)')}, {_r('avg(greatest(0, step_time_s - compute_s - comm_s - data_wait_s))')} "
+            f"FROM derived_rank_windows WHERE job_id = %(job)s AND {_between('window_start', t0, t1)} "
+            "GROUP BY b ORDER BY b",
+            job=job_id,
+        )
+        names = ("data_wait", "compute", "comm", "other")
+        segments = {name: [[r[0], r[i + 1]] for r in rows] for i, name in enumerate(names)}
+        source = "derived_rank_windows"
+    else:
+        rows = _rows(
+            client,
+            f"SELECT {_bucket(_ms('ts'), width)} AS b, "
+            + ", ".join(_r(f"avg({s})") for s in _SEGMENTS)
+            + f" FROM steps WHERE job_id = %(job)s AND {_between('ts', t0, t1)} GROUP BY b ORDER BY b",
+            job=job_id,
+        )
+        segments = {s.removesuffix("_s"): [[r[0], r[i + 1]] for r in rows] for i, s in enumerate(_SEGMENTS)}
+        source = "steps"
     rate = []
     previous: tuple[int, int] | None = None
-    for r in segments:
+    for r in progress:
         if previous is not None and r[0] > previous[0]:
-            rate.append([int(r[0]), _num((int(r[8]) - previous[1]) / ((r[0] - previous[0]) / 1000), 3)])
-        previous = (int(r[0]), int(r[8]))
+            rate.append([int(r[0]), _num((int(r[4]) - previous[1]) / ((r[0] - previous[0]) / 1000), 3)])
+        previous = (int(r[0]), int(r[4]))
     return {
-        "segments": out,
-        "step_time": step_time,
+        "segments": segments,
+        "segments_source": source,
+        "step_time": [[r[0], r[6]] for r in progress],
         "step_rate": rate,
-        "loss": [[int(r[0]), _num(r[1], 5)] for r in model],
-        "lr": [[int(r[0]), _num(r[2], 8)] for r in model],
-        "grad_norm": [[int(r[0]), _num(r[3])] for r in model],
-        "skipped": [[int(r[0]), int(r[5])] for r in model if r[5]],
+        "loss": [[r[0], r[1]] for r in progress],
+        "lr": [[r[0], r[2]] for r in progress],
+        "grad_norm": [[r[0], r[3]] for r in progress],
+        "skipped": [[r[0], r[5]] for r in progress if r[5]],
     }
 
 
@@ -376,74 +440,57 @@ def _validation(client: Client, job_id: str, t0: int, t1: int) -> dict[str, list
 
 
 def _gpus(
-    client: Client, cluster: str, ranks: list[dict[str, Any]], t0: int, t1: int, width: int
+    client: Client,
+    cluster: str,
+    ranks: list[dict[str, Any]],
+    t0: int,
+    t1: int,
+    width: int,
 ) -> dict[str, Any]:
+    """Per (bucket, GPU of the job): activity, power, SM clock and memory used (GiB), as JSON columns."""
     keys = sorted({(r["node"], r["gpu_index"]) for r in ranks if r["gpu_index"] is not None})
     if not keys:
-        return {"source": None, "labels": [], "keys": [], "util": [], "bands": {}, "per_gpu": {}}
-    index = {k: i for i, k in enumerate(keys)}
+        return {"source": None, "labels": [], "keys": [], "columns": [], "cells": []}
     rank_of = {(r["node"], r["gpu_index"]): r["rank"] for r in ranks}
     labels = [f"{node}/gpu{gpu} r{rank_of[(node, gpu)]}" for node, gpu in keys]
-    pairs = ", ".join(f"('{_quote(n)}', {int(g)})" for n, g in keys)
-    nodes = ", ".join(f"'{_quote(n)}'" for n in sorted({n for n, _ in keys}))
-    if width >= _MINUTE_MS:
-        source = "gpu_minute"
-        sql = (
-            f"SELECT {_bucket('toUnixTimestamp(minute) * 1000', width)} AS b, node, gpu_index, "
-            "avgMerge(gpu_util_pct_avg), avgMerge(power_w_avg), avgMerge(sm_clock_mhz_avg), max(mem_used_bytes_max) "
-            f"FROM gpu_minute WHERE cluster = %(cluster)s AND node IN ({nodes}) AND (node, gpu_index) IN ({pairs}) "
-            f"AND minute >= toDateTime(intDiv({int(t0)}, 1000), 'UTC') AND minute < toDateTime(intDiv({int(t1)}, 1000), 'UTC') "
-            "GROUP BY b, node, gpu_index ORDER BY b, node, gpu_index"
-        )
-    else:
-        source = "gpu_samples"
-        sql = (
-            f"SELECT {_bucket(_ms('ts'), width)} AS b, node, gpu_index, avg(gpu_util_pct), avg(power_w), "
-            "avg(sm_clock_mhz), max(mem_used_bytes) FROM gpu_samples "
-            f"WHERE cluster = %(cluster)s AND node IN ({nodes}) AND (node, gpu_index) IN ({pairs}) "
-            f"AND {_between('ts', t0, t1)} GROUP BY b, node, gpu_index ORDER BY b, node, gpu_index"
-        )
-    util: list[list[Any]] = []
-    per_metric: dict[str, dict[int, list[float]]] = {
-        m: defaultdict(list) for m in ("power", "sm_clock", "mem_used")
-    }
-    per_gpu: dict[str, dict[str, list[list[Any]]]] = defaultdict(lambda: defaultdict(list))
-    for b, node, gpu, u, p, c, m in _rows(client, sql, cluster=cluster):
-        i = index.get((node, gpu))
-        if i is None:
-            continue
-        b = int(b)
-        util.append([b, i, _num(u, 1)])
-        label = labels[i]
-        for name, value, digits in (("power", p, 1), ("sm_clock", c, 0), ("mem_used", m, 0)):
-            v = _num(
-                value if name != "mem_used" or value is None else value / 2**30,
-                digits if name != "mem_used" else 2,
+
+    def per_gpu_sql(pairs: list[tuple[str, int]]) -> tuple[str, str]:
+        nodes = ", ".join(f"'{_quote(n)}'" for n in sorted({n for n, _ in pairs}))
+        tuples = ", ".join(f"('{_quote(n)}', {int(g)})" for n, g in pairs)
+        where = f"cluster = %(cluster)s AND node IN ({nodes}) AND (node, gpu_index) IN ({tuples})"
+        if width >= _MINUTE_MS:
+            return "gpu_minute", (
+                f"SELECT {_bucket('toUnixTimestamp(minute) * 1000', width)} AS b, node, gpu_index, "
+                "avgMerge(gpu_util_pct_avg) AS util, avgMerge(power_w_avg) AS power, "
+                "avgMerge(sm_clock_mhz_avg) AS sm_clock, max(mem_used_bytes_max) / 1073741824 AS mem_used "
+                f"FROM gpu_minute WHERE {where} "
+                f"AND minute >= toDateTime(intDiv({int(t0)}, 1000), 'UTC') "
+                f"AND minute < toDateTime(intDiv({int(t1)}, 1000), 'UTC') GROUP BY b, node, gpu_index"
             )
-            if v is not None:
-                per_metric[name][b].append(v)
-            per_gpu[label][name].append([b, v])
-        per_gpu[label]["util"].append([b, _num(u, 1)])
-    bands = {name: _bands(by_bucket) for name, by_bucket in per_metric.items()}
+        return "gpu_samples", (
+            f"SELECT {_bucket(_ms('ts'), width)} AS b, node, gpu_index, avg(gpu_util_pct) AS util, "
+            "avg(power_w) AS power, avg(sm_clock_mhz) AS sm_clock, max(mem_used_bytes) / 1073741824 AS mem_used "
+            f"FROM gpu_samples WHERE {where} AND {_between('ts', t0, t1)} GROUP BY b, node, gpu_index"
+        )
+
+    source, sql = per_gpu_sql(keys)
+    names = "[" + ", ".join(f"'{_quote(n)}/{int(g)}'" for n, g in keys) + "]"
+    # One row per (bucket, GPU) with every metric: the page draws the activity heatmap, the bands
+    # across GPUs and the line of whichever GPU an alert names from the same columns.
+    cells = _columns(
+        client,
+        f"SELECT intDiv(b - {int(t0)}, {int(width)}) AS x, "
+        f"transform(concat(node, '/', toString(gpu_index)), {names}, range({len(keys)}), -1) AS i, "
+        f"{_r('util', 1)}, {_r('power', 1)}, {_r('sm_clock', 0)}, {_r('mem_used', 2)} FROM ({sql}) ORDER BY x, i",
+        cluster=cluster,
+    )
     return {
         "source": source,
         "labels": labels,
         "keys": [[n, g] for n, g in keys],
-        "util": util,
-        "bands": bands,
-        "per_gpu": {k: dict(v) for k, v in per_gpu.items()},
+        "columns": ["bucket index", "gpu", "util", "power", "sm_clock", "mem_used"],
+        "cells": cells,
     }
-
-
-def _bands(by_bucket: dict[int, list[float]]) -> dict[str, list[list[Any]]]:
-    # Min, median and max across the job's GPUs per bucket: one outlier GPU shows as a gap from the median.
-    out: dict[str, list[list[Any]]] = {"min": [], "median": [], "max": []}
-    for b in sorted(by_bucket):
-        values = sorted(by_bucket[b])
-        out["min"].append([b, values[0]])
-        out["median"].append([b, values[len(values) // 2]])
-        out["max"].append([b, values[-1]])
-    return out
 
 
 def _quote(text: str) -> str:
@@ -574,7 +621,14 @@ def job_page(
         "range": {"from_ms": start, "to_ms": end, "bucket_ms": width, "span": list(span)},
         "ranks": ranks,
         "heatmap": heatmap,
-        "steps": _step_series(client, job_id, start, end, width),
+        "steps": _step_series(
+            client,
+            job_id,
+            start,
+            end,
+            width,
+            heatmap["source"] == "derived_rank_windows",
+        ),
         "validation": _validation(client, job_id, start, end),
         "gpus": _gpus(client, meta.get("cluster", ""), ranks, start, end, width),
         "hosts": _hosts(client, meta.get("cluster", ""), nodes, start, end, width),

@@ -9,7 +9,6 @@ UI shares the sink's client.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable
@@ -33,7 +32,7 @@ _CONTENT_TYPES = {".js": "application/javascript", ".css": "text/css"}
 
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(
-        text=json.dumps(data, separators=(",", ":")),
+        text=data if isinstance(data, str) else queries.to_json(data),
         status=status,
         content_type="application/json",
         headers={"Cache-Control": "no-store"},
@@ -59,7 +58,8 @@ def make_app(client: Client) -> web.Application:
 
     async def run(fn: Callable[..., Any], *args: Any) -> web.Response:
         try:
-            return _json(await asyncio.to_thread(fn, client, *args))
+            # Encoded on the worker thread too: a big page must not hold the event loop.
+            return _json(await asyncio.to_thread(lambda: queries.to_json(fn(client, *args))))
         except NotFoundError as exc:
             return _json({"error": str(exc)}, status=404)
         except (_DriverError, UiError) as exc:

@@ -156,21 +156,54 @@
     }, extra || {});
   }
 
+  const GPU_COLUMNS = { util: 2, power: 3, sm_clock: 4, mem_used: 5 };
+
+  function gpuBands(data, buckets, column) {
+    // Min, median and max across the job's GPUs per bucket: one outlier GPU shows as a gap from the median.
+    const [xs] = data.gpus.cells;
+    const values = data.gpus.cells[column] || [];
+    const byBucket = new Map();
+    for (let i = 0; i < (xs || []).length; i++) {
+      if (values[i] === null) continue;
+      if (!byBucket.has(xs[i])) byBucket.set(xs[i], []);
+      byBucket.get(xs[i]).push(values[i]);
+    }
+    const out = { min: [], median: [], max: [] };
+    for (const [x, list] of [...byBucket.entries()].sort((a, b) => a[0] - b[0])) {
+      list.sort((a, b) => a - b);
+      const t = buckets[x];
+      out.min.push([t, list[0]]);
+      out.median.push([t, list[Math.floor(list.length / 2)]]);
+      out.max.push([t, list[list.length - 1]]);
+    }
+    return out;
+  }
+
+  function gpuSeries(data, buckets, gpu, column) {
+    const [xs, ids] = data.gpus.cells;
+    const values = data.gpus.cells[column] || [];
+    const out = [];
+    for (let i = 0; i < (xs || []).length; i++) if (ids[i] === gpu) out.push([buckets[xs[i]], values[i]]);
+    return out;
+  }
+
   function bucketAxis(data) {
     const out = [];
     for (let t = data.range.from_ms; t < data.range.to_ms; t += data.range.bucket_ms) out.push(t);
     return out;
   }
 
-  function heatmapOption(data, buckets, rows, cells, valueIndex, name, unit) {
-    const index = new Map(buckets.map((b, i) => [b, i]));
+  function heatmapOption(data, buckets, rows, columns, valueIndex, name, unit) {
+    // columns: [bucket index[], row index[], value columns...] as ClickHouse wrote them.
     const points = [];
     let lo = Infinity, hi = -Infinity;
-    for (const c of cells) {
-      const v = c[valueIndex];
-      const x = index.get(c[0]);
-      if (v === null || v === undefined || x === undefined) continue;
-      points.push([x, c[1], v]);
+    const [times, rowIds] = columns;
+    const values = columns[valueIndex] || [];
+    for (let i = 0; i < (times || []).length; i++) {
+      const v = values[i];
+      const x = times[i];
+      if (v === null || v === undefined || x < 0 || x >= buckets.length) continue;
+      points.push([x, rowIds[i], v]);
       if (v < lo) lo = v;
       if (v > hi) hi = v;
     }
@@ -212,7 +245,7 @@
     const buckets = bucketAxis(data);
     RS.buckets = buckets;
     const rankLabels = data.ranks.length ? data.ranks.map((r) => `r${r.rank} ${r.node}/${r.gpu_index ?? '?'}`) : [];
-    const maxRank = data.heatmap.cells.reduce((m, c) => Math.max(m, c[1]), -1);
+    const maxRank = (data.heatmap.cells[1] || []).reduce((m, r) => Math.max(m, r), -1);
     for (let r = rankLabels.length; r <= maxRank; r++) rankLabels.push(`r${r}`);
 
     timeline(container, data);
@@ -230,7 +263,7 @@
     RS.rankLabels = rankLabels;
 
     const seg = data.steps.segments;
-    chartBox(container, 'segments', 'Step segments (mean over ranks), seconds', 190).setOption(timeOption(data,
+    chartBox(container, 'segments', `Step segments, mean over ranks, seconds (${data.steps.segments_source === 'steps' ? 'from the step rows' : 'from the derived rank windows: compute = forward + backward + optimizer; zoom in for the split'})`, 190).setOption(timeOption(data,
       Object.keys(seg).map((k, i) => ({ name: k.replace('_', ' '), data: seg[k], stack: 'step', areaStyle: { opacity: 0.75 }, lineStyle: { width: 0 }, color: SEGMENT_COLORS[i] })), 's'));
     chartBox(container, 'throughput', 'Step time and steps per second', 170).setOption(timeOption(data, [
       { name: 'step time (s)', data: data.steps.step_time },
@@ -240,9 +273,9 @@
     const gpuLabels = data.gpus.labels;
     if (gpuLabels.length) {
       const gpuHeat = chartBox(container, 'gpu_util', `GPU activity % per GPU (${data.gpus.source})`, Math.min(420, Math.max(160, gpuLabels.length * 6 + 40)));
-      gpuHeat.setOption(heatmapOption(data, buckets, gpuLabels, data.gpus.util.map((c) => [c[0], c[1], c[2]]), 2, 'GPU activity', '%'));
+      gpuHeat.setOption(heatmapOption(data, buckets, gpuLabels, data.gpus.cells, 2, 'GPU activity', '%'));
       for (const [key, title, unit] of [['power', 'GPU power (W): min / median / max over the job\'s GPUs', 'W'], ['sm_clock', 'SM clock (MHz)', 'MHz'], ['mem_used', 'GPU memory used (GiB)', 'GiB']]) {
-        const bands = data.gpus.bands[key] || { min: [], median: [], max: [] };
+        const bands = gpuBands(data, buckets, GPU_COLUMNS[key]);
         chartBox(container, `gpu_${key}`, title, 150).setOption(timeOption(data, [
           { name: 'median', data: bands.median, color: '#4c78a8' },
           { name: 'min', data: bands.min, color: '#9ecae9', lineStyle: { width: 1, type: 'dashed' } },
@@ -416,7 +449,7 @@
         const chart = RS.charts[`gpu_${key}`];
         if (!chart) continue;
         const series = chart.getOption().series.filter((s) => !String(s.name).startsWith('GPU '));
-        series.push({ name: `GPU ${label}`, type: 'line', showSymbol: false, color: '#d62728', lineStyle: { width: 2 }, data: (data.gpus.per_gpu[label] || {})[key] || [] });
+        series.push({ name: `GPU ${label}`, type: 'line', showSymbol: false, color: '#d62728', lineStyle: { width: 2 }, data: gpuSeries(data, RS.buckets, gpuIndex, GPU_COLUMNS[key]) });
         chart.setOption({ series }, { replaceMerge: ['series'] });
       }
     }
