@@ -34,6 +34,7 @@ def serve(
     from schemas.topics import DEADLETTER
     from sinks.clickhouse import describe_dsn
     from sinks.consumer import SINK_TOPICS, SinkConsumer
+    from sinks.ddl import migrate
     from ui.server import UiServer
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -44,7 +45,10 @@ def serve(
             kafka_conf = settings.kafka_config()
         except ValueError as exc:
             fail(str(exc))
-        client = open_store()
+        client = open_store(migrate_schema=False)
+        migrate(
+            client, settings.ttl_days
+        )  # the sink owns the schema and its retention, as `ranksight sink` does
         consumer = SinkConsumer(
             kafka_conf,
             client,

@@ -20,7 +20,7 @@ HOST_HELP = "Address to listen on (127.0.0.1: this machine only; 0.0.0.0 exposes
 def open_store(migrate_schema: bool = True) -> Client:
     """The ClickHouse client of the configured store; one sentence and exit when chDB is held elsewhere."""
     from sinks.clickhouse import chdb_path, connect
-    from sinks.ddl import migrate
+    from sinks.ddl import MIGRATIONS, applied_versions, migrate
     from sinks.errors import ClickHouseLockedError
 
     settings = load_settings()
@@ -33,7 +33,9 @@ def open_store(migrate_schema: bool = True) -> Client:
             "per store, so run `ranksight serve` (sink and UI in one process) or set CLICKHOUSE_URL to a server",
             code=2,
         )
-    if migrate_schema:
+    # A viewer creates missing tables (a fresh store) but never changes an existing store's
+    # retention: `migrate` would bring the TTL to this process's setting and drop old rows.
+    if migrate_schema and {m.version for m in MIGRATIONS} - applied_versions(client):
         migrate(client, settings.ttl_days)
     return client
 

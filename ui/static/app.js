@@ -550,14 +550,15 @@
 
   // --- live updates and start ---------------------------------------------------------------------
 
-  async function poll(root, page) {
-    let version = null;
+  async function poll(root, page, initial) {
+    let version = initial;
     setInterval(async () => {
       try {
         const v = JSON.stringify(await getJSON('/api/version'));
-        if (version !== null && v !== version) {
+        if (v !== version) {
           if (page.kind === 'fleet') renderFleet(root, await getJSON('/api/fleet'));
           else if (page.kind === 'job' && !RS.window) renderJob(root, await getJSON(`/api/jobs/${encodeURIComponent(page.id)}`));
+          else if (page.kind === 'alert') renderAlert(root, await getJSON(`/api/alerts/${encodeURIComponent(page.id)}`));
         }
         version = v;
         document.body.classList.remove('offline');
@@ -571,6 +572,9 @@
     const root = document.getElementById('app');
     const page = REPORT ? REPORT.page : JSON.parse(document.body.dataset.page);
     RS.page = page;
+    // The version is taken before the data: anything stored after it makes the first poll refetch.
+    let version = null;
+    if (!REPORT) version = JSON.stringify(await getJSON('/api/version').catch(() => null));
     try {
       if (page.kind === 'fleet') {
         renderFleet(root, REPORT ? REPORT.data : await getJSON('/api/fleet'));
@@ -584,7 +588,7 @@
       RS.error = err.message;
       return;
     }
-    if (!REPORT) poll(root, page);
+    if (!REPORT) poll(root, page, version);
   }
 
   RS.focusAlert = focusAlert;

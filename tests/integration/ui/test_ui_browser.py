@@ -226,3 +226,17 @@ def test_report_command_replays_a_recording_offline(ui_store: UiStore, tmp_path:
     )
     assert missing.returncode == 1
     assert "not in the recording" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_a_new_alert_appears_on_the_open_fleet_page_without_a_reload(
+    page: Any, ui_url: str, ui_store: UiStore
+) -> None:
+    """The page polls: an alert stored after it loaded shows up in the firing table by itself."""
+    _open(page, ui_url)
+    assert page.locator("tr[data-alert='live-check']").count() == 0
+    ui_store.client.command(
+        "INSERT INTO alerts SELECT * REPLACE ('live-check' AS alert_id, 'live_check' AS rule, 'firing' AS status, "
+        "'live-0001' AS job_id, NULL AS ends_at) FROM (SELECT * FROM alerts WHERE rule = 'straggler' LIMIT 1)"
+    )
+    page.wait_for_selector("tr[data-alert='live-check']", timeout=60_000)
+    assert "live_check" in page.inner_text("tr[data-alert='live-check']")
