@@ -15,6 +15,8 @@
     critical: '#d62728', warning: '#ff9f1c', info: '#4c78a8', resolved: '#6a9f58',
     checkpoint: 'rgba(90,120,200,0.16)', evaluation: 'rgba(60,160,90,0.16)', alert: 'rgba(214,39,40,0.10)',
   };
+  // Every time panel has the same plot area, so one instant is at the same x in all of them.
+  const GRID = { left: 170, right: 96, top: 26, bottom: 24 };
   const SEGMENT_COLORS = ['#8c6d31', '#4c78a8', '#72b7b2', '#54a24b', '#e45756', '#b279a2'];
 
   // --- small helpers ------------------------------------------------------------------------------
@@ -146,9 +148,9 @@
   function timeOption(data, series, yName, extra) {
     return Object.assign({
       animation: false,
-      grid: { left: 70, right: 24, top: 26, bottom: 24 },
+      grid: GRID,
       tooltip: { trigger: 'axis', valueFormatter: (v) => fmtNum(v, 4) },
-      legend: { top: 0, left: 80, type: 'scroll', textStyle: { fontSize: 11 } },
+      legend: { top: 0, left: GRID.left + 48, type: 'scroll', textStyle: { fontSize: 11 } },
       xAxis: { type: 'time', min: data.range.from_ms, max: data.range.to_ms, axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5), hideOverlap: true } },
       yAxis: { type: 'value', name: yName, nameTextStyle: { align: 'left' }, scale: true, splitNumber: 3 },
       dataZoom: [{ type: 'inside', xAxisIndex: 0, filterMode: 'none' }],
@@ -221,7 +223,7 @@
     }
     return {
       animation: false,
-      grid: { left: 150, right: 90, top: 10, bottom: 24 },
+      grid: { ...GRID, top: 10 },
       tooltip: { formatter: (p) => `${rows[p.value[1]]}<br>${fmtTime(buckets[p.value[0]])}: <b>${fmtNum(p.value[2], 4)} ${unit}</b>` },
       xAxis: { type: 'category', data: buckets, axisLabel: { formatter: (v) => (data.range.bucket_ms < 60000 ? fmtTime(Number(v)) : fmtTime(Number(v)).slice(0, 5)), hideOverlap: true }, splitArea: { show: false } },
       yAxis: { type: 'category', data: rows, inverse: true, axisLabel: { fontSize: 10, hideOverlap: true, formatter: (v) => (RS.focusRows && RS.focusRows.has(v) ? `{focus|${v}}` : v), rich: { focus: { color: '#fff', backgroundColor: '#d62728', fontWeight: 'bold', padding: [1, 3] } } } },
@@ -268,7 +270,7 @@
     chartBox(container, 'throughput', 'Step time and steps per second', 170).setOption(timeOption(data, [
       { name: 'step time (s)', data: data.steps.step_time },
       { name: 'steps/s', data: data.steps.step_rate, yAxisIndex: 1 },
-    ], 's', { yAxis: [{ type: 'value', name: 's', scale: true, splitNumber: 3 }, { type: 'value', name: 'steps/s', scale: true, splitNumber: 3 }], grid: { left: 70, right: 60, top: 26, bottom: 24 } }));
+    ], 's', { yAxis: [{ type: 'value', name: 's', scale: true, splitNumber: 3 }, { type: 'value', name: 'steps/s', scale: true, splitNumber: 3 }], grid: GRID }));
 
     const gpuLabels = data.gpus.labels;
     if (gpuLabels.length) {
@@ -294,22 +296,22 @@
       { name: 'wait frac mean', data: dl.wait_frac_avg },
       { name: 'wait frac worst rank', data: dl.wait_frac_max.map((p) => [p[0], p[1]]), lineStyle: { width: 1, type: 'dashed' } },
       { name: 'queue depth (mean)', data: dl.queue_depth_avg, yAxisIndex: 1 },
-    ], 'frac', { yAxis: [{ type: 'value', name: 'frac', min: 0, splitNumber: 3 }, { type: 'value', name: 'queue', min: 0, splitNumber: 3 }], grid: { left: 70, right: 60, top: 26, bottom: 24 } }));
+    ], 'frac', { yAxis: [{ type: 'value', name: 'frac', min: 0, splitNumber: 3 }, { type: 'value', name: 'queue', min: 0, splitNumber: 3 }], grid: GRID }));
 
     const ops = Object.keys(data.collectives);
     chartBox(container, 'collectives', 'Collectives: fraction of time in each op, bus bandwidth (GB/s)', 160).setOption(timeOption(data, [
       ...ops.map((op) => ({ name: `${op} time frac`, data: data.collectives[op].time_frac })),
       ...ops.map((op) => ({ name: `${op} GB/s`, data: data.collectives[op].bus_bw_gbps, yAxisIndex: 1, lineStyle: { width: 1, type: 'dotted' } })),
-    ], 'frac', { yAxis: [{ type: 'value', name: 'frac', min: 0, splitNumber: 3 }, { type: 'value', name: 'GB/s', min: 0, splitNumber: 3 }], grid: { left: 70, right: 60, top: 26, bottom: 24 } }));
+    ], 'frac', { yAxis: [{ type: 'value', name: 'frac', min: 0, splitNumber: 3 }, { type: 'value', name: 'GB/s', min: 0, splitNumber: 3 }], grid: GRID }));
 
     chartBox(container, 'loss', 'Loss (rank 0) and validation', 170).setOption(timeOption(data, [
       { name: 'loss', data: data.steps.loss },
       ...Object.entries(data.validation).map(([k, v]) => ({ name: `val ${k}`, data: v.map((p) => [p[0], p[1]]), showSymbol: true, symbolSize: 6, lineStyle: { type: 'dashed' }, yAxisIndex: k.includes('loss') ? 0 : 1 })),
-    ], 'loss', { yAxis: [{ type: 'value', name: 'loss', scale: true, splitNumber: 3 }, { type: 'value', name: 'other', scale: true, splitNumber: 3 }], grid: { left: 70, right: 60, top: 26, bottom: 24 } }));
+    ], 'loss', { yAxis: [{ type: 'value', name: 'loss', scale: true, splitNumber: 3 }, { type: 'value', name: 'other', scale: true, splitNumber: 3 }], grid: GRID }));
     chartBox(container, 'optim', 'Learning rate and gradient norm (rank 0)', 150).setOption(timeOption(data, [
       { name: 'grad norm', data: data.steps.grad_norm },
       { name: 'lr', data: data.steps.lr, yAxisIndex: 1, lineStyle: { width: 1, type: 'dashed' } },
-    ], 'grad norm', { yAxis: [{ type: 'value', name: 'grad', scale: true, splitNumber: 3 }, { type: 'value', name: 'lr', scale: true, splitNumber: 3, axisLabel: { formatter: (v) => Number(v).toExponential(1) } }], grid: { left: 70, right: 60, top: 26, bottom: 24 } }));
+    ], 'grad norm', { yAxis: [{ type: 'value', name: 'grad', scale: true, splitNumber: 3 }, { type: 'value', name: 'lr', scale: true, splitNumber: 3, axisLabel: { formatter: (v) => Number(v).toExponential(1) } }], grid: GRID }));
 
     for (const chart of Object.values(RS.charts)) {
       chart.on('datazoom', () => onZoom(chart));
@@ -345,10 +347,10 @@
     const chart = chartBox(container, 'timeline', 'Alerts, checkpoints, evaluations and job state (click an alert to zoom to it)', Math.max(90, lanes.length * 22 + 40));
     chart.setOption({
       animation: false,
-      grid: { left: 230, right: 24, top: 6, bottom: 24 },
+      grid: { ...GRID, top: 6 },
       tooltip: { formatter: (p) => (p.data.alert ? `<b>${p.data.alert.rule}</b> ${p.data.alert.severity}<br>${p.data.alert.summary}` : p.data.label) + `<br>${fmtTime(p.value[1])} → ${fmtTime(p.value[2])}` },
       xAxis: { type: 'time', min: data.range.from_ms, max: data.range.to_ms, axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5), hideOverlap: true } },
-      yAxis: { type: 'category', data: lanes, inverse: true, axisLabel: { fontSize: 11, width: 220, overflow: 'truncate' } },
+      yAxis: { type: 'category', data: lanes, inverse: true, axisLabel: { fontSize: 11, width: GRID.left - 12, overflow: 'truncate' } },
       dataZoom: [{ type: 'inside', xAxisIndex: 0, filterMode: 'none' }],
       series: [{
         type: 'custom', data: items, encode: { x: [1, 2], y: 0 },
