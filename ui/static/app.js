@@ -218,7 +218,7 @@
       const median = q(0.5);
       const mad = Math.max(q(0.5) * 0.02, [...sorted].map((v) => Math.abs(v - median)).sort((a, b) => a - b)[Math.floor(sorted.length / 2)]);
       lo = q(0.02);
-      hi = Math.min(q(0.99), median + 8 * mad);
+      hi = median + 8 * mad;
       if (hi <= lo) hi = lo + 1e-9;
     }
     return {
@@ -407,6 +407,12 @@
     }
     const label = document.getElementById('window-label');
     if (label) label.textContent = `${fmtDateTime(t0)} → ${fmtTime(t1)} (${fmtDuration(t1 - t0)})`;
+    const link = document.getElementById('window-link');
+    const job = (RS.data.evidence || RS.data).job;
+    if (link && job) {
+      link.href = `/jobs/${encodeURIComponent(job.job_id)}?from=${t0}&to=${t1}`;
+      link.hidden = false;
+    }
   }
 
   function applyWindow() {
@@ -474,7 +480,7 @@
         firing.length ? badge(firing[0].severity, `${firing.length} firing`) : el('span', { class: 'badge ok' }, 'no alert firing')),
       el('dl', { class: 'facts' },
         ...[['team', j.team], ['owner', j.owner], ['cluster', j.cluster], ['model', j.model], ['ranks', j.world_size], ['GPU', j.gpu_class],
-          ['nodes', (j.nodes || []).join(', ')], ['run', j.run_id], ['started', fmtDateTime(j.started_ms)],
+          ['nodes', (j.nodes || []).length > 8 ? `${j.nodes.length} nodes: ${j.nodes[0]} … ${j.nodes[j.nodes.length - 1]}` : (j.nodes || []).join(', ')], ['run', j.run_id], ['started', fmtDateTime(j.started_ms)],
           ['state', data.states.length ? data.states[data.states.length - 1].state : '-']]
           .map(([k, v]) => [el('dt', {}, k), el('dd', {}, v ?? '-')]).flat()),
       REPORT ? null : el('p', {}, el('a', { href: `/reports/jobs/${encodeURIComponent(j.job_id)}` }, 'download a self-contained report of this job')));
@@ -498,6 +504,7 @@
       el('button', { onclick: () => { RS.focus = null; renderJobCharts(document.getElementById('charts'), RS.data.evidence || RS.data); RS.window = null; document.getElementById('window-label').textContent = 'whole range'; } }, 'reset zoom'),
       el('span', { id: 'window-label' }, 'whole range'),
       el('span', { id: 'focus-label', class: 'focus' }, ''),
+      REPORT ? null : el('a', { id: 'window-link', href: '#', hidden: true, title: 'the page keeps the buckets of the whole range; this link re-reads the window at its own resolution' }, 'open this window at full resolution'),
       el('span', { class: 'muted' }, `bucket ${fmtDuration(data.range.bucket_ms)} · heatmap from ${data.heatmap.source}${data.gpus.source ? ` · GPUs from ${data.gpus.source}` : ''} · scroll or pinch on any panel to zoom`));
   }
 
@@ -559,7 +566,7 @@
         const v = JSON.stringify(await getJSON('/api/version'));
         if (v !== version) {
           if (page.kind === 'fleet') renderFleet(root, await getJSON('/api/fleet'));
-          else if (page.kind === 'job' && !RS.window) renderJob(root, await getJSON(`/api/jobs/${encodeURIComponent(page.id)}`));
+          else if (page.kind === 'job' && !RS.window) renderJob(root, await getJSON(`/api/jobs/${encodeURIComponent(page.id)}${location.search}`));
           else if (page.kind === 'alert') renderAlert(root, await getJSON(`/api/alerts/${encodeURIComponent(page.id)}`));
         }
         version = v;
