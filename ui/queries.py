@@ -192,6 +192,7 @@ def fleet(client: Client) -> dict[str, Any]:
             "last_progress_ms": None,
             "last_step": None,
             "step_rate": None,
+            "progress_time_frac": None,
             "firing": {s: 0 for s in _SEVERITIES},
         }
     for job_id, state, reason in _rows(
@@ -208,8 +209,13 @@ def fleet(client: Client) -> dict[str, Any]:
         "GROUP BY job_id, m ORDER BY job_id, m",
     ):
         minutes[job_id].append((int(minute_ms), int(last_step)))
+    newest_minute = max((series[-1][0] for series in minutes.values()), default=0)
     for job_id, series in minutes.items():
+        # Not ML goodput (nothing stores useful work yet): the share of the minutes from the job's first
+        # step to the fleet's newest one that have steps; a stalled job falls behind.
+        spanned = (newest_minute - series[0][0]) // _MINUTE_MS + 1
         job = jobs.setdefault(job_id, _unknown_job(job_id))
+        job["progress_time_frac"] = _num(len(series) / spanned, 3)
         job["last_step"] = series[-1][1]
         window = [p for p in series if p[0] >= series[-1][0] - 5 * _MINUTE_MS]
         if len(window) >= 2 and window[-1][0] > window[0][0]:
@@ -268,6 +274,7 @@ def _unknown_job(job_id: str) -> dict[str, Any]:
         "last_progress_ms": None,
         "last_step": None,
         "step_rate": None,
+        "progress_time_frac": None,
         "firing": {s: 0 for s in _SEVERITIES},
     }
 

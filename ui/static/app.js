@@ -111,6 +111,7 @@
         el('td', { class: 'num' }, j.last_step ?? '-'),
         el('td', { class: stale ? 'stale nowrap' : 'nowrap' }, j.last_progress_ms ? `${fmtTime(j.last_progress_ms)}${stale ? ` (no progress for ${fmtDuration(data.now_ms - j.last_progress_ms)})` : ''}` : '-'),
         el('td', { class: 'num' }, j.step_rate === null ? '-' : `${fmtNum(j.step_rate)} /s`),
+        el('td', { class: 'num', title: 'share of the minutes since the first step with steps (not ML goodput)' }, j.progress_time_frac === null ? '-' : `${Math.round(j.progress_time_frac * 100)} %`),
         el('td', {}, j.model));
     });
     root.replaceChildren(
@@ -119,7 +120,7 @@
       el('h2', {}, `Firing (${data.firing.filter(keep).length})`), alertTable(data.firing.filter(keep), false),
       el('h2', {}, `Jobs (${jobs.length})`),
       el('table', { class: 'grid jobs' },
-        el('thead', {}, el('tr', {}, ['job', 'health', 'state', 'team', 'cluster', 'owner', 'ranks', 'step', 'last progress', 'step rate', 'model'].map((h) => el('th', {}, h)))),
+        el('thead', {}, el('tr', {}, ['job', 'health', 'state', 'team', 'cluster', 'owner', 'ranks', 'step', 'last progress', 'step rate', 'time with progress', 'model'].map((h) => el('th', {}, h)))),
         el('tbody', {}, rows)),
       el('h2', {}, `Recently resolved (${data.resolved.filter(keep).length})`), alertTable(data.resolved.filter(keep), true));
     RS.ready = true;
