@@ -217,8 +217,11 @@ def fleet(client: Client) -> dict[str, Any]:
         job = jobs.setdefault(job_id, _unknown_job(job_id))
         job["progress_time_frac"] = _num(len(series) / spanned, 3)
         job["last_step"] = series[-1][1]
-        window = [p for p in series if p[0] >= series[-1][0] - 5 * _MINUTE_MS]
-        if len(window) >= 2 and window[-1][0] > window[0][0]:
+        # Over the fleet's last five minutes: a job that stopped stepping before them runs at 0 steps/s.
+        window = [p for p in series if p[0] >= newest_minute - 5 * _MINUTE_MS]
+        if not window:
+            job["step_rate"] = 0.0
+        elif len(window) >= 2 and window[-1][0] > window[0][0]:
             job["step_rate"] = _num(
                 (window[-1][1] - window[0][1]) / ((window[-1][0] - window[0][0]) / 1000), 3
             )

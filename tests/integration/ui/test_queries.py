@@ -84,6 +84,7 @@ def test_fleet_health_counts_firing_alerts_per_job_and_orders_the_unhealthy_firs
     by_id = {j["job_id"]: j for j in fleet["jobs"]}
     assert by_id["asr-0303"]["progress_time_frac"] == 1.0  # healthy throughout
     assert by_id["vit-h-0302"]["progress_time_frac"] < 0.8  # stalled from minute 8 on
+    assert by_id["vit-h-0302"]["step_rate"] == 0.0 and by_id["asr-0303"]["step_rate"] > 0
     assert {a["rule"] for a in fleet["resolved"]} >= {"straggler"}
     assert all(a["team"] for a in fleet["firing"] + fleet["resolved"])
     assert json.loads(queries.to_json(fleet))["jobs"][0]["job_id"] == "vit-h-0302"
