@@ -445,7 +445,7 @@ def _validation(client: Client, job_id: str, t0: int, t1: int) -> dict[str, list
         f"mapValues(metrics) AS v WHERE job_id = %(job)s AND {_between('ts', t0, t1)} ORDER BY ts",
         job=job_id,
     ):
-        out[name].append([int(ts), _num(v if (v := value) is not None else None, 5), int(step)])
+        out[name].append([int(ts), _num(value, 5), int(step)])
     return dict(out)
 
 
@@ -559,6 +559,11 @@ def _collectives(client: Client, job_id: str, t0: int, t1: int, width: int) -> d
     return out
 
 
+_STARTED_TS = "minIf(ts, phase = 'started')"
+# A checkpoint's band ends when it completed or failed, not when it was verified hours later.
+_ENDED_TS = "maxIf(ts, phase IN ('completed', 'failed'))"
+
+
 def _phases(
     client: Client, table: str, id_column: str, job_id: str, t0: int, t1: int
 ) -> list[dict[str, Any]]:
@@ -566,15 +571,16 @@ def _phases(
     name = "any(name)" if table == "evaluations" else "any(uri)"
     rows = _rows(
         client,
-        f"SELECT {id_column}, min(step), {_ms('minIf(ts, phase = ' + chr(39) + 'started' + chr(39) + ')')}, "
+        f"SELECT {id_column}, min(step), {_ms(_STARTED_TS)}, {_ms(_ENDED_TS)}, "
         f"{_ms('min(ts)')}, {_ms('max(ts)')}, argMax(phase, ts), groupUniqArray(phase), {name}, any(error) "
         f"FROM {table} WHERE job_id = %(job)s AND {_between('ts', t0 - 3600_000, t1)} "
         f"GROUP BY {id_column} ORDER BY min(ts)",
         job=job_id,
     )
     out = []
-    for cid, step, started, first, last, phase, phases, label, error in rows:
+    for cid, step, started, ended, first, last, phase, phases, label, error in rows:
         start = int(started) if started and int(started) > 0 else int(first)
+        last = int(ended) if ended and int(ended) > 0 else int(last)
         done = any(p in ("completed", "failed", "verified", "restored") for p in phases)
         if int(last) < t0 and done:
             continue

@@ -39,7 +39,7 @@ def _json(data: Any, status: int = 200) -> web.Response:
     )
 
 
-async def _no_content() -> web.Response:
+async def _no_content(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
@@ -145,7 +145,7 @@ def make_app(client: Client) -> web.Application:
             web.get("/api/version", api_version),
             web.get("/reports/{kind}/{key}", report),
             web.get("/static/{name}", static),
-            web.get("/favicon.ico", lambda request: _no_content()),
+            web.get("/favicon.ico", _no_content),
         ]
     )
     return app
