@@ -37,10 +37,17 @@ CHROMIUM_ARGS = [
 ]
 READY = "window.ranksight && (window.ranksight.ready || window.ranksight.error)"
 
-pytestmark = pytest.mark.skipif(
-    not Path(CHROMIUM).exists(),
-    reason=f"no Chromium at {CHROMIUM} (apt-get install chromium; .ci/run installs it)",
-)
+ECHARTS = Path(__file__).parents[3] / "ui" / "static" / "vendor" / "echarts.min.js"
+
+pytestmark = [
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(),
+        reason=f"no Chromium at {CHROMIUM} (apt-get install chromium; .ci/run installs it)",
+    ),
+    pytest.mark.skipif(
+        not ECHARTS.exists(), reason="ECharts is not vendored: run `make ui-assets` (make test does)"
+    ),
+]
 
 
 @pytest.fixture(scope="module")
