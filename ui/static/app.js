@@ -371,7 +371,8 @@
   // --- shared window and focus --------------------------------------------------------------------
 
   function isCategory(chart) {
-    return chart.getOption().xAxis[0].type === 'category';
+    // From the axis model, not getOption(): that deep-copies every series' data (61k cells at 512 ranks).
+    return chart.getModel().getComponent('xAxis', 0).axis.type === 'category';
   }
 
   function onZoom(chart) {
