@@ -142,7 +142,13 @@
     const to = data.range.to_ms;
     for (const c of data.checkpoints) areas.push([{ xAxis: c.start_ms, itemStyle: { color: COLORS.checkpoint } }, { xAxis: c.end_ms || to }]);
     for (const e of data.evaluations) areas.push([{ xAxis: e.start_ms, itemStyle: { color: COLORS.evaluation } }, { xAxis: e.end_ms || to }]);
-    for (const a of data.alerts) areas.push([{ xAxis: a.starts_ms, itemStyle: { color: COLORS.alert } }, { xAxis: a.status === 'resolved' && a.ends_ms ? a.ends_ms : to }]);
+    // Alert spans carry the rule as a label while they are few enough to read.
+    const labelled = data.alerts.length <= 4;
+    data.alerts.forEach((a, i) => {
+      areas.push([{ xAxis: a.starts_ms, name: a.rule, itemStyle: { color: COLORS.alert },
+        label: { show: labelled, position: 'insideTopLeft', fontSize: 9, color: '#a11', offset: [0, i * 11] } },
+      { xAxis: a.status === 'resolved' && a.ends_ms ? a.ends_ms : to }]);
+    });
     return { silent: true, data: areas };
   }
 
@@ -160,6 +166,9 @@
   }
 
   const GPU_COLUMNS = { util: 2, power: 3, sm_clock: 4, mem_used: 5 };
+  // Rank times: slow is hot. GPU activity: idle is hot (a busy GPU is the healthy state).
+  const SLOW_IS_HOT = ['#f7fbff', '#c6dbef', '#6baed6', '#2171b5', '#fdae61', '#d7191c'];
+  const IDLE_IS_HOT = ['#d7191c', '#fdae61', '#ffffbf', '#a6d96a', '#1a9641'];
 
   function gpuBands(data, buckets, column) {
     // Min, median and max across the job's GPUs per bucket: one outlier GPU shows as a gap from the median.
@@ -196,7 +205,7 @@
     return out;
   }
 
-  function heatmapOption(data, buckets, rows, columns, valueIndex, name, unit) {
+  function heatmapOption(data, buckets, rows, columns, valueIndex, name, unit, fixedRange) {
     // columns: [bucket index[], row index[], value columns...] as ClickHouse wrote them.
     const points = [];
     let lo = Infinity, hi = -Infinity;
@@ -210,7 +219,8 @@
       if (v < lo) lo = v;
       if (v > hi) hi = v;
     }
-    if (!points.length) { lo = 0; hi = 1; }
+    if (fixedRange) [lo, hi] = fixedRange;
+    else if (!points.length) { lo = 0; hi = 1; }
     else {
       // A robust colour range: warm-up steps must not wash out a straggler's stripe, so anything far
       // above the median (in median absolute deviations) is already the hottest colour.
@@ -228,7 +238,7 @@
       tooltip: { formatter: (p) => `${rows[p.value[1]]}<br>${fmtTime(buckets[p.value[0]])}: <b>${fmtNum(p.value[2], 4)} ${unit}</b>` },
       xAxis: { type: 'category', data: buckets, axisLabel: { formatter: (v) => (data.range.bucket_ms < 60000 ? fmtTime(Number(v)) : fmtTime(Number(v)).slice(0, 5)), hideOverlap: true }, splitArea: { show: false } },
       yAxis: { type: 'category', data: rows, inverse: true, axisLabel: { fontSize: 10, hideOverlap: true, formatter: (v) => (RS.focusRows && RS.focusRows.has(v) ? `{focus|${v}}` : v), rich: { focus: { color: '#fff', backgroundColor: '#d62728', fontWeight: 'bold', padding: [1, 3] } } } },
-      visualMap: { type: 'continuous', min: lo, max: hi, calculable: true, orient: 'vertical', right: 0, top: 'middle', itemHeight: 120, text: [`${fmtNum(hi)} ${unit}`, fmtNum(lo)], inRange: { color: ['#f7fbff', '#c6dbef', '#6baed6', '#2171b5', '#fdae61', '#d7191c'] } },
+      visualMap: { type: 'continuous', min: lo, max: hi, calculable: true, orient: 'vertical', right: 0, top: 'middle', itemHeight: 120, text: [`${fmtNum(hi)} ${unit}`, fmtNum(lo)], inRange: { color: fixedRange ? IDLE_IS_HOT : SLOW_IS_HOT } },
       dataZoom: [{ type: 'inside', xAxisIndex: 0, filterMode: 'none' }],
       series: [{ name, type: 'heatmap', data: points, progressive: 0, emphasis: { itemStyle: { borderColor: '#000', borderWidth: 1 } } }],
     };
@@ -276,7 +286,7 @@
     const gpuLabels = data.gpus.labels;
     if (gpuLabels.length) {
       const gpuHeat = chartBox(container, 'gpu_util', `GPU activity % per GPU (${data.gpus.source})`, Math.min(420, Math.max(160, gpuLabels.length * 6 + 40)));
-      gpuHeat.setOption(heatmapOption(data, buckets, gpuLabels, data.gpus.cells, 2, 'GPU activity', '%'));
+      gpuHeat.setOption(heatmapOption(data, buckets, gpuLabels, data.gpus.cells, 2, 'GPU activity', '%', [0, 100]));
       for (const [key, title, unit] of [['power', 'GPU power (W): min / median / max over the job\'s GPUs', 'W'], ['sm_clock', 'SM clock (MHz)', 'MHz'], ['mem_used', 'GPU memory used (GiB)', 'GiB']]) {
         const bands = gpuBands(data, buckets, GPU_COLUMNS[key]);
         chartBox(container, `gpu_${key}`, title, 150).setOption(timeOption(data, [
