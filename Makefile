@@ -4,8 +4,11 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ranksight-installed
 PYTEST_ARGS ?=
+# The UI's charting library, from the npm registry at build time (never a CDN at run time).
+ECHARTS_VERSION := 6.0.0
+ECHARTS_JS      := ui/static/vendor/echarts.min.js
 
-.PHONY: demo test unit integration lint bench kafka-jars clean help test-frameworks
+.PHONY: demo test unit integration lint bench kafka-jars ui-assets clean help test-frameworks
 
 help:
 	@echo "make demo   - start a local Kafka, simulate a cluster, detect, store in ClickHouse (chDB), show alerts"
@@ -26,10 +29,20 @@ $(STAMP): pyproject.toml
 kafka-jars: $(STAMP)
 	$(BIN)/ranksight kafka fetch
 
-demo: $(STAMP) kafka-jars
+# ECharts: `npm pack` the pinned release into ~/.cache/ranksight once, copy its minified build in.
+ui-assets: $(ECHARTS_JS)
+$(ECHARTS_JS):
+	@command -v npm >/dev/null || { echo "error: npm is required once, to fetch the UI's charting library (echarts@$(ECHARTS_VERSION))"; exit 1; }
+	mkdir -p $(HOME)/.cache/ranksight/npm $(dir $@)
+	test -f $(HOME)/.cache/ranksight/npm/echarts-$(ECHARTS_VERSION).tgz || \
+		(cd $(HOME)/.cache/ranksight/npm && npm pack --silent echarts@$(ECHARTS_VERSION) >/dev/null)
+	tar -xzf $(HOME)/.cache/ranksight/npm/echarts-$(ECHARTS_VERSION).tgz -O package/dist/echarts.min.js > $@.tmp
+	mv $@.tmp $@
+
+demo: $(STAMP) kafka-jars ui-assets
 	$(BIN)/ranksight demo
 
-test: $(STAMP) kafka-jars
+test: $(STAMP) kafka-jars ui-assets
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Opt-in, not part of `make test`: the SDK's Lightning / Hugging Face callbacks and the PyTorch
@@ -49,7 +62,7 @@ test-frameworks: kafka-jars
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-integration: $(STAMP) kafka-jars
+integration: $(STAMP) kafka-jars ui-assets
 	$(BIN)/python -m pytest -m integration $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -57,7 +70,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy schemas producers streams sinks infra ranksight
 
-bench: $(STAMP) kafka-jars
+bench: $(STAMP) kafka-jars ui-assets
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,8 @@ class DemoOptions:
     seed: int = 0
     speed: float = 20.0
     timeout_s: float = 240.0
+    ui_port: int | None = 8088  # None: no UI; taken: any free port
+    keep_ui: bool = True  # after the summary, keep the UI up until Enter / Ctrl-C (only on a terminal)
 
 
 @dataclass
@@ -321,6 +323,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
         client = connect(dsn)
         stack.callback(close_client, dsn)  # one chDB directory per process: let the next one open
         migrate(client, ttl_days=settings.ttl_days)
+        ui_url = _start_ui(client, options, stack, say)
         sink = SinkConsumer(
             kafka_conf,
             client,
@@ -428,13 +431,47 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             highlight=False,
             soft_wrap=True,
         )
+        if ui_url is not None:
+            _keep_ui(ui_url, dsn, options, console)
         return {
+            "ui_url": ui_url,
             "wall_s": wall,
             "published": dict(board.published),
             "rows": counts,
             "sink": stats,
             "alerts": {"fired": board.fired, "resolved": board.resolved},
         }
+
+
+def _start_ui(client: Any, options: DemoOptions, stack: ExitStack, say: Callable[[str], None]) -> str | None:
+    """Serve the UI on the demo's store from this process (chDB allows one process per store)."""
+    if options.ui_port is None:
+        return None
+    from ui.errors import UiError
+    from ui.server import UiServer
+
+    server = UiServer(client, "127.0.0.1", options.ui_port)
+    try:
+        url = server.start()
+    except UiError:
+        # The usual port is taken (another demo, a UI): any free one.
+        server = UiServer(client, "127.0.0.1", 0)
+        url = server.start()
+    stack.callback(server.stop)
+    say(f"UI: {url} (jobs, alerts and every panel fill in live)")
+    return url
+
+
+def _keep_ui(url: str, dsn: str, options: DemoOptions, console: Console) -> None:
+    """On a terminal, keep the UI up until Enter or Ctrl-C; elsewhere (CI, pipes) return at once."""
+    if options.keep_ui and sys.stdin is not None and sys.stdin.isatty():
+        console.print(f"\n[bold]UI[/] on {url} - press Enter (or Ctrl-C) to stop the demo", highlight=False)
+        with suppress(KeyboardInterrupt):
+            sys.stdin.readline()
+        return
+    console.print(
+        f"\nUI was on {url} during the run; to look again: CLICKHOUSE_URL={dsn} ranksight ui", highlight=False
+    )
 
 
 def _print_summary(

@@ -20,6 +20,8 @@ def demo(
     timeout: float = typer.Option(
         240.0, "--timeout", help="Give up waiting for the pipeline to catch up after this many seconds."
     ),
+    ui_port: int = typer.Option(8088, "--ui-port", min=0, max=65535, help="Port of the UI on 127.0.0.1."),
+    no_ui: bool = typer.Option(False, "--no-ui", help="Do not serve the UI."),
 ) -> None:
     """Run the whole pipeline once (local Kafka unless KAFKA_BOOTSTRAP is set; chDB under <home>/demo) and exit."""
     from rich.console import Console
@@ -31,7 +33,15 @@ def demo(
     out = console if console.is_terminal else Console(width=140)
     with user_errors():
         run_demo(
-            load_settings(), DemoOptions(scenario=scenario, seed=seed, speed=speed, timeout_s=timeout), out
+            load_settings(),
+            DemoOptions(
+                scenario=scenario,
+                seed=seed,
+                speed=speed,
+                timeout_s=timeout,
+                ui_port=None if no_ui else ui_port,
+            ),
+            out,
         )
 
 

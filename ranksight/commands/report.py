@@ -1,0 +1,55 @@
+"""`ranksight report`: one self-contained HTML file of a job or an alert, for an incident ticket."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ranksight.console import console, fail, user_errors
+
+__all__ = ["register"]
+
+
+def report(
+    files: list[Path] | None = typer.Argument(
+        None, help="Avro recordings to replay offline (no store needed); none: read the configured store."
+    ),
+    job: str | None = typer.Option(None, "--job", help="The job to report on."),
+    alert: str | None = typer.Option(
+        None, "--alert", help="...or the alert (its evidence panels and job alerts)."
+    ),
+    out: Path = typer.Option(Path("report.html"), "--out", "-o", help="Where to write the HTML file."),
+    config: Path | None = typer.Option(
+        None, "--config", help="With files: detector config overrides (YAML)."
+    ),
+    routing: Path | None = typer.Option(None, "--routing", help="With files: routing rules (YAML)."),
+) -> None:
+    """Write one HTML file (charts and data inlined, opens offline) for --job or --alert.
+
+    \b
+    ranksight report incident.avro --job J -o report.html   replay a recording through the detectors
+    ranksight report --alert ALERT_ID -o report.html        from ClickHouse (CLICKHOUSE_URL or chDB)
+    """
+    from ui.report import report_from_recording, write_report
+
+    if (job is None) == (alert is None):
+        fail("give one of --job and --alert")
+    with user_errors():
+        if files:
+            result = report_from_recording(
+                files, out, job_id=job, alert_id=alert, config=config, routing=routing
+            )
+        else:
+            from ranksight.commands.ui import open_store
+
+            result = write_report(open_store(), out, job_id=job, alert_id=alert)
+    console.print(
+        f"wrote {out} ({result['bytes'] / 1e6:.1f} MB, {result['alerts']} alerts); it opens without a network",
+        highlight=False,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `report` command."""
+    app.command("report")(report)

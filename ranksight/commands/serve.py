@@ -1,0 +1,83 @@
+"""`ranksight serve`: the sink and the UI in one process (chDB allows one process per store)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+import typer
+
+from ranksight.commands.ui import HOST_HELP
+from ranksight.console import console, err_console, fail, user_errors
+from ranksight.settings import load_settings
+
+__all__ = ["register"]
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help=HOST_HELP),
+    port: int = typer.Option(8088, "--port", min=0, max=65535, help="UI port (0: any free port)."),
+    group: str = typer.Option(
+        "ranksight-sink", "--group", help="Sink consumer group (prefixed like the topics)."
+    ),
+    batch_size: int = typer.Option(
+        5000, "--batch-size", min=1, help="Flush a partition's batch at this many messages."
+    ),
+    batch_interval: float = typer.Option(
+        1.0, "--batch-interval", min=0.0, help="...or when it is this many seconds old."
+    ),
+) -> None:
+    """Store every ranksight topic in ClickHouse and serve the UI on it, until Ctrl-C or SIGTERM."""
+    from ranksight.commands.ui import open_store
+    from schemas.codec import codec_from_settings
+    from schemas.topics import DEADLETTER
+    from sinks.clickhouse import describe_dsn
+    from sinks.consumer import SINK_TOPICS, SinkConsumer
+    from sinks.ddl import migrate
+    from ui.server import UiServer
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    settings = load_settings()
+    prefix = settings.topic_prefix
+    with user_errors():
+        try:
+            kafka_conf = settings.kafka_config()
+        except ValueError as exc:
+            fail(str(exc))
+        client = open_store(migrate_schema=False)
+        migrate(
+            client, settings.ttl_days
+        )  # the sink owns the schema and its retention, as `ranksight sink` does
+        consumer = SinkConsumer(
+            kafka_conf,
+            client,
+            [prefix + t for t in SINK_TOPICS],
+            prefix + group,
+            codec=codec_from_settings(settings.schema_registry_url),
+            deadletter_topic=prefix + DEADLETTER,
+            batch_size=batch_size,
+            batch_interval_s=batch_interval,
+            progress_interval_s=3600,
+        )
+        server = UiServer(client, host, port)
+        url = server.start()
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        err_console.print(
+            f"serve: sink {settings.kafka_bootstrap} -> {describe_dsn(settings.clickhouse_dsn())}, "
+            f"UI on {url}; Ctrl-C to stop",
+            highlight=False,
+            soft_wrap=True,
+        )
+        try:
+            stats = consumer.run(stop=stop)
+        finally:
+            server.stop()
+    console.print(f"serve stopped: inserted {stats['inserted_rows']:,} rows", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `serve` command."""
+    app.command("serve")(serve)

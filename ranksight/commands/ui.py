@@ -1,0 +1,67 @@
+"""`ranksight ui`: the job-health web UI over ClickHouse (CLICKHOUSE_URL or the chDB store)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+
+from ranksight.console import console, fail, user_errors
+from ranksight.settings import load_settings
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+__all__ = ["open_store", "register"]
+
+HOST_HELP = "Address to listen on (127.0.0.1: this machine only; 0.0.0.0 exposes the UI to the network)."
+
+
+def open_store(migrate_schema: bool = True) -> Client:
+    """The ClickHouse client of the configured store; one sentence and exit when chDB is held elsewhere."""
+    from sinks.clickhouse import chdb_path, connect
+    from sinks.ddl import MIGRATIONS, applied_versions, migrate
+    from sinks.errors import ClickHouseLockedError
+
+    settings = load_settings()
+    dsn = settings.clickhouse_dsn()
+    try:
+        client = connect(dsn)
+    except ClickHouseLockedError:
+        fail(
+            f"the chDB store {chdb_path(dsn)} is open in another process (a sink?): chDB allows one process "
+            "per store, so run `ranksight serve` (sink and UI in one process) or set CLICKHOUSE_URL to a server",
+            code=2,
+        )
+    # A viewer creates missing tables (a fresh store) but never changes an existing store's
+    # retention: `migrate` would bring the TTL to this process's setting and drop old rows.
+    if migrate_schema and {m.version for m in MIGRATIONS} - applied_versions(client):
+        migrate(client, settings.ttl_days)
+    return client
+
+
+def ui(
+    host: str = typer.Option("127.0.0.1", "--host", help=HOST_HELP),
+    port: int = typer.Option(8088, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
+) -> None:
+    """Serve the web UI: fleet, job pages on one time axis, alert pages. Ctrl-C to stop."""
+    from sinks.clickhouse import describe_dsn
+    from ui.server import UiServer
+
+    with user_errors():
+        client = open_store()
+        server = UiServer(client, host, port)
+        dsn = describe_dsn(load_settings().clickhouse_dsn())
+        try:
+            server.serve_forever(
+                lambda url: console.print(
+                    f"ranksight UI on {url} (reading {dsn}); Ctrl-C to stop", highlight=False
+                )
+            )
+        except KeyboardInterrupt:
+            console.print("UI stopped")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `ui` command."""
+    app.command("ui")(ui)

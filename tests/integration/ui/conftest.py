@@ -1,0 +1,55 @@
+"""Fixtures of the UI tests: one chDB store filled from a simulated scenario, shared by the package.
+
+The store is built without Kafka: the simulator's events go through the sink's writer and the
+detectors (offline) in this process, so the tables, roll-ups, derived windows and alerts are those
+a live deployment would hold. chDB opens one directory per process, hence one store per package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from clickhouse_connect.driver.client import Client
+
+from producers.simulator import load_scenario, simulate
+from schemas.files import write_container
+from sinks.clickhouse import close, connect
+from sinks.ddl import migrate
+from ui.store import load_recording
+
+# The demo's scenario, cut after the straggler (rank 13 of pretrain-13b-0301, 6..12 min) resolved.
+SCENARIO = "mixed"
+DURATION_S = 14 * 60
+STRAGGLER_JOB = "pretrain-13b-0301"
+STRAGGLER_RANK = 13
+FAULT_START_S, FAULT_END_S = 6 * 60, 12 * 60
+
+
+@dataclass(frozen=True)
+class UiStore:
+    """The filled store and what the tests need to know about its content."""
+
+    client: Client
+    recording: Path
+    start_ms: int
+    jobs: tuple[str, ...]
+
+
+@pytest.fixture(scope="package")
+def ui_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiStore]:
+    """A migrated chDB store holding the scenario's events, derived windows and alerts."""
+    root = tmp_path_factory.mktemp("ui-store")
+    scenario = load_scenario(SCENARIO).with_overrides(duration=DURATION_S)
+    recording = root / "incident.avro"
+    write_container(recording, simulate(scenario, 0).events())
+    dsn = f"chdb://{root / 'chdb'}"
+    client = connect(dsn)
+    try:
+        migrate(client, ttl_days=None)  # simulated time is in the past: no retention may drop it
+        load_recording(client, [recording])
+        yield UiStore(client, recording, scenario.start_ms, tuple(job.id for job in scenario.jobs))
+    finally:
+        close(dsn)

@@ -1,0 +1,98 @@
+"""The panel queries on chDB: roll-ups for wide ranges, raw rows zoomed in, bands, fleet health."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from schemas.records import Event
+from tests.integration.ui.conftest import FAULT_END_S, FAULT_START_S, STRAGGLER_JOB, STRAGGLER_RANK, UiStore
+from ui import queries
+from ui.errors import NotFoundError
+from ui.store import load_events
+
+
+def _slowest_rank_during_fault(page: dict[str, Any], start_ms: int) -> int:
+    buckets, ranks, compute = json.loads(page["heatmap"]["cells"].text)[:3]
+    t0, width = page["range"]["from_ms"], page["range"]["bucket_ms"]
+    lo, hi = start_ms + (FAULT_START_S + 60) * 1000, start_ms + (FAULT_END_S - 60) * 1000
+    per_rank: dict[int, list[float]] = {}
+    for x, rank, value in zip(buckets, ranks, compute, strict=True):
+        if value is not None and lo <= t0 + x * width < hi:
+            per_rank.setdefault(rank, []).append(value)
+    return max(per_rank, key=lambda r: sum(per_rank[r]) / len(per_rank[r]))
+
+
+def test_two_hours_read_the_roll_ups_and_a_zoom_reads_raw_rows_with_the_same_straggler(
+    ui_store: UiStore,
+) -> None:
+    """A 2-hour range reads derived windows and gpu_minute; 10 minutes read steps and gpu_samples; both find rank 13."""
+    wide = queries.job_page(
+        ui_store.client, STRAGGLER_JOB, ui_store.start_ms - 3600_000, ui_store.start_ms + 3600_000
+    )
+    assert wide["range"]["bucket_ms"] == 60_000
+    assert (wide["heatmap"]["source"], wide["gpus"]["source"]) == ("derived_rank_windows", "gpu_minute")
+    assert wide["steps"]["segments_source"] == "derived_rank_windows"
+    narrow = queries.job_page(
+        ui_store.client, STRAGGLER_JOB, ui_store.start_ms + 5 * 60_000, ui_store.start_ms + 13 * 60_000
+    )
+    assert narrow["range"]["bucket_ms"] < 30_000
+    assert (narrow["heatmap"]["source"], narrow["gpus"]["source"]) == ("steps", "gpu_samples")
+    assert set(narrow["steps"]["segments"]) == {
+        "data_wait",
+        "forward",
+        "backward",
+        "optimizer",
+        "comm",
+        "checkpoint",
+    }
+    assert _slowest_rank_during_fault(wide, ui_store.start_ms) == STRAGGLER_RANK
+    assert _slowest_rank_during_fault(narrow, ui_store.start_ms) == STRAGGLER_RANK
+
+
+def test_evaluations_become_bands_open_until_they_end(ui_store: UiStore) -> None:
+    """A completed evaluation is a band from start to end; one without an end stays open."""
+    base = {"job_id": STRAGGLER_JOB, "run_id": f"{STRAGGLER_JOB}-r0", "rank": 0, "step": 100}
+    t = ui_store.start_ms + 4 * 60_000
+    load_events(
+        ui_store.client,
+        [
+            Event(
+                "EvaluationEvent",
+                {**base, "ts": t, "evaluation_id": "ev-1", "phase": "started", "name": "mmlu"},
+            ),
+            Event(
+                "EvaluationEvent",
+                {**base, "ts": t + 30_000, "evaluation_id": "ev-1", "phase": "completed", "duration_s": 30.0},
+            ),
+            Event("EvaluationEvent", {**base, "ts": t + 60_000, "evaluation_id": "ev-2", "phase": "started"}),
+        ],
+    )
+    bands = {b["id"]: b for b in queries.job_page(ui_store.client, STRAGGLER_JOB)["evaluations"]}
+    assert bands["ev-1"]["start_ms"] == t and bands["ev-1"]["end_ms"] == t + 30_000
+    assert bands["ev-1"]["status"] == "completed" and bands["ev-1"]["label"] == "mmlu"
+    assert bands["ev-2"]["status"] == "open" and bands["ev-2"]["end_ms"] is None
+
+
+def test_fleet_health_counts_firing_alerts_per_job_and_orders_the_unhealthy_first(ui_store: UiStore) -> None:
+    """The stalled vision job has its critical alert counted and comes first; every alert names its team."""
+    fleet = queries.fleet(ui_store.client)
+    assert fleet["jobs"][0]["job_id"] == "vit-h-0302"
+    assert fleet["jobs"][0]["firing"]["critical"] >= 1
+    by_id = {j["job_id"]: j for j in fleet["jobs"]}
+    assert by_id["asr-0303"]["progress_time_frac"] == 1.0  # healthy throughout
+    assert by_id["vit-h-0302"]["progress_time_frac"] < 0.8  # stalled from minute 8 on
+    assert by_id["vit-h-0302"]["step_rate"] == 0.0 and by_id["asr-0303"]["step_rate"] > 0
+    assert {a["rule"] for a in fleet["resolved"]} >= {"straggler"}
+    assert all(a["team"] for a in fleet["firing"] + fleet["resolved"])
+    assert json.loads(queries.to_json(fleet))["jobs"][0]["job_id"] == "vit-h-0302"
+
+
+def test_unknown_jobs_and_alerts_are_not_found(ui_store: UiStore) -> None:
+    """A job or alert the store does not hold raises NotFoundError (the API answers 404)."""
+    with pytest.raises(NotFoundError):
+        queries.job_page(ui_store.client, "no-such-job")
+    with pytest.raises(NotFoundError):
+        queries.alert_page(ui_store.client, "no-such-alert")

@@ -1,0 +1,38 @@
+"""`ranksight ui` as a user runs it: serves the store, and says in one sentence when chDB is held elsewhere."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+
+def test_a_second_process_on_the_same_chdb_store_is_told_to_use_serve(tmp_path: Path) -> None:
+    """The first `ranksight ui` serves; a second one on the store exits 2 with one sentence; Ctrl-C stops the first."""
+    env = {**os.environ, "CLICKHOUSE_URL": f"chdb://{tmp_path / 'chdb'}"}
+    cli = [sys.executable, "-m", "ranksight.cli", "ui", "--port", "0"]
+    first = subprocess.Popen(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout is not None
+        line = first.stdout.readline()  # blocks until the UI listens (or the process ends)
+        assert "ranksight UI on http://127.0.0.1:" in line, line + (
+            first.stderr.read() if first.stderr else ""
+        )
+        url = line.split(" on ", 1)[1].split()[0]
+        assert httpx.get(f"{url}api/fleet", timeout=30).json()["jobs"] == []
+        second = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2
+        assert "ranksight serve" in second.stderr and "Traceback" not in second.stderr
+        assert len(second.stderr.strip().splitlines()) <= 2  # one sentence (the console may wrap it)
+        first.send_signal(signal.SIGINT)
+        out, err = first.communicate(timeout=60)
+        assert "UI stopped" in out
+        assert first.returncode == 0 and "Traceback" not in err
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(10)

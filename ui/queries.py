@@ -1,0 +1,707 @@
+"""The SQL behind every panel of the UI, one function per page, returning plain JSON-ready dicts.
+
+Times are UTC milliseconds everywhere. A page's time range is cut into at most about
+`TARGET_BUCKETS` buckets of a "nice" width; series are aggregated per bucket in ClickHouse. The
+roll-ups answer whenever the bucket is at least as wide as their resolution: `derived_rank_windows`
+(the detectors' per-rank windows) for the rank heatmap, `gpu_minute` for GPU panels and
+`job_step_minute` for the job's time range and the fleet's progress. Raw tables answer the rest
+and any zoomed-in range.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from clickhouse_connect.driver.client import Client
+
+from ui.errors import NotFoundError
+
+__all__ = [
+    "BUCKET_STEPS_MS",
+    "TARGET_BUCKETS",
+    "alert_page",
+    "bucket_ms",
+    "fleet",
+    "job_page",
+    "latest_version",
+    "to_json",
+]
+
+TARGET_BUCKETS = 180
+BUCKET_STEPS_MS: tuple[int, ...] = tuple(
+    s * 1000 for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
+)
+_DERIVED_HOP_MS = 30_000  # the detectors' hop: derived windows answer buckets at least this wide
+_MINUTE_MS = 60_000
+# Alert pages show this much before and after the alert's span.
+_ALERT_MARGIN_MS = 10 * 60_000
+_RECENT_RESOLVED_MS = 6 * 3600_000
+_SEVERITIES = ("critical", "warning", "info")
+
+
+def bucket_ms(span_ms: int, target: int = TARGET_BUCKETS) -> int:
+    """The smallest nice bucket width that cuts `span_ms` into at most `target` buckets."""
+    want = max(1, math.ceil(span_ms / max(target, 1)))
+    for step in BUCKET_STEPS_MS:
+        if step >= want:
+            return step
+    return BUCKET_STEPS_MS[-1]
+
+
+@dataclass(frozen=True)
+class RawJson:
+    """JSON text ClickHouse wrote itself (big cell arrays): passed through, never parsed in Python."""
+
+    text: str
+
+
+def to_json(data: Any) -> str:
+    """Compact JSON of a page's data, `RawJson` parts spliced in as they are."""
+    raws: list[str] = []
+
+    def default(value: Any) -> str:
+        if isinstance(value, RawJson):
+            raws.append(value.text)
+            return f"\u0000raw{len(raws) - 1}\u0000"
+        raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+    text = json.dumps(data, separators=(",", ":"), default=default)
+    for i, raw in enumerate(raws):
+        text = text.replace(f'"\\u0000raw{i}\\u0000"', raw, 1)
+    return text
+
+
+def _columns(client: Client, sql: str, **params: Any) -> RawJson:
+    """A result as JSON columns (`[[col1...], [col2...]]`) written by ClickHouse."""
+    raw = client.raw_query(
+        sql,
+        parameters=params or None,
+        fmt="JSONCompactColumns",
+        settings={"output_format_json_quote_64bit_integers": 0, "output_format_json_quote_denormals": 0},
+    )
+    return RawJson(raw.decode().strip())
+
+
+def _rows(client: Client, sql: str, **params: Any) -> Sequence[Sequence[Any]]:
+    return client.query(sql, parameters=params or None).result_rows
+
+
+def _ms(column: str) -> str:
+    return f"toUnixTimestamp64Milli({column})"
+
+
+def _between(column: str, t0: int, t1: int) -> str:
+    return (
+        f"{column} >= fromUnixTimestamp64Milli(toInt64({int(t0)}), 'UTC') "
+        f"AND {column} < fromUnixTimestamp64Milli(toInt64({int(t1)}), 'UTC')"
+    )
+
+
+def _bucket(column_ms: str, width: int) -> str:
+    return f"intDiv({column_ms}, {int(width)}) * {int(width)}"
+
+
+def _num(value: Any, digits: int = 4) -> float | None:
+    """A finite float rounded for the wire, or None (JSON has no NaN)."""
+    if value is None:
+        return None
+    f = float(value)
+    if not math.isfinite(f):
+        return None
+    return round(f, digits)
+
+
+# --- versions (live updates) -----------------------------------------------------------------------
+
+
+def latest_version(client: Client) -> dict[str, int]:
+    """Cheap change markers: row counts of the tables the pages read (a page refetches when they move)."""
+    rows = _rows(
+        client,
+        "SELECT table, sum(rows) FROM system.parts WHERE database = currentDatabase() AND active "
+        "AND table IN ('steps', 'alerts', 'gpu_samples', 'job_started', 'job_states') GROUP BY table",
+    )
+    return {str(name): int(count) for name, count in rows}
+
+
+# --- alerts ------------------------------------------------------------------------------------------
+
+_ALERT_COLUMNS = (
+    "alert_id",
+    "argMax(status, ts) AS status",
+    "any(rule) AS rule",
+    "any(severity) AS severity",
+    "any(category) AS category",
+    "any(team) AS team",
+    "any(receiver) AS receiver",
+    "argMax(summary, ts) AS summary",
+    "any(job_id) AS job_id",
+    "any(run_id) AS run_id",
+    "any(cluster) AS cluster",
+    "any(node) AS node",
+    "any(rank) AS rank",
+    "any(gpu_index) AS gpu_index",
+    "any(gpu_uuid) AS gpu_uuid",
+    f"{_ms('min(starts_at)')} AS starts_ms",
+    f"{_ms('argMax(ends_at, ts)')} AS ends_ms",
+    f"{_ms('max(ts)')} AS updated_ms",
+    "any(suspected_layer) AS suspected_layer",
+    "any(runbook_url) AS runbook_url",
+)
+_ALERT_KEYS = tuple(c.split(" AS ")[-1] for c in _ALERT_COLUMNS)
+
+
+def _alerts(client: Client, where: str = "1", **params: Any) -> list[dict[str, Any]]:
+    # The filter runs in a subquery: the aggregates' aliases reuse the column names.
+    sql = (
+        f"SELECT {', '.join(_ALERT_COLUMNS)} FROM (SELECT * FROM alerts WHERE {where}) "
+        "GROUP BY alert_id ORDER BY starts_ms"
+    )
+    return [dict(zip(_ALERT_KEYS, row, strict=True)) for row in _rows(client, sql, **params)]
+
+
+# --- fleet -------------------------------------------------------------------------------------------
+
+
+def fleet(client: Client) -> dict[str, Any]:
+    """Every job with its health, and the alerts firing and recently resolved (routed teams included)."""
+    jobs: dict[str, dict[str, Any]] = {}
+    for row in _rows(
+        client,
+        "SELECT job_id, argMax(run_id, ts), argMax(team, ts), argMax(owner, ts), argMax(cluster, ts), "
+        "argMax(model_name, ts), argMax(world_size, ts), argMax(gpu_class, ts), "
+        f"{_ms('min(ts)')} FROM job_started GROUP BY job_id",
+    ):
+        jobs[row[0]] = {
+            "job_id": row[0],
+            "run_id": row[1],
+            "team": row[2],
+            "owner": row[3],
+            "cluster": row[4],
+            "model": row[5],
+            "world_size": int(row[6]),
+            "gpu_class": row[7],
+            "started_ms": int(row[8]),
+            "state": None,
+            "last_progress_ms": None,
+            "last_step": None,
+            "step_rate": None,
+            "progress_time_frac": None,
+            "firing": {s: 0 for s in _SEVERITIES},
+        }
+    for job_id, state, reason in _rows(
+        client, "SELECT job_id, argMax(state, ts), argMax(reason, ts) FROM job_states GROUP BY job_id"
+    ):
+        if job_id in jobs:
+            jobs[job_id]["state"] = state
+            jobs[job_id]["state_reason"] = reason
+    # Progress from the per-minute roll-up; the step rate over the last five minutes of each job.
+    minutes: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for job_id, minute_ms, last_step in _rows(
+        client,
+        "SELECT job_id, toUnixTimestamp(minute) * 1000 AS m, max(last_step) FROM job_step_minute "
+        "GROUP BY job_id, m ORDER BY job_id, m",
+    ):
+        minutes[job_id].append((int(minute_ms), int(last_step)))
+    newest_minute = max((series[-1][0] for series in minutes.values()), default=0)
+    for job_id, series in minutes.items():
+        # Not ML goodput (nothing stores useful work yet): the share of the minutes from the job's first
+        # step to the fleet's newest one that have steps; a stalled job falls behind.
+        spanned = (newest_minute - series[0][0]) // _MINUTE_MS + 1
+        job = jobs.setdefault(job_id, _unknown_job(job_id))
+        job["progress_time_frac"] = _num(len(series) / spanned, 3)
+        job["last_step"] = series[-1][1]
+        # Over the fleet's last five minutes: a job that stopped stepping before them runs at 0 steps/s.
+        window = [p for p in series if p[0] >= newest_minute - 5 * _MINUTE_MS]
+        if not window:
+            job["step_rate"] = 0.0
+        elif len(window) >= 2 and window[-1][0] > window[0][0]:
+            job["step_rate"] = _num(
+                (window[-1][1] - window[0][1]) / ((window[-1][0] - window[0][0]) / 1000), 3
+            )
+    if minutes:
+        for job_id, last_ms, last_step in _rows(
+            client,
+            f"SELECT job_id, {_ms('max(ts)')}, max(step) FROM steps "
+            "WHERE (job_id, toStartOfMinute(ts)) IN "
+            "(SELECT job_id, max(minute) FROM job_step_minute GROUP BY job_id) GROUP BY job_id",
+        ):
+            jobs[job_id]["last_progress_ms"] = int(last_ms)
+            jobs[job_id]["last_step"] = int(last_step)
+    alerts = _alerts(client)
+    data_now = max(
+        [a["updated_ms"] for a in alerts] + [j["last_progress_ms"] or 0 for j in jobs.values()] + [0]
+    )
+    firing = [a for a in alerts if a["status"] == "firing"]
+    resolved = [
+        a
+        for a in alerts
+        if a["status"] == "resolved" and (a["ends_ms"] or 0) >= data_now - _RECENT_RESOLVED_MS
+    ]
+    for alert in firing:
+        owner = jobs.get(alert["job_id"])
+        if owner is not None and alert["severity"] in owner["firing"]:
+            owner["firing"][alert["severity"]] += 1
+    ordered = sorted(
+        jobs.values(),
+        key=lambda j: (-j["firing"]["critical"], -j["firing"]["warning"], -j["firing"]["info"], j["job_id"]),
+    )
+    return {
+        "now_ms": data_now,
+        "jobs": ordered,
+        "teams": sorted({j["team"] for j in jobs.values() if j["team"]}),
+        "clusters": sorted({j["cluster"] for j in jobs.values() if j["cluster"]}),
+        "firing": sorted(firing, key=lambda a: (_SEVERITIES.index(a["severity"]), -a["starts_ms"])),
+        "resolved": sorted(resolved, key=lambda a: -(a["ends_ms"] or 0)),
+    }
+
+
+def _unknown_job(job_id: str) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "run_id": "",
+        "team": "",
+        "owner": "",
+        "cluster": "",
+        "model": "",
+        "world_size": 0,
+        "gpu_class": "",
+        "started_ms": None,
+        "state": None,
+        "last_progress_ms": None,
+        "last_step": None,
+        "step_rate": None,
+        "progress_time_frac": None,
+        "firing": {s: 0 for s in _SEVERITIES},
+    }
+
+
+# --- job page ----------------------------------------------------------------------------------------
+
+
+def _job_meta(client: Client, job_id: str) -> dict[str, Any]:
+    rows = _rows(
+        client,
+        "SELECT argMax(run_id, ts), argMax(team, ts), argMax(owner, ts), argMax(cluster, ts), "
+        "argMax(model_name, ts), argMax(model_version, ts), argMax(dataset_version, ts), "
+        "argMax(world_size, ts), argMax(nodes, ts), argMax(gpu_class, ts), argMax(workload_family, ts), "
+        f"{_ms('min(ts)')}, count() FROM job_started WHERE job_id = %(job)s",
+        job=job_id,
+    )
+    if not rows or not rows[0][-1]:
+        return {"job_id": job_id, "team": "", "owner": "", "cluster": "", "nodes": [], "world_size": 0}
+    r = rows[0]
+    return {
+        "job_id": job_id,
+        "run_id": r[0],
+        "team": r[1],
+        "owner": r[2],
+        "cluster": r[3],
+        "model": f"{r[4]} {r[5]}".strip(),
+        "dataset_version": r[6],
+        "world_size": int(r[7]),
+        "nodes": list(r[8]),
+        "gpu_class": r[9],
+        "workload_family": r[10],
+        "started_ms": int(r[11]),
+    }
+
+
+def _job_span(client: Client, job_id: str) -> tuple[int, int] | None:
+    rows = _rows(
+        client,
+        "SELECT toUnixTimestamp(min(minute)) * 1000, toUnixTimestamp(max(minute)) * 1000 + 60000, count() "
+        "FROM job_step_minute WHERE job_id = %(job)s",
+        job=job_id,
+    )
+    if rows and rows[0][2]:
+        return int(rows[0][0]), int(rows[0][1])
+    rows = _rows(
+        client,
+        f"SELECT {_ms('min(ts)')}, {_ms('max(ts)')} + 1, count() FROM steps WHERE job_id = %(job)s",
+        job=job_id,
+    )
+    if rows and rows[0][2]:
+        return int(rows[0][0]), int(rows[0][1])
+    return None
+
+
+def _ranks(client: Client, job_id: str) -> list[dict[str, Any]]:
+    rows = _rows(
+        client,
+        "SELECT rank, argMax(node, ts), argMax(gpu_index, ts), argMax(gpu_uuid, ts) FROM rank_bound "
+        "WHERE job_id = %(job)s GROUP BY rank ORDER BY rank",
+        job=job_id,
+    )
+    return [{"rank": int(r[0]), "node": r[1], "gpu_index": r[2], "gpu_uuid": r[3]} for r in rows]
+
+
+def _r(expr: str, digits: int = 4) -> str:
+    """SQL rounding a float for the wire, NULL when not finite (JSON has no NaN): no per-value Python work."""
+    return f"if(isFinite({expr}), round({expr}, {digits}), NULL)"
+
+
+def _rank_heatmap(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict[str, Any]:
+    """Per (bucket, rank): compute, step time, communication and data wait in seconds, as JSON columns."""
+    if width >= _DERIVED_HOP_MS:
+        where = f"job_id = %(job)s AND {_between('window_start', t0, t1)}"
+        if _rows(client, f"SELECT count() FROM derived_rank_windows WHERE {where}", job=job_id)[0][0]:
+            return {
+                "source": "derived_rank_windows",
+                "columns": ["bucket index", "rank", "compute", "step", "comm", "wait"],
+                "cells": _columns(
+                    client,
+                    f"SELECT intDiv({_ms('window_start')} - {int(t0)}, {int(width)}) AS x, rank, {_r('avg(compute_s)')}, "
+                    f"{_r('avg(step_time_s)')}, {_r('avg(comm_s)')}, {_r('avg(data_wait_s)')} "
+                    f"FROM derived_rank_windows WHERE {where} GROUP BY x, rank ORDER BY x, rank",
+                    job=job_id,
+                ),
+            }
+    return {
+        "source": "steps",
+        "columns": ["bucket index", "rank", "compute", "step", "comm", "wait"],
+        "cells": _columns(
+            client,
+            f"SELECT intDiv({_ms('ts')} - {int(t0)}, {int(width)}) AS x, rank, "
+            f"{_r('avg(ifNull(forward_s, 0) + ifNull(backward_s, 0) + ifNull(optimizer_s, 0))')}, "
+            f"{_r('avg(step_time_s)')}, {_r('avg(comm_s)')}, {_r('avg(data_wait_s)')} "
+            f"FROM steps WHERE job_id = %(job)s AND {_between('ts', t0, t1)} GROUP BY x, rank ORDER BY x, rank",
+            job=job_id,
+        ),
+    }
+
+
+_SEGMENTS = ("data_wait_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "checkpoint_s")
+
+
+def _step_series(
+    client: Client, job_id: str, t0: int, t1: int, width: int, from_windows: bool
+) -> dict[str, Any]:
+    """Step segments, step time and rate, loss, lr and grad norm per bucket.
+
+    Over wide ranges the segments come from the derived rank windows already read for the heatmap
+    (compute = forward + backward + optimizer; no extra scan of the step rows); zoomed in, from the
+    step rows with the forward / backward / optimizer / checkpoint split. Model metrics come from rank 0
+    (the primary key answers it directly).
+    """
+    progress = _rows(
+        client,
+        f"SELECT {_bucket(_ms('ts'), width)} AS b, {_r('avg(loss)', 5)}, {_r('avg(lr)', 9)}, "
+        f"{_r('avg(grad_norm)')}, max(step), countIf(skipped), {_r('avg(step_time_s)')} FROM steps "
+        f"WHERE job_id = %(job)s AND rank = 0 AND {_between('ts', t0, t1)} GROUP BY b ORDER BY b",
+        job=job_id,
+    )
+    if from_windows:
+        rows = _rows(
+            client,
+            f"SELECT {_bucket(_ms('window_start'), width)} AS b, {_r('avg(data_wait_s)')}, {_r('avg(compute_s)')}, "
+            f"{_r('avg(comm_s)')}, {_r('avg(greatest(0, step_time_s - compute_s - comm_s - data_wait_s))')} "
+            f"FROM derived_rank_windows WHERE job_id = %(job)s AND {_between('window_start', t0, t1)} "
+            "GROUP BY b ORDER BY b",
+            job=job_id,
+        )
+        names = ("data_wait", "compute", "comm", "other")
+        segments = {name: [[r[0], r[i + 1]] for r in rows] for i, name in enumerate(names)}
+        source = "derived_rank_windows"
+    else:
+        rows = _rows(
+            client,
+            f"SELECT {_bucket(_ms('ts'), width)} AS b, "
+            + ", ".join(_r(f"avg({s})") for s in _SEGMENTS)
+            + f" FROM steps WHERE job_id = %(job)s AND {_between('ts', t0, t1)} GROUP BY b ORDER BY b",
+            job=job_id,
+        )
+        segments = {s.removesuffix("_s"): [[r[0], r[i + 1]] for r in rows] for i, s in enumerate(_SEGMENTS)}
+        source = "steps"
+    rate = []
+    previous: tuple[int, int] | None = None
+    for r in progress:
+        if previous is not None and r[0] > previous[0]:
+            rate.append([int(r[0]), _num((int(r[4]) - previous[1]) / ((r[0] - previous[0]) / 1000), 3)])
+        previous = (int(r[0]), int(r[4]))
+    return {
+        "segments": segments,
+        "segments_source": source,
+        "step_time": [[r[0], r[6]] for r in progress],
+        "step_rate": rate,
+        "loss": [[r[0], r[1]] for r in progress],
+        "lr": [[r[0], r[2]] for r in progress],
+        "grad_norm": [[r[0], r[3]] for r in progress],
+        "skipped": [[r[0], r[5]] for r in progress if r[5]],
+    }
+
+
+def _validation(client: Client, job_id: str, t0: int, t1: int) -> dict[str, list[list[Any]]]:
+    out: dict[str, list[list[Any]]] = defaultdict(list)
+    for ts, step, name, value in _rows(
+        client,
+        f"SELECT {_ms('ts')}, step, k, v FROM validation_results ARRAY JOIN mapKeys(metrics) AS k, "
+        f"mapValues(metrics) AS v WHERE job_id = %(job)s AND {_between('ts', t0, t1)} ORDER BY ts",
+        job=job_id,
+    ):
+        out[name].append([int(ts), _num(value, 5), int(step)])
+    return dict(out)
+
+
+def _gpus(
+    client: Client,
+    cluster: str,
+    ranks: list[dict[str, Any]],
+    t0: int,
+    t1: int,
+    width: int,
+) -> dict[str, Any]:
+    """Per (bucket, GPU of the job): activity, power, SM clock and memory used (GiB), as JSON columns."""
+    keys = sorted({(r["node"], r["gpu_index"]) for r in ranks if r["gpu_index"] is not None})
+    if not keys:
+        return {"source": None, "labels": [], "keys": [], "columns": [], "cells": []}
+    rank_of = {(r["node"], r["gpu_index"]): r["rank"] for r in ranks}
+    labels = [f"{node}/gpu{gpu} r{rank_of[(node, gpu)]}" for node, gpu in keys]
+
+    def per_gpu_sql(pairs: list[tuple[str, int]]) -> tuple[str, str]:
+        nodes = ", ".join(f"'{_quote(n)}'" for n in sorted({n for n, _ in pairs}))
+        tuples = ", ".join(f"('{_quote(n)}', {int(g)})" for n, g in pairs)
+        where = f"cluster = %(cluster)s AND node IN ({nodes}) AND (node, gpu_index) IN ({tuples})"
+        if width >= _MINUTE_MS:
+            return "gpu_minute", (
+                f"SELECT {_bucket('toUnixTimestamp(minute) * 1000', width)} AS b, node, gpu_index, "
+                "avgMerge(gpu_util_pct_avg) AS util, avgMerge(power_w_avg) AS power, "
+                "avgMerge(sm_clock_mhz_avg) AS sm_clock, max(mem_used_bytes_max) / 1073741824 AS mem_used "
+                f"FROM gpu_minute WHERE {where} "
+                f"AND minute >= toDateTime(intDiv({int(t0)}, 1000), 'UTC') "
+                f"AND minute < toDateTime(intDiv({int(t1)}, 1000), 'UTC') GROUP BY b, node, gpu_index"
+            )
+        return "gpu_samples", (
+            f"SELECT {_bucket(_ms('ts'), width)} AS b, node, gpu_index, avg(gpu_util_pct) AS util, "
+            "avg(power_w) AS power, avg(sm_clock_mhz) AS sm_clock, max(mem_used_bytes) / 1073741824 AS mem_used "
+            f"FROM gpu_samples WHERE {where} AND {_between('ts', t0, t1)} GROUP BY b, node, gpu_index"
+        )
+
+    source, sql = per_gpu_sql(keys)
+    names = "[" + ", ".join(f"'{_quote(n)}/{int(g)}'" for n, g in keys) + "]"
+    # One row per (bucket, GPU) with every metric: the page draws the activity heatmap, the bands
+    # across GPUs and the line of whichever GPU an alert names from the same columns.
+    cells = _columns(
+        client,
+        f"SELECT intDiv(b - {int(t0)}, {int(width)}) AS x, "
+        f"transform(concat(node, '/', toString(gpu_index)), {names}, range({len(keys)}), -1) AS i, "
+        f"{_r('util', 1)}, {_r('power', 1)}, {_r('sm_clock', 0)}, {_r('mem_used', 2)} FROM ({sql}) ORDER BY x, i",
+        cluster=cluster,
+    )
+    return {
+        "source": source,
+        "labels": labels,
+        "keys": [[n, g] for n, g in keys],
+        "columns": ["bucket index", "gpu", "util", "power", "sm_clock", "mem_used"],
+        "cells": cells,
+    }
+
+
+def _quote(text: str) -> str:
+    return str(text).replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _hosts(client: Client, cluster: str, nodes: list[str], t0: int, t1: int, width: int) -> dict[str, Any]:
+    if not nodes:
+        return {"nodes": [], "cpu": {}, "mem_pct": {}, "retrans": {}, "ib_errors": {}}
+    names = ", ".join(f"'{_quote(n)}'" for n in nodes)
+    out: dict[str, Any] = {"nodes": sorted(nodes), "cpu": {}, "mem_pct": {}, "retrans": {}, "ib_errors": {}}
+    for node, b, cpu, mem, retrans, ib in _rows(
+        client,
+        f"SELECT node, {_bucket(_ms('ts'), width)} AS b, avg(cpu_util_pct), "
+        "avg(100 * mem_used_bytes / nullIf(mem_total_bytes, 0)), avg(tcp_retrans_segs_s), max(ib_errors) "
+        f"FROM host_samples WHERE cluster = %(cluster)s AND node IN ({names}) AND {_between('ts', t0, t1)} "
+        "GROUP BY node, b ORDER BY node, b",
+        cluster=cluster,
+    ):
+        b = int(b)
+        out["cpu"].setdefault(node, []).append([b, _num(cpu, 1)])
+        out["mem_pct"].setdefault(node, []).append([b, _num(mem, 1)])
+        out["retrans"].setdefault(node, []).append([b, _num(retrans, 1)])
+        out["ib_errors"].setdefault(node, []).append([b, None if ib is None else int(ib)])
+    return out
+
+
+def _dataloader(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict[str, Any]:
+    rows = _rows(
+        client,
+        f"SELECT {_bucket(_ms('ts'), width)} AS b, avg(wait_s / nullIf(interval_s, 0)), "
+        "max(wait_s / nullIf(interval_s, 0)), argMax(rank, wait_s / nullIf(interval_s, 0)), "
+        "avg(queue_depth), min(queue_depth) "
+        f"FROM dataloader_samples WHERE job_id = %(job)s AND {_between('ts', t0, t1)} GROUP BY b ORDER BY b",
+        job=job_id,
+    )
+    return {
+        "wait_frac_avg": [[int(r[0]), _num(r[1])] for r in rows],
+        "wait_frac_max": [[int(r[0]), _num(r[2]), int(r[3])] for r in rows],
+        "queue_depth_avg": [[int(r[0]), _num(r[4], 2)] for r in rows],
+        "queue_depth_min": [[int(r[0]), _num(r[5], 2)] for r in rows],
+    }
+
+
+def _collectives(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict[str, Any]:
+    out: dict[str, dict[str, list[list[Any]]]] = {}
+    for op, b, frac, bw in _rows(
+        client,
+        f"SELECT op, {_bucket(_ms('ts'), width)} AS b, sum(time_s) / nullIf(sum(interval_s), 0), avg(bus_bw_gbps) "
+        f"FROM collective_samples WHERE job_id = %(job)s AND {_between('ts', t0, t1)} GROUP BY op, b ORDER BY op, b",
+        job=job_id,
+    ):
+        series = out.setdefault(op, {"time_frac": [], "bus_bw_gbps": []})
+        series["time_frac"].append([int(b), _num(frac)])
+        series["bus_bw_gbps"].append([int(b), _num(bw, 2)])
+    return out
+
+
+_STARTED_TS = "minIf(ts, phase = 'started')"
+# A checkpoint's band ends when it completed or failed, not when it was verified hours later.
+_ENDED_TS = "maxIf(ts, phase IN ('completed', 'failed'))"
+
+
+def _phases(
+    client: Client, table: str, id_column: str, job_id: str, t0: int, t1: int
+) -> list[dict[str, Any]]:
+    # A band per checkpoint or evaluation: started .. last phase, with how it ended.
+    name = "any(name)" if table == "evaluations" else "any(uri)"
+    rows = _rows(
+        client,
+        f"SELECT {id_column}, min(step), {_ms(_STARTED_TS)}, {_ms(_ENDED_TS)}, "
+        f"{_ms('min(ts)')}, {_ms('max(ts)')}, argMax(phase, ts), groupUniqArray(phase), {name}, any(error) "
+        f"FROM {table} WHERE job_id = %(job)s AND {_between('ts', t0 - 3600_000, t1)} "
+        f"GROUP BY {id_column} ORDER BY min(ts)",
+        job=job_id,
+    )
+    out = []
+    for cid, step, started, ended, first, last, phase, phases, label, error in rows:
+        start = int(started) if started and int(started) > 0 else int(first)
+        last = int(ended) if ended and int(ended) > 0 else int(last)
+        done = any(p in ("completed", "failed", "verified", "restored") for p in phases)
+        if int(last) < t0 and done:
+            continue
+        out.append(
+            {
+                "id": cid,
+                "step": int(step),
+                "start_ms": start,
+                "end_ms": int(last) if done else None,
+                "status": phase if done else "open",
+                "label": label,
+                "error": error,
+            }
+        )
+    return out
+
+
+def _states(client: Client, job_id: str, t0: int, t1: int) -> list[dict[str, Any]]:
+    rows = _rows(
+        client,
+        f"SELECT {_ms('ts')}, state, reason, exit_code, restart_count FROM job_states "
+        f"WHERE job_id = %(job)s AND {_between('ts', t0 - 24 * 3600_000, t1)} ORDER BY ts",
+        job=job_id,
+    )
+    return [
+        {"ts": int(r[0]), "state": r[1], "reason": r[2], "exit_code": r[3], "restart_count": int(r[4])}
+        for r in rows
+    ]
+
+
+def job_page(
+    client: Client, job_id: str, t0: int | None = None, t1: int | None = None, target: int = TARGET_BUCKETS
+) -> dict[str, Any]:
+    """Every panel of a job's page over [t0, t1) (default: the job's whole span), on one time axis."""
+    meta = _job_meta(client, job_id)
+    span = _job_span(client, job_id)
+    alerts = _alerts(client, "job_id = %(job)s", job=job_id)
+    if span is None and not meta.get("started_ms") and not alerts:
+        raise NotFoundError("job", job_id)
+    if span is None:
+        first = meta.get("started_ms") or min(a["starts_ms"] for a in alerts)
+        span = (first, first + _MINUTE_MS)
+    start = int(t0) if t0 is not None else span[0]
+    end = int(t1) if t1 is not None else span[1]
+    if end <= start:
+        end = start + _MINUTE_MS
+    width = bucket_ms(end - start, target)
+    start = start // width * width
+    ranks = _ranks(client, job_id)
+    nodes = meta.get("nodes") or sorted({r["node"] for r in ranks})
+    heatmap = _rank_heatmap(client, job_id, start, end, width)
+    return {
+        "job": meta,
+        "range": {"from_ms": start, "to_ms": end, "bucket_ms": width, "span": list(span)},
+        "ranks": ranks,
+        "heatmap": heatmap,
+        "steps": _step_series(
+            client,
+            job_id,
+            start,
+            end,
+            width,
+            heatmap["source"] == "derived_rank_windows",
+        ),
+        "validation": _validation(client, job_id, start, end),
+        "gpus": _gpus(client, meta.get("cluster", ""), ranks, start, end, width),
+        "hosts": _hosts(client, meta.get("cluster", ""), nodes, start, end, width),
+        "dataloader": _dataloader(client, job_id, start, end, width),
+        "collectives": _collectives(client, job_id, start, end, width),
+        "checkpoints": _phases(client, "checkpoints", "checkpoint_id", job_id, start, end),
+        "evaluations": _phases(client, "evaluations", "evaluation_id", job_id, start, end),
+        "states": _states(client, job_id, start, end),
+        "alerts": alerts,
+    }
+
+
+# --- alert page --------------------------------------------------------------------------------------
+
+
+def alert_page(client: Client, alert_id: str) -> dict[str, Any]:
+    """Everything an alert carries (its latest record and its status history) and its job's evidence panels."""
+    rows = client.query(
+        "SELECT * FROM alerts WHERE alert_id = %(id)s ORDER BY ts", parameters={"id": alert_id}
+    )
+    if not rows.result_rows:
+        raise NotFoundError("alert", alert_id)
+    records = [dict(zip(rows.column_names, r, strict=True)) for r in rows.result_rows]
+    latest = records[-1]
+    alert = {
+        k: _plain(v) for k, v in latest.items() if not k.startswith("_") and not k.startswith("history.")
+    }
+    alert["history"] = [
+        [_plain(t), _num(v, 5)]
+        for t, v in zip(latest.get("history.ts") or [], latest.get("history.value") or [], strict=False)
+    ]
+    alert["transitions"] = [
+        {"ts": _plain(r["ts"]), "status": r["status"], "summary": r["summary"]} for r in records
+    ]
+    alert["starts_ms"] = _plain(min(r["starts_at"] for r in records))
+    ends = [r["ends_at"] for r in records if r["ends_at"] is not None]
+    alert["ends_ms"] = _plain(max(ends)) if ends and latest["status"] == "resolved" else None
+    alert["status"] = latest["status"]
+    window_end = (alert["ends_ms"] or _plain(latest["ts"])) + _ALERT_MARGIN_MS
+    evidence = None
+    if alert.get("job_id"):
+        try:
+            evidence = job_page(client, alert["job_id"], alert["starts_ms"] - _ALERT_MARGIN_MS, window_end)
+        except NotFoundError:
+            evidence = None
+    return {"alert": alert, "evidence": evidence}
+
+
+def _plain(value: Any) -> Any:
+    """A ClickHouse value as JSON: datetimes to UTC milliseconds, floats made finite."""
+    if isinstance(value, datetime):
+        aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return round(aware.timestamp() * 1000)
+    if isinstance(value, float):
+        return _num(value, 6)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,618 @@
+/* ranksight UI: fleet, job and alert pages on ECharts. One file, no build step.
+ *
+ * Served pages fetch JSON from /api/...; a report embeds the same JSON in window.RANKSIGHT_REPORT
+ * and never touches the network. Every time panel of a job shares one time window: zooming one
+ * zooms all, and clicking an alert sets the window to the alert's span and highlights its
+ * rank / GPU / node in every panel. State is on window.ranksight for tests and the curious.
+ */
+(function () {
+  'use strict';
+
+  const RS = (window.ranksight = { charts: {}, window: null, focus: null, data: null, ready: false, page: null });
+  const REPORT = window.RANKSIGHT_REPORT || null;
+  const SEVERITY_ORDER = { critical: 0, warning: 1, info: 2 };
+  const COLORS = {
+    critical: '#d62728', warning: '#ff9f1c', info: '#4c78a8', resolved: '#6a9f58',
+    checkpoint: 'rgba(90,120,200,0.16)', evaluation: 'rgba(60,160,90,0.16)', alert: 'rgba(214,39,40,0.10)',
+  };
+  // Every time panel has the same plot area, so one instant is at the same x in all of them.
+  const GRID = { left: 170, right: 96, top: 26, bottom: 24 };
+  const SEGMENT_COLORS = ['#8c6d31', '#4c78a8', '#72b7b2', '#54a24b', '#e45756', '#b279a2'];
+
+  // --- small helpers ------------------------------------------------------------------------------
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === 'class') node.className = v;
+      else if (k.startsWith('on')) node.addEventListener(k.slice(2), v);
+      else node.setAttribute(k, v === true ? '' : v);
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+  const pad2 = (n) => String(n).padStart(2, '0');
+  function fmtTime(ms) {
+    if (ms === null || ms === undefined) return '-';
+    const d = new Date(ms);
+    return `${pad2(d.getUTCHours())}:${pad2(d.getUTCMinutes())}:${pad2(d.getUTCSeconds())}`;
+  }
+  function fmtDateTime(ms) {
+    if (ms === null || ms === undefined) return '-';
+    return new Date(ms).toISOString().replace('T', ' ').slice(0, 19) + ' UTC';
+  }
+  function fmtDuration(ms) {
+    if (ms === null || ms === undefined) return '-';
+    const s = Math.max(0, Math.round(ms / 1000));
+    if (s < 120) return `${s} s`;
+    if (s < 7200) return `${Math.round(s / 60)} min`;
+    return `${(s / 3600).toFixed(1)} h`;
+  }
+  const fmtNum = (v, digits = 3) => (v === null || v === undefined ? '-' : Number(v).toPrecision(digits).replace(/\.?0+(e|$)/, '$1'));
+  const alertHref = (a) => (REPORT ? `#alert-${a.alert_id}` : `/alerts/${encodeURIComponent(a.alert_id)}`);
+  const jobHref = (id) => (REPORT ? '#' : `/jobs/${encodeURIComponent(id)}`);
+  function where(a) {
+    const parts = [];
+    if (a.rank !== null && a.rank !== undefined) parts.push(`rank ${a.rank}`);
+    if (a.node) parts.push(a.node);
+    if (a.gpu_index !== null && a.gpu_index !== undefined) parts.push(`GPU ${a.gpu_index}`);
+    return parts.join(' · ') || 'whole job';
+  }
+  const badge = (severity, text) => el('span', { class: `badge ${severity}` }, text || severity);
+
+  async function getJSON(url) {
+    const response = await fetch(url, { headers: { accept: 'application/json' } });
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error(body.error || `${response.status} ${response.statusText}`);
+    return body;
+  }
+  function showError(root, message) {
+    root.replaceChildren(el('div', { class: 'error' }, message));
+  }
+
+  // --- fleet page ---------------------------------------------------------------------------------
+
+  function alertTable(alerts, resolved) {
+    if (!alerts.length) return el('p', { class: 'muted' }, resolved ? 'none in the last 6 hours' : 'nothing firing');
+    return el('table', { class: 'grid alerts' },
+      el('thead', {}, el('tr', {}, ['severity', 'rule', 'job', 'where', 'team', resolved ? 'fired → resolved' : 'since', 'summary'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, alerts.map((a) => el('tr', { class: `row-${a.severity}`, 'data-alert': a.alert_id },
+        el('td', {}, badge(a.severity)),
+        el('td', {}, el('a', { href: alertHref(a) }, a.rule)),
+        el('td', {}, el('a', { href: jobHref(a.job_id) }, a.job_id)),
+        el('td', {}, where(a)),
+        el('td', {}, el('strong', {}, a.team)),
+        el('td', { class: 'nowrap' }, resolved ? `${fmtTime(a.starts_ms)} → ${fmtTime(a.ends_ms)}` : `${fmtTime(a.starts_ms)} (${fmtDuration((RS.data.now_ms || a.updated_ms) - a.starts_ms)})`),
+        el('td', { class: 'summary' }, a.summary)))));
+  }
+
+  function renderFleet(root, data) {
+    RS.data = data;
+    const team = RS.filters?.team || '';
+    const cluster = RS.filters?.cluster || '';
+    const keep = (x) => (!team || x.team === team) && (!cluster || x.cluster === cluster);
+    const select = (name, values, current) => el('select', {
+      name, onchange: (e) => { RS.filters = { ...RS.filters, [name]: e.target.value }; renderFleet(root, RS.data); },
+    }, el('option', { value: '' }, `all ${name}s`), values.map((v) => el('option', v === current ? { value: v, selected: true } : { value: v }, v)));
+    const jobs = data.jobs.filter(keep);
+    const rows = jobs.map((j) => {
+      const stale = j.last_progress_ms && data.now_ms - j.last_progress_ms > 120000;
+      const firing = ['critical', 'warning', 'info'].filter((s) => j.firing[s]).map((s) => badge(s, `${j.firing[s]} ${s}`));
+      return el('tr', { 'data-job': j.job_id, class: firing.length ? 'unhealthy' : '' },
+        el('td', {}, el('a', { href: jobHref(j.job_id) }, j.job_id)),
+        el('td', {}, firing.length ? firing : el('span', { class: 'ok' }, 'healthy')),
+        el('td', {}, j.state || '-'),
+        el('td', {}, j.team), el('td', {}, j.cluster), el('td', {}, j.owner),
+        el('td', { class: 'num' }, j.world_size || '-'),
+        el('td', { class: 'num' }, j.last_step ?? '-'),
+        el('td', { class: stale ? 'stale nowrap' : 'nowrap' }, j.last_progress_ms ? `${fmtTime(j.last_progress_ms)}${stale ? ` (no progress for ${fmtDuration(data.now_ms - j.last_progress_ms)})` : ''}` : '-'),
+        el('td', { class: 'num' }, j.step_rate === null ? '-' : `${fmtNum(j.step_rate)} /s`),
+        el('td', { class: 'num', title: 'share of the minutes since the first step with steps (not ML goodput)' }, j.progress_time_frac === null ? '-' : `${Math.round(j.progress_time_frac * 100)} %`),
+        el('td', {}, j.model));
+    });
+    root.replaceChildren(
+      el('div', { class: 'toolbar' }, el('h1', {}, 'Fleet'), select('team', data.teams, team), select('cluster', data.clusters, cluster),
+        el('span', { class: 'muted' }, `data up to ${fmtDateTime(data.now_ms)}`)),
+      el('h2', {}, `Firing (${data.firing.filter(keep).length})`), alertTable(data.firing.filter(keep), false),
+      el('h2', {}, `Jobs (${jobs.length})`),
+      el('table', { class: 'grid jobs' },
+        el('thead', {}, el('tr', {}, ['job', 'health', 'state', 'team', 'cluster', 'owner', 'ranks', 'step', 'last progress', 'step rate', 'time with progress', 'model'].map((h) => el('th', {}, h)))),
+        el('tbody', {}, rows)),
+      el('h2', {}, `Recently resolved (${data.resolved.filter(keep).length})`), alertTable(data.resolved.filter(keep), true));
+    RS.ready = true;
+  }
+
+  // --- job page: charts on one time axis ----------------------------------------------------------
+
+  function chartBox(container, key, title, height, extra) {
+    const box = el('section', { class: 'panel', id: `panel-${key}` }, el('h3', {}, title, extra || null), el('div', { class: 'chart', style: `height:${height}px` }));
+    container.append(box);
+    const chart = echarts.init(box.querySelector('.chart'), null, { renderer: 'canvas' });
+    RS.charts[key] = chart;
+    return chart;
+  }
+
+  function annotations(data) {
+    // Alerts, checkpoints and evaluations as translucent bands on every time panel.
+    const areas = [];
+    const to = data.range.to_ms;
+    for (const c of data.checkpoints) areas.push([{ xAxis: c.start_ms, itemStyle: { color: COLORS.checkpoint } }, { xAxis: c.end_ms || to }]);
+    for (const e of data.evaluations) areas.push([{ xAxis: e.start_ms, itemStyle: { color: COLORS.evaluation } }, { xAxis: e.end_ms || to }]);
+    // Alert spans carry the rule as a label while they are few enough to read.
+    const labelled = data.alerts.length <= 4;
+    data.alerts.forEach((a, i) => {
+      areas.push([{ xAxis: a.starts_ms, name: a.rule, itemStyle: { color: COLORS.alert },
+        label: { show: labelled, position: 'insideTopLeft', fontSize: 9, color: '#a11', offset: [0, i * 11] } },
+      { xAxis: a.status === 'resolved' && a.ends_ms ? a.ends_ms : to }]);
+    });
+    return { silent: true, data: areas };
+  }
+
+  function timeOption(data, series, yName, extra) {
+    return Object.assign({
+      animation: false,
+      grid: GRID,
+      tooltip: { trigger: 'axis', valueFormatter: (v) => fmtNum(v, 4) },
+      legend: { top: 0, left: GRID.left + 48, type: 'scroll', textStyle: { fontSize: 11 } },
+      xAxis: { type: 'time', min: data.range.from_ms, max: data.range.to_ms, axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5), hideOverlap: true } },
+      yAxis: { type: 'value', name: yName, nameTextStyle: { align: 'left' }, scale: true, splitNumber: 3 },
+      dataZoom: [{ type: 'inside', xAxisIndex: 0, filterMode: 'none' }],
+      series: series.map((s, i) => Object.assign({ type: 'line', showSymbol: false, sampling: 'lttb', connectNulls: false, lineStyle: { width: 1.5 } }, s, i === 0 ? { markArea: annotations(data) } : {})),
+    }, extra || {});
+  }
+
+  const GPU_COLUMNS = { util: 2, power: 3, sm_clock: 4, mem_used: 5 };
+  // Rank times: slow is hot. GPU activity: idle is hot (a busy GPU is the healthy state).
+  const SLOW_IS_HOT = ['#f7fbff', '#c6dbef', '#6baed6', '#2171b5', '#fdae61', '#d7191c'];
+  const IDLE_IS_HOT = ['#d7191c', '#fdae61', '#ffffbf', '#a6d96a', '#1a9641'];
+
+  function gpuBands(data, buckets, column) {
+    // Min, median and max across the job's GPUs per bucket: one outlier GPU shows as a gap from the median.
+    const [xs] = data.gpus.cells;
+    const values = data.gpus.cells[column] || [];
+    const byBucket = new Map();
+    for (let i = 0; i < (xs || []).length; i++) {
+      if (values[i] === null) continue;
+      if (!byBucket.has(xs[i])) byBucket.set(xs[i], []);
+      byBucket.get(xs[i]).push(values[i]);
+    }
+    const out = { min: [], median: [], max: [] };
+    for (const [x, list] of [...byBucket.entries()].sort((a, b) => a[0] - b[0])) {
+      list.sort((a, b) => a - b);
+      const t = buckets[x];
+      out.min.push([t, list[0]]);
+      out.median.push([t, list[Math.floor(list.length / 2)]]);
+      out.max.push([t, list[list.length - 1]]);
+    }
+    return out;
+  }
+
+  function gpuSeries(data, buckets, gpu, column) {
+    const [xs, ids] = data.gpus.cells;
+    const values = data.gpus.cells[column] || [];
+    const out = [];
+    for (let i = 0; i < (xs || []).length; i++) if (ids[i] === gpu) out.push([buckets[xs[i]], values[i]]);
+    return out;
+  }
+
+  function bucketAxis(data) {
+    const out = [];
+    for (let t = data.range.from_ms; t < data.range.to_ms; t += data.range.bucket_ms) out.push(t);
+    return out;
+  }
+
+  function heatmapOption(data, buckets, rows, columns, valueIndex, name, unit, fixedRange) {
+    // columns: [bucket index[], row index[], value columns...] as ClickHouse wrote them.
+    const points = [];
+    let lo = Infinity, hi = -Infinity;
+    const [times, rowIds] = columns;
+    const values = columns[valueIndex] || [];
+    for (let i = 0; i < (times || []).length; i++) {
+      const v = values[i];
+      const x = times[i];
+      if (v === null || v === undefined || x < 0 || x >= buckets.length) continue;
+      points.push([x, rowIds[i], v]);
+      if (v < lo) lo = v;
+      if (v > hi) hi = v;
+    }
+    if (fixedRange) [lo, hi] = fixedRange;
+    else if (!points.length) { lo = 0; hi = 1; }
+    else {
+      // A robust colour range: warm-up steps must not wash out a straggler's stripe, so anything far
+      // above the median (in median absolute deviations) is already the hottest colour.
+      const sorted = points.map((p) => p[2]).sort((a, b) => a - b);
+      const q = (f) => sorted[Math.min(sorted.length - 1, Math.floor(f * (sorted.length - 1)))];
+      const median = q(0.5);
+      const mad = Math.max(q(0.5) * 0.02, [...sorted].map((v) => Math.abs(v - median)).sort((a, b) => a - b)[Math.floor(sorted.length / 2)]);
+      lo = q(0.02);
+      hi = median + 8 * mad;
+      if (hi <= lo) hi = lo + 1e-9;
+    }
+    return {
+      animation: false,
+      grid: { ...GRID, top: 10 },
+      tooltip: { formatter: (p) => `${rows[p.value[1]]}<br>${fmtTime(buckets[p.value[0]])}: <b>${fmtNum(p.value[2], 4)} ${unit}</b>` },
+      xAxis: { type: 'category', data: buckets, axisLabel: { formatter: (v) => (data.range.bucket_ms < 60000 ? fmtTime(Number(v)) : fmtTime(Number(v)).slice(0, 5)), hideOverlap: true }, splitArea: { show: false } },
+      yAxis: { type: 'category', data: rows, inverse: true, axisLabel: { fontSize: 10, hideOverlap: true, formatter: (v) => (RS.focusRows && RS.focusRows.has(v) ? `{focus|${v}}` : v), rich: { focus: { color: '#fff', backgroundColor: '#d62728', fontWeight: 'bold', padding: [1, 3] } } } },
+      visualMap: { type: 'continuous', min: lo, max: hi, calculable: true, orient: 'vertical', right: 0, top: 'middle', itemHeight: 120, text: [`${fmtNum(hi)} ${unit}`, fmtNum(lo)], inRange: { color: fixedRange ? IDLE_IS_HOT : SLOW_IS_HOT } },
+      dataZoom: [{ type: 'inside', xAxisIndex: 0, filterMode: 'none' }],
+      series: [{ name, type: 'heatmap', data: points, progressive: 0, emphasis: { itemStyle: { borderColor: '#000', borderWidth: 1 } } }],
+    };
+  }
+
+  const HEATMAP_METRICS = [
+    { key: 'compute', index: 2, label: 'compute time (forward + backward + optimizer)' },
+    { key: 'step', index: 3, label: 'step time' },
+    { key: 'comm', index: 4, label: 'communication time' },
+    { key: 'wait', index: 5, label: 'data-loader wait' },
+  ];
+
+  function renderJobCharts(container, data) {
+    for (const c of Object.values(RS.charts)) c.dispose();
+    RS.charts = {};
+    container.replaceChildren();
+    const buckets = bucketAxis(data);
+    RS.buckets = buckets;
+    const rankLabels = data.ranks.length ? data.ranks.map((r) => `r${r.rank} ${r.node}/${r.gpu_index ?? '?'}`) : [];
+    const maxRank = (data.heatmap.cells[1] || []).reduce((m, r) => Math.max(m, r), -1);
+    for (let r = rankLabels.length; r <= maxRank; r++) rankLabels.push(`r${r}`);
+
+    timeline(container, data);
+
+    const metricSelect = el('select', { class: 'metric', onchange: (e) => {
+      const m = HEATMAP_METRICS.find((x) => x.key === e.target.value);
+      RS.charts.heatmap.setOption(heatmapOption(data, buckets, rankLabels, data.heatmap.cells, m.index, m.label, 's'), true);
+      RS.heatmapMetric = m.key;
+      applyFocus();
+      applyWindow();
+    } }, HEATMAP_METRICS.map((m) => el('option', { value: m.key }, m.label)));
+    const heat = chartBox(container, 'heatmap', 'Per-rank time per step (ranks × time): a straggler is a stripe', Math.min(560, Math.max(200, rankLabels.length * 6 + 40)), metricSelect);
+    heat.setOption(heatmapOption(data, buckets, rankLabels, data.heatmap.cells, 2, HEATMAP_METRICS[0].label, 's'));
+    RS.heatmapMetric = 'compute';
+    RS.rankLabels = rankLabels;
+
+    const seg = data.steps.segments;
+    chartBox(container, 'segments', `Step segments, mean over ranks, seconds (${data.steps.segments_source === 'steps' ? 'from the step rows' : 'from the derived rank windows: compute = forward + backward + optimizer; zoom in for the split'})`, 190).setOption(timeOption(data,
+      Object.keys(seg).map((k, i) => ({ name: k.replace('_', ' '), data: seg[k], stack: 'step', areaStyle: { opacity: 0.75 }, lineStyle: { width: 0 }, color: SEGMENT_COLORS[i] })), 's'));
+    chartBox(container, 'throughput', 'Step time and steps per second', 170).setOption(timeOption(data, [
+      { name: 'step time (s)', data: data.steps.step_time },
+      { name: 'steps/s', data: data.steps.step_rate, yAxisIndex: 1 },
+    ], 's', { yAxis: [{ type: 'value', name: 's', scale: true, splitNumber: 3 }, { type: 'value', name: 'steps/s', scale: true, splitNumber: 3 }], grid: GRID }));
+
+    const gpuLabels = data.gpus.labels;
+    if (gpuLabels.length) {
+      const gpuHeat = chartBox(container, 'gpu_util', `GPU activity % per GPU (${data.gpus.source})`, Math.min(420, Math.max(160, gpuLabels.length * 6 + 40)));
+      gpuHeat.setOption(heatmapOption(data, buckets, gpuLabels, data.gpus.cells, 2, 'GPU activity', '%', [0, 100]));
+      for (const [key, title, unit] of [['power', 'GPU power (W): min / median / max over the job\'s GPUs', 'W'], ['sm_clock', 'SM clock (MHz)', 'MHz'], ['mem_used', 'GPU memory used (GiB)', 'GiB']]) {
+        const bands = gpuBands(data, buckets, GPU_COLUMNS[key]);
+        chartBox(container, `gpu_${key}`, title, 150).setOption(timeOption(data, [
+          { name: 'median', data: bands.median, color: '#4c78a8' },
+          { name: 'min', data: bands.min, color: '#9ecae9', lineStyle: { width: 1, type: 'dashed' } },
+          { name: 'max', data: bands.max, color: '#9ecae9', lineStyle: { width: 1, type: 'dashed' } },
+        ], unit));
+      }
+    }
+
+    const nodes = data.hosts.nodes;
+    for (const [key, title, unit] of [['cpu', 'Host CPU % (job\'s nodes)', '%'], ['mem_pct', 'Host memory used %', '%'], ['retrans', 'TCP retransmits / s', '/s']]) {
+      chartBox(container, `host_${key}`, title, 150).setOption(timeOption(data, nodes.map((n) => ({ name: n, data: data.hosts[key][n] || [] })), unit));
+    }
+
+    const dl = data.dataloader;
+    chartBox(container, 'dataloader', 'Data loader: wait fraction (mean, worst rank) and queue depth', 160).setOption(timeOption(data, [
+      { name: 'wait frac mean', data: dl.wait_frac_avg },
+      { name: 'wait frac worst rank', data: dl.wait_frac_max.map((p) => [p[0], p[1]]), lineStyle: { width: 1, type: 'dashed' } },
+      { name: 'queue depth (mean)', data: dl.queue_depth_avg, yAxisIndex: 1 },
+    ], 'frac', { yAxis: [{ type: 'value', name: 'frac', min: 0, splitNumber: 3 }, { type: 'value', name: 'queue', min: 0, splitNumber: 3 }], grid: GRID }));
+
+    const ops = Object.keys(data.collectives);
+    chartBox(container, 'collectives', 'Collectives: fraction of time in each op, bus bandwidth (GB/s)', 160).setOption(timeOption(data, [
+      ...ops.map((op) => ({ name: `${op} time frac`, data: data.collectives[op].time_frac })),
+      ...ops.map((op) => ({ name: `${op} GB/s`, data: data.collectives[op].bus_bw_gbps, yAxisIndex: 1, lineStyle: { width: 1, type: 'dotted' } })),
+    ], 'frac', { yAxis: [{ type: 'value', name: 'frac', min: 0, splitNumber: 3 }, { type: 'value', name: 'GB/s', min: 0, splitNumber: 3 }], grid: GRID }));
+
+    chartBox(container, 'loss', 'Loss (rank 0) and validation', 170).setOption(timeOption(data, [
+      { name: 'loss', data: data.steps.loss },
+      ...Object.entries(data.validation).map(([k, v]) => ({ name: `val ${k}`, data: v.map((p) => [p[0], p[1]]), showSymbol: true, symbolSize: 6, lineStyle: { type: 'dashed' }, yAxisIndex: k.includes('loss') ? 0 : 1 })),
+    ], 'loss', { yAxis: [{ type: 'value', name: 'loss', scale: true, splitNumber: 3 }, { type: 'value', name: 'other', scale: true, splitNumber: 3 }], grid: GRID }));
+    chartBox(container, 'optim', 'Learning rate and gradient norm (rank 0)', 150).setOption(timeOption(data, [
+      { name: 'grad norm', data: data.steps.grad_norm },
+      { name: 'lr', data: data.steps.lr, yAxisIndex: 1, lineStyle: { width: 1, type: 'dashed' } },
+    ], 'grad norm', { yAxis: [{ type: 'value', name: 'grad', scale: true, splitNumber: 3 }, { type: 'value', name: 'lr', scale: true, splitNumber: 3, axisLabel: { formatter: (v) => Number(v).toExponential(1) } }], grid: GRID }));
+
+    for (const chart of Object.values(RS.charts)) {
+      chart.on('datazoom', () => onZoom(chart));
+    }
+    window.addEventListener('resize', () => Object.values(RS.charts).forEach((c) => c.resize()));
+  }
+
+  function timeline(container, data) {
+    // One lane per alert, then checkpoints, evaluations and job states; clicking an alert focuses it.
+    const lanes = [];
+    const items = [];
+    const to = data.range.to_ms;
+    data.alerts.forEach((a) => {
+      lanes.push(`${a.rule} · ${where(a)}`);
+      items.push({ value: [lanes.length - 1, a.starts_ms, a.status === 'resolved' && a.ends_ms ? a.ends_ms : to], alert: a, itemStyle: { color: a.status === 'firing' ? COLORS[a.severity] : COLORS.resolved } });
+    });
+    if (data.checkpoints.length) {
+      lanes.push('checkpoints');
+      data.checkpoints.forEach((c) => items.push({ value: [lanes.length - 1, c.start_ms, c.end_ms || to], label: `checkpoint ${c.id} (${c.status})`, itemStyle: { color: c.status === 'failed' || c.status === 'open' ? '#d62728' : '#5a78c8' } }));
+    }
+    if (data.evaluations.length) {
+      lanes.push('evaluations');
+      data.evaluations.forEach((e) => items.push({ value: [lanes.length - 1, e.start_ms, e.end_ms || to], label: `evaluation ${e.label || e.id} (${e.status})`, itemStyle: { color: '#3ca05a' } }));
+    }
+    if (data.states.length) {
+      lanes.push('job state');
+      data.states.forEach((s, i) => {
+        const end = i + 1 < data.states.length ? data.states[i + 1].ts : to;
+        items.push({ value: [lanes.length - 1, Math.max(s.ts, data.range.from_ms), end], label: `${s.state}${s.reason ? ` (${s.reason})` : ''}`, itemStyle: { color: s.state === 'running' ? '#c7e9c0' : '#fdae6b' } });
+      });
+    }
+    if (!lanes.length) lanes.push('no alerts, checkpoints or evaluations');
+    const chart = chartBox(container, 'timeline', 'Alerts, checkpoints, evaluations and job state (click an alert to zoom to it)', Math.max(90, lanes.length * 22 + 40));
+    chart.setOption({
+      animation: false,
+      grid: { ...GRID, top: 6 },
+      tooltip: { formatter: (p) => (p.data.alert ? `<b>${p.data.alert.rule}</b> ${p.data.alert.severity}<br>${p.data.alert.summary}` : p.data.label) + `<br>${fmtTime(p.value[1])} → ${fmtTime(p.value[2])}` },
+      xAxis: { type: 'time', min: data.range.from_ms, max: data.range.to_ms, axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5), hideOverlap: true } },
+      yAxis: { type: 'category', data: lanes, inverse: true, axisLabel: { fontSize: 11, width: GRID.left - 12, overflow: 'truncate' } },
+      dataZoom: [{ type: 'inside', xAxisIndex: 0, filterMode: 'none' }],
+      series: [{
+        type: 'custom', data: items, encode: { x: [1, 2], y: 0 },
+        renderItem: (params, api) => {
+          const start = api.coord([api.value(1), api.value(0)]);
+          const end = api.coord([api.value(2), api.value(0)]);
+          const h = api.size([0, 1])[1] * 0.6;
+          const rect = echarts.graphic.clipRectByRect({ x: start[0], y: start[1] - h / 2, width: Math.max(end[0] - start[0], 2), height: h },
+            { x: params.coordSys.x, y: params.coordSys.y, width: params.coordSys.width, height: params.coordSys.height });
+          return rect && { type: 'rect', shape: rect, style: api.style() };
+        },
+      }],
+    });
+    chart.on('click', (p) => { if (p.data && p.data.alert) focusAlert(p.data.alert); });
+  }
+
+  // --- shared window and focus --------------------------------------------------------------------
+
+  function isCategory(chart) {
+    // From the axis model, not getOption(): that deep-copies every series' data (61k cells at 512 ranks).
+    return chart.getModel().getComponent('xAxis', 0).axis.type === 'category';
+  }
+
+  function onZoom(chart) {
+    if (RS.syncing) return;
+    const axis = chart.getModel().getComponent('xAxis', 0).axis;
+    let [lo, hi] = axis.scale.getExtent();
+    if (isCategory(chart)) {
+      lo = RS.buckets[Math.max(0, Math.round(lo))];
+      hi = RS.buckets[Math.min(RS.buckets.length - 1, Math.round(hi))] + RS.data.range.bucket_ms;
+    }
+    setWindow(lo, hi, chart);
+  }
+
+  function setWindow(t0, t1, source) {
+    const range = (RS.data.evidence || RS.data).range;
+    t0 = Math.max(range.from_ms, Math.round(t0));
+    t1 = Math.min(range.to_ms, Math.round(t1));
+    RS.window = [t0, t1];
+    RS.syncing = true;
+    try {
+      for (const chart of Object.values(RS.charts)) {
+        if (chart === source || chart.isDisposed()) continue;
+        if (isCategory(chart)) {
+          const width = range.bucket_ms;
+          const i0 = Math.max(0, Math.floor((t0 - range.from_ms) / width));
+          const i1 = Math.min(RS.buckets.length - 1, Math.max(i0, Math.ceil((t1 - range.from_ms) / width) - 1));
+          chart.dispatchAction({ type: 'dataZoom', startValue: i0, endValue: i1 });
+        } else {
+          chart.dispatchAction({ type: 'dataZoom', startValue: t0, endValue: t1 });
+        }
+      }
+    } finally {
+      RS.syncing = false;
+    }
+    const label = document.getElementById('window-label');
+    if (label) label.textContent = `${fmtDateTime(t0)} → ${fmtTime(t1)} (${fmtDuration(t1 - t0)})`;
+    const link = document.getElementById('window-link');
+    const job = (RS.data.evidence || RS.data).job;
+    if (link && job) {
+      link.href = `/jobs/${encodeURIComponent(job.job_id)}?from=${t0}&to=${t1}`;
+      link.hidden = false;
+    }
+  }
+
+  function applyWindow() {
+    if (RS.window) setWindow(RS.window[0], RS.window[1], null);
+  }
+
+  function focusAlert(a) {
+    const range = (RS.data.evidence || RS.data).range;
+    const end = a.status === 'resolved' && a.ends_ms ? a.ends_ms : range.to_ms;
+    const margin = Math.max(2 * range.bucket_ms, (end - a.starts_ms) * 0.25);
+    RS.focus = { alert_id: a.alert_id, rank: a.rank ?? null, node: a.node || null, gpu_index: a.gpu_index ?? null };
+    applyFocus();
+    setWindow(a.starts_ms - margin, end + margin, null);
+    document.querySelectorAll('tr[data-alert]').forEach((tr) => tr.classList.toggle('focused', tr.dataset.alert === a.alert_id));
+    const label = document.getElementById('focus-label');
+    if (label) label.textContent = `focus: ${a.rule} · ${where(a)}`;
+  }
+
+  function rowMark(rows, row) {
+    // A frame around the row (category bands: from the centre of the row above to the one below).
+    const i = rows.indexOf(row);
+    const above = rows[Math.max(0, i - 1)];
+    const below = rows[Math.min(rows.length - 1, i + 1)];
+    return { silent: true, itemStyle: { color: 'rgba(0,0,0,0)', borderColor: '#d62728', borderWidth: 2, borderType: 'dashed' }, data: [[{ yAxis: above }, { yAxis: below }]] };
+  }
+
+  function applyFocus() {
+    const f = RS.focus;
+    const data = RS.data.evidence || RS.data;
+    if (!f) return;
+    RS.focusRows = new Set();
+    if (RS.charts.heatmap && f.rank !== null && RS.rankLabels[f.rank] !== undefined) {
+      RS.focusRows.add(RS.rankLabels[f.rank]);
+      RS.charts.heatmap.setOption({ series: [{ markArea: rowMark(RS.rankLabels, RS.rankLabels[f.rank]) }] });
+    }
+    const gpuIndex = data.gpus.keys.findIndex((k) => k[0] === f.node && k[1] === f.gpu_index);
+    if (gpuIndex >= 0) {
+      const label = data.gpus.labels[gpuIndex];
+      RS.focusRows.add(label);
+      RS.charts.gpu_util && RS.charts.gpu_util.setOption({ series: [{ markArea: rowMark(data.gpus.labels, label) }] });
+      for (const key of ['power', 'sm_clock', 'mem_used']) {
+        const chart = RS.charts[`gpu_${key}`];
+        if (!chart) continue;
+        const series = chart.getOption().series.filter((s) => !String(s.name).startsWith('GPU '));
+        series.push({ name: `GPU ${label}`, type: 'line', showSymbol: false, color: '#d62728', lineStyle: { width: 2 }, data: gpuSeries(data, RS.buckets, gpuIndex, GPU_COLUMNS[key]) });
+        chart.setOption({ series }, { replaceMerge: ['series'] });
+      }
+    }
+    if (f.node) {
+      for (const key of ['cpu', 'mem_pct', 'retrans']) {
+        const chart = RS.charts[`host_${key}`];
+        if (!chart) continue;
+        chart.setOption({ series: chart.getOption().series.map((s) => ({ name: s.name, lineStyle: { width: s.name === f.node ? 3 : 1, opacity: s.name === f.node ? 1 : 0.35 } })) });
+      }
+    }
+  }
+
+  // --- job and alert pages ------------------------------------------------------------------------
+
+  function jobHeader(data) {
+    const j = data.job;
+    const firing = data.alerts.filter((a) => a.status === 'firing').sort((a, b) => SEVERITY_ORDER[a.severity] - SEVERITY_ORDER[b.severity]);
+    return el('div', { class: 'header' },
+      el('h1', {}, REPORT ? '' : el('a', { href: '/', class: 'crumb' }, 'fleet › '), `job ${j.job_id}`,
+        firing.length ? badge(firing[0].severity, `${firing.length} firing`) : el('span', { class: 'badge ok' }, 'no alert firing')),
+      el('dl', { class: 'facts' },
+        ...[['team', j.team], ['owner', j.owner], ['cluster', j.cluster], ['model', j.model], ['ranks', j.world_size], ['GPU', j.gpu_class],
+          ['nodes', (j.nodes || []).length > 8 ? `${j.nodes.length} nodes: ${j.nodes[0]} … ${j.nodes[j.nodes.length - 1]}` : (j.nodes || []).join(', ')], ['run', j.run_id], ['started', fmtDateTime(j.started_ms)],
+          ['state', data.states.length ? data.states[data.states.length - 1].state : '-']]
+          .map(([k, v]) => [el('dt', {}, k), el('dd', {}, v ?? '-')]).flat()),
+      REPORT ? null : el('p', {}, el('a', { href: `/reports/jobs/${encodeURIComponent(j.job_id)}` }, 'download a self-contained report of this job')));
+  }
+
+  function alertList(data) {
+    if (!data.alerts.length) return el('p', { class: 'muted' }, 'No alerts in this range.');
+    const sorted = [...data.alerts].sort((a, b) => (a.status === b.status ? 0 : a.status === 'firing' ? -1 : 1) || SEVERITY_ORDER[a.severity] - SEVERITY_ORDER[b.severity] || a.starts_ms - b.starts_ms);
+    return el('table', { class: 'grid alerts' },
+      el('thead', {}, el('tr', {}, ['', 'severity', 'status', 'rule', 'where', 'team', 'since', 'until', 'suspected layer', 'summary', ''].map((h) => el('th', {}, h)))),
+      el('tbody', {}, sorted.map((a) => el('tr', { 'data-alert': a.alert_id, class: `clickable row-${a.status}`, onclick: () => focusAlert(a), title: 'zoom every panel to this alert' },
+        el('td', {}, el('button', { class: 'zoom' }, 'zoom')),
+        el('td', {}, badge(a.severity)), el('td', {}, a.status), el('td', {}, a.rule), el('td', {}, where(a)), el('td', {}, el('strong', {}, a.team)),
+        el('td', { class: 'nowrap' }, fmtTime(a.starts_ms)), el('td', { class: 'nowrap' }, a.status === 'resolved' ? fmtTime(a.ends_ms) : 'firing'),
+        el('td', {}, a.suspected_layer), el('td', { class: 'summary' }, a.summary),
+        el('td', {}, el('a', { href: alertHref(a), onclick: (e) => e.stopPropagation() }, 'details'))))));
+  }
+
+  function toolbar(data) {
+    return el('div', { class: 'toolbar sticky' },
+      el('button', { onclick: () => { RS.focus = null; renderJobCharts(document.getElementById('charts'), RS.data.evidence || RS.data); RS.window = null; document.getElementById('window-label').textContent = 'whole range'; } }, 'reset zoom'),
+      el('span', { id: 'window-label' }, 'whole range'),
+      el('span', { id: 'focus-label', class: 'focus' }, ''),
+      REPORT ? null : el('a', { id: 'window-link', href: '#', hidden: true, title: 'the page keeps the buckets of the whole range; this link re-reads the window at its own resolution' }, 'open this window at full resolution'),
+      el('span', { class: 'muted' }, `bucket ${fmtDuration(data.range.bucket_ms)} · heatmap from ${data.heatmap.source}${data.gpus.source ? ` · GPUs from ${data.gpus.source}` : ''} · scroll or pinch on any panel to zoom`));
+  }
+
+  function renderJob(root, data) {
+    RS.data = data;
+    root.replaceChildren(jobHeader(data), el('h2', {}, 'Alerts'), alertList(data), toolbar(data), el('div', { id: 'charts' }));
+    renderJobCharts(document.getElementById('charts'), data);
+    RS.ready = true;
+  }
+
+  function renderAlert(root, payload) {
+    RS.data = payload;
+    const a = payload.alert;
+    const evidence = payload.evidence;
+    const fact = (k, v) => [el('dt', {}, k), el('dd', {}, v === null || v === undefined || v === '' ? '-' : v)];
+    const since = a.status === 'firing' ? `firing since ${fmtDateTime(a.starts_ms)}` : `fired ${fmtDateTime(a.starts_ms)}, resolved ${fmtTime(a.ends_ms)} (${fmtDuration(a.ends_ms - a.starts_ms)})`;
+    const head = el('div', { class: 'header' },
+      el('h1', {}, REPORT ? '' : el('a', { href: '/', class: 'crumb' }, 'fleet › '), badge(a.severity), ` ${a.rule} `, el('span', { class: `status ${a.status}` }, a.status)),
+      el('p', { class: 'summary-line' }, a.summary),
+      el('p', { class: 'since' }, REPORT ? '' : el('a', { href: `/reports/alerts/${encodeURIComponent(a.alert_id)}`, style: 'float:right' }, 'download report'), since, ' · routed to ', el('strong', {}, a.team), ` (${a.receiver})`, ' · ', a.runbook_url ? el('a', { href: a.runbook_url, target: '_blank', rel: 'noopener' }, 'runbook') : 'no runbook'),
+      el('dl', { class: 'facts' },
+        ...fact('job', a.job_id ? el('a', { href: jobHref(a.job_id) }, a.job_id) : '-'), ...fact('run', a.run_id), ...fact('owner', a.owner),
+        ...fact('where', where(a)), ...fact('GPU uuid', a.gpu_uuid), ...fact('cluster', a.cluster),
+        ...fact('suspected layer', a.suspected_layer), ...fact('category', a.category),
+        ...fact('invariant', a.invariant), ...fact('observed', fmtNum(a.observed, 4)), ...fact('expected', fmtNum(a.expected, 4)),
+        ...fact('baseline', a.baseline ? `${a.baseline} (${a.baseline_runs ?? '?'} runs)` : null),
+        ...fact('current step', a.current_step), ...fact('last progress', fmtDateTime(a.last_progress_ts)),
+        ...fact('model / dataset', `${a.model_version} / ${a.dataset_version}`), ...fact('fingerprint', a.fingerprint),
+        ...fact('group', a.group_key), ...fact('inhibited by', a.inhibited_by),
+        ...fact('labels', Object.entries(a.labels || {}).map(([k, v]) => `${k}=${v}`).join(', '))),
+      el('h2', {}, 'Status history'),
+      el('table', { class: 'grid' }, el('tbody', {}, a.transitions.map((t) => el('tr', {}, el('td', { class: 'nowrap' }, fmtDateTime(t.ts)), el('td', {}, t.status), el('td', { class: 'summary' }, t.summary))))),
+      el('section', { class: 'panel' }, el('h3', {}, `What the detector saw: ${a.history_metric || 'metric'} (expected ${fmtNum(a.expected, 4)})`), el('div', { id: 'history', class: 'chart', style: 'height:150px' })));
+    root.replaceChildren(head);
+    const hist = echarts.init(document.getElementById('history'));
+    hist.setOption({
+      animation: false, grid: { left: 70, right: 24, top: 16, bottom: 24 }, tooltip: { trigger: 'axis' },
+      xAxis: { type: 'time', axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5) } }, yAxis: { type: 'value', scale: true },
+      series: [{ name: a.history_metric, type: 'line', data: a.history, showSymbol: true,
+        markLine: a.expected === null ? undefined : { silent: true, symbol: 'none', lineStyle: { color: '#d62728', type: 'dashed' }, data: [{ yAxis: a.expected, name: 'expected' }] } }],
+    });
+    if (evidence) {
+      root.append(el('h2', {}, `Evidence: job ${a.job_id} around the alert`), alertList(evidence), toolbar(evidence), el('div', { id: 'charts' }));
+      renderJobCharts(document.getElementById('charts'), evidence);
+      RS.charts.history = hist;
+      focusAlert(evidence.alerts.find((x) => x.alert_id === a.alert_id) || a);
+    } else {
+      root.append(el('p', { class: 'muted' }, 'The alert names no job with stored data: no evidence panels.'));
+    }
+    RS.ready = true;
+  }
+
+  // --- live updates and start ---------------------------------------------------------------------
+
+  async function poll(root, page, initial) {
+    let version = initial;
+    setInterval(async () => {
+      try {
+        const v = JSON.stringify(await getJSON('/api/version'));
+        if (v !== version) {
+          if (page.kind === 'fleet') renderFleet(root, await getJSON('/api/fleet'));
+          else if (page.kind === 'job' && !RS.window) renderJob(root, await getJSON(`/api/jobs/${encodeURIComponent(page.id)}${location.search}`));
+          else if (page.kind === 'alert') renderAlert(root, await getJSON(`/api/alerts/${encodeURIComponent(page.id)}`));
+        }
+        version = v;
+        document.body.classList.remove('offline');
+      } catch (err) {
+        document.body.classList.add('offline');
+      }
+    }, page.pollMs || 5000);
+  }
+
+  async function start() {
+    const root = document.getElementById('app');
+    const page = REPORT ? REPORT.page : JSON.parse(document.body.dataset.page);
+    RS.page = page;
+    // The version is taken before the data: anything stored after it makes the first poll refetch.
+    let version = null;
+    if (!REPORT) version = JSON.stringify(await getJSON('/api/version').catch(() => null));
+    try {
+      if (page.kind === 'fleet') {
+        renderFleet(root, REPORT ? REPORT.data : await getJSON('/api/fleet'));
+      } else if (page.kind === 'job') {
+        renderJob(root, REPORT ? REPORT.data : await getJSON(`/api/jobs/${encodeURIComponent(page.id)}${location.search}`));
+      } else if (page.kind === 'alert') {
+        renderAlert(root, REPORT ? REPORT.data : await getJSON(`/api/alerts/${encodeURIComponent(page.id)}`));
+      }
+    } catch (err) {
+      showError(root, err.message);
+      RS.error = err.message;
+      return;
+    }
+    if (!REPORT) poll(root, page, version);
+  }
+
+  RS.focusAlert = focusAlert;
+  RS.setWindow = setWindow;
+  document.addEventListener('DOMContentLoaded', start);
+})();
