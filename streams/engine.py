@@ -58,7 +58,7 @@ class DetectionEngine:
         self.stats: dict[str, Any] = _empty_stats()
 
     # -- the per-event path ------------------------------------------------------------
-    def process(self, event: Event) -> list[Event]:
+    def process(self, event: Event, *, received_ts: int | None = None) -> list[Event]:
         """Take one event; return the Alert and derived events it caused, in order."""
         ts = event_ts(event)
         if self.watermark is not None and ts < self.watermark:

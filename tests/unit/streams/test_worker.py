@@ -1,7 +1,13 @@
-"""Worker plumbing without Kafka: event-time alignment, snapshot framing, time parsing, publish pacing."""
+"""Worker plumbing without Kafka: event-time alignment, bad input, SIGTERM, snapshot framing, time parsing, publish pacing."""
 
 from __future__ import annotations
 
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +17,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ranksight.commands.record import parse_time
+from schemas.codec import SINGLE_OBJECT_MAGIC, Codec
+from schemas.errors import DecodeError
 from schemas.files import write_container
 from schemas.records import Event
-from streams.app import Aligner, decode_snapshot, encode_snapshot, pick_latest_snapshot
+from schemas.topics import TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS
+from streams.app import (
+    BINDINGS,
+    TELEMETRY_BY_JOB,
+    Aligner,
+    align_ts,
+    check_record,
+    decode_snapshot,
+    encode_snapshot,
+    pick_latest_snapshot,
+)
 from streams.errors import StreamsError
 from streams.kafka_replay import KafkaReplayError, publish_file
+from tests.unit.streams.builders import gpu_sample, host_sample, job_started, rank_bound
 
 
 def test_aligner_holds_fast_partition_until_slow_one_catches_up() -> None:
@@ -235,3 +254,127 @@ def test_runtime_checkpoints_on_alerts_event_time_and_event_count(tmp_path: Path
     rt.snapshot_value()
     rt.pending = [object(), object(), object()]
     assert rt.checkpoint_due([])
+
+
+# --- bad input: every kind of bad record is one DecodeError, whichever agent reads it ------------
+
+
+def _bad_values(good: bytes, other_type: bytes) -> dict[str, bytes | None]:
+    codec = Codec()
+    step = codec.encode(step_event(0))
+    unknown_fp = SINGLE_OBJECT_MAGIC + b"\x01" * 8 + step[10:]
+    return {
+        "no value": None,
+        "empty": b"",
+        "random bytes": bytes(random.Random(7).randrange(256) for _ in range(64)),
+        "truncated": good[: len(good) // 2],
+        "unknown fingerprint": unknown_fp,
+        "trailing junk": good + b"junk",
+        "wrong type": other_type,
+        "900 kB": b"\xc3\x01" + good[2:10] + b"\x00" * 900_000,
+    }
+
+
+def step_event(ts: int) -> Event:
+    return Event("StepCompleted", {"ts": ts, "job_id": "j", "rank": 0, "step": 1, "step_time_s": 1.0})
+
+
+_GOOD_AND_WRONG: dict[str, tuple[Event, Event]] = {
+    # topic the agent reads -> (a record that belongs there, a valid record that does not)
+    TELEMETRY_GPU: (gpu_sample("j", 0, 1_000), step_event(1_000)),
+    TELEMETRY_HOST: (host_sample("n1", 1_000), gpu_sample("j", 0, 1_000)),
+    TRAINING_STEPS: (step_event(1_000), gpu_sample("j", 0, 1_000)),
+    TRAINING_EVENTS: (rank_bound("j", 0, 1_000), step_event(1_000)),
+    BINDINGS: (rank_bound("j", 0, 1_000), job_started("j", 1_000)),
+    TELEMETRY_BY_JOB: (host_sample("n1", 1_000), step_event(1_000)),
+}
+
+
+@pytest.mark.parametrize("topic", sorted(_GOOD_AND_WRONG))
+def test_every_kind_of_bad_input_on_every_worker_topic_is_one_decode_error(topic: str) -> None:
+    """bind, route and detect all read through `check_record`, and catch exactly DecodeError."""
+    codec = Codec()
+    good, wrong = _GOOD_AND_WRONG[topic]
+    assert check_record(codec, codec.encode(good), topic).type == good.type
+    for kind, value in _bad_values(codec.encode(good), codec.encode(wrong)).items():
+        with pytest.raises(DecodeError):
+            check_record(codec, value, topic)
+        if kind == "wrong type":
+            with pytest.raises(DecodeError, match=re.escape(f"does not belong on {topic}")):
+                check_record(codec, value, topic)
+
+
+def test_a_prefixed_topic_follows_the_same_contract() -> None:
+    codec = Codec()
+    with pytest.raises(DecodeError, match=r"does not belong on rs\.telemetry\.gpu"):
+        check_record(codec, codec.encode(step_event(1)), "t1a2b.rs.telemetry.gpu")
+    assert check_record(codec, codec.encode(step_event(1)), "t1a2b.rs.training.steps").type == "StepCompleted"
+
+
+# --- progress: a consumed offset that holds no event still counts as read ----------------------
+
+
+def test_a_rejected_last_record_does_not_hold_the_other_partitions_back() -> None:
+    """The 13.3 stall: a partition's last record was rejected, so its backlog read 1 forever."""
+    al = Aligner(idle_s=1.0, stall_s=1e9)
+    al.expect(["a:0", "b:0"], now=0.0)
+    high = {"a:0": 2, "b:0": 1}  # a:0 holds offsets 0 and 1 (1 is bad); b:0 holds offset 0
+
+    def lag(tp: str, last: int | None) -> int:
+        return high[tp] - (-1 if last is None else last) - 1
+
+    al.push("a:0", 0, 1_000, "a1000", now=0.0)
+    al.push("b:0", 0, 5_000, "b5000", now=0.0)
+    assert [i for _, _, i in al.pop_ready(100.0, lag)] == ["a1000"]  # a:0 still has offset 1 to read
+    assert al.stuck_for(100.0) == 0.0
+    assert al.pop_ready(200.0, lag) == []
+    assert al.stuck_for(200.0) == 100.0
+    assert "a:0 (event time 1000, last offset 0, 1 records left" in al.blocker(200.0, lag)
+    al.note("a:0", 1, None, now=200.0)  # offset 1 was rejected: read all the same
+    assert [i for _, _, i in al.pop_ready(200.0, lag)] == ["b5000"]
+    assert al.stuck_for(200.0) == 0.0
+
+
+def test_alignment_event_time_is_bounded_by_the_kafka_timestamp() -> None:
+    """A record from a clock in 2199 counts as (Kafka time + skew) for alignment and progress."""
+    kafka_s = 1_780_000_000.0
+    assert align_ts(1_780_000_000_000, kafka_s, 300_000) == 1_780_000_000_000
+    assert align_ts(7_258_118_400_000, kafka_s, 300_000) == 1_780_000_300_000  # year 2199
+    assert align_ts(1_000, kafka_s, 300_000) == 1_000  # the past is not moved
+    assert align_ts(7_258_118_400_000, None, 300_000) == 7_258_118_400_000  # no timestamp: as is
+
+
+# --- SIGTERM: the process ends within the grace period even while the event loop is blocked ----
+
+_BLOCKED_LOOP = """
+import asyncio, signal, sys, time
+from streams.worker import install_stop_deadline
+
+async def main():
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: print("loop got SIGTERM", flush=True))
+    install_stop_deadline(1.0)
+    print("busy", flush=True)
+    while True:  # a computation that never yields to the loop
+        sum(range(1000))
+
+asyncio.run(main())
+"""
+
+
+def test_sigterm_ends_a_process_whose_event_loop_is_blocked() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _BLOCKED_LOOP],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"busy\n"
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(20)
+    finally:
+        proc.kill()
+    print(f"exited {time.monotonic() - signalled:.1f} s after SIGTERM")
+    assert code == 128 + signal.SIGTERM
