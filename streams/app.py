@@ -109,6 +109,7 @@ _INTERNAL_TYPES: dict[str, frozenset[str]] = {
     BINDINGS: frozenset({"RankBound", "JobStateChanged"}),
     TELEMETRY_BY_JOB: frozenset({"GpuSample", "HostSample"}),
 }
+_ASK_ENDS_S = 2.0  # how often the end offsets of partitions without a fetch answer are asked for
 _BAD_LOG_S = 10.0  # bad input: one warning per this many seconds, with a count
 
 
@@ -682,18 +683,50 @@ def build_app(options: WorkerOptions) -> faust.App:
     def unprefix(topic: str) -> str:
         return topic[len(prefix) :] if prefix and topic.startswith(prefix) else topic
 
+    # End offsets asked of the broker for partitions the consumer has no fetch answer for yet (an
+    # empty partition may have none for long): without them their backlog reads "unknown", and an
+    # unknown backlog holds the other inputs back for up to a minute.
+    asked_ends: dict[TP, int] = {}
+    asked_at = [0.0]
+
+    def _fetched_highwater(ktp: TP) -> int | None:
+        try:
+            hw = app.consumer.highwater(ktp)
+        except Exception:  # not known yet (no fetch answered for this partition)
+            return None
+        return None if hw is None or hw < 0 else int(hw)
+
+    def _highwater(ktp: TP) -> int | None:
+        hw = _fetched_highwater(ktp)
+        return asked_ends.get(ktp) if hw is None else hw
+
+    async def _ask_ends() -> None:
+        now = time.monotonic()
+        if now - asked_at[0] < _ASK_ENDS_S or not assigned:
+            return
+        asked_at[0] = now
+        tps = [TP(prefix + t, p) for t in (*NODE_TOPICS, *JOB_TOPICS) for p in sorted(assigned)]
+        unknown = [tp for tp in tps if _fetched_highwater(tp) is None]
+        if not unknown:
+            return
+        try:
+            ends = await app.consumer.highwaters(*unknown)
+        except Exception as exc:  # the broker will answer a later tick
+            log.debug("end offsets of %d partitions not known yet: %s", len(unknown), exc)
+            return
+        asked_ends.update({tp: int(end) for tp, end in ends.items() if end is not None})
+
     def _lag(tp: str, last_offset: int | None) -> int | None:
         topic, _, partition = tp.rpartition(":")
         ktp = TP(prefix + topic, int(partition))
-        try:
-            hw = app.consumer.highwater(ktp)
-            if last_offset is None:
-                # Nothing delivered yet: the backlog starts at the committed offset.
-                committed = getattr(app.consumer, "_committed_offset", {}).get(ktp)
-                last_offset = -1 if committed is None else int(committed) - 1
-        except Exception:  # not known yet (no fetch answered for this partition)
+        hw = _highwater(ktp)
+        if hw is None:
             return None
-        return None if hw is None or hw < 0 else max(0, int(hw) - (last_offset + 1))
+        if last_offset is None:
+            # Nothing delivered yet: the backlog starts at the committed offset.
+            committed = getattr(app.consumer, "_committed_offset", {}).get(ktp)
+            last_offset = -1 if committed is None else int(committed) - 1
+        return max(0, hw - (last_offset + 1))
 
     def _node_lag(tp: str, last_offset: int | None) -> int | None:
         # "@bind:q>p": the backlog the bind agent of events partition q reported (markers).
@@ -1023,6 +1056,7 @@ def build_app(options: WorkerOptions) -> faust.App:
 
     @app.timer(options.align_idle_s / 4)
     async def _tick() -> None:
+        await _ask_ends()
         async with lock:
             if "route" in streams:
                 if len(node_aligner):
@@ -1126,6 +1160,8 @@ def build_app(options: WorkerOptions) -> faust.App:
         parts = {tp.partition for tp in assigned_tps if tp.topic in names}
         assigned.clear()
         assigned.update(parts)
+        asked_ends.clear()
+        asked_at[0] = 0.0
         assigned_at[0] = time.monotonic()
         now = time.monotonic()
         node_tps = [_tp_key(t, p) for t in (TELEMETRY_GPU, TELEMETRY_HOST) for p in parts]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from producers.simulator import load_scenario, simulate
 from schemas.codec import SINGLE_OBJECT_MAGIC, Codec
@@ -37,7 +37,7 @@ from sinks.consumer import SinkConsumer
 from sinks.ddl import migrate
 from streams.app import DEFAULT_APP_ID, SOURCE_TOPICS
 from streams.replay import replay_offline
-from tests.integration.streams.test_worker_kafka import Worker, _publish
+from tests.integration.streams.test_worker_kafka import Worker, _publish, group_lag
 
 # 8 minutes, 2 nodes x 4 GPUs, one job: a NaN loss (training path) and an XID (telemetry path).
 SCENARIO = """
@@ -130,30 +130,6 @@ class BadProducer:
         assert self.producer.flush(30) == 0
 
 
-def _lag(bootstrap: str, group: str, names: list[str]) -> int:
-    """Records of `names` the group has not committed yet (unknown counts as everything)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
-    try:
-        partitions = [
-            TopicPartition(name, p)
-            for name in names
-            for p in consumer.list_topics(name, timeout=10).topics[name].partitions
-        ]
-        try:
-            committed = {
-                (tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=10)
-            }
-        except KafkaException:  # the coordinator may still be moving
-            return -1
-        lag = 0
-        for tp in partitions:
-            end = consumer.get_watermark_offsets(tp, timeout=10)[1]
-            lag += end - max(committed[(tp.topic, tp.partition)], 0)
-        return lag
-    finally:
-        consumer.close()
-
-
 def _read_all(bootstrap: str, topic: str) -> list[Message]:
     """Every record of `topic` up to its current end, without a group."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "enable.auto.commit": False})
@@ -222,13 +198,13 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
             batch_interval_s=0.5,
         )
         stats = sink.run(idle_exit_s=3)
-        assert _lag(kafka_bootstrap, group_id, [topics[t] for t in SOURCE_TOPICS]) == 0
+        assert group_lag(kafka_bootstrap, group_id, [topics[t] for t in SOURCE_TOPICS]) == 0
         # The worker: wait until its group has committed every source record (progress, not time).
         group = topic_prefix + DEFAULT_APP_ID
         deadline = time.monotonic() + RUN_LIMIT_S
         lag = -1
         while time.monotonic() < deadline and worker.proc is not None and worker.proc.poll() is None:
-            lag = _lag(kafka_bootstrap, group, [topics[t] for t in SOURCE_TOPICS])
+            lag = group_lag(kafka_bootstrap, group, [topics[t] for t in SOURCE_TOPICS])
             if lag == 0:
                 break
             time.sleep(1)  # poll interval of the progress check, not a wait for the worker
@@ -277,7 +253,7 @@ def test_worker_stops_within_seconds_of_sigterm_while_processing(
         deadline = time.monotonic() + RUN_LIMIT_S
         total = len(events)
         while time.monotonic() < deadline:
-            lag = _lag(kafka_bootstrap, group, names)
+            lag = group_lag(kafka_bootstrap, group, names)
             if 0 <= lag < total:
                 break
             time.sleep(0.2)  # poll interval of the progress check

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from producers.publisher import open_publisher
 from producers.simulator import load_scenario, simulate
@@ -109,6 +109,27 @@ def worker(
         yield w
     finally:
         w.stop()
+
+
+def group_lag(bootstrap: str, group: str, names: list[str]) -> int:
+    """Records of the topics `names` that `group` has not committed yet; -1 while that is unknown."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, "log_level": 0}
+    )
+    try:
+        partitions = [
+            TopicPartition(name, p)
+            for name in names
+            for p in consumer.list_topics(name, timeout=10).topics[name].partitions
+        ]
+        try:
+            committed = consumer.committed(partitions, timeout=10)
+        except KafkaException:  # the group coordinator may still be moving
+            return -1
+        ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions]
+        return sum(end - max(tp.offset, 0) for tp, end in zip(committed, ends, strict=True))
+    finally:
+        consumer.close()
 
 
 class AlertReader:
