@@ -94,10 +94,15 @@ class Worker:
                 self.proc.wait(10)
 
     def log(self) -> str:
-        return "\n".join(
-            (self.home / f"worker-{i}.log").read_text(errors="replace")[-3000:]
-            for i in range(1, self.runs + 1)
-        )
+        """Every warning and error of every run, then the tail of each run's log (for assertion messages)."""
+        texts = [(self.home / f"worker-{i}.log").read_text(errors="replace") for i in range(1, self.runs + 1)]
+        notable = [
+            line[:300]
+            for text in texts
+            for line in text.splitlines()
+            if "[WARNING]" in line or "[ERROR]" in line
+        ]
+        return "\n".join(notable[:80] + [text[-3000:] for text in texts])
 
 
 @pytest.fixture
