@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 __all__ = [
     "ALERTS",
     "ALERTS_REPLAY",
@@ -81,6 +83,7 @@ def topic_for(record_type: str) -> str:
         raise ValueError(f"no topic for record type {record_type!r}") from None
 
 
+@lru_cache(maxsize=256)
 def canonical_topic(topic: str) -> str | None:
     """The ranksight topic a (possibly prefixed) topic name is, e.g. `t1.rs.telemetry.gpu` -> `rs.telemetry.gpu`."""
     for name in TOPICS:

@@ -687,7 +687,6 @@ def build_app(options: WorkerOptions) -> faust.App:
     # empty partition may have none for long): without them their backlog reads "unknown", and an
     # unknown backlog holds the other inputs back for up to a minute.
     asked_ends: dict[TP, int] = {}
-    asked_at = [0.0]
 
     def _fetched_highwater(ktp: TP) -> int | None:
         try:
@@ -701,10 +700,8 @@ def build_app(options: WorkerOptions) -> faust.App:
         return asked_ends.get(ktp) if hw is None else hw
 
     async def _ask_ends() -> None:
-        now = time.monotonic()
-        if now - asked_at[0] < _ASK_ENDS_S or not assigned:
+        if not assigned:
             return
-        asked_at[0] = now
         tps = [TP(prefix + t, p) for t in (*NODE_TOPICS, *JOB_TOPICS) for p in sorted(assigned)]
         unknown = [tp for tp in tps if _fetched_highwater(tp) is None]
         if not unknown:
@@ -1054,9 +1051,12 @@ def build_app(options: WorkerOptions) -> faust.App:
         for done in pending:
             await stream.ack(done)
 
+    @app.timer(_ASK_ENDS_S)
+    async def _ends_tick() -> None:
+        await _ask_ends()
+
     @app.timer(options.align_idle_s / 4)
     async def _tick() -> None:
-        await _ask_ends()
         async with lock:
             if "route" in streams:
                 if len(node_aligner):
@@ -1161,7 +1161,6 @@ def build_app(options: WorkerOptions) -> faust.App:
         assigned.clear()
         assigned.update(parts)
         asked_ends.clear()
-        asked_at[0] = 0.0
         assigned_at[0] = time.monotonic()
         now = time.monotonic()
         node_tps = [_tp_key(t, p) for t in (TELEMETRY_GPU, TELEMETRY_HOST) for p in parts]

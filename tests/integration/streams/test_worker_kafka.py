@@ -127,12 +127,11 @@ def group_lag(bootstrap: str, group: str, names: list[str]) -> int:
             for name in names
             for p in consumer.list_topics(name, timeout=10).topics[name].partitions
         ]
-        try:
-            committed = consumer.committed(partitions, timeout=10)
-        except KafkaException:  # the group coordinator may still be moving
-            return -1
+        committed = consumer.committed(partitions, timeout=10)
         ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions]
         return sum(end - max(tp.offset, 0) for tp, end in zip(committed, ends, strict=True))
+    except KafkaException:  # the coordinator or a partition leader is moving: ask again
+        return -1
     finally:
         consumer.close()
 
