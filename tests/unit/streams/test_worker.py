@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -378,3 +380,78 @@ def test_sigterm_ends_a_process_whose_event_loop_is_blocked() -> None:
         proc.kill()
     print(f"exited {time.monotonic() - signalled:.1f} s after SIGTERM")
     assert code == 128 + signal.SIGTERM
+
+
+# --- the agents themselves: bad input never raises out of bind, route or detect -----------------
+
+
+@dataclass
+class _Message:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: float | None = 1_780_000_000.0
+
+
+@dataclass
+class _FaustEvent:
+    message: _Message
+    key: bytes | None
+    value: bytes | None
+
+
+class _Stream:
+    """The slice of a Faust stream the agents use: `noack().events()` and `ack`."""
+
+    def __init__(self, events: list[_FaustEvent]) -> None:
+        self._events = events
+        self.acked: list[_FaustEvent] = []
+
+    def noack(self) -> _Stream:
+        return self
+
+    async def events(self) -> Any:
+        for event in self._events:
+            yield event
+
+    async def ack(self, event: _FaustEvent) -> bool:
+        self.acked.append(event)
+        return True
+
+
+# Agent -> the raw topics it reads (the sink owns their dead letters, so no broker is needed).
+_AGENT_TOPICS = {
+    "bind": [TRAINING_EVENTS],
+    "route": [TELEMETRY_GPU, TELEMETRY_HOST],
+    "detect": [TRAINING_STEPS, TRAINING_EVENTS],
+}
+
+
+def test_bad_input_on_each_topic_never_raises_out_of_an_agent_and_counts_as_read(tmp_path: Path) -> None:
+    """Every kind of bad record through the real `bind`, `route` and `detect` agent functions."""
+    from streams.app import WorkerOptions, build_app
+
+    app = build_app(WorkerOptions(bootstrap="127.0.0.1:1", workdir=tmp_path, store="memory://"))
+    agents = {name.rpartition(".")[2]: agent for name, agent in app.agents.items()}
+    codec = Codec()
+    offsets: dict[tuple[str, int], int] = {}
+
+    async def run() -> None:
+        for name, agent_topics in _AGENT_TOPICS.items():
+            for topic in agent_topics:
+                good, wrong = _GOOD_AND_WRONG[topic]
+                values = _bad_values(codec.encode(good), codec.encode(wrong))
+                partition = 1
+                events = []
+                for value in values.values():
+                    offset = offsets[(topic, partition)] = offsets.get((topic, partition), -1) + 1
+                    events.append(_FaustEvent(_Message(topic, partition, offset), b"key", value))
+                await agents[name].fun(_Stream(events))  # returns once the stream ends; raises on a bug
+
+    asyncio.run(run())
+    # detect took note of every bad offset: its partitions' backlogs are not stuck behind them.
+    runtime = app.ranksight_runtimes[1]  # type: ignore[attr-defined]
+    described = runtime.aligner.describe(0.0)
+    for topic in _AGENT_TOPICS["detect"]:
+        assert described[f"{topic}:1"][1] == offsets[(topic, 1)]
+    assert runtime.counts["rejected"] == 2 * len(_bad_values(b"x" * 20, b"y"))
