@@ -32,6 +32,7 @@ import heapq
 import json
 import logging
 import os
+import signal
 import time
 import weakref
 from collections.abc import Callable
@@ -110,7 +111,10 @@ _INTERNAL_TYPES: dict[str, frozenset[str]] = {
     TELEMETRY_BY_JOB: frozenset({"GpuSample", "HostSample"}),
 }
 _ASK_ENDS_S = 2.0  # how often the end offsets of partitions without a fetch answer are asked for
-_BAD_LOG_S = 10.0  # bad input: one warning per this many seconds, with a count
+_BAD_LOG_S = 10.0
+# Sends Kafka has not acknowledged after this long mean a stuck producer (its own requests time
+# out after 40 s and are retried): the worker stops, loudly, instead of holding everything silently.
+_DELIVERY_TIMEOUT_S = 120.0  # bad input: one warning per this many seconds, with a count
 
 
 @dataclass(frozen=True)
@@ -563,12 +567,39 @@ class _Forwarder:
     async def flush(self, stream: Any, app: Any) -> None:
         futures, self.futures = self.futures, []
         pending, self.pending = self.pending, []
-        for fut in futures:
-            await fut
-        if pending:
-            await app.producer.flush()  # table changelog writes too
+        # Table changelog writes too (producer flush) when there is something to ack.
+        await _delivered(app, futures, "forwarded records", flush=bool(pending))
         for done in pending:
             await stream.ack(done)
+
+
+async def _delivered(app: Any, futures: list[Any], what: str, *, flush: bool = True) -> None:
+    """Wait until Kafka acknowledged `futures` (and everything produced, if `flush`).
+
+    A producer that acknowledges nothing for `_DELIVERY_TIMEOUT_S` does not recover by waiting
+    longer: the worker logs why and stops (SIGTERM to itself; `streams.worker` makes that end the
+    process within seconds even if the clean stop hangs too), so a supervisor restarts it from its
+    last checkpoint. Nothing is lost: offsets are committed only after the state that covers them.
+    """
+
+    async def _all() -> None:
+        for fut in futures:
+            await fut
+        if flush:
+            await app.producer.flush()
+
+    task = asyncio.ensure_future(_all())
+    done, _ = await asyncio.wait({task}, timeout=_DELIVERY_TIMEOUT_S)  # never cancels the sends
+    if not done:
+        log.error(
+            "Kafka has not acknowledged %s (%d sends) for %.0f s: the producer is stuck; stopping the"
+            " worker so that it restarts from its last checkpoint",
+            what,
+            len(futures),
+            _DELIVERY_TIMEOUT_S,
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+    await task
 
 
 def _current(fevent: Any) -> Any:
@@ -1038,15 +1069,14 @@ def build_app(options: WorkerOptions) -> faust.App:
     async def _checkpoint(stream: Any, rt: WorkerRuntime) -> None:
         # 1. every output delivered, 2. snapshot written and delivered, 3. only then ack (commit).
         futures, rt.futures = rt.futures, []
-        for fut in futures:
-            await fut
+        await _delivered(app, futures, f"the outputs of partition {rt.partition}", flush=False)
         # The table writes its changelog to the partition of the current event: one of this
         # engine's partition, so `engine@p` lives on changelog partition p (moves with p).
         anchor = rt.last_event
         assert anchor is not None and anchor.message.partition == rt.partition
         with _current(anchor):
             snapshots[f"engine@{rt.partition}"] = rt.snapshot_value()
-        await app.producer.flush()
+        await _delivered(app, [], f"the snapshot of partition {rt.partition}")
         pending, rt.pending = rt.pending, []
         for done in pending:
             await stream.ack(done)

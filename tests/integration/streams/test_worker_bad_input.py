@@ -74,7 +74,8 @@ TOPIC_TYPE = {
     TRAINING_STEPS: "StepCompleted",
     TRAINING_EVENTS: "RankBound",
 }
-RUN_LIMIT_S = 300  # a bound for failure only: the waits below end on progress
+RUN_LIMIT_S = 420
+_STUCK = "the producer is stuck"  # a bound for failure only: the waits below end on progress
 
 
 @pytest.fixture(scope="module")
@@ -205,13 +206,22 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
         group = topic_prefix + DEFAULT_APP_ID
         deadline = time.monotonic() + RUN_LIMIT_S
         lag = -1
-        while time.monotonic() < deadline and worker.proc is not None and worker.proc.poll() is None:
+        while time.monotonic() < deadline and worker.proc is not None:
+            if worker.proc.poll() is not None:
+                # A supervisor's job, and only for the one failure the worker stops on by design: an
+                # intermittently stuck aiokafka producer (docs/worker.md). Any other exit fails here.
+                if worker.runs > 1 or _STUCK not in worker.log():
+                    break
+                worker.start()
             lag = group_lag(kafka_bootstrap, group, [topics[t] for t in SOURCE_TOPICS])
             if lag == 0:
                 break
             time.sleep(1)  # poll interval of the progress check, not a wait for the worker
         assert lag == 0, worker.log()
-        print(f"worker and sink at zero lag {time.monotonic() - started:.1f} s after the worker started")
+        print(
+            f"worker and sink at zero lag {time.monotonic() - started:.1f} s after the worker started"
+            f" ({worker.runs} run(s) of the worker)"
+        )
         # The worker's internal topics are read by no sink: the worker dead-letters their bad records
         # itself. (Sent once the group is settled: a rebalance between dead-lettering and the commit
         # would repeat a dead letter, as for the sink; see docs/worker.md.)

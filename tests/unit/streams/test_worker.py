@@ -455,3 +455,32 @@ def test_bad_input_on_each_topic_never_raises_out_of_an_agent_and_counts_as_read
     for topic in _AGENT_TOPICS["detect"]:
         assert described[f"{topic}:1"][1] == offsets[(topic, 1)]
     assert runtime.counts["rejected"] == 2 * len(_bad_values(b"x" * 20, b"y"))
+
+
+def test_a_producer_that_acknowledges_nothing_stops_the_worker_loudly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stuck producer used to hold every agent silently; now the worker logs why and stops itself."""
+    import streams.app as worker_app
+
+    killed: list[int] = []
+
+    async def run() -> None:
+        released = asyncio.Event()
+
+        class _StuckProducer:
+            async def flush(self) -> None:
+                await released.wait()  # acknowledges nothing until the worker gives up
+
+        def fake_kill(pid: int, sig: int) -> None:
+            killed.append(sig)
+            released.set()  # the stop ends the wait (in the worker: the process ends)
+
+        monkeypatch.setattr(worker_app.os, "kill", fake_kill)
+        monkeypatch.setattr(worker_app, "_DELIVERY_TIMEOUT_S", 0.05)
+        app = type("App", (), {"producer": _StuckProducer()})()
+        await worker_app._delivered(app, [], "the snapshot of partition 3")
+
+    asyncio.run(run())
+    assert killed == [signal.SIGTERM]
+    assert "has not acknowledged the snapshot of partition 3" in caplog.text
