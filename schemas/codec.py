@@ -115,8 +115,16 @@ class Codec:
             raise EncodeError(event.type, str(exc)) from exc
         return buf.getvalue()
 
-    def decode(self, data: bytes) -> Event:
-        """Decode a message in either framing into the current reader schema of its record."""
+    def decode(self, data: bytes | None) -> Event:
+        """Decode a message in either framing into the current reader schema of its record.
+
+        Anything but exactly one framed record is a `DecodeError`: no value (a tombstone), an
+        empty value, unknown framing, a truncated body and bytes left after the body.
+        """
+        if data is None:
+            raise DecodeError("no value (a tombstone)", b"")
+        if not data:
+            raise DecodeError("empty value", data)
         if data[:2] == SINGLE_OBJECT_MAGIC and len(data) >= 10:
             fp = data[2:10]
             writer = self.schemas.by_fingerprint.get(fp)
@@ -134,14 +142,18 @@ class Codec:
             body = 5
         else:
             raise DecodeError(f"not an Avro message: starts with {data[:2].hex() or 'nothing'}", data)
+        stream = io.BytesIO(data)
+        stream.seek(body)
         try:
             record = schemaless_reader(
-                io.BytesIO(data[body:]),
-                writer_parsed,
-                None if writer_parsed is reader.parsed else reader.parsed,
+                stream, writer_parsed, None if writer_parsed is reader.parsed else reader.parsed
             )
         except Exception as exc:  # fastavro raises many types on truncated or garbled bodies
             raise DecodeError(f"{reader.name} body is corrupt: {type(exc).__name__}: {exc}", data) from exc
+        left = len(data) - stream.tell()
+        if left:
+            # A record followed by junk is not that record: the writer sent something else.
+            raise DecodeError(f"{reader.name} body is followed by {left} unexpected byte(s)", data)
         return Event(reader.name, cast(dict[str, Any], record))
 
 

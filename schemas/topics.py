@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 __all__ = [
     "ALERTS",
     "ALERTS_REPLAY",
@@ -14,8 +16,10 @@ __all__ = [
     "TOPICS",
     "TRAINING_EVENTS",
     "TRAINING_STEPS",
+    "canonical_topic",
     "deadletter_headers",
     "key_for",
+    "off_topic_reason",
     "topic_for",
 ]
 
@@ -81,6 +85,31 @@ def topic_for(record_type: str) -> str:
         raise ValueError(f"no topic for record type {record_type!r}") from None
 
 
+@lru_cache(maxsize=256)
+def canonical_topic(topic: str) -> str | None:
+    """The ranksight topic a (possibly prefixed) topic name is, e.g. `t1.rs.telemetry.gpu` -> `rs.telemetry.gpu`."""
+    for name in TOPICS:
+        if topic == name or topic.endswith("." + name):
+            return name
+    return None
+
+
+def off_topic_reason(record_type: str, topic: str) -> str | None:
+    """Why a record of this type must not be read from `topic` (None: it belongs there).
+
+    The topic map above is the contract: a record whose type does not belong to its topic (a
+    StepCompleted on the GPU topic) is invalid input, dead-lettered by whoever owns the topic,
+    never stored or detected on. Topics outside the map accept any type.
+    """
+    name = canonical_topic(topic)
+    if name is None:
+        return None
+    allowed = ALERTS if name == ALERTS_REPLAY else name
+    if RECORD_TOPIC.get(record_type) == allowed:
+        return None
+    return f"a {record_type} record does not belong on {name}"
+
+
 def key_for(topic: str, record: dict) -> bytes | None:
     """The partition key of a record on a topic: node for telemetry, job for training, team for alerts."""
     field = _KEY_FIELD.get(topic)
@@ -91,14 +120,17 @@ def key_for(topic: str, record: dict) -> bytes | None:
 
 
 def deadletter_headers(
-    error: BaseException, topic: str, partition: int, offset: int
+    error: BaseException, topic: str, partition: int, offset: int, *, component: str
 ) -> list[tuple[str, bytes]]:
-    """Headers of a record sent to `rs.deadletter`: why it failed and where it came from.
+    """Headers of a record sent to `rs.deadletter`: why it failed, where it came from, who sent it.
 
-    Every component that dead-letters (sink, worker) uses these, so one consumer of the
-    dead-letter topic can read them all.
+    Every component that dead-letters (`sink`, `worker`) uses these, so one consumer of the
+    dead-letter topic can read them all. Each input topic has one owner that dead-letters its
+    bad records (the sink for the topics it stores, the worker for its internal topics), so a
+    bad record is dead-lettered once; `x-component` names that owner.
     """
     return [
+        ("x-component", component.encode()),
         ("x-error", str(error).encode()),
         ("x-error-type", type(error).__name__.encode()),
         ("x-source-topic", topic.encode()),

@@ -3,8 +3,10 @@
 `SinkConsumer` polls in batches with a plain `confluent_kafka.Consumer` (auto commit and auto
 offset store off), decodes each message with the Avro codec, hands it to `ClickHouseSink`, and
 flushes a partition's batch when it is full or old. After the inserts returned it commits exactly
-the flushed offsets. Messages that cannot be decoded or stored go to the dead-letter topic (with
-`x-error*` and `x-source-*` headers), delivered before their offsets are committed. A failed
+the flushed offsets. Messages that cannot be decoded or stored, and records whose type does not
+belong to their topic (`schemas.topics.off_topic_reason`), go to the dead-letter topic (with
+`x-component: sink`, `x-error*` and `x-source-*` headers), delivered before their offsets are
+committed. The sink owns the dead letters of the topics it stores; the worker only counts them. A failed
 insert pauses its partition, seeks back to the batch's first offset and retries with backoff;
 nothing past it is committed meanwhile.
 
@@ -24,7 +26,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from schemas.codec import Codec
 from schemas.errors import DecodeError
-from schemas.topics import DEADLETTER, deadletter_headers
+from schemas.topics import DEADLETTER, deadletter_headers, off_topic_reason
 from sinks.errors import (
     InvalidRecordError,
     KafkaUnavailableError,
@@ -34,7 +36,7 @@ from sinks.errors import (
 )
 from sinks.writer import ClickHouseSink
 
-__all__ = ["SINK_TOPICS", "SinkConsumer"]
+__all__ = ["COMPONENT", "SINK_TOPICS", "SinkConsumer"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,8 @@ SINK_TOPICS: tuple[str, ...] = (
     "rs.alerts",
 )
 
+# The `x-component` header of what this consumer dead-letters: it owns the topics it stores.
+COMPONENT = "sink"
 _MAX_BACKOFF_S = 30.0
 # How long idle-exit waits for a first assignment beyond idle_exit_s: a member that died without leaving
 # holds its partitions until its session times out (librdkafka default 45 s).
@@ -211,9 +215,11 @@ class SinkConsumer:
     def _handle(self, msg: Message, topic: str, partition: int, offset: int) -> None:
         value = msg.value()
         try:
-            if value is None:
-                raise DecodeError("empty message (tombstone)", b"")
             event = self._codec.decode(value)
+            wrong = off_topic_reason(event.type, topic)
+            if wrong is not None:
+                # The topic map is the contract: a record on another type's topic is not stored.
+                raise InvalidRecordError(event.type, wrong)
             self.sink.add(topic, partition, offset, event)
         except DecodeError as exc:
             self._deadletter(msg, exc.located(topic, partition, offset))
@@ -240,7 +246,9 @@ class SinkConsumer:
                 }
             )
         headers: list[tuple[str, str | bytes | None]] = [(str(h[0]), h[1]) for h in msg.headers() or []]
-        headers += deadletter_headers(exc, msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
+        headers += deadletter_headers(
+            exc, msg.topic() or "", msg.partition() or 0, msg.offset() or 0, component=COMPONENT
+        )
         self._producer.produce(
             self.deadletter_topic,
             key=msg.key(),

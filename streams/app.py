@@ -32,6 +32,7 @@ import heapq
 import json
 import logging
 import os
+import signal
 import time
 import weakref
 from collections.abc import Callable
@@ -44,7 +45,7 @@ from faust.streams import _current_event
 from faust.types import TP
 
 from schemas.codec import Codec
-from schemas.errors import DecodeError
+from schemas.errors import DecodeError, EncodeError
 from schemas.records import Event
 from schemas.topics import (
     DEADLETTER,
@@ -54,6 +55,7 @@ from schemas.topics import (
     TRAINING_STEPS,
     deadletter_headers,
     key_for,
+    off_topic_reason,
     topic_for,
 )
 from streams.config import EngineConfig, load_config
@@ -64,6 +66,7 @@ from streams.routing import Router, load_router
 
 __all__ = [
     "BINDINGS",
+    "COMPONENT",
     "DEFAULT_APP_ID",
     "JOB_TOPICS",
     "NODE_TOPICS",
@@ -72,11 +75,14 @@ __all__ = [
     "Aligner",
     "WorkerOptions",
     "WorkerRuntime",
+    "align_ts",
     "build_app",
+    "check_record",
     "decode_snapshot",
     "decode_snapshot_meta",
     "encode_snapshot",
     "pick_latest_snapshot",
+    "received_ms",
 ]
 
 log = logging.getLogger("ranksight.worker")
@@ -96,6 +102,19 @@ _MARKER_KEY = b"\x00progress"
 _MARKER_IDLE_S = 60.0  # no marker yet from a source partition: wait this long for one (slow start-up)
 _MARKER_HEARTBEAT_S = 5.0  # an unchanged marker is repeated this often
 _FORWARD_BATCH = 500  # forwarded records acked together once delivered
+# The `x-component` header of what the worker dead-letters. It owns only the topics no sink reads
+# (its internal ones); bad records of the source topics are the sink's to dead-letter (once).
+COMPONENT = "worker"
+# Record types each input topic may carry (the source topics follow `schemas.topics.RECORD_TOPIC`).
+_INTERNAL_TYPES: dict[str, frozenset[str]] = {
+    BINDINGS: frozenset({"RankBound", "JobStateChanged"}),
+    TELEMETRY_BY_JOB: frozenset({"GpuSample", "HostSample"}),
+}
+_ASK_ENDS_S = 2.0  # how often the end offsets of partitions without a fetch answer are asked for
+_BAD_LOG_S = 10.0
+# Sends Kafka has not acknowledged after this long mean a stuck producer (its own requests time
+# out after 40 s and are retried): the worker stops, loudly, instead of holding everything silently.
+_DELIVERY_TIMEOUT_S = 120.0  # bad input: one warning per this many seconds, with a count
 
 
 @dataclass(frozen=True)
@@ -121,6 +140,7 @@ class WorkerOptions:
     guard_s: float = 120.0
     guard_live_ms: int = 600_000
     unbound_interval_ms: int = 10_000
+    stuck_log_s: float = 30.0  # events held this long without any leaving: log which input holds them
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -177,6 +197,36 @@ def pick_latest_snapshot(values: list[bytes]) -> tuple[int, dict[str, int], byte
     return best
 
 
+def check_record(codec: Codec, value: bytes | None, topic: str) -> Event:
+    """Decode a record read from `topic` (unprefixed) and check its type belongs there.
+
+    Raises `DecodeError` for anything the worker must not process: no value, bytes that are not
+    exactly one record, or a valid record of a type that does not travel on this topic.
+    """
+    event = codec.decode(value)
+    allowed = _INTERNAL_TYPES.get(topic)
+    if allowed is not None:
+        wrong = None if event.type in allowed else f"a {event.type} record does not belong on {topic}"
+    else:
+        wrong = off_topic_reason(event.type, topic)
+    if wrong is not None:
+        raise DecodeError(wrong, value or b"")
+    return event
+
+
+def align_ts(ts: int, timestamp_s: float | None, max_skew_ms: int) -> int:
+    """Event time for alignment and progress: `ts`, at most `max_skew_ms` past the Kafka timestamp."""
+    if not timestamp_s or timestamp_s <= 0:
+        return ts
+    return min(ts, int(timestamp_s * 1000) + max_skew_ms)
+
+
+def received_ms(fevent: Any) -> int | None:
+    """The Kafka timestamp (ms) of a Faust event's message, if it has one."""
+    timestamp = getattr(fevent.message, "timestamp", None)
+    return int(timestamp * 1000) if timestamp and timestamp > 0 else None
+
+
 def _tp_key(topic: str, partition: int) -> str:
     return f"{topic}:{partition}"
 
@@ -225,6 +275,7 @@ class Aligner:
         self._last_offset: dict[str, int] = {}
         self._held_offsets: dict[str, list[int]] = {}
         self._released: dict[str, set[int]] = {}  # lazy deletion from `_held_offsets`
+        self.moved_at: float | None = None  # when events last left (or nothing was held)
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -241,7 +292,9 @@ class Aligner:
         heapq.heappush(self._held_offsets.setdefault(tp, []), offset)
 
     def note(self, tp: str, offset: int | None, ts: int | None, now: float) -> None:
-        """Progress of an input that holds no events here (a forwarder's progress marker)."""
+        """Progress of an input that holds no event here: a forwarder's progress marker, or a
+        record that was rejected or skipped. Every consumed offset must reach `push` or `note`,
+        or the partition's backlog never reads 0 and it holds the others back."""
         if ts is not None and ts > self._last_ts.get(tp, ts - 1):
             self._last_ts[tp] = ts
         self._last_seen[tp] = now
@@ -266,19 +319,24 @@ class Aligner:
         says how many), for at most `stall_s` without a delivery; when its backlog is unknown,
         while it delivered (or was assigned) within `idle_s`.
         """
-        blocking: list[int | None] = []
+        blocking = [ts for _, ts, _, _ in self._holding(now, lag)]
+        if not blocking:
+            return None
+        if None in blocking:
+            return -(2**63)  # an assigned partition has not delivered yet: nothing is safe to release
+        return min(t for t in blocking if t is not None)
+
+    def _holding(self, now: float, lag: LagFn | None) -> list[tuple[str, int | None, int | None, float]]:
+        """The partitions that hold the others back: (tp, event time, backlog, seconds silent)."""
+        out = []
         for tp, seen in self._last_seen.items():
             quiet = now - seen
             backlog = lag(tp, self._last_offset.get(tp)) if lag is not None else None
             idle = self.idle_by_topic.get(tp.rpartition(":")[0], self.idle_s)
             holds = backlog > 0 and quiet < self.stall_s if backlog is not None else quiet < idle
             if holds:
-                blocking.append(self._last_ts.get(tp))
-        if not blocking:
-            return None
-        if None in blocking:
-            return -(2**63)  # an assigned partition has not delivered yet: nothing is safe to release
-        return min(t for t in blocking if t is not None)
+                out.append((tp, self._last_ts.get(tp), backlog, quiet))
+        return out
 
     def pop_ready(self, now: float, lag: LagFn | None = None) -> list[tuple[str, int, Any]]:
         """Events that may go to the engine now, oldest first, as (tp, offset, item)."""
@@ -296,7 +354,29 @@ class Aligner:
             heapq.heappop(heap)
             self._released.setdefault(top.tp, set()).add(top.offset)
             out.append((top.tp, top.offset, top.item))
+        if out or not heap or self.moved_at is None:
+            self.moved_at = now
         return out
+
+    def stuck_for(self, now: float) -> float:
+        """Seconds events have been held without any leaving (0 when nothing is held)."""
+        if not self._heap or self.moved_at is None:
+            return 0.0
+        return now - self.moved_at
+
+    def blocker(self, now: float, lag: LagFn | None = None) -> str:
+        """Which partition holds the held events back, and why (for a log line)."""
+        holding = self._holding(now, lag)
+        oldest = self._heap[0].ts if self._heap else None
+        if not holding:
+            return f"nothing (oldest held event time {oldest})"
+        # The one furthest behind in event time (one that delivered nothing yet comes first).
+        tp, ts, backlog, quiet = min(holding, key=lambda h: -(2**63) if h[1] is None else h[1])
+        left = "unknown" if backlog is None else str(backlog)
+        return (
+            f"{tp} (event time {ts}, last offset {self._last_offset.get(tp)}, {left} records left,"
+            f" silent {quiet:.0f} s; oldest held event time {oldest})"
+        )
 
     def lowest_held(self, tp: str) -> int | None:
         """The smallest offset of `tp` still waiting here (not yet in the engine state)."""
@@ -326,6 +406,7 @@ class Aligner:
         self._last_ts.clear()
         self._last_seen.clear()
         self._last_offset.clear()
+        self.moved_at = None
 
 
 class WorkerRuntime:
@@ -359,7 +440,9 @@ class WorkerRuntime:
                 "events",
                 "skipped",
                 "duplicates",
-                "deadletter",
+                "rejected",
+                "engine_errors",
+                "unencodable",
                 "processed",
                 "outputs",
                 "alerts",
@@ -484,12 +567,39 @@ class _Forwarder:
     async def flush(self, stream: Any, app: Any) -> None:
         futures, self.futures = self.futures, []
         pending, self.pending = self.pending, []
-        for fut in futures:
-            await fut
-        if pending:
-            await app.producer.flush()  # table changelog writes too
+        # Table changelog writes too (producer flush) when there is something to ack.
+        await _delivered(app, futures, "forwarded records", flush=bool(pending))
         for done in pending:
             await stream.ack(done)
+
+
+async def _delivered(app: Any, futures: list[Any], what: str, *, flush: bool = True) -> None:
+    """Wait until Kafka acknowledged `futures` (and everything produced, if `flush`).
+
+    A producer that acknowledges nothing for `_DELIVERY_TIMEOUT_S` does not recover by waiting
+    longer: the worker logs why and stops (SIGTERM to itself; `streams.worker` makes that end the
+    process within seconds even if the clean stop hangs too), so a supervisor restarts it from its
+    last checkpoint. Nothing is lost: offsets are committed only after the state that covers them.
+    """
+
+    async def _all() -> None:
+        for fut in futures:
+            await fut
+        if flush:
+            await app.producer.flush()
+
+    task = asyncio.ensure_future(_all())
+    done, _ = await asyncio.wait({task}, timeout=_DELIVERY_TIMEOUT_S)  # never cancels the sends
+    if not done:
+        log.error(
+            "Kafka has not acknowledged %s (%d sends) for %.0f s: the producer is stuck; stopping the"
+            " worker so that it restarts from its last checkpoint",
+            what,
+            len(futures),
+            _DELIVERY_TIMEOUT_S,
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+    await task
 
 
 def _current(fevent: Any) -> Any:
@@ -579,14 +689,24 @@ def build_app(options: WorkerOptions) -> faust.App:
         options.align_idle_s, options.align_max_buffer, idle_by_topic={"@bind": _MARKER_IDLE_S}
     )
     bind_markers: dict[str, int | None] = {}  # "@bind:q>p" -> backlog the bind agent of q reported
-    bind_progress: dict[int, list[int]] = {}  # events partition -> [last ts, last offset] forwarded
+    bind_progress: dict[int, list[int | None]] = {}  # events partition -> [last ts, last offset] forwarded
     route_progress: dict[int, int] = {}  # node partition -> ts of the last telemetry forwarded
     sent_markers: dict[tuple[str, int], tuple[Any, float]] = {}  # (agent, source) -> (value, when)
     assigned_at = [time.monotonic()]
     bind_fw, route_fw = _Forwarder(), _Forwarder()
     totals = dict.fromkeys(
-        ("telemetry_in", "training_in", "forwarded", "unbound_thinned", "bindings", "node_deadletter"), 0
+        (
+            "telemetry_in",
+            "training_in",
+            "forwarded",
+            "unbound_thinned",
+            "bindings",
+            "bad_input",
+            "deadletter",
+        ),
+        0,
     )
+    bad_log = [0.0, 0]  # when a bad record was last logged, how many since
     lock = asyncio.Lock()
     streams: dict[str, Any] = {}
     app.ranksight_runtimes = runtimes  # type: ignore[attr-defined]
@@ -594,18 +714,47 @@ def build_app(options: WorkerOptions) -> faust.App:
     def unprefix(topic: str) -> str:
         return topic[len(prefix) :] if prefix and topic.startswith(prefix) else topic
 
+    # End offsets asked of the broker for partitions the consumer has no fetch answer for yet (an
+    # empty partition may have none for long): without them their backlog reads "unknown", and an
+    # unknown backlog holds the other inputs back for up to a minute.
+    asked_ends: dict[TP, int] = {}
+
+    def _fetched_highwater(ktp: TP) -> int | None:
+        try:
+            hw = app.consumer.highwater(ktp)
+        except Exception:  # not known yet (no fetch answered for this partition)
+            return None
+        return None if hw is None or hw < 0 else int(hw)
+
+    def _highwater(ktp: TP) -> int | None:
+        hw = _fetched_highwater(ktp)
+        return asked_ends.get(ktp) if hw is None else hw
+
+    async def _ask_ends() -> None:
+        if not assigned:
+            return
+        tps = [TP(prefix + t, p) for t in (*NODE_TOPICS, *JOB_TOPICS) for p in sorted(assigned)]
+        unknown = [tp for tp in tps if _fetched_highwater(tp) is None]
+        if not unknown:
+            return
+        try:
+            ends = await app.consumer.highwaters(*unknown)
+        except Exception as exc:  # the broker will answer a later tick
+            log.debug("end offsets of %d partitions not known yet: %s", len(unknown), exc)
+            return
+        asked_ends.update({tp: int(end) for tp, end in ends.items() if end is not None})
+
     def _lag(tp: str, last_offset: int | None) -> int | None:
         topic, _, partition = tp.rpartition(":")
         ktp = TP(prefix + topic, int(partition))
-        try:
-            hw = app.consumer.highwater(ktp)
-            if last_offset is None:
-                # Nothing delivered yet: the backlog starts at the committed offset.
-                committed = getattr(app.consumer, "_committed_offset", {}).get(ktp)
-                last_offset = -1 if committed is None else int(committed) - 1
-        except Exception:  # not known yet (no fetch answered for this partition)
+        hw = _highwater(ktp)
+        if hw is None:
             return None
-        return None if hw is None or hw < 0 else max(0, int(hw) - (last_offset + 1))
+        if last_offset is None:
+            # Nothing delivered yet: the backlog starts at the committed offset.
+            committed = getattr(app.consumer, "_committed_offset", {}).get(ktp)
+            last_offset = -1 if committed is None else int(committed) - 1
+        return max(0, hw - (last_offset + 1))
 
     def _node_lag(tp: str, last_offset: int | None) -> int | None:
         # "@bind:q>p": the backlog the bind agent of events partition q reported (markers).
@@ -626,6 +775,39 @@ def build_app(options: WorkerOptions) -> faust.App:
             return {"src": int(m["src"]), "ts": m.get("ts"), "backlog": m.get("backlog")}
         except (ValueError, KeyError, TypeError):
             return None
+
+    # Event time counts for alignment and progress only up to the record's Kafka timestamp plus the
+    # engine's clock-skew bound: one record from a node whose clock jumped ahead cannot drag the
+    # progress of everything else along (and with it every engine's watermark).
+    max_skew_ms = int(1000 * float(getattr(config, "max_clock_skew_s", 300.0)))
+
+    def _align_ts(fevent: Any, event: Event) -> int:
+        return align_ts(event_ts(event), fevent.message.timestamp, max_skew_ms)
+
+    async def _reject(fevent: Any, topic: str, exc: DecodeError) -> Any:
+        """Count and log a record the worker cannot use; dead-letter it if no sink owns its topic.
+
+        Returns the dead-letter send's future, or None."""
+        msg = fevent.message
+        err = exc.located(msg.topic, msg.partition, msg.offset)
+        totals["bad_input"] += 1
+        now = time.monotonic()
+        bad_log[1] += 1
+        if now - bad_log[0] >= _BAD_LOG_S:
+            owner = "dead-lettered" if topic in _INTERNAL_TYPES else "skipped (the sink dead-letters it)"
+            log.warning(
+                "bad input %s: %s (%d bad record(s) since the last such line)", owner, err, bad_log[1]
+            )
+            bad_log[0], bad_log[1] = now, 0
+        if topic not in _INTERNAL_TYPES:
+            return None
+        totals["deadletter"] += 1
+        return await out_topic(DEADLETTER).send(
+            key=fevent.key,
+            value=fevent.value,
+            headers=dict(deadletter_headers(err, msg.topic, msg.partition, msg.offset, component=COMPONENT)),
+            force=True,
+        )
 
     async def _send_markers(agent: str, out: Any, progress: dict[int, tuple[int | None, int | None]]) -> None:
         """Tell every partition of `out` how far this agent got on each of its source partitions."""
@@ -664,9 +846,12 @@ def build_app(options: WorkerOptions) -> faust.App:
     async def _bind(stream: Any, fevent: Any) -> None:
         msg = fevent.message
         try:
-            event = codec.decode(fevent.value)
+            event = check_record(codec, fevent.value, TRAINING_EVENTS)
         except DecodeError:
-            bind_fw.pending.append(fevent)  # `detect` dead-letters it
+            # `detect` reads the same record and reports it; its offset still counts as forwarded.
+            bind_fw.pending.append(fevent)
+            last = bind_progress.get(msg.partition)
+            bind_progress[msg.partition] = [last[0] if last else None, msg.offset]
             return
         r = event.record
         if event.type == "RankBound":
@@ -689,7 +874,7 @@ def build_app(options: WorkerOptions) -> faust.App:
                     )
                 )
         bind_fw.pending.append(fevent)
-        bind_progress[msg.partition] = [event_ts(event), msg.offset]
+        bind_progress[msg.partition] = [_align_ts(fevent, event), msg.offset]
         if len(bind_fw.pending) >= _FORWARD_BATCH:
             await bind_fw.flush(stream, app)
 
@@ -714,12 +899,16 @@ def build_app(options: WorkerOptions) -> faust.App:
             await _drain_nodes(stream)
             return
         try:
-            event = codec.decode(fevent.value)
+            event = check_record(codec, fevent.value, topic)
         except DecodeError as exc:
+            fut = await _reject(fevent, topic, exc)
+            if fut is not None:
+                route_fw.futures.append(fut)
             if topic != BINDINGS:
-                totals["node_deadletter"] += 1
-                route_fw.futures.append(await _deadletter(fevent, topic, exc))
+                # Progress of its partition: otherwise a bad last record leaves a backlog of 1 forever.
+                node_aligner.note(_tp_key(topic, p), msg.offset, None, time.monotonic())
             route_fw.pending.append(fevent)
+            await _drain_nodes(stream)
             return
         if topic == BINDINGS:
             r = event.record
@@ -735,7 +924,7 @@ def build_app(options: WorkerOptions) -> faust.App:
             route_fw.pending.append(fevent)
         else:
             node_aligner.push(
-                _tp_key(topic, p), msg.offset, event_ts(event), (fevent, event), time.monotonic()
+                _tp_key(topic, p), msg.offset, _align_ts(fevent, event), (fevent, event), time.monotonic()
             )
         await _drain_nodes(stream)
 
@@ -755,19 +944,9 @@ def build_app(options: WorkerOptions) -> faust.App:
                 totals["forwarded"] += 1
             route_fw.pending.append(fevent)
             part_of = int(tp.rpartition(":")[2])
-            route_progress[part_of] = max(event_ts(event), route_progress.get(part_of, -(2**63)))
+            route_progress[part_of] = max(_align_ts(fevent, event), route_progress.get(part_of, -(2**63)))
         if len(route_fw.pending) >= _FORWARD_BATCH:
             await route_fw.flush(stream, app)
-
-    async def _deadletter(fevent: Any, topic: str, exc: DecodeError) -> Any:
-        msg = fevent.message
-        err = exc.located(msg.topic, msg.partition, msg.offset)
-        return await out_topic(DEADLETTER).send(
-            key=fevent.key,
-            value=fevent.value,
-            headers=dict(deadletter_headers(err, msg.topic, msg.partition, msg.offset)),
-            force=True,
-        )
 
     # -- detect: job-keyed events -> one engine per partition ----------------------------
     def _runtime(p: int) -> WorkerRuntime:
@@ -797,28 +976,36 @@ def build_app(options: WorkerOptions) -> faust.App:
         rt.last_event = fevent
         if topic == TELEMETRY_BY_JOB and (m := _marker(fevent)) is not None:
             vtp = f"@route:{m['src']}"
-            rt.aligner.note(vtp, None, m["ts"], time.monotonic())
+            now = time.monotonic()
+            rt.aligner.note(vtp, None, m["ts"], now)
+            # The marker is a record of this partition too: read, so not part of its backlog.
+            rt.aligner.note(tp, msg.offset, None, now)
             rt.marker_backlog[vtp] = m["backlog"]
             rt.marker_ts[vtp] = m["ts"]
             await stream.ack(fevent)
             await _drain(stream, rt)
             return
         # Markers repeat while all input is stopped: only records count as input (wall-clock guard).
-        rt.last_receive = time.monotonic()
+        now = rt.last_receive = time.monotonic()
         if rt.already_seen(tp, msg.offset):
             rt.counts["skipped"] += 1
+            rt.aligner.note(tp, msg.offset, None, now)  # consumed: no longer part of the backlog
             await stream.ack(fevent)
+            await _drain(stream, rt)
             return
         rt.counts["events"] += 1
         try:
-            event = codec.decode(fevent.value)
+            event = check_record(codec, fevent.value, topic)
         except DecodeError as exc:
-            rt.counts["deadletter"] += 1
-            rt.futures.append(await _deadletter(fevent, topic, exc))
+            rt.counts["rejected"] += 1
+            fut = await _reject(fevent, topic, exc)
+            if fut is not None:
+                rt.futures.append(fut)
             rt.mark(tp, msg.offset)
             rt.pending.append(fevent)
+            rt.aligner.note(tp, msg.offset, None, now)
         else:
-            rt.aligner.push(tp, msg.offset, event_ts(event), (fevent, event), time.monotonic())
+            rt.aligner.push(tp, msg.offset, _align_ts(fevent, event), (fevent, event), now)
         await _drain(stream, rt)
 
     async def _send_outputs(rt: WorkerRuntime, outputs: list[Event]) -> None:
@@ -827,9 +1014,16 @@ def build_app(options: WorkerOptions) -> faust.App:
             rt.counts["outputs"] += 1
             if out.type == "Alert":
                 rt.counts["alerts"] += 1
+            try:
+                value = codec.encode(out)
+            except EncodeError as exc:
+                # A detector produced what its schema cannot hold: lose that output, not the worker.
+                rt.counts["unencodable"] += 1
+                log.error("dropped an output the worker cannot encode: %s", exc)
+                continue
             # force=True: send now, not when the offset commits; the checkpoint waits for delivery.
             rt.futures.append(
-                await out_topic(name).send(key=key_for(name, out.record), value=codec.encode(out), force=True)
+                await out_topic(name).send(key=key_for(name, out.record), value=value, force=True)
             )
 
     async def _drain(stream: Any, rt: WorkerRuntime) -> None:
@@ -844,7 +1038,14 @@ def build_app(options: WorkerOptions) -> faust.App:
             if rt.duplicate(event):
                 rt.counts["duplicates"] += 1
                 continue
-            outputs = engine.process(event)
+            try:
+                outputs = engine.process(event, received_ts=received_ms(fevent))
+            except Exception:
+                # A record that breaks a detector must not crash-loop the agent (it would be
+                # redelivered forever): log it with the traceback and go on without it.
+                rt.counts["engine_errors"] += 1
+                log.exception("the engine failed on %s at %s@%d; skipped", event.type, tp, offset)
+                continue
             rt.counts["processed"] += 1
             await _send_outputs(rt, outputs)
             if rt.checkpoint_due(outputs):
@@ -868,18 +1069,21 @@ def build_app(options: WorkerOptions) -> faust.App:
     async def _checkpoint(stream: Any, rt: WorkerRuntime) -> None:
         # 1. every output delivered, 2. snapshot written and delivered, 3. only then ack (commit).
         futures, rt.futures = rt.futures, []
-        for fut in futures:
-            await fut
+        await _delivered(app, futures, f"the outputs of partition {rt.partition}", flush=False)
         # The table writes its changelog to the partition of the current event: one of this
         # engine's partition, so `engine@p` lives on changelog partition p (moves with p).
         anchor = rt.last_event
         assert anchor is not None and anchor.message.partition == rt.partition
         with _current(anchor):
             snapshots[f"engine@{rt.partition}"] = rt.snapshot_value()
-        await app.producer.flush()
+        await _delivered(app, [], f"the snapshot of partition {rt.partition}")
         pending, rt.pending = rt.pending, []
         for done in pending:
             await stream.ack(done)
+
+    @app.timer(_ASK_ENDS_S)
+    async def _ends_tick() -> None:
+        await _ask_ends()
 
     @app.timer(options.align_idle_s / 4)
     async def _tick() -> None:
@@ -887,6 +1091,7 @@ def build_app(options: WorkerOptions) -> faust.App:
             if "route" in streams:
                 if len(node_aligner):
                     await _drain_nodes(streams["route"])
+                    _log_if_stuck("telemetry re-keying", node_aligner, _node_lag)
                 if route_fw.pending:
                     await route_fw.flush(streams["route"], app)
             if "bind" in streams and bind_fw.pending:
@@ -906,6 +1111,7 @@ def build_app(options: WorkerOptions) -> faust.App:
                 # Release events held for idle partitions when no new event arrives to do it.
                 if len(rt.aligner):
                     await _drain(stream, rt)
+                    _log_if_stuck(f"partition {rt.partition}", rt.aligner, _job_lag(rt))
                 silent = now - rt.last_receive
                 if not len(rt.aligner):
                     wm = guard.watermark(int(time.time() * 1000), silent, engine.max_ts, engine.watermark)
@@ -920,6 +1126,23 @@ def build_app(options: WorkerOptions) -> faust.App:
                 # end (consumer lag reads 0 once caught up, and a restart replays nothing).
                 if silent >= options.align_idle_s and rt.pending and not len(rt.aligner):
                     await _checkpoint(stream, rt)
+
+    stuck_logged: dict[int, float] = {}  # id(aligner) -> when it was last reported stuck
+
+    def _log_if_stuck(what: str, aligner: Aligner, lag: LagFn) -> None:
+        """A held-back aligner that does not move for long says which input holds it, and why."""
+        now = time.monotonic()
+        stuck = aligner.stuck_for(now)
+        if stuck < options.stuck_log_s or now - stuck_logged.get(id(aligner), -1e18) < options.stuck_log_s:
+            return
+        stuck_logged[id(aligner)] = now
+        log.warning(
+            "%s: %d events held for %.0f s, none released; waiting for %s",
+            what,
+            len(aligner),
+            stuck,
+            aligner.blocker(now, lag),
+        )
 
     def _bind_state() -> dict[int, tuple[int | None, int | None]]:
         state: dict[int, tuple[int | None, int | None]] = {}
@@ -967,6 +1190,7 @@ def build_app(options: WorkerOptions) -> faust.App:
         parts = {tp.partition for tp in assigned_tps if tp.topic in names}
         assigned.clear()
         assigned.update(parts)
+        asked_ends.clear()
         assigned_at[0] = time.monotonic()
         now = time.monotonic()
         node_tps = [_tp_key(t, p) for t in (TELEMETRY_GPU, TELEMETRY_HOST) for p in parts]

@@ -152,6 +152,8 @@ def test_undecodable_and_invalid_messages_go_to_the_dead_letter_topic_with_heade
         None,
         good[4],
         good[5],
+        codec.encode(sample_event("HostSample", 0, now)),  # valid, but not a record of this topic
+        good[5] + b"junk",  # a valid body followed by bytes that are not part of it
     ]
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
     for i, value in enumerate(sequence):
@@ -159,8 +161,9 @@ def test_undecodable_and_invalid_messages_go_to_the_dead_letter_topic_with_heade
     assert producer.flush(30) == 0
 
     stats = _sink(kafka_bootstrap, chdb, topics, group_id, batch_interval_s=0.3).run(idle_exit_s=2.0)
-    assert stats["deadlettered"] == 4
+    assert stats["deadlettered"] == 6
     assert chdb.query("SELECT count(), groupArray(step) FROM steps").result_rows[0][0] == 6
+    assert chdb.query("SELECT count() FROM host_samples").result_rows[0][0] == 0
 
     reader = Consumer(
         {"bootstrap.servers": kafka_bootstrap, "group.id": group_id + "-dlq", "auto.offset.reset": "earliest"}
@@ -168,14 +171,15 @@ def test_undecodable_and_invalid_messages_go_to_the_dead_letter_topic_with_heade
     reader.subscribe([topics[DEADLETTER]])
     letters: list[Message] = []
     deadline = time.monotonic() + 30
-    while len(letters) < 4 and time.monotonic() < deadline:
+    while len(letters) < 6 and time.monotonic() < deadline:
         letters += [m for m in reader.consume(10, 0.5) if m.error() is None]
     reader.close()
-    assert len(letters) == 4
+    assert len(letters) == 6
     by_offset = {int(_headers(m)["x-source-offset"]): m for m in letters}
-    assert sorted(by_offset) == [1, 3, 5, 7]
+    assert sorted(by_offset) == [1, 3, 5, 7, 10, 11]
     for offset, msg in by_offset.items():
         headers = _headers(msg)
+        assert headers["x-component"] == b"sink"
         assert headers["x-source-topic"] == steps.encode()
         assert headers["x-source-partition"] == b"0"
         assert msg.key() == f"k{offset}".encode()
@@ -184,6 +188,9 @@ def test_undecodable_and_invalid_messages_go_to_the_dead_letter_topic_with_heade
     assert _headers(by_offset[3])["x-error-type"] == b"UnknownSchemaError"
     assert _headers(by_offset[5])["x-error-type"] == b"InvalidRecordError"
     assert b"outside" in _headers(by_offset[5])["x-error"]
+    assert _headers(by_offset[10])["x-error-type"] == b"InvalidRecordError"
+    assert b"does not belong on rs.training.steps" in _headers(by_offset[10])["x-error"]
+    assert b"unexpected byte" in _headers(by_offset[11])["x-error"]
     committed, end = _committed_and_end(kafka_bootstrap, group_id, [steps])
     assert committed == end == len(sequence)
 

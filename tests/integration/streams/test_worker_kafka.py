@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from producers.publisher import open_publisher
 from producers.simulator import load_scenario, simulate
@@ -94,10 +94,15 @@ class Worker:
                 self.proc.wait(10)
 
     def log(self) -> str:
-        return "\n".join(
-            (self.home / f"worker-{i}.log").read_text(errors="replace")[-3000:]
-            for i in range(1, self.runs + 1)
-        )
+        """Every warning and error of every run, then the tail of each run's log (for assertion messages)."""
+        texts = [(self.home / f"worker-{i}.log").read_text(errors="replace") for i in range(1, self.runs + 1)]
+        notable = [
+            line[:300]
+            for text in texts
+            for line in text.splitlines()
+            if "[WARNING]" in line or "[ERROR]" in line
+        ]
+        return "\n".join(notable[:80] + [text[-3000:] for text in texts])
 
 
 @pytest.fixture
@@ -109,6 +114,26 @@ def worker(
         yield w
     finally:
         w.stop()
+
+
+def group_lag(bootstrap: str, group: str, names: list[str]) -> int:
+    """Records of the topics `names` that `group` has not committed yet; -1 while that is unknown."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, "log_level": 0}
+    )
+    try:
+        partitions = [
+            TopicPartition(name, p)
+            for name in names
+            for p in consumer.list_topics(name, timeout=10).topics[name].partitions
+        ]
+        committed = consumer.committed(partitions, timeout=10)
+        ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions]
+        return sum(end - max(tp.offset, 0) for tp, end in zip(committed, ends, strict=True))
+    except KafkaException:  # the coordinator or a partition leader is moving: ask again
+        return -1
+    finally:
+        consumer.close()
 
 
 class AlertReader:

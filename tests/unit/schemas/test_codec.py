@@ -114,6 +114,26 @@ def test_a_truncated_body_is_a_decode_error_that_keeps_the_bytes() -> None:
     assert "rs.training.steps[2]@99" in str(located)
 
 
+def test_no_value_and_an_empty_value_are_decode_errors() -> None:
+    with pytest.raises(DecodeError, match="tombstone"):
+        Codec().decode(None)
+    with pytest.raises(DecodeError, match="empty value"):
+        Codec().decode(b"")
+
+
+@pytest.mark.parametrize("junk", [b"\x00", b"junk bytes", b"\xff" * 300])
+def test_a_valid_body_followed_by_junk_is_a_decode_error_in_both_framings(
+    junk: bytes, registry_codec: Codec
+) -> None:
+    event = Event("StepCompleted", {"ts": 5, "job_id": "job", "rank": 0, "step": 7, "step_time_s": 1.5})
+    for codec in (Codec(), registry_codec):
+        data = codec.encode(event)
+        assert codec.decode(data).record["step"] == 7
+        with pytest.raises(DecodeError, match=f"followed by {len(junk)} unexpected byte") as err:
+            codec.decode(data + junk)
+        assert err.value.data == data + junk
+
+
 def test_encoding_a_record_that_breaks_its_schema_is_an_encode_error() -> None:
     with pytest.raises(EncodeError, match="StepCompleted"):
         Codec().encode(Event("StepCompleted", {"ts": "yesterday", "job_id": "j", "rank": 0, "step": 1}))

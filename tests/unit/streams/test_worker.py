@@ -1,7 +1,15 @@
-"""Worker plumbing without Kafka: event-time alignment, snapshot framing, time parsing, publish pacing."""
+"""Worker plumbing without Kafka: event-time alignment, bad input, SIGTERM, snapshot framing, time parsing, publish pacing."""
 
 from __future__ import annotations
 
+import asyncio
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +19,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ranksight.commands.record import parse_time
+from schemas.codec import SINGLE_OBJECT_MAGIC, Codec
+from schemas.errors import DecodeError
 from schemas.files import write_container
 from schemas.records import Event
-from streams.app import Aligner, decode_snapshot, encode_snapshot, pick_latest_snapshot
+from schemas.topics import TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS
+from streams.app import (
+    BINDINGS,
+    TELEMETRY_BY_JOB,
+    Aligner,
+    align_ts,
+    check_record,
+    decode_snapshot,
+    encode_snapshot,
+    pick_latest_snapshot,
+)
 from streams.errors import StreamsError
 from streams.kafka_replay import KafkaReplayError, publish_file
+from tests.unit.streams.builders import gpu_sample, host_sample, job_started, rank_bound
 
 
 def test_aligner_holds_fast_partition_until_slow_one_catches_up() -> None:
@@ -235,3 +256,231 @@ def test_runtime_checkpoints_on_alerts_event_time_and_event_count(tmp_path: Path
     rt.snapshot_value()
     rt.pending = [object(), object(), object()]
     assert rt.checkpoint_due([])
+
+
+# --- bad input: every kind of bad record is one DecodeError, whichever agent reads it ------------
+
+
+def _bad_values(good: bytes, other_type: bytes) -> dict[str, bytes | None]:
+    codec = Codec()
+    step = codec.encode(step_event(0))
+    unknown_fp = SINGLE_OBJECT_MAGIC + b"\x01" * 8 + step[10:]
+    return {
+        "no value": None,
+        "empty": b"",
+        "random bytes": bytes(random.Random(7).randrange(256) for _ in range(64)),
+        "truncated": good[: len(good) // 2],
+        "unknown fingerprint": unknown_fp,
+        "trailing junk": good + b"junk",
+        "wrong type": other_type,
+        "900 kB": b"\xc3\x01" + good[2:10] + b"\x00" * 900_000,
+    }
+
+
+def step_event(ts: int) -> Event:
+    return Event("StepCompleted", {"ts": ts, "job_id": "j", "rank": 0, "step": 1, "step_time_s": 1.0})
+
+
+_GOOD_AND_WRONG: dict[str, tuple[Event, Event]] = {
+    # topic the agent reads -> (a record that belongs there, a valid record that does not)
+    TELEMETRY_GPU: (gpu_sample("j", 0, 1_000), step_event(1_000)),
+    TELEMETRY_HOST: (host_sample("n1", 1_000), gpu_sample("j", 0, 1_000)),
+    TRAINING_STEPS: (step_event(1_000), gpu_sample("j", 0, 1_000)),
+    TRAINING_EVENTS: (rank_bound("j", 0, 1_000), step_event(1_000)),
+    BINDINGS: (rank_bound("j", 0, 1_000), job_started("j", 1_000)),
+    TELEMETRY_BY_JOB: (host_sample("n1", 1_000), step_event(1_000)),
+}
+
+
+@pytest.mark.parametrize("topic", sorted(_GOOD_AND_WRONG))
+def test_every_kind_of_bad_input_on_every_worker_topic_is_one_decode_error(topic: str) -> None:
+    """bind, route and detect all read through `check_record`, and catch exactly DecodeError."""
+    codec = Codec()
+    good, wrong = _GOOD_AND_WRONG[topic]
+    assert check_record(codec, codec.encode(good), topic).type == good.type
+    for kind, value in _bad_values(codec.encode(good), codec.encode(wrong)).items():
+        with pytest.raises(DecodeError):
+            check_record(codec, value, topic)
+        if kind == "wrong type":
+            with pytest.raises(DecodeError, match=re.escape(f"does not belong on {topic}")):
+                check_record(codec, value, topic)
+
+
+def test_a_prefixed_topic_follows_the_same_contract() -> None:
+    codec = Codec()
+    with pytest.raises(DecodeError, match=r"does not belong on rs\.telemetry\.gpu"):
+        check_record(codec, codec.encode(step_event(1)), "t1a2b.rs.telemetry.gpu")
+    assert check_record(codec, codec.encode(step_event(1)), "t1a2b.rs.training.steps").type == "StepCompleted"
+
+
+# --- progress: a consumed offset that holds no event still counts as read ----------------------
+
+
+def test_a_rejected_last_record_does_not_hold_the_other_partitions_back() -> None:
+    """The 13.3 stall: a partition's last record was rejected, so its backlog read 1 forever."""
+    al = Aligner(idle_s=1.0, stall_s=1e9)
+    al.expect(["a:0", "b:0"], now=0.0)
+    high = {"a:0": 2, "b:0": 1}  # a:0 holds offsets 0 and 1 (1 is bad); b:0 holds offset 0
+
+    def lag(tp: str, last: int | None) -> int:
+        return high[tp] - (-1 if last is None else last) - 1
+
+    al.push("a:0", 0, 1_000, "a1000", now=0.0)
+    al.push("b:0", 0, 5_000, "b5000", now=0.0)
+    assert [i for _, _, i in al.pop_ready(100.0, lag)] == ["a1000"]  # a:0 still has offset 1 to read
+    assert al.stuck_for(100.0) == 0.0
+    assert al.pop_ready(200.0, lag) == []
+    assert al.stuck_for(200.0) == 100.0
+    assert "a:0 (event time 1000, last offset 0, 1 records left" in al.blocker(200.0, lag)
+    al.note("a:0", 1, None, now=200.0)  # offset 1 was rejected: read all the same
+    assert [i for _, _, i in al.pop_ready(200.0, lag)] == ["b5000"]
+    assert al.stuck_for(200.0) == 0.0
+
+
+def test_alignment_event_time_is_bounded_by_the_kafka_timestamp() -> None:
+    """A record from a clock in 2199 counts as (Kafka time + skew) for alignment and progress."""
+    kafka_s = 1_780_000_000.0
+    assert align_ts(1_780_000_000_000, kafka_s, 300_000) == 1_780_000_000_000
+    assert align_ts(7_258_118_400_000, kafka_s, 300_000) == 1_780_000_300_000  # year 2199
+    assert align_ts(1_000, kafka_s, 300_000) == 1_000  # the past is not moved
+    assert align_ts(7_258_118_400_000, None, 300_000) == 7_258_118_400_000  # no timestamp: as is
+
+
+# --- SIGTERM: the process ends within the grace period even while the event loop is blocked ----
+
+_BLOCKED_LOOP = """
+import asyncio, signal, sys, time
+from streams.worker import install_stop_deadline
+
+async def main():
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: print("loop got SIGTERM", flush=True))
+    install_stop_deadline(1.0)
+    print("busy", flush=True)
+    while True:  # a computation that never yields to the loop
+        sum(range(1000))
+
+asyncio.run(main())
+"""
+
+
+def test_sigterm_ends_a_process_whose_event_loop_is_blocked() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _BLOCKED_LOOP],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"busy\n"
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(20)
+    finally:
+        proc.kill()
+    print(f"exited {time.monotonic() - signalled:.1f} s after SIGTERM")
+    assert code == 128 + signal.SIGTERM
+
+
+# --- the agents themselves: bad input never raises out of bind, route or detect -----------------
+
+
+@dataclass
+class _Message:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: float | None = 1_780_000_000.0
+
+
+@dataclass
+class _FaustEvent:
+    message: _Message
+    key: bytes | None
+    value: bytes | None
+
+
+class _Stream:
+    """The slice of a Faust stream the agents use: `noack().events()` and `ack`."""
+
+    def __init__(self, events: list[_FaustEvent]) -> None:
+        self._events = events
+        self.acked: list[_FaustEvent] = []
+
+    def noack(self) -> _Stream:
+        return self
+
+    async def events(self) -> Any:
+        for event in self._events:
+            yield event
+
+    async def ack(self, event: _FaustEvent) -> bool:
+        self.acked.append(event)
+        return True
+
+
+# Agent -> the raw topics it reads (the sink owns their dead letters, so no broker is needed).
+_AGENT_TOPICS = {
+    "bind": [TRAINING_EVENTS],
+    "route": [TELEMETRY_GPU, TELEMETRY_HOST],
+    "detect": [TRAINING_STEPS, TRAINING_EVENTS],
+}
+
+
+def test_bad_input_on_each_topic_never_raises_out_of_an_agent_and_counts_as_read(tmp_path: Path) -> None:
+    """Every kind of bad record through the real `bind`, `route` and `detect` agent functions."""
+    from streams.app import WorkerOptions, build_app
+
+    app = build_app(WorkerOptions(bootstrap="127.0.0.1:1", workdir=tmp_path, store="memory://"))
+    agents = {name.rpartition(".")[2]: agent for name, agent in app.agents.items()}
+    codec = Codec()
+    offsets: dict[tuple[str, int], int] = {}
+
+    async def run() -> None:
+        for name, agent_topics in _AGENT_TOPICS.items():
+            for topic in agent_topics:
+                good, wrong = _GOOD_AND_WRONG[topic]
+                values = _bad_values(codec.encode(good), codec.encode(wrong))
+                partition = 1
+                events = []
+                for value in values.values():
+                    offset = offsets[(topic, partition)] = offsets.get((topic, partition), -1) + 1
+                    events.append(_FaustEvent(_Message(topic, partition, offset), b"key", value))
+                await agents[name].fun(_Stream(events))  # returns once the stream ends; raises on a bug
+
+    asyncio.run(run())
+    # detect took note of every bad offset: its partitions' backlogs are not stuck behind them.
+    runtime = app.ranksight_runtimes[1]  # type: ignore[attr-defined]
+    described = runtime.aligner.describe(0.0)
+    for topic in _AGENT_TOPICS["detect"]:
+        assert described[f"{topic}:1"][1] == offsets[(topic, 1)]
+    assert runtime.counts["rejected"] == 2 * len(_bad_values(b"x" * 20, b"y"))
+
+
+def test_a_producer_that_acknowledges_nothing_stops_the_worker_loudly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stuck producer used to hold every agent silently; now the worker logs why and stops itself."""
+    import streams.app as worker_app
+
+    killed: list[int] = []
+
+    async def run() -> None:
+        released = asyncio.Event()
+
+        class _StuckProducer:
+            async def flush(self) -> None:
+                await released.wait()  # acknowledges nothing until the worker gives up
+
+        def fake_kill(pid: int, sig: int) -> None:
+            killed.append(sig)
+            released.set()  # the stop ends the wait (in the worker: the process ends)
+
+        monkeypatch.setattr(worker_app.os, "kill", fake_kill)
+        monkeypatch.setattr(worker_app, "_DELIVERY_TIMEOUT_S", 0.05)
+        app = type("App", (), {"producer": _StuckProducer()})()
+        await worker_app._delivered(app, [], "the snapshot of partition 3")
+
+    asyncio.run(run())
+    assert killed == [signal.SIGTERM]
+    assert "has not acknowledged the snapshot of partition 3" in caplog.text
