@@ -24,6 +24,8 @@ _DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
     ("streams.detectors.infrastructure", "InfrastructureDetector"),
     ("streams.detectors.platform", "PlatformDetector"),
     ("streams.detectors.readiness", "ReadinessDetector"),
+    ("streams.detectors.datapath", "DatapathDetector"),
+    ("streams.detectors.validation", "ValidationDetector"),
 )
 
 
