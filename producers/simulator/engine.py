@@ -635,6 +635,7 @@ class _Engine:
                             if starving
                             else max(0, 2 * job.dataloader_workers - rng.randint(0, 3)),
                             workers=job.dataloader_workers,
+                            **self._loader_errors(h.job_id, h.rank, t),
                         )
                     if tel.collective_samples:
                         time_s = vec[_COMM] + vec[_SPIN] + vec[_BLOCKED]
@@ -656,6 +657,15 @@ class _Engine:
                             time_s=round(time_s, 4),
                             bus_bw_gbps=None if bus is None else round(bus, 2),
                         )
+
+    def _loader_errors(self, job_id: str, rank: int, t: float) -> dict[str, Any]:
+        """errors / file_open_errors of a DataLoaderSample under the data_errors faults (none: fields stay null)."""
+        for i, f in self._faults(job_id, "data_errors", "data_errors_transient"):
+            if f.rank == rank and f.start <= t < _end_of(f):
+                n = max(1, int(f.magnitude or 1))
+                self.effects.setdefault(i, _Effect(f.start, f.end, {"errors_per_sample": n}))
+                return {"errors": n, "file_open_errors": n}
+        return {}
 
     # ------------------------------------------------------------------ labels
 
@@ -925,6 +935,59 @@ class _JobRun:
             )
             self.e.effects[i] = _Effect(t + took, None, {"checkpoint_id": ckpt_id})
 
+    # ---------------------------------------------------------------- data path and validation faults
+
+    def _batch_fingerprint(self, rank: int, step: int, t: float) -> str:
+        """What the SDK's `wrap_loader` would hash: one batch per rank and step, unless a data fault repeats some."""
+        faults = getattr(self, "_data_faults", None)
+        if faults is None:  # looked up once per job: this runs for every rank of every step
+            faults = self._data_faults = self.e._faults(self.job.id, "repeated_batches", "epoch_replay")
+        key = str(step)  # a resumed run reads the same data at the same steps
+        for i, f in faults:
+            if not f.start <= t < _end_of(f) or (f.rank is not None and f.rank != rank):
+                continue
+            n = max(1, int(f.magnitude or 1))
+            key = f"stuck{step % n}" if f.type == "repeated_batches" else f"epoch{step % n}"
+            self.e.effects.setdefault(i, _Effect(t, f.end, {"distinct_batches": n}))
+        return hashlib.blake2b(f"{self.job.id}/{rank}/{key}".encode(), digest_size=8).hexdigest()
+
+    def _evaluation_due(self, t: float) -> bool:
+        """Whether an evaluation runs after this step: every `every_steps`, unless a validation fault says otherwise."""
+        every = self.job.evaluation.every_steps
+        late_at = getattr(self, "_late_at", None)
+        if late_at is not None and self.step >= late_at:
+            self._late_at = None
+            return True
+        if self.step % every:
+            return False
+        for i, f in self.e._faults(self.job.id, "validation_missing", "validation_late"):
+            if t < f.start or not t < _end_of(f):
+                continue
+            if f.type == "validation_missing":
+                self.e.effects.setdefault(i, _Effect(t, f.end, {"skipped_from_step": self.step - 1}))
+                return False
+            if i not in self.e.effects:
+                delay = max(1, int(every * (f.magnitude or 0.3)))
+                self._late_at = self.step + delay
+                self.e.effects[i] = _Effect(t, None, {"delayed_steps": delay})
+                return False
+        return True
+
+    def _validation_faults(self, t: float, val: float) -> float:
+        """The validation loss under validation_divergence (rises, compounding) and validation_noise."""
+        for i, f in self.e._faults(self.job.id, "validation_divergence", "validation_noise"):
+            if not f.start <= t < _end_of(f) or not math.isfinite(val):
+                continue
+            self.e.effects.setdefault(i, _Effect(f.start, f.end, {}))
+            if f.type == "validation_divergence":
+                val *= math.exp((f.magnitude or 0.1) * (t - f.start) / 60.0)
+            else:
+                rng = getattr(self, "_val_rng", None)
+                if rng is None:
+                    rng = self._val_rng = self.e._rng(f"validation/{self.job.id}")
+                val *= 1 + rng.gauss(0, f.magnitude or 0.005)
+        return round(val, 5)
+
     # ---------------------------------------------------------------- the step loop
 
     def _loop(self, t: float) -> None:
@@ -997,7 +1060,7 @@ class _JobRun:
             t = self._step(t)
             self._restore_tests(t)
             ev = job.evaluation
-            if ev.every_steps and self.step % ev.every_steps == 0 and t < self.limit:
+            if ev.every_steps and self._evaluation_due(t) and t < self.limit:
                 t = self._evaluate(t)
         if job.end is not None and job.end <= e.sc.duration:
             self._state(job.end, "completed", reason="training finished", exit_code=0)
@@ -1106,6 +1169,7 @@ class _JobRun:
                 comm_s=round(wait, 6),
                 checkpoint_s=round(ckpt_s, 6) if ckpt_s else 0.0,
                 skipped=skipped,
+                batch_fingerprint=self._batch_fingerprint(r.rank, step, t),
             )
             s = t + ckpt_s
             e._spread(r.node, r.gpu_index, _DATA, s, data)
@@ -1166,6 +1230,7 @@ class _JobRun:
         if e.sc.telemetry.evaluation_events:
             self._evaluation_events(t, dur)
         val = loss * 1.03 if math.isfinite(loss) else loss
+        val = self._validation_faults(t, val)
         e.emit(
             t + dur,
             "ValidationResult",

@@ -4,9 +4,10 @@ Rules (category `model`, identity per job):
 
 - `validation_divergence`: at `sustain_evaluations` evaluations in a row, the validation loss rose
   by more than `noise_ratio` (relative) since the previous evaluation while the mean training loss
-  of the steps in between fell by more than `noise_ratio`: the model fits the training data and
+  of the steps in between fell by more than `train_noise_ratio`: the model fits the training data and
   gets worse on held-out data (overfitting, a train/val data mismatch, leakage that stopped).
-  Resolves at the first evaluation whose validation loss does not rise beyond the noise.
+  Resolves after `resolve_evaluations` evaluations in a row whose validation loss does not rise
+  beyond the noise (a single calm evaluation is noise too).
 - `validation_missing`: a job that validated at a regular period (learned from its last
   `period_history` evaluations, in steps, at least `min_periods` intervals) trains on for more
   than `missing_periods` periods past its last validation without another one. Resolves with the
@@ -34,8 +35,10 @@ DEFAULTS: dict[str, Any] = {
         "validation_loss",
         "loss",
     ],  # first one present is the validation loss
-    "noise_ratio": 0.01,  # relative change either loss must exceed to count as a move
+    "noise_ratio": 0.01,  # relative rise of the validation loss that counts as a move (one evaluation is noisy)
+    "train_noise_ratio": 0.001,  # relative fall of the mean training loss that counts (a mean of many steps)
     "sustain_evaluations": 3,  # diverging evaluations in a row before validation_divergence fires
+    "resolve_evaluations": 2,  # evaluations in a row without a rise before it resolves (one calm one is noise)
     "period_history": 5,  # evaluation intervals (steps) the period is learned from (median)
     "min_periods": 2,  # intervals seen before a period is trusted
     "missing_periods": 1.5,  # training this many periods past the last validation -> missing
@@ -58,7 +61,9 @@ class ValidationDetector(PerJobDetector):
         p = {**DEFAULTS, **self.params}
         self._metrics = [str(m) for m in p["val_metrics"]]
         self._noise = float(p["noise_ratio"])
+        self._train_noise = float(p["train_noise_ratio"])
         self._sustain = max(1, int(p["sustain_evaluations"]))
+        self._resolve = max(1, int(p["resolve_evaluations"]))
         self._history = max(1, int(p["period_history"]))
         self._min_periods = max(1, int(p["min_periods"]))
         self._missing = float(p["missing_periods"])
@@ -72,6 +77,7 @@ class ValidationDetector(PerJobDetector):
             "prev": None,  # {"step", "val", "train"} of the previous evaluation
             "streak": [],  # [step, val, train] of the diverging evaluations in a row
             "diverging": None,
+            "calm": 0,  # evaluations in a row without a rise while diverging
             "last_val_step": None,
             "intervals": [],
             "top_step": None,
@@ -131,8 +137,9 @@ class ValidationDetector(PerJobDetector):
         if prev is None:
             return out
         rose = val - prev["val"] > self._noise * abs(prev["val"])
-        fell = prev["train"] - train > self._noise * abs(prev["train"])
+        fell = prev["train"] - train > self._train_noise * abs(prev["train"])
         if rose and fell:
+            job["calm"] = 0
             if not job["streak"]:
                 job["streak"] = [[prev["step"], prev["val"], prev["train"]]]
             job["streak"].append([step, val, train])
@@ -142,10 +149,13 @@ class ValidationDetector(PerJobDetector):
                 out.append(self._divergence_finding(job_id, ts, job, True))
             return out
         if not rose:
-            job["streak"] = []
-            if job["diverging"] is not None:
+            if job["diverging"] is None:
+                job["streak"] = []
+                return out
+            job["calm"] += 1
+            if job["calm"] >= self._resolve:
                 out.append(self._divergence_finding(job_id, ts, job, False, val))
-                job["diverging"] = None
+                job.update(diverging=None, streak=[], calm=0)
         return out
 
     def _divergence_finding(

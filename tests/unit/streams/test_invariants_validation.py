@@ -45,7 +45,10 @@ def test_validation_rising_while_training_falls_fires_after_three_evaluations_an
     assert len(fired) == 1 and fired[0].rule == "validation_divergence" and fired[0].active
     assert "rose from 2.2 to 2.5 over 3 evaluations" in fired[0].summary
     assert fired[0].category == "model"
-    healed = train(det, [2.45], start=600)
+    assert train(det, [2.45], start=600) == [], "one calm evaluation is noise: still diverging"
+    still = train(det, [2.6], start=700)
+    assert [(f.rule, f.active) for f in still] == [("validation_divergence", True)]
+    healed = train(det, [2.55, 2.5], start=800)
     assert [(f.rule, f.active) for f in healed] == [("validation_divergence", False)]
 
 
