@@ -1,8 +1,9 @@
 """Data-path measurement without the user's help: `reporter.wrap_loader(loader)` around any iterable.
 
 The wrapper times every `next()` on the training thread (the time the loop was blocked on data:
-the next step's data wait), fingerprints each batch (a short hash of a strided sample of its
-bytes, so a loader that repeats batches shows up), and every `interval_s` publishes one
+the next step's data wait), fingerprints each batch (a short hash of the shapes, dtypes, the
+first and last elements of its first rows and a strided sample of each array, so a loader that
+repeats batches shows up), and every `interval_s` publishes one
 DataLoaderSample: batches, wait, workers, batch preparation time and, when the dataset keeps
 them, read throughput and latency, cache hits, file opens and errors.
 
@@ -45,28 +46,37 @@ STAT_KEYS: tuple[str, ...] = (
     "batch_prep_s",
     "batches_prepared",
 )
-_SAMPLE_ELEMENTS = 1024  # elements hashed per array: a strided sample, cheap for big batches
+_ROWS = 32  # samples (first-dimension rows) of a batch whose edges are hashed
+_EDGE = 16  # elements hashed at each end of a row: content survives left or right padding
+_STRIDED = 512  # plus this many elements strided over the whole array
+
+
+def _parts(array: Any) -> list[Any]:
+    """Pieces of an array (torch or numpy, same slicing) to hash: row edges and a strided sample."""
+    shape = tuple(array.shape)
+    try:
+        rows = array.reshape(shape[0] if shape else 1, -1)
+    except (RuntimeError, ValueError):  # an empty array: its shape says it all
+        return []
+    n = int(rows.shape[0]) * int(rows.shape[1])
+    head = rows[:_ROWS]
+    flat = rows.reshape(-1)
+    return [head[:, :_EDGE], head[:, -_EDGE:], flat[:: max(1, n // _STRIDED)][:_STRIDED]]
 
 
 def _array_bytes(value: Any) -> bytes | None:
-    """A strided sample of an array's bytes (torch tensor or numpy array), with its shape and type."""
-    tensor = value
-    if hasattr(tensor, "detach"):  # torch: sample on the device, copy only the sample to the host
-        flat = tensor.detach().reshape(-1)
-        if str(flat.dtype) == "torch.bfloat16":  # numpy has no bfloat16
-            flat = flat.float()
-        n = int(flat.shape[0])
-        flat = flat[:: max(1, n // _SAMPLE_ELEMENTS)][:_SAMPLE_ELEMENTS]
-        tensor = flat.cpu().numpy()
-        head = f"{tuple(value.shape)}{value.dtype}".encode()
-    elif hasattr(tensor, "ravel") and hasattr(tensor, "tobytes"):
-        head = f"{tuple(tensor.shape)}{tensor.dtype}".encode()
-        flat = tensor.ravel()
-        n = int(flat.shape[0])
-        tensor = flat[:: max(1, n // _SAMPLE_ELEMENTS)][:_SAMPLE_ELEMENTS]
+    """Bytes identifying an array's content (torch tensor or numpy array): shape, dtype and a sample."""
+    if hasattr(value, "detach"):  # torch: sample on the device, copy only the sample to the host
+        tensor = value.detach()
+        if str(tensor.dtype) == "torch.bfloat16":  # numpy has no bfloat16
+            tensor = tensor.float()
+        parts = [p.contiguous().cpu().numpy() for p in _parts(tensor)]
+    elif hasattr(value, "reshape") and hasattr(value, "tobytes"):
+        parts = _parts(value)
     else:
         return None
-    return bytes(head + tensor.tobytes())
+    head = f"{tuple(value.shape)}{value.dtype}".encode()
+    return head + b"".join(p.tobytes() for p in parts)
 
 
 def _feed(h: Any, value: Any, depth: int = 0) -> None:

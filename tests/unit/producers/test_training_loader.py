@@ -92,6 +92,17 @@ def test_the_same_batch_again_has_the_same_fingerprint_and_a_different_one_does_
     assert len(batch_fingerprint(a)) == 16
 
 
+def test_padded_batches_that_differ_only_in_short_contents_get_different_fingerprints() -> None:
+    """Right- or left-padded sequences sharing their first token: the row edges carry the difference."""
+    right = np.zeros((8, 4096), dtype=np.int64)
+    right[:, 0] = 1  # BOS
+    other = right.copy()
+    right[:, 1:10], other[:, 1:10] = 5, 6
+    assert batch_fingerprint(right) != batch_fingerprint(other)
+    assert batch_fingerprint(right[:, ::-1].copy()) != batch_fingerprint(other[:, ::-1].copy())
+    assert batch_fingerprint(np.zeros((0, 4))) == batch_fingerprint(np.zeros((0, 4)))
+
+
 def test_loader_errors_are_counted_per_interval() -> None:
     clock, pub = FakeClock(), MemoryPublisher()
     reporter = _reporter(pub, clock)
