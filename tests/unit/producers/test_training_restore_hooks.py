@@ -12,7 +12,7 @@ import pytest
 from producers.publisher import MemoryPublisher
 from producers.training import Reporter
 from producers.training.hooks import LoopHooks
-from tests.unit.producers.test_training_callbacks import FakeClock, lightning_module  # noqa: F401
+from tests.unit.producers.test_training_callbacks import FakeClock, hf_module, lightning_module  # noqa: F401
 
 ALL = ["model", "optimizer", "scheduler", "data"]
 
@@ -135,3 +135,37 @@ def test_lightning_saves_the_loss_with_the_checkpoint_and_judges_the_resume_agai
         False,
         False,
     )
+
+
+def test_hf_resume_reads_what_the_checkpoint_folder_held_and_the_last_logged_loss(
+    hf_module: Any,  # noqa: F811
+    tmp_path: Any,
+) -> None:
+    clock, pub = FakeClock(), MemoryPublisher()
+    ckpt = tmp_path / "checkpoint-40"
+    ckpt.mkdir()
+    for name in ("model.safetensors", "scheduler.pt", "trainer_state.json"):  # no optimizer.pt
+        (ckpt / name).write_bytes(b"x")
+    cb = hf_module.RanksightCallback(
+        Reporter("hf-job", 0, node="n", publisher=pub, bind=False, env={}, mono_ns=clock, wall_ns=clock)
+    )
+    cb.hooks.restore_test_steps = 2
+    args = types.SimpleNamespace(process_index=0, world_size=1, local_process_index=0, output_dir=str(tmp_path),
+                                 per_device_train_batch_size=4, gradient_accumulation_steps=1)  # fmt: skip
+    state = types.SimpleNamespace(
+        global_step=40, is_world_process_zero=True, log_history=[{"loss": 1.5}, {"eval_loss": 1.7}]
+    )
+    control = types.SimpleNamespace(should_log=True, should_evaluate=False, should_save=False)
+    cb.on_train_begin(args, state, control)
+    for _ in range(2):
+        cb.on_step_begin(args, state, control)
+        clock.advance(0.05)
+        state.global_step += 1
+        cb.on_step_end(args, state, control)
+        cb.on_log(args, state, control, logs={"loss": 1.52})
+    (t,) = _tests(cb.hooks, pub)
+    assert (t["step"], t["loss_before"], t["loss_after"], t["steps_resumed"]) == (40, 1.5, 1.52, 2)
+    assert (t["restored_model"], t["restored_optimizer"], t["restored_scheduler"], t["restored_data_position"]) == (
+        True, False, True, True,
+    )  # fmt: skip
+    assert not t["passed"] and "not restored: optimizer" in t["error"]
