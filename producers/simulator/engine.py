@@ -635,7 +635,10 @@ class _Engine:
                             if starving
                             else max(0, 2 * job.dataloader_workers - rng.randint(0, 3)),
                             workers=job.dataloader_workers,
-                            **self._loader_errors(h.job_id, h.rank, t),
+                            **(
+                                self._loader_io(job, h.run_id, h.rank, steps, vec[_DATA])
+                                | self._loader_errors(h.job_id, h.rank, t)
+                            ),
                         )
                     if tel.collective_samples:
                         time_s = vec[_COMM] + vec[_SPIN] + vec[_BLOCKED]
@@ -657,6 +660,35 @@ class _Engine:
                             time_s=round(time_s, 4),
                             bus_bw_gbps=None if bus is None else round(bus, 2),
                         )
+
+    def _loader_io(self, job: JobSpec, run_id: str, rank: int, batches: int, wait_s: float) -> dict[str, Any]:
+        """What `wrap_loader` and a dataset's counters report: batch prep time, reads, cache hits, opens.
+
+        A loader keeping up prepares a batch in about half the time its workers have for it; one
+        that starves the step (data wait above 10 % of the interval) takes longer than that, reads
+        slower and misses its cache more. Drawn from its own random stream (other records unchanged).
+        """
+        rngs = self.__dict__.setdefault("_loader_rngs", {})
+        rng = rngs.get((run_id, rank))
+        if rng is None:
+            rng = rngs[(run_id, rank)] = self._rng(f"loader/{run_id}/{rank}")
+        if batches <= 0:
+            return {}
+        iv = self.iv
+        starving = wait_s / iv > 0.1
+        per_batch = iv / batches  # the time the loop gives each batch
+        budget = per_batch * job.dataloader_workers  # what the workers together have per batch
+        prep = budget * (1.0 + wait_s / iv if starving else 0.5) * _lognormal(rng, 0.1)
+        samples = job.global_batch_size // max(1, job.world_size) if job.global_batch_size else 4
+        return {
+            "batch_prep_s": round(prep, 4),
+            "read_bytes_s": round(batches * samples * job.seq_len * 2 / iv, 1),  # int16 token ids
+            "read_latency_s": round(0.004 * (4.0 if starving else 1.0) * _lognormal(rng, 0.2), 5),
+            "cache_hit_ratio": round(min(1.0, (0.6 if starving else 0.92) * _lognormal(rng, 0.03)), 3),
+            "file_opens_s": round(batches * samples / 64 / iv, 2),  # 64 samples per shard file
+            "errors": 0,
+            "file_open_errors": 0,
+        }
 
     def _loader_errors(self, job_id: str, rank: int, t: float) -> dict[str, Any]:
         """errors / file_open_errors of a DataLoaderSample under the data_errors faults (none: fields stay null)."""

@@ -75,3 +75,23 @@ def test_validation_divergence_raises_val_loss_while_the_twin_only_adds_noise() 
     diverging, noisy = val_trend("validation_divergence"), val_trend("validation_noise")
     assert diverging[-1] > 1.5 * diverging[0]
     assert noisy[-1] < noisy[0]
+
+
+def test_loader_samples_carry_prep_time_reads_and_cache_hits_and_a_slow_loader_shows_in_them() -> None:
+    sc = load_scenario("slow_data_worker")
+    sim = simulate(sc, 0)
+    (label,) = sim.labels
+    start, end = parse_ts(label["start"]), parse_ts(label["end"])
+    samples = [
+        e.record
+        for e in sim.events()
+        if e.type == "DataLoaderSample" and e.record["rank"] == 11 and e.record["batches"]
+    ]
+    before = [s for s in samples if s["ts"] < start]
+    during = [s for s in samples if start + 10_000 <= s["ts"] < end]
+    for s in before:
+        assert s["batch_prep_s"] > 0 and s["read_bytes_s"] > 0 and s["file_opens_s"] > 0
+        assert 0 < s["cache_hit_ratio"] <= 1 and s["errors"] == 0
+    mean = lambda rows, k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
+    assert mean(during, "read_latency_s") > 2 * mean(before, "read_latency_s")
+    assert mean(during, "cache_hit_ratio") < mean(before, "cache_hit_ratio")
