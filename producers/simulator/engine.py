@@ -635,6 +635,10 @@ class _Engine:
                             if starving
                             else max(0, 2 * job.dataloader_workers - rng.randint(0, 3)),
                             workers=job.dataloader_workers,
+                            **(
+                                self._loader_io(job, h.run_id, h.rank, steps, vec[_DATA])
+                                | self._loader_errors(h.job_id, h.rank, t)
+                            ),
                         )
                     if tel.collective_samples:
                         time_s = vec[_COMM] + vec[_SPIN] + vec[_BLOCKED]
@@ -656,6 +660,44 @@ class _Engine:
                             time_s=round(time_s, 4),
                             bus_bw_gbps=None if bus is None else round(bus, 2),
                         )
+
+    def _loader_io(self, job: JobSpec, run_id: str, rank: int, batches: int, wait_s: float) -> dict[str, Any]:
+        """What `wrap_loader` and a dataset's counters report: batch prep time, reads, cache hits, opens.
+
+        A loader keeping up prepares a batch in about half the time its workers have for it; one
+        that starves the step (data wait above 10 % of the interval) takes longer than that, reads
+        slower and misses its cache more. Drawn from its own random stream (other records unchanged).
+        """
+        rngs = self.__dict__.setdefault("_loader_rngs", {})
+        rng = rngs.get((run_id, rank))
+        if rng is None:
+            rng = rngs[(run_id, rank)] = self._rng(f"loader/{run_id}/{rank}")
+        if batches <= 0:
+            return {}
+        iv = self.iv
+        starving = wait_s / iv > 0.1
+        per_batch = iv / batches  # the time the loop gives each batch
+        budget = per_batch * job.dataloader_workers  # what the workers together have per batch
+        prep = budget * (1.0 + wait_s / iv if starving else 0.5) * _lognormal(rng, 0.1)
+        samples = job.global_batch_size // max(1, job.world_size) if job.global_batch_size else 4
+        return {
+            "batch_prep_s": round(prep, 4),
+            "read_bytes_s": round(batches * samples * job.seq_len * 2 / iv, 1),  # int16 token ids
+            "read_latency_s": round(0.004 * (4.0 if starving else 1.0) * _lognormal(rng, 0.2), 5),
+            "cache_hit_ratio": round(min(1.0, (0.6 if starving else 0.92) * _lognormal(rng, 0.03)), 3),
+            "file_opens_s": round(batches * samples / 64 / iv, 2),  # 64 samples per shard file
+            "errors": 0,
+            "file_open_errors": 0,
+        }
+
+    def _loader_errors(self, job_id: str, rank: int, t: float) -> dict[str, Any]:
+        """errors / file_open_errors of a DataLoaderSample under the data_errors faults (none: fields stay null)."""
+        for i, f in self._faults(job_id, "data_errors", "data_errors_transient"):
+            if f.rank == rank and f.start <= t < _end_of(f):
+                n = max(1, int(f.magnitude or 1))
+                self.effects.setdefault(i, _Effect(f.start, f.end, {"errors_per_sample": n}))
+                return {"errors": n, "file_open_errors": n}
+        return {}
 
     # ------------------------------------------------------------------ labels
 
@@ -925,6 +967,59 @@ class _JobRun:
             )
             self.e.effects[i] = _Effect(t + took, None, {"checkpoint_id": ckpt_id})
 
+    # ---------------------------------------------------------------- data path and validation faults
+
+    def _batch_fingerprint(self, rank: int, step: int, t: float) -> str:
+        """What the SDK's `wrap_loader` would hash: one batch per rank and step, unless a data fault repeats some."""
+        faults = getattr(self, "_data_faults", None)
+        if faults is None:  # looked up once per job: this runs for every rank of every step
+            faults = self._data_faults = self.e._faults(self.job.id, "repeated_batches", "epoch_replay")
+        key = str(step)  # a resumed run reads the same data at the same steps
+        for i, f in faults:
+            if not f.start <= t < _end_of(f) or (f.rank is not None and f.rank != rank):
+                continue
+            n = max(1, int(f.magnitude or 1))
+            key = f"stuck{step % n}" if f.type == "repeated_batches" else f"epoch{step % n}"
+            self.e.effects.setdefault(i, _Effect(t, f.end, {"distinct_batches": n}))
+        return hashlib.blake2b(f"{self.job.id}/{rank}/{key}".encode(), digest_size=8).hexdigest()
+
+    def _evaluation_due(self, t: float) -> bool:
+        """Whether an evaluation runs after this step: every `every_steps`, unless a validation fault says otherwise."""
+        every = self.job.evaluation.every_steps
+        late_at = getattr(self, "_late_at", None)
+        if late_at is not None and self.step >= late_at:
+            self._late_at = None
+            return True
+        if self.step % every:
+            return False
+        for i, f in self.e._faults(self.job.id, "validation_missing", "validation_late"):
+            if t < f.start or not t < _end_of(f):
+                continue
+            if f.type == "validation_missing":
+                self.e.effects.setdefault(i, _Effect(t, f.end, {"skipped_from_step": self.step - 1}))
+                return False
+            if i not in self.e.effects:
+                delay = max(1, int(every * (f.magnitude or 0.3)))
+                self._late_at = self.step + delay
+                self.e.effects[i] = _Effect(t, None, {"delayed_steps": delay})
+                return False
+        return True
+
+    def _validation_faults(self, t: float, val: float) -> float:
+        """The validation loss under validation_divergence (rises, compounding) and validation_noise."""
+        for i, f in self.e._faults(self.job.id, "validation_divergence", "validation_noise"):
+            if not f.start <= t < _end_of(f) or not math.isfinite(val):
+                continue
+            self.e.effects.setdefault(i, _Effect(f.start, f.end, {}))
+            if f.type == "validation_divergence":
+                val *= math.exp((f.magnitude or 0.1) * (t - f.start) / 60.0)
+            else:
+                rng = getattr(self, "_val_rng", None)
+                if rng is None:
+                    rng = self._val_rng = self.e._rng(f"validation/{self.job.id}")
+                val *= 1 + rng.gauss(0, f.magnitude or 0.005)
+        return round(val, 5)
+
     # ---------------------------------------------------------------- the step loop
 
     def _loop(self, t: float) -> None:
@@ -997,7 +1092,7 @@ class _JobRun:
             t = self._step(t)
             self._restore_tests(t)
             ev = job.evaluation
-            if ev.every_steps and self.step % ev.every_steps == 0 and t < self.limit:
+            if ev.every_steps and self._evaluation_due(t) and t < self.limit:
                 t = self._evaluate(t)
         if job.end is not None and job.end <= e.sc.duration:
             self._state(job.end, "completed", reason="training finished", exit_code=0)
@@ -1106,6 +1201,7 @@ class _JobRun:
                 comm_s=round(wait, 6),
                 checkpoint_s=round(ckpt_s, 6) if ckpt_s else 0.0,
                 skipped=skipped,
+                batch_fingerprint=self._batch_fingerprint(r.rank, step, t),
             )
             s = t + ckpt_s
             e._spread(r.node, r.gpu_index, _DATA, s, data)
@@ -1166,6 +1262,7 @@ class _JobRun:
         if e.sc.telemetry.evaluation_events:
             self._evaluation_events(t, dur)
         val = loss * 1.03 if math.isfinite(loss) else loss
+        val = self._validation_faults(t, val)
         e.emit(
             t + dur,
             "ValidationResult",

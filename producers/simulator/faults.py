@@ -320,5 +320,91 @@ FAULTS: dict[str, FaultKind] = {
             mem_gib=6.0,
             duration=75.0,
         ),
+        # -- the data path (issue 12.4) --------------------------------------------------------
+        _kind(
+            "repeated_batches",
+            "repeated_data",
+            (),
+            "data",
+            "rank",
+            "one rank's loader cycles through the same few batches (magnitude = how many) while its GPU"
+            " keeps computing: the batch fingerprints repeat",
+            magnitude=4.0,
+            duration=360.0,
+        ),
+        _kind(
+            "epoch_replay",
+            None,
+            (),
+            "data",
+            "job",
+            "a loader without shuffling starts a short epoch (magnitude = epoch length in steps) and"
+            " replays it; batches repeat once per epoch; must NOT be reported",
+            magnitude=200.0,
+            duration=None,
+        ),
+        _kind(
+            "data_errors",
+            "data_errors",
+            (),
+            "data",
+            "rank",
+            "one rank's loader fails to open files (magnitude = failed opens per loader sample) and skips them",
+            magnitude=3.0,
+            duration=300.0,
+        ),
+        _kind(
+            "data_errors_transient",
+            None,
+            (),
+            "data",
+            "rank",
+            "one rank's loader reports a short burst of file-open errors, then recovers; must NOT be reported",
+            magnitude=2.0,
+            duration=3.0,
+        ),
+        # -- validation behaviour (issue 12.5) -------------------------------------------------
+        _kind(
+            "validation_divergence",
+            "validation_divergence",
+            (),
+            "model",
+            "job",
+            "validation loss rises (magnitude = relative rise per minute, compounding) while training loss"
+            " keeps falling: overfitting",
+            magnitude=0.1,
+            duration=None,
+        ),
+        _kind(
+            "validation_noise",
+            None,
+            (),
+            "model",
+            "job",
+            "validation loss is noisy (magnitude = relative standard deviation) but follows training;"
+            " must NOT be reported",
+            magnitude=0.005,
+            duration=None,
+        ),
+        _kind(
+            "validation_missing",
+            "validation_missing",
+            (),
+            "model",
+            "job",
+            "evaluations stop being run while training goes on",
+            duration=None,
+        ),
+        _kind(
+            "validation_late",
+            None,
+            (),
+            "model",
+            "job",
+            "one evaluation runs late (magnitude = delay as a fraction of the period), within tolerance;"
+            " must NOT be reported",
+            magnitude=0.3,
+            duration=None,
+        ),
     )
 }

@@ -65,6 +65,30 @@ class RanksightCallback(TrainerCallback):
             local_rank=int(getattr(args, "local_process_index", 0)),
             is_zero=bool(state.is_world_process_zero),
         )
+        if int(getattr(state, "global_step", 0) or 0) > 0:
+            self._resumed(args, state)
+
+    def _resumed(self, args: Any, state: Any) -> None:
+        """The Trainer resumed from `checkpoint-<global_step>`: what its files held is what it restored."""
+        step = int(state.global_step)
+        path = os.path.join(str(args.output_dir), f"checkpoint-{step}")
+        try:
+            files = set(os.listdir(path))
+        except OSError:
+            files = set()
+        model = any(f.startswith(("model", "pytorch_model", "adapter_model")) for f in files)
+        restored = [
+            part
+            for part, present in (
+                ("model", model),
+                ("optimizer", "optimizer.pt" in files),
+                ("scheduler", "scheduler.pt" in files),
+                ("data", "trainer_state.json" in files and not getattr(args, "ignore_data_skip", False)),
+            )
+            if present
+        ]
+        logged = [e["loss"] for e in getattr(state, "log_history", None) or [] if "loss" in e]
+        self.hooks.checkpoint_loaded(step, restored=restored, loss_before=logged[-1] if logged else None)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.hooks.batch_start(int(state.global_step))

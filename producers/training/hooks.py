@@ -9,19 +9,25 @@ StepCompleted per training batch:
   has them (Lightning: all three; Hugging Face: `forward` covers forward *and* backward, which
   its `Trainer` runs in one call without a hook in between);
 - loss, lr, grad norm, samples, tokens as the framework exposes them.
+
+After a resume from a checkpoint (`checkpoint_loaded`), the first `restore_test_steps` batches
+are a restore test: rank 0 reports a RestoreTest with what the framework actually loaded, the
+loss saved with the checkpoint (`checkpoint_metadata`) against the first resumed loss, and the
+runtime (`torch <version> cuda <version>`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from producers.training.reporter import CheckpointReport, EvaluationReport, Reporter, Step
 
-__all__ = ["LoopHooks", "path_bytes", "tensor_batch_size"]
+__all__ = ["LoopHooks", "path_bytes", "runtime_version", "tensor_batch_size"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +64,14 @@ def path_bytes(path: str | os.PathLike[str] | None) -> int | None:
     return None
 
 
+def runtime_version() -> str | None:
+    """`torch <version> cuda <version>` of the torch this process already imported, or None."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    return f"torch {getattr(torch, '__version__', '?')} cuda {getattr(getattr(torch, 'version', None), 'cuda', None)}"
+
+
 class LoopHooks:
     """Turns a framework's training-loop hooks into one reporter's steps, evaluations and checkpoints."""
 
@@ -67,8 +81,12 @@ class LoopHooks:
         *,
         job_info: Mapping[str, Any] | None = None,
         tokens_per_sample: int | None = None,
+        restore_test_steps: int = 10,
     ) -> None:
         self._factory = reporter_factory
+        self.restore_test_steps = restore_test_steps
+        self._resumed: dict[str, Any] | None = None  # a restore test in progress (after checkpoint_loaded)
+        self._last_loss: Any = None
         self.job_info = dict(job_info or {})
         self.tokens_per_sample = tokens_per_sample
         self.reporter: Reporter | None = None
@@ -89,6 +107,10 @@ class LoopHooks:
         if is_zero:
             self.reporter.job_started(**self.job_info)
             self.reporter.state("running")
+        resumed = self._resumed
+        if resumed is not None and not resumed["announced"]:
+            resumed["announced"] = True
+            self.reporter.checkpoint_restored(resumed["step"])
 
     def train_end(self, *, is_zero: bool) -> None:
         """Publish what is pending; rank 0 marks the job completed; close the reporter we created."""
@@ -98,6 +120,8 @@ class LoopHooks:
         self.flush_pending()
         self._drop_waiting()
         self.checkpoint_finished()
+        if self._resumed is not None:
+            self._report_restore_test()
         if is_zero:
             r.state("completed")
         if self._owns_reporter:
@@ -150,6 +174,7 @@ class LoopHooks:
         clean = {k: v for k, v in values.items() if v is not None}
         if clean:
             current.record(**clean)
+        self._resumed_batch(clean.get("loss"), counts=True)
         if wait_for_values:
             current.stop_clock()
             self._pending = current
@@ -167,6 +192,7 @@ class LoopHooks:
         clean = {k: v for k, v in values.items() if v is not None}
         if clean:
             pending.record(**clean)
+        self._resumed_batch(clean.get("loss"), counts=False)
         self.flush_pending()
 
     def flush_pending(self) -> None:
@@ -192,6 +218,79 @@ class LoopHooks:
         elif isinstance(batch, Mapping) and hasattr(batch.get("input_ids"), "numel"):
             tokens = int(batch["input_ids"].numel())
         return {"samples": samples, "tokens": tokens}
+
+    # -- restore tests --------------------------------------------------------------------------
+
+    def checkpoint_loaded(
+        self,
+        step: int,
+        *,
+        restored: list[str],
+        loss_before: float | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        """The framework restored the checkpoint of `step` (`restored`: model, optimizer, scheduler, data)."""
+        self._resumed = {
+            "step": int(step),
+            "restored": list(restored),
+            "loss_before": loss_before,
+            "run_id": run_id,
+            "steps": 0,
+            "loss_after": None,
+            "announced": False,
+        }
+        if self.reporter is not None:
+            self._resumed["announced"] = True
+            self.reporter.checkpoint_restored(int(step))
+        if self.restore_test_steps <= 0:
+            self._resumed = None
+
+    def checkpoint_metadata(self) -> dict[str, Any]:
+        """What to save with a checkpoint so its restore can be judged: the last loss and the writing run."""
+        loss = self._last_loss
+        try:
+            loss = None if loss is None else float(loss)
+        except (TypeError, ValueError):
+            loss = None
+        run = self.reporter.identity.run_id if self.reporter is not None else None
+        return {"loss": loss, "run_id": run}
+
+    def _resumed_batch(self, loss: Any, *, counts: bool) -> None:
+        if loss is not None:
+            self._last_loss = loss
+        resumed = self._resumed
+        if resumed is None:
+            return
+        if resumed["loss_after"] is None and loss is not None:
+            resumed["loss_after"] = loss
+        if counts:
+            resumed["steps"] += 1
+        if (resumed["steps"] >= self.restore_test_steps and resumed["loss_after"] is not None) or (
+            resumed["steps"] >= 2 * self.restore_test_steps
+        ):
+            self._report_restore_test()
+
+    def _report_restore_test(self) -> None:
+        resumed, self._resumed = self._resumed, None
+        r = self.reporter
+        if resumed is None or r is None:
+            return
+        loss_after = resumed["loss_after"]
+        try:
+            loss_after = None if loss_after is None else float(loss_after)
+        except (TypeError, ValueError):
+            loss_after = None
+        r.restore_test(
+            f"{r.identity.job_id}-step{resumed['step']}",
+            restored=resumed["restored"],
+            steps_resumed=resumed["steps"],
+            step=resumed["step"],
+            loss_before=resumed["loss_before"],
+            loss_after=loss_after,
+            code_version=os.environ.get("RANKSIGHT_CODE_VERSION"),
+            runtime_version=runtime_version(),
+            run_id=resumed["run_id"],
+        )
 
     # -- evaluations and checkpoints ------------------------------------------------------------
 

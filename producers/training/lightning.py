@@ -121,14 +121,30 @@ class RanksightCallback(Callback):
             )
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        checkpoint["ranksight"] = self.hooks.checkpoint_metadata()
         if trainer.is_global_zero:
             self.hooks.checkpoint_started(int(trainer.global_step))
             self._ckpt_callback = getattr(trainer, "checkpoint_callback", None)
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        reporter = self.hooks.reporter
-        if reporter is not None:
-            reporter.checkpoint_restored(int(checkpoint.get("global_step", 0)))
+        # What Lightning restores from this dict: the module, optimizers, schedulers, loop positions.
+        restored = [
+            part
+            for part, key in (
+                ("model", "state_dict"),
+                ("optimizer", "optimizer_states"),
+                ("scheduler", "lr_schedulers"),
+                ("data", "loops"),
+            )
+            if checkpoint.get(key)
+        ]
+        saved = checkpoint.get("ranksight") or {}
+        self.hooks.checkpoint_loaded(
+            int(checkpoint.get("global_step", 0)),
+            restored=restored,
+            loss_before=saved.get("loss"),
+            run_id=saved.get("run_id"),
+        )
 
     def _saved_path(self) -> str | None:
         cb = getattr(self, "_ckpt_callback", None)

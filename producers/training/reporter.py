@@ -18,18 +18,22 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from time import perf_counter_ns, time_ns
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from producers.publisher import Publisher, open_publisher
 from producers.training.bindings import Binding, bindings_dir, process_start_time, write_binding
 from producers.training.identity import RankIdentity, resolve_identity
+from producers.training.restore_test import DEFAULT_LOSS_TOLERANCE, restore_test_event
 from producers.training.timing import HostTimer, SegmentTimer, TimingMode, choose_timer
 from schemas.errors import RanksightError
 from schemas.records import Event
+
+if TYPE_CHECKING:
+    from producers.training.loader import MonitoredLoader
 
 __all__ = ["SEGMENTS", "CheckpointReport", "EvaluationReport", "Reporter", "Step", "visible_gpu"]
 
@@ -37,7 +41,7 @@ log = logging.getLogger(__name__)
 
 SEGMENTS: tuple[str, ...] = ("data_wait", "forward", "backward", "optimizer", "comm", "checkpoint")
 _SEGMENT_SET = frozenset(SEGMENTS)
-_RECORD_FIELDS = frozenset(("samples", "tokens", "loss", "lr", "grad_norm", "skipped"))
+_RECORD_FIELDS = frozenset(("samples", "tokens", "loss", "lr", "grad_norm", "skipped", "batch_fingerprint"))
 _JOB_STATES = frozenset(("pending", "running", "restarting", "preempted", "failed", "completed"))
 _FLOAT_FIELDS = ("loss", "lr", "grad_norm")
 _INT_FIELDS = ("samples", "tokens")
@@ -120,6 +124,7 @@ class Step:
         "_end",
         "_fields",
         "_host",
+        "_loader_wait_s",
         "_mark",
         "_marks",
         "_open",
@@ -141,6 +146,7 @@ class Step:
         self._fields: dict[str, Any] = {}
         self._begin: Any = None
         self._end: Any = None
+        self._loader_wait_s: float | None = None  # time blocked in a wrapped loader's next() for this batch
 
     def segment(self, name: str) -> _Segment:
         """Time a part of the step: data_wait, forward, backward, optimizer, comm or checkpoint."""
@@ -169,7 +175,7 @@ class Step:
             self._reporter._internal("segment", internal)
 
     def record(self, **values: Any) -> None:
-        """Attach loss, lr, grad_norm, samples, tokens (tensors are fine) and `skipped`."""
+        """Attach loss, lr, grad_norm, samples, tokens (tensors are fine), `skipped` and `batch_fingerprint`."""
         self._fields.update(values)
 
     def begin(self) -> Step:
@@ -404,6 +410,8 @@ class Reporter:
         # Host clocks: the clock itself marks (one call per edge on the training thread, not two).
         self._mark: Callable[[], Any] = mono_ns if isinstance(self._timer, HostTimer) else self._timer.mark
         self._live_step: Step | None = None  # the step open on the training thread (for the heartbeat)
+        self._loader_fp: str | None = None  # the last batch a wrapped loader delivered, for the next step
+        self._loader_wait: float | None = None
         beat = heartbeat_s if heartbeat_s is not None else float(env.get("RANKSIGHT_HEARTBEAT_S", "10"))
         self._heartbeat_ns = int(beat * 1e9) if beat > 0 else 0
         self._last_beat_ns: int | None = None
@@ -634,6 +642,12 @@ class Reporter:
                 per_rank=True,
             )
             return
+        # The batch a wrapped loader delivered last is the one this step consumed.
+        fp, self._loader_fp = self._loader_fp, None
+        wait, self._loader_wait = self._loader_wait, None
+        if fp is not None:
+            step._fields.setdefault("batch_fingerprint", fp)
+        step._loader_wait_s = wait
         # The training thread only stamps the time and enqueues; the record is built off-thread.
         if len(self._outbox) >= self._max_pending:
             self._counts["dropped"] += 1
@@ -675,13 +689,14 @@ class Reporter:
                 "lr": fields.get("lr"),
                 "grad_norm": fields.get("grad_norm"),
                 "step_time_s": step_time,
-                "data_wait_s": get("data_wait"),
+                "data_wait_s": get("data_wait", step._loader_wait_s),
                 "forward_s": get("forward"),
                 "backward_s": get("backward"),
                 "optimizer_s": get("optimizer"),
                 "comm_s": get("comm"),
                 "checkpoint_s": get("checkpoint"),
                 "skipped": bool(fields.get("skipped", False)),
+                "batch_fingerprint": fields.get("batch_fingerprint"),
             },
         )
 
@@ -781,6 +796,7 @@ class Reporter:
         gpu_class: str = "",
         checkpoint_max_age_s: float | None = None,
         checkpoint_timeout_s: float | None = None,
+        restore_test_max_age_s: float | None = None,
         labels: Mapping[str, str] | None = None,
     ) -> None:
         """Describe the job (typically from rank 0): owner, team, model, parallelism, checkpoint policy.
@@ -826,6 +842,7 @@ class Reporter:
                     "gpu_class": gpu_class,
                     "checkpoint_max_age_s": checkpoint_max_age_s,
                     "checkpoint_timeout_s": checkpoint_timeout_s,
+                    "restore_test_max_age_s": restore_test_max_age_s,
                     "labels": dict(labels or {}),
                 },
             )
@@ -918,8 +935,15 @@ class Reporter:
         wait_s: float | None = None,
         queue_depth: int | None = None,
         workers: int | None = None,
+        batch_prep_s: float | None = None,
+        read_bytes_s: float | None = None,
+        read_latency_s: float | None = None,
+        cache_hit_ratio: float | None = None,
+        file_opens_s: float | None = None,
+        errors: int | None = None,
+        file_open_errors: int | None = None,
     ) -> None:
-        """Data-loader health of this rank over an interval."""
+        """Data-loader health of this rank over an interval (`wrap_loader` calls this for you)."""
         try:
             self._job_event(
                 "DataLoaderSample",
@@ -929,11 +953,85 @@ class Reporter:
                     "wait_s": wait_s,
                     "queue_depth": queue_depth,
                     "workers": workers,
+                    "batch_prep_s": batch_prep_s,
+                    "read_bytes_s": read_bytes_s,
+                    "read_latency_s": read_latency_s,
+                    "cache_hit_ratio": cache_hit_ratio,
+                    "file_opens_s": file_opens_s,
+                    "errors": errors,
+                    "file_open_errors": file_open_errors,
                 },
                 per_rank=True,
             )
         except Exception as internal:
             self._internal("dataloader", internal)
+
+    def wrap_loader(
+        self,
+        loader: Iterable[Any],
+        *,
+        interval_s: float = 10.0,
+        fingerprint: bool | Callable[[Any], str | None] = True,
+    ) -> MonitoredLoader:
+        """`for batch in reporter.wrap_loader(loader):` data wait, batch fingerprints and DataLoaderSamples.
+
+        Works with a PyTorch `DataLoader` or any iterable; see `producers.training.loader` for
+        what is measured. `fingerprint=False` skips hashing batches; a callable replaces the hash.
+        """
+        from producers.training.loader import MonitoredLoader
+
+        return MonitoredLoader(self, loader, interval_s=interval_s, fingerprint=fingerprint)
+
+    def _loader_delivered(self, wait_s: float, fingerprint: str | None) -> None:
+        """A wrapped loader handed out a batch: the next step to end consumed it."""
+        self._loader_wait = wait_s
+        self._loader_fp = fingerprint
+
+    def restore_test(
+        self,
+        checkpoint_id: str,
+        *,
+        restored: Iterable[str],
+        steps_resumed: int,
+        step: int | None = None,
+        loss_before: float | None = None,
+        loss_after: float | None = None,
+        loss_tolerance: float | None = DEFAULT_LOSS_TOLERANCE,
+        code_version: str | None = None,
+        runtime_version: str | None = None,
+        passed: bool | None = None,
+        error: str | None = None,
+        duration_s: float | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        """A restore test of `checkpoint_id` (rank 0 only: one per job); `passed=None` lets `judge` decide.
+
+        `restored` names what was actually loaded (model, optimizer, scheduler, data); `run_id` is
+        the run that wrote the checkpoint (default: this reporter's run).
+        """
+        if self.identity.rank != 0:
+            return
+        try:
+            event = restore_test_event(
+                self.identity.job_id,
+                checkpoint_id,
+                run_id=self.identity.run_id if run_id is None else run_id,
+                restored=list(restored),
+                steps_resumed=steps_resumed,
+                step=step,
+                loss_before=None if loss_before is None else float(loss_before),
+                loss_after=None if loss_after is None else float(loss_after),
+                loss_tolerance=loss_tolerance,
+                code_version=code_version,
+                runtime_version=runtime_version,
+                passed=passed,
+                error=error,
+                duration_s=duration_s,
+                ts_ms=self._now_ms(),
+            )
+            self._emit(event.type, event.record)
+        except Exception as internal:
+            self._internal("restore_test", internal)
 
     def flush(self, timeout: float = 10.0) -> int:
         """Wait until queued events are handed to the publisher and delivered; returns what is left."""

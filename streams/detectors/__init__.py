@@ -25,6 +25,8 @@ _DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
     ("streams.detectors.platform", "PlatformDetector"),
     ("streams.detectors.readiness", "ReadinessDetector"),
     ("streams.detectors.clock", "ClockDetector"),
+    ("streams.detectors.datapath", "DatapathDetector"),
+    ("streams.detectors.validation", "ValidationDetector"),
 )
 
 

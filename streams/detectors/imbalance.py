@@ -634,6 +634,7 @@ class ImbalanceDetector(Detector):
                     "power_w": mean(finite(g[_G_POWER] for g in gpus)),
                     "loss": median(finite(s[_LOSS] for s in steps)),
                     "min_straggler_score": min(scores) if scores else None,
+                    **_idle_attribution(steps),
                 },
             )
         )
@@ -668,3 +669,29 @@ def _group(steps: list[list[Any]]) -> dict[int, list[list[Any]]]:
     for s in steps:
         out.setdefault(int(s[_RANK]), []).append(s)
     return out
+
+
+def _idle_attribution(steps: list[list[Any]]) -> dict[str, float | None]:
+    """GPU idle time of a window's steps split into data wait, communication and other causes (fractions of step time)."""
+    total = idle = wait = comm = 0.0
+    for s in steps:
+        step_time, compute = s[_STEP_TIME], s[_COMPUTE]
+        if compute is None or not step_time or not math.isfinite(step_time) or step_time <= 0:
+            continue
+        total += step_time
+        idle += max(0.0, step_time - compute)
+        wait += s[_WAIT] or 0.0
+        comm += s[_COMM] or 0.0
+    if total <= 0:
+        return {
+            "gpu_idle_frac": None,
+            "idle_data_wait_frac": None,
+            "idle_comm_frac": None,
+            "idle_other_frac": None,
+        }
+    return {
+        "gpu_idle_frac": idle / total,
+        "idle_data_wait_frac": wait / total,
+        "idle_comm_frac": comm / total,
+        "idle_other_frac": max(0.0, idle - wait - comm) / total,
+    }

@@ -19,7 +19,7 @@ LINES = [
     '{"type": "StepCompleted", "ts": "2026-11-30T07:00:01.500Z", "job_id": "job-1", "run_id": "r1", "rank": 1, '
     '"step": 1, "samples": 32, "tokens": 65536, "loss": 2.5, "lr": 0.0003, "grad_norm": 1.25, "step_time_s": 1.5, '
     '"data_wait_s": 0.1, "forward_s": 0.4, "backward_s": 0.8, "optimizer_s": 0.1, "comm_s": 0.1, '
-    '"checkpoint_s": null, "skipped": false}',
+    '"checkpoint_s": null, "skipped": false, "batch_fingerprint": null}',
 ]
 
 

@@ -1,0 +1,228 @@
+"""Data-path measurement without the user's help: `reporter.wrap_loader(loader)` around any iterable.
+
+The wrapper times every `next()` on the training thread (the time the loop was blocked on data:
+the next step's data wait), fingerprints each batch (a short hash of the shapes, dtypes, the
+first and last elements of its first rows and a strided sample of each array, so a loader that
+repeats batches shows up), and every `interval_s` publishes one
+DataLoaderSample: batches, wait, workers, batch preparation time and, when the dataset keeps
+them, read throughput and latency, cache hits, file opens and errors.
+
+What the loader can know, and where it comes from:
+
+- `wait_s`, `batches`: always (the wrapper's own clock).
+- `batch_prep_s`: the mean time of `next()` when batches are prepared in this process (a plain
+  iterable, or a PyTorch `DataLoader` with `num_workers=0`); with worker processes the wait is
+  only the part the workers did not hide, so it is left null unless the dataset reports it.
+- `workers`: the loader's `num_workers`.
+- everything else: from `loader.dataset.ranksight_stats()` (or `loader.ranksight_stats()`), a
+  method returning *cumulative* counters (`read_bytes`, `reads`, `read_time_s`, `cache_hits`,
+  `cache_misses`, `file_opens`, `file_open_errors`, `errors`, `batch_prep_s`, `batches_prepared`);
+  the wrapper publishes their change per interval. Counters kept in worker processes must be
+  shared (e.g. `multiprocessing.Value`) to be seen here.
+
+Nothing here imports torch: tensors are recognised by their methods.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from producers.training.reporter import Reporter
+
+__all__ = ["STAT_KEYS", "MonitoredLoader", "batch_fingerprint"]
+
+STAT_KEYS: tuple[str, ...] = (
+    "read_bytes",
+    "reads",
+    "read_time_s",
+    "cache_hits",
+    "cache_misses",
+    "file_opens",
+    "file_open_errors",
+    "errors",
+    "batch_prep_s",
+    "batches_prepared",
+)
+_ROWS = 32  # samples (first-dimension rows) of a batch whose edges are hashed
+_EDGE = 16  # elements hashed at each end of a row: content survives left or right padding
+_STRIDED = 512  # plus this many elements strided over the whole array
+
+
+def _parts(array: Any) -> list[Any]:
+    """Pieces of an array (torch or numpy, same slicing) to hash: row edges and a strided sample."""
+    shape = tuple(array.shape)
+    try:
+        rows = array.reshape(shape[0] if shape else 1, -1)
+    except (RuntimeError, ValueError):  # an empty array: its shape says it all
+        return []
+    n = int(rows.shape[0]) * int(rows.shape[1])
+    head = rows[:_ROWS]
+    flat = rows.reshape(-1)
+    return [head[:, :_EDGE], head[:, -_EDGE:], flat[:: max(1, n // _STRIDED)][:_STRIDED]]
+
+
+def _array_bytes(value: Any) -> bytes | None:
+    """Bytes identifying an array's content (torch tensor or numpy array): shape, dtype and a sample."""
+    if hasattr(value, "detach"):  # torch: sample on the device, copy only the sample to the host
+        tensor = value.detach()
+        if str(tensor.dtype) == "torch.bfloat16":  # numpy has no bfloat16
+            tensor = tensor.float()
+        parts = [p.contiguous().cpu().numpy() for p in _parts(tensor)]
+    elif hasattr(value, "reshape") and hasattr(value, "tobytes"):
+        parts = _parts(value)
+    else:
+        return None
+    head = f"{tuple(value.shape)}{value.dtype}".encode()
+    return head + b"".join(p.tobytes() for p in parts)
+
+
+def _feed(h: Any, value: Any, depth: int = 0) -> None:
+    if depth > 8:
+        return
+    raw = _array_bytes(value)
+    if raw is not None:
+        h.update(raw)
+    elif isinstance(value, (bytes, bytearray)):
+        h.update(bytes(value[:4096]))
+    elif isinstance(value, str):
+        h.update(value[:4096].encode("utf-8", "replace"))
+    elif isinstance(value, Mapping):
+        for key in sorted(value, key=str):
+            h.update(str(key).encode())
+            _feed(h, value[key], depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value[:256]:
+            _feed(h, item, depth + 1)
+    else:
+        h.update(repr(value)[:256].encode())
+
+
+def batch_fingerprint(batch: Any) -> str:
+    """16 hex digits identifying a batch's content (dicts, lists, tuples, tensors, arrays, str, numbers)."""
+    h = hashlib.sha1(usedforsecurity=False)  # not a security hash: sha1 is the fastest one here (SHA-NI)
+    _feed(h, batch)
+    return h.hexdigest()[:16]
+
+
+class MonitoredLoader:
+    """Iterates the wrapped loader and reports what it can measure; `len()` and attributes pass through."""
+
+    def __init__(
+        self,
+        reporter: Reporter,
+        loader: Iterable[Any],
+        *,
+        interval_s: float = 10.0,
+        fingerprint: bool | Callable[[Any], str | None] = True,
+        clock_ns: Callable[[], int] | None = None,
+    ) -> None:
+        self.loader = loader
+        self._reporter = reporter
+        self._interval_ns = int(interval_s * 1e9)
+        self._fingerprint: Callable[[Any], str | None] | None = (
+            batch_fingerprint if fingerprint is True else fingerprint or None
+        )
+        self._clock = clock_ns or reporter._mono_ns
+        self._workers = getattr(loader, "num_workers", None)
+        self._in_process = not self._workers  # batches prepared by next() itself
+        self._source = self._stats_source(loader)
+        self._reset(self._clock())
+        self._last_stats = self._read_stats()
+
+    @staticmethod
+    def _stats_source(loader: Any) -> Callable[[], Mapping[str, Any]] | None:
+        for owner in (getattr(loader, "dataset", None), loader):
+            stats = getattr(owner, "ranksight_stats", None)
+            if callable(stats):
+                return stats
+        return None
+
+    def _read_stats(self) -> dict[str, float]:
+        if self._source is None:
+            return {}
+        try:
+            raw = self._source()
+            return {k: float(raw[k]) for k in STAT_KEYS if raw.get(k) is not None}
+        except Exception as exc:
+            self._reporter._internal("loader_stats", exc)
+            self._source = None
+            return {}
+
+    def _reset(self, now: int) -> None:
+        self._since = now
+        self._batches = 0
+        self._wait_ns = 0
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self.loader)
+        clock = self._clock
+        reporter = self._reporter
+        try:
+            while True:
+                t0 = clock()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+                t1 = clock()
+                self._batches += 1
+                self._wait_ns += t1 - t0
+                fp = None
+                if self._fingerprint is not None:
+                    try:
+                        fp = self._fingerprint(batch)
+                    except Exception as exc:
+                        reporter._internal("fingerprint", exc)
+                reporter._loader_delivered((t1 - t0) / 1e9, fp)
+                if t1 - self._since >= self._interval_ns:
+                    self.report(t1)
+                yield batch
+        finally:
+            self.report(clock())  # the end of an epoch (or an abandoned iteration) closes the interval
+
+    def report(self, now: int | None = None) -> None:
+        """Publish the DataLoaderSample of the interval so far (nothing when it saw no batch and no counter moved)."""
+        now = self._clock() if now is None else now
+        if now <= self._since:
+            return
+        stats = self._read_stats()
+        delta = {k: v - self._last_stats.get(k, 0.0) for k, v in stats.items()}
+        if self._batches == 0 and not any(delta.values()):
+            return
+        interval_s = (now - self._since) / 1e9
+        self._last_stats = stats or self._last_stats
+        wait_s = self._wait_ns / 1e9
+        prep: float | None = None
+        if delta.get("batches_prepared") and "batch_prep_s" in delta:
+            prep = delta["batch_prep_s"] / delta["batches_prepared"]
+        elif self._in_process and self._batches:
+            prep = wait_s / self._batches
+        reads, read_time = delta.get("reads"), delta.get("read_time_s")
+        hits, misses = delta.get("cache_hits"), delta.get("cache_misses")
+        opens, errors = delta.get("file_opens"), delta.get("errors")
+        open_errors = delta.get("file_open_errors")
+        self._reporter.dataloader(
+            interval_s=interval_s,
+            batches=self._batches,
+            wait_s=wait_s,
+            workers=self._workers,
+            batch_prep_s=prep,
+            read_bytes_s=delta["read_bytes"] / interval_s if "read_bytes" in delta else None,
+            read_latency_s=read_time / reads if reads and read_time is not None else None,
+            cache_hit_ratio=hits / (hits + (misses or 0.0))
+            if hits is not None and hits + (misses or 0.0)
+            else None,
+            file_opens_s=opens / interval_s if opens is not None else None,
+            errors=int(errors) if errors is not None else None,
+            file_open_errors=int(open_errors) if open_errors is not None else None,
+        )
+        self._reset(now)
