@@ -13,8 +13,6 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[3]
 FIRST_PARTY = {"producers", "schemas", "streams", "sinks", "infra", "ranksight"}
 # import name -> the base distribution that provides it
