@@ -68,7 +68,7 @@ integration: $(STAMP) kafka-jars ui-assets
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy schemas producers streams sinks infra ranksight
+	$(BIN)/mypy schemas producers streams sinks infra ranksight ui
 
 bench: $(STAMP) kafka-jars ui-assets
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
