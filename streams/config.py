@@ -81,7 +81,7 @@ class EngineConfig:
     disabled_rules: tuple[str, ...] = ()
     max_clock_skew_ms: int = 300_000
     clock_jump_sources: int = 3
-    max_record_age_ms: int = 604_800_000
+    max_record_age_ms: int = 0  # 0: off (replays and simulations publish old event times now)
     detectors: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
@@ -136,16 +136,16 @@ class EngineConfig:
             every = float(engine.get("advance_every_s", 1))
             skew = float(engine.get("max_clock_skew_s", 300))
             jump_sources = int(engine.get("clock_jump_sources", 3))
-            max_age = float(engine.get("max_record_age_s", 604_800))
+            max_age = float(engine.get("max_record_age_s", 0))
         except (TypeError, ValueError):
             raise ConfigError(
                 f"{source}: engine.allowed_lateness_s, engine.advance_every_s, engine.max_clock_skew_s, "
                 "engine.clock_jump_sources and engine.max_record_age_s must be numbers"
             ) from None
-        if not (lateness >= 0 and every > 0 and skew > 0 and max_age > 0) or math.isinf(skew + max_age):
+        if not (lateness >= 0 and every > 0 and skew > 0 and max_age >= 0) or math.isinf(skew + max_age):
             raise ConfigError(
                 f"{source}: engine.allowed_lateness_s must be >= 0, engine.advance_every_s > 0, "
-                "engine.max_clock_skew_s and engine.max_record_age_s finite numbers > 0"
+                "engine.max_clock_skew_s a finite number > 0 and engine.max_record_age_s one >= 0 (0: off)"
             )
         if jump_sources < 1:
             raise ConfigError(f"{source}: engine.clock_jump_sources must be >= 1")

@@ -87,7 +87,8 @@ class DetectionEngine:
         self._disabled = frozenset(self.config.disabled_rules)
         self._clock = next(d for d in self.detectors if isinstance(d, ClockDetector))
         self._skew_ms = self.config.max_clock_skew_ms
-        self._max_age_ms = self.config.max_record_age_ms
+        # 0 switches the "too old for its Kafka time" check off (the default: see detectors.yaml).
+        self._max_age_ms = self.config.max_record_age_ms or 10**15
         # Offline: a run of records ahead of every accepted time ({"first": ts, "sources": [...]}).
         self._jump: dict[str, Any] | None = None
         self.stats: dict[str, Any] = _empty_stats()
@@ -179,7 +180,7 @@ class DetectionEngine:
         if received_ts is not None:
             if ts > received_ts + skew:
                 return "clock_ahead"
-            return "clock_behind" if ts < received_ts - self.config.max_record_age_ms else None
+            return "clock_behind" if ts < received_ts - self._max_age_ms else None
         if self.max_ts is None or ts <= self.max_ts + skew:
             self._jump = None  # a believable record ends any run of records from the future
             return None
