@@ -10,7 +10,6 @@ import typer
 
 from ranksight.commands.ui import HOST_HELP
 from ranksight.console import console, err_console, fail, user_errors
-from ranksight.settings import load_settings
 
 __all__ = ["register"]
 
@@ -38,6 +37,8 @@ def serve(
     from ui.server import UiServer
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from ranksight.settings import load_settings
+
     settings = load_settings()
     prefix = settings.topic_prefix
     with user_errors():

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 import typer
 
 from ranksight.console import console, fail, user_errors
-from ranksight.settings import load_settings
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -19,6 +18,7 @@ HOST_HELP = "Address to listen on (127.0.0.1: this machine only; 0.0.0.0 exposes
 
 def open_store(migrate_schema: bool = True) -> Client:
     """The ClickHouse client of the configured store; one sentence and exit when chDB is held elsewhere."""
+    from ranksight.settings import load_settings
     from sinks.clickhouse import chdb_path, connect
     from sinks.ddl import MIGRATIONS, applied_versions, migrate
     from sinks.errors import ClickHouseLockedError
@@ -51,6 +51,8 @@ def ui(
     with user_errors():
         client = open_store()
         server = UiServer(client, host, port)
+        from ranksight.settings import load_settings
+
         dsn = describe_dsn(load_settings().clickhouse_dsn())
         try:
             server.serve_forever(
