@@ -59,7 +59,7 @@ from schemas.topics import (
     topic_for,
 )
 from streams.config import EngineConfig, load_config
-from streams.engine import DetectionEngine, event_ts
+from streams.engine import MAX_EVENT_TS, MIN_EVENT_TS, DetectionEngine, event_ts
 from streams.errors import StreamsError
 from streams.rekey import NodeRoutes, WallClockGuard, partition_for
 from streams.routing import Router, load_router
@@ -73,6 +73,7 @@ __all__ = [
     "SOURCE_TOPICS",
     "TELEMETRY_BY_JOB",
     "Aligner",
+    "ClockRejected",
     "WorkerOptions",
     "WorkerRuntime",
     "align_ts",
@@ -83,6 +84,7 @@ __all__ = [
     "encode_snapshot",
     "pick_latest_snapshot",
     "received_ms",
+    "reference_ms",
 ]
 
 log = logging.getLogger("ranksight.worker")
@@ -214,17 +216,47 @@ def check_record(codec: Codec, value: bytes | None, topic: str) -> Event:
     return event
 
 
-def align_ts(ts: int, timestamp_s: float | None, max_skew_ms: int) -> int:
-    """Event time for alignment and progress: `ts`, at most `max_skew_ms` past the Kafka timestamp."""
-    if not timestamp_s or timestamp_s <= 0:
-        return ts
-    return min(ts, int(timestamp_s * 1000) + max_skew_ms)
+def align_ts(ts: int, timestamp_s: float | None, max_skew_ms: int, now_ms: int) -> int | None:
+    """Event time for alignment and progress: `ts`, or None for a record the engine will reject.
+
+    That is a record outside 2000..2200 or more than `max_skew_ms` ahead of its reference (its
+    Kafka timestamp, capped at `now_ms`: see `reference_ms`). Such a record moves no event time:
+    bounding it by Kafka time + skew instead let one 2199 record of an hour-old backlog drag every
+    engine's watermark an hour past the data (job_stall on every job).
+    """
+    kafka_ms = int(timestamp_s * 1000) if timestamp_s and timestamp_s > 0 else None
+    if not MIN_EVENT_TS <= ts < MAX_EVENT_TS or ts > reference_ms(kafka_ms, now_ms) + max_skew_ms:
+        return None
+    return ts
 
 
 def received_ms(fevent: Any) -> int | None:
     """The Kafka timestamp (ms) of a Faust event's message, if it has one."""
     timestamp = getattr(fevent.message, "timestamp", None)
     return int(timestamp * 1000) if timestamp and timestamp > 0 else None
+
+
+def reference_ms(kafka_ms: int | None, now_ms: int) -> int:
+    """The time a record's event time is checked against: its Kafka timestamp, never past `now_ms`.
+
+    A producer's CreateTime comes from the same host clock as the event times it stamps, so a node
+    whose clock jumped to 2199 sends records with a 2199 Kafka timestamp too; no record can come
+    from the future of the process reading it, so the worker's own wall clock caps the reference.
+    """
+    return now_ms if kafka_ms is None else min(kafka_ms, now_ms)
+
+
+class ClockRejected(StreamsError):
+    """The engine refused a record for its time (`engine.rejection`): it is dead-lettered with the reason."""
+
+    def __init__(self, reason: str, event_ts: int, reference_ts: int) -> None:
+        self.reason = reason
+        self.event_ts = event_ts
+        self.reference_ts = reference_ts
+        super().__init__(
+            f"{reason}: event time {event_ts} ms is {(event_ts - reference_ts) / 1000:+.0f} s from the"
+            f" record's reference time {reference_ts} ms (its Kafka timestamp, capped at the worker's clock)"
+        )
 
 
 def _tp_key(topic: str, partition: int) -> str:
@@ -409,6 +441,16 @@ class Aligner:
         self.moved_at = None
 
 
+def _telemetry_source(event: Event) -> str | None:
+    """ "G|node|gpu" / "H|node" for telemetry (the at-least-once forwarder may repeat it), else None."""
+    r = event.record
+    if event.type == "GpuSample":
+        return f"G|{r['node']}|{r.get('gpu_uuid')}"
+    if event.type == "HostSample":
+        return f"H|{r['node']}"
+    return None
+
+
 class WorkerRuntime:
     """One partition's engine plus what is needed to checkpoint it consistently with the consumed offsets."""
 
@@ -450,6 +492,7 @@ class WorkerRuntime:
                 "snapshot_bytes",
                 "guard_advances",
                 "front_advances",
+                "clock_rejected",
             ),
             0,
         )
@@ -506,19 +549,16 @@ class WorkerRuntime:
         return offset < self.offsets.get(tp, -1)
 
     def duplicate(self, event: Event) -> bool:
-        """True for a telemetry sample this engine already has (re-forwarded); else remember it."""
-        r = event.record
-        if event.type == "GpuSample":
-            ident = f"G|{r['node']}|{r.get('gpu_uuid')}"
-        elif event.type == "HostSample":
-            ident = f"H|{r['node']}"
-        else:
-            return False
-        ts = int(r["ts"])
-        if ts <= self.seen.get(ident, -(2**63)):
-            return True
-        self.seen[ident] = ts
-        return False
+        """True for a telemetry sample this engine already has (re-forwarded)."""
+        ident = _telemetry_source(event)
+        return ident is not None and int(event.record["ts"]) <= self.seen.get(ident, -(2**63))
+
+    def remember(self, event: Event) -> None:
+        """Note a telemetry sample the engine took (not one it rejected for its time: a sample
+        stamped 2199 would make every later sample of its GPU look re-forwarded)."""
+        ident = _telemetry_source(event)
+        if ident is not None:
+            self.seen[ident] = max(int(event.record["ts"]), self.seen.get(ident, -(2**63)))
 
     def mark(self, tp: str, offset: int) -> None:
         """Record that this offset is now part of the engine state."""
@@ -781,8 +821,13 @@ def build_app(options: WorkerOptions) -> faust.App:
     # progress of everything else along (and with it every engine's watermark).
     max_skew_ms = int(1000 * float(getattr(config, "max_clock_skew_s", 300.0)))
 
-    def _align_ts(fevent: Any, event: Event) -> int:
-        return align_ts(event_ts(event), fevent.message.timestamp, max_skew_ms)
+    def _align_ts(fevent: Any, event: Event) -> int | None:
+        return align_ts(event_ts(event), fevent.message.timestamp, max_skew_ms, int(time.time() * 1000))
+
+    def _held_ts(fevent: Any, event: Event) -> int:
+        # A record that moves no event time leaves the aligner at once (the engine rejects it).
+        ts = _align_ts(fevent, event)
+        return MIN_EVENT_TS if ts is None else ts
 
     async def _reject(fevent: Any, topic: str, exc: DecodeError) -> Any:
         """Count and log a record the worker cannot use; dead-letter it if no sink owns its topic.
@@ -801,12 +846,17 @@ def build_app(options: WorkerOptions) -> faust.App:
             bad_log[0], bad_log[1] = now, 0
         if topic not in _INTERNAL_TYPES:
             return None
+        return await _dead_letter(fevent, err)
+
+    async def _dead_letter(fevent: Any, err: Exception) -> Any:
+        """Send the record as read to `rs.deadletter` with why; returns the send's future."""
+        msg = fevent.message
+        headers = dict(deadletter_headers(err, msg.topic, msg.partition, msg.offset, component=COMPONENT))
+        if isinstance(err, ClockRejected):
+            headers["x-reject-reason"] = err.reason.encode()
         totals["deadletter"] += 1
         return await out_topic(DEADLETTER).send(
-            key=fevent.key,
-            value=fevent.value,
-            headers=dict(deadletter_headers(err, msg.topic, msg.partition, msg.offset, component=COMPONENT)),
-            force=True,
+            key=fevent.key, value=fevent.value, headers=headers, force=True
         )
 
     async def _send_markers(agent: str, out: Any, progress: dict[int, tuple[int | None, int | None]]) -> None:
@@ -874,7 +924,9 @@ def build_app(options: WorkerOptions) -> faust.App:
                     )
                 )
         bind_fw.pending.append(fevent)
-        bind_progress[msg.partition] = [_align_ts(fevent, event), msg.offset]
+        ts = _align_ts(fevent, event)
+        last = bind_progress.get(msg.partition)
+        bind_progress[msg.partition] = [ts if ts is not None or last is None else last[0], msg.offset]
         if len(bind_fw.pending) >= _FORWARD_BATCH:
             await bind_fw.flush(stream, app)
 
@@ -924,7 +976,7 @@ def build_app(options: WorkerOptions) -> faust.App:
             route_fw.pending.append(fevent)
         else:
             node_aligner.push(
-                _tp_key(topic, p), msg.offset, _align_ts(fevent, event), (fevent, event), time.monotonic()
+                _tp_key(topic, p), msg.offset, _held_ts(fevent, event), (fevent, event), time.monotonic()
             )
         await _drain_nodes(stream)
 
@@ -939,12 +991,20 @@ def build_app(options: WorkerOptions) -> faust.App:
                 totals["unbound_thinned"] += 1
             for part, key in sorted(parts.items()):
                 route_fw.futures.append(
-                    await by_job_out.send(key=key.encode(), value=fevent.value, partition=part, force=True)
+                    await by_job_out.send(
+                        key=key.encode(),
+                        value=fevent.value,
+                        partition=part,
+                        timestamp=fevent.message.timestamp,
+                        force=True,
+                    )
                 )
                 totals["forwarded"] += 1
             route_fw.pending.append(fevent)
             part_of = int(tp.rpartition(":")[2])
-            route_progress[part_of] = max(_align_ts(fevent, event), route_progress.get(part_of, -(2**63)))
+            ts = _align_ts(fevent, event)
+            if ts is not None:
+                route_progress[part_of] = max(ts, route_progress.get(part_of, -(2**63)))
         if len(route_fw.pending) >= _FORWARD_BATCH:
             await route_fw.flush(stream, app)
 
@@ -1005,7 +1065,7 @@ def build_app(options: WorkerOptions) -> faust.App:
             rt.pending.append(fevent)
             rt.aligner.note(tp, msg.offset, None, now)
         else:
-            rt.aligner.push(tp, msg.offset, _align_ts(fevent, event), (fevent, event), now)
+            rt.aligner.push(tp, msg.offset, _held_ts(fevent, event), (fevent, event), now)
         await _drain(stream, rt)
 
     async def _send_outputs(rt: WorkerRuntime, outputs: list[Event]) -> None:
@@ -1038,14 +1098,25 @@ def build_app(options: WorkerOptions) -> faust.App:
             if rt.duplicate(event):
                 rt.counts["duplicates"] += 1
                 continue
+            reference = reference_ms(received_ms(fevent), int(time.time() * 1000))
             try:
-                outputs = engine.process(event, received_ts=received_ms(fevent))
+                outputs = engine.process(event, received_ts=reference)
             except Exception:
                 # A record that breaks a detector must not crash-loop the agent (it would be
                 # redelivered forever): log it with the traceback and go on without it.
+                rt.remember(event)
                 rt.counts["engine_errors"] += 1
                 log.exception("the engine failed on %s at %s@%d; skipped", event.type, tp, offset)
                 continue
+            if engine.rejection is not None:
+                # Valid for the sink (it stores the record), wrong in time for detection: the engine
+                # raises clock_skew, the worker owns the dead letter.
+                rt.counts["clock_rejected"] += 1
+                rt.futures.append(
+                    await _dead_letter(fevent, ClockRejected(engine.rejection, event_ts(event), reference))
+                )
+                continue
+            rt.remember(event)
             rt.counts["processed"] += 1
             await _send_outputs(rt, outputs)
             if rt.checkpoint_due(outputs):

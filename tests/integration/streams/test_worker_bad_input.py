@@ -37,7 +37,7 @@ from sinks.consumer import SinkConsumer
 from sinks.ddl import migrate
 from streams.app import BINDINGS, DEFAULT_APP_ID, SOURCE_TOPICS, TELEMETRY_BY_JOB
 from streams.replay import replay_offline
-from tests.integration.streams.test_worker_kafka import Worker, _publish, group_lag
+from tests.integration.streams.test_worker_kafka import Worker, _publish, group_lag, recent
 
 # 8 minutes, 2 nodes x 4 GPUs, one job: a NaN loss (training path) and an XID (telemetry path).
 SCENARIO = """
@@ -83,7 +83,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Event], set
     """The good events and the (fingerprint, status) pairs of their offline replay."""
     folder = tmp_path_factory.mktemp("bad-input")
     (folder / "scenario.yaml").write_text(SCENARIO)
-    events = list(simulate(load_scenario(folder / "scenario.yaml"), seed=0).events())
+    events = list(simulate(recent(load_scenario(folder / "scenario.yaml")), seed=0).events())
     write_container(folder / "events.avro", events)
     alerts = [e.record for e in replay_offline([folder / "events.avro"]) if e.type == "Alert"]
     return events, {(a["fingerprint"], a["status"]) for a in alerts}

@@ -33,6 +33,7 @@ from streams.app import (
     decode_snapshot,
     encode_snapshot,
     pick_latest_snapshot,
+    reference_ms,
 )
 from streams.errors import StreamsError
 from streams.kafka_replay import KafkaReplayError, publish_file
@@ -337,13 +338,25 @@ def test_a_rejected_last_record_does_not_hold_the_other_partitions_back() -> Non
     assert al.stuck_for(200.0) == 0.0
 
 
-def test_alignment_event_time_is_bounded_by_the_kafka_timestamp() -> None:
-    """A record from a clock in 2199 counts as (Kafka time + skew) for alignment and progress."""
+def test_a_record_the_engine_will_reject_for_its_time_moves_no_event_time() -> None:
+    """A record from a clock in 2199 does not count for alignment and progress at all."""
     kafka_s = 1_780_000_000.0
-    assert align_ts(1_780_000_000_000, kafka_s, 300_000) == 1_780_000_000_000
-    assert align_ts(7_258_118_400_000, kafka_s, 300_000) == 1_780_000_300_000  # year 2199
-    assert align_ts(1_000, kafka_s, 300_000) == 1_000  # the past is not moved
-    assert align_ts(7_258_118_400_000, None, 300_000) == 7_258_118_400_000  # no timestamp: as is
+    now = 1_780_000_001_000
+    assert align_ts(1_780_000_000_000, kafka_s, 300_000, now) == 1_780_000_000_000
+    assert align_ts(1_780_000_300_000, kafka_s, 300_000, now) == 1_780_000_300_000  # within the skew
+    assert align_ts(7_226_582_400_000, kafka_s, 300_000, now) is None  # year 2199
+    assert align_ts(1_000, kafka_s, 300_000, now) is None  # 1970: outside 2000..2200
+    assert align_ts(1_700_000_000_000, kafka_s, 300_000, now) == 1_700_000_000_000  # the past stays
+    # A producer's CreateTime comes from its own clock: the reader's clock caps it.
+    assert align_ts(7_226_582_400_000, 7_226_582_400.0, 300_000, now) is None
+    assert align_ts(1_780_000_000_000, None, 300_000, now) == 1_780_000_000_000  # no timestamp: now
+
+
+def test_the_reference_time_is_the_kafka_timestamp_capped_at_the_reader_clock() -> None:
+    """min(Kafka timestamp, wall clock); the wall clock when the record has no timestamp."""
+    assert reference_ms(1_000, 2_000) == 1_000
+    assert reference_ms(7_226_582_400_000, 2_000) == 2_000
+    assert reference_ms(None, 2_000) == 2_000
 
 
 # --- SIGTERM: the process ends within the grace period even while the event loop is blocked ----
