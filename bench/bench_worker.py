@@ -82,8 +82,8 @@ def _top_frames(raw: Path, n: int = 15) -> None:
         frames = stack.split(";")
         samples += int(count)
         own[frames[-1]] += int(count)
-        for frame in set(frames):
-            total[frame] += int(count)
+        for function in {f.rsplit(":", 1)[0] + ")" for f in frames}:  # per function, not per line
+            total[function] += int(count)
     print(f"py-spy: {samples} samples of the worker (active threads)")
     print("  self time:")
     for frame, count in own.most_common(n):
@@ -189,6 +189,8 @@ def _bench(
                 print(f"workers did not finish in {timeout_s:.0f} s ({done} of {len(events)} handled)")
                 return
             # Progress lines come once a second: the timings are +-1 s.
+            lines = [line for line in logs[0].read_text(errors="replace").splitlines() if "worker: " in line]
+            print("last progress line of worker 0:", lines[-1].split("] ", 3)[-1] if lines else "none")
             worker_rate = len(events) / (end - t0)
             print(
                 f"{workers} worker(s): {len(events)} events handled {end - t0:.1f} s after publishing started"

@@ -77,6 +77,7 @@ __all__ = [
     "WorkerOptions",
     "WorkerRuntime",
     "align_ts",
+    "broker_credentials",
     "build_app",
     "check_record",
     "decode_snapshot",
@@ -143,7 +144,36 @@ class WorkerOptions:
     guard_live_ms: int = 600_000
     unbound_interval_ms: int = 10_000
     stuck_log_s: float = 30.0  # events held this long without any leaving: log which input holds them
+    # The same Kafka security settings as every other command (`ranksight.settings`).
+    security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    sasl_mechanism: str | None = None  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def broker_credentials(options: WorkerOptions) -> Any:
+    """Faust's credentials for `options.security_protocol` (None for PLAINTEXT).
+
+    SSL verifies the broker with the system's CA store (`SSL_CERT_FILE` points Python at another)."""
+    import ssl
+
+    protocol = options.security_protocol
+    if protocol == "PLAINTEXT":
+        return None
+    context = ssl.create_default_context() if protocol in ("SSL", "SASL_SSL") else None
+    if protocol == "SSL":
+        return faust.SSLCredentials(context)
+    if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        return faust.SASLCredentials(
+            username=options.sasl_username,
+            password=options.sasl_password,
+            ssl_context=context,
+            mechanism=options.sasl_mechanism or "PLAIN",
+        )
+    raise StreamsError(
+        f"unknown Kafka security protocol {protocol!r}: use PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
+    )
 
 
 def default_store() -> str:
@@ -672,6 +702,7 @@ def build_app(options: WorkerOptions) -> faust.App:
         processing_guarantee="at_least_once",
         topic_partitions=n,
         topic_replication_factor=options.replication_factor,
+        broker_credentials=broker_credentials(options),
         topic_allow_declare=True,  # the broker does not auto-create: Faust declares its own topics
         web_enabled=False,
         consumer_auto_offset_reset="earliest",
@@ -1242,16 +1273,50 @@ def build_app(options: WorkerOptions) -> faust.App:
         out["source_events"] = out["telemetry_in"] + out["training_in"]
         return out
 
+    def _source_lag() -> int | None:
+        """Source records of the assigned partitions not read yet (None while a backlog is unknown)."""
+        left = 0
+        for p in sorted(assigned):
+            rt = runtimes.get(p)
+            read = [(t, node_aligner) for t in (TELEMETRY_GPU, TELEMETRY_HOST)]
+            read += [(t, rt.aligner) for t in (TRAINING_STEPS, TRAINING_EVENTS)] if rt else []
+            for topic, aligner in read:
+                tp = _tp_key(topic, p)
+                lag = _lag(tp, aligner._last_offset.get(tp))
+                if lag is None:
+                    return None
+                left += lag
+        return left
+
+    last_stats: list[Any] = [time.monotonic(), 0]  # when the last progress line went out, events then
+
     @app.timer(options.stats_interval_s)
     async def _stats() -> None:
+        t = _totals()
+        now = time.monotonic()
+        rate = (t["source_events"] - last_stats[1]) / max(now - last_stats[0], 1e-9)
+        last_stats[0], last_stats[1] = now, t["source_events"]
+        lag = _source_lag()
+        wall_ms = time.time() * 1000
+        marks = [rt.engine.watermark for rt in runtimes.values() if rt.engine and rt.engine.watermark]
+        delay = f"{(wall_ms - min(marks)) / 1000:,.1f} s" if marks else "none yet"
         log.info(
-            "worker: %s partitions=%s held=%d node_held=%d watermarks=%s",
-            _totals(),
+            "worker: %s source events handled (%s/s), %s alerts, %s dead letters (%s clock-rejected),"
+            " %s bad input; lag %s records; watermark delay %s (oldest partition); held %s + %s;"
+            " partitions %s",
+            f"{t['source_events']:,}",
+            f"{rate:,.0f}",
+            f"{t['alerts']:,}",
+            f"{t['deadletter']:,}",
+            f"{t['clock_rejected']:,}",
+            f"{t['bad_input']:,}",
+            "unknown" if lag is None else f"{lag:,}",
+            delay,
+            f"{sum(len(rt.aligner) for rt in runtimes.values()):,}",
+            f"{len(node_aligner):,}",
             sorted(runtimes),
-            sum(len(rt.aligner) for rt in runtimes.values()),
-            len(node_aligner),
-            {p: rt.engine.watermark if rt.engine else None for p, rt in sorted(runtimes.items())},
         )
+        log.debug("worker counters: %s", t)
         for p, rt in sorted(runtimes.items()):
             log.debug("partition %d: %s", p, rt.aligner.describe(time.monotonic(), _job_lag(rt)))
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ranksight.console import console, fail, user_errors
+from ranksight.console import console, user_errors
 
 __all__ = ["register"]
 
@@ -55,6 +55,13 @@ def worker(
         min=0,
         help="All input of a partition silent this many seconds while live: advance event time with the wall clock (0: off).",
     ),
+    replication_factor: int = typer.Option(
+        1,
+        "--replication-factor",
+        min=1,
+        envvar="RANKSIGHT_REPLICATION_FACTOR",
+        help="Replication factor of the topics the worker creates (internal, changelogs); 3 on a real cluster.",
+    ),
     unbound_interval_ms: int = typer.Option(
         10_000,
         "--unbound-interval-ms",
@@ -67,8 +74,6 @@ def worker(
 
     with user_errors():
         settings = kafka_settings()
-        if settings.kafka_security_protocol != "PLAINTEXT":
-            fail("the worker supports PLAINTEXT Kafka only for now; use a PLAINTEXT listener")
         # Before Faust starts: aiokafka would answer a closed port with a long traceback.
         check_broker(settings)
     assert settings.kafka_bootstrap is not None
@@ -93,6 +98,13 @@ def worker(
         guard_s=guard_s,
         unbound_interval_ms=unbound_interval_ms,
         schema_registry_url=settings.schema_registry_url,
+        replication_factor=replication_factor,
+        security_protocol=settings.kafka_security_protocol,
+        sasl_mechanism=settings.kafka_sasl_mechanism,
+        sasl_username=settings.kafka_sasl_username,
+        sasl_password=(
+            settings.kafka_sasl_password.get_secret_value() if settings.kafka_sasl_password else None
+        ),
     )
     console.print(
         f"worker [bold]{settings.topic_prefix}{group}[/] on {settings.kafka_bootstrap} "

@@ -28,7 +28,9 @@ from streams.app import (
     BINDINGS,
     TELEMETRY_BY_JOB,
     Aligner,
+    WorkerOptions,
     align_ts,
+    broker_credentials,
     check_record,
     decode_snapshot,
     encode_snapshot,
@@ -497,3 +499,29 @@ def test_a_producer_that_acknowledges_nothing_stops_the_worker_loudly(
     asyncio.run(run())
     assert killed == [signal.SIGTERM]
     assert "has not acknowledged the snapshot of partition 3" in caplog.text
+
+
+# --- Kafka security: the worker honours the settings every other command uses -------------------
+def test_worker_credentials_follow_the_kafka_security_settings(tmp_path: Path) -> None:
+    """PLAINTEXT: none; SSL: a verifying context; SASL_SSL + SCRAM: user, mechanism and TLS."""
+    import faust
+
+    plain = WorkerOptions(bootstrap="b:9092", workdir=tmp_path)
+    assert broker_credentials(plain) is None
+    ssl_only = broker_credentials(
+        WorkerOptions(bootstrap="b:9093", workdir=tmp_path, security_protocol="SSL")
+    )
+    assert isinstance(ssl_only, faust.SSLCredentials)
+    sasl = WorkerOptions(
+        bootstrap="b:9094",
+        workdir=tmp_path,
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="detector",
+        sasl_password="s3cret",
+    )
+    creds = broker_credentials(sasl)
+    assert isinstance(creds, faust.SASLCredentials)
+    assert (creds.username, creds.password, creds.mechanism.value) == ("detector", "s3cret", "SCRAM-SHA-512")
+    assert creds.ssl_context is not None and creds.protocol.value == "SASL_SSL"
+    assert "s3cret" not in repr(sasl)  # options end up in logs
