@@ -28,6 +28,7 @@ Design (see docs/worker.md):
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import json
 import logging
@@ -61,6 +62,7 @@ from schemas.topics import (
 from streams.config import EngineConfig, load_config
 from streams.engine import MAX_EVENT_TS, MIN_EVENT_TS, DetectionEngine, event_ts
 from streams.errors import StreamsError
+from streams.metrics import MetricsServer, worker_metrics
 from streams.rekey import NodeRoutes, WallClockGuard, partition_for
 from streams.routing import Router, load_router
 
@@ -115,6 +117,7 @@ _INTERNAL_TYPES: dict[str, frozenset[str]] = {
 }
 _ASK_ENDS_S = 2.0  # how often the end offsets of partitions without a fetch answer are asked for
 _BAD_LOG_S = 10.0
+_METRICS_S = 2.0  # how often the /metrics snapshot is refreshed
 # Sends Kafka has not acknowledged after this long mean a stuck producer (its own requests time
 # out after 40 s and are retried): the worker stops, loudly, instead of holding everything silently.
 _DELIVERY_TIMEOUT_S = 120.0  # bad input: one warning per this many seconds, with a count
@@ -144,6 +147,7 @@ class WorkerOptions:
     guard_live_ms: int = 600_000
     unbound_interval_ms: int = 10_000
     stuck_log_s: float = 30.0  # events held this long without any leaving: log which input holds them
+    metrics_port: int = 0  # Prometheus /metrics on this port (0: off)
     # The same Kafka security settings as every other command (`ranksight.settings`).
     security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
     sasl_mechanism: str | None = None  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
@@ -778,6 +782,11 @@ def build_app(options: WorkerOptions) -> faust.App:
         0,
     )
     bad_log = [0.0, 0]  # when a bad record was last logged, how many since
+    # Per topic (unprefixed) for /metrics: read by route/detect, produced; dead letters per reason.
+    consumed: collections.Counter[str] = collections.Counter()
+    produced: collections.Counter[str] = collections.Counter()
+    dead_letters: collections.Counter[str] = collections.Counter()
+    metrics_server = MetricsServer(options.metrics_port) if options.metrics_port else None
     lock = asyncio.Lock()
     streams: dict[str, Any] = {}
     app.ranksight_runtimes = runtimes  # type: ignore[attr-defined]
@@ -886,6 +895,8 @@ def build_app(options: WorkerOptions) -> faust.App:
         if isinstance(err, ClockRejected):
             headers["x-reject-reason"] = err.reason.encode()
         totals["deadletter"] += 1
+        dead_letters[err.reason if isinstance(err, ClockRejected) else "decode"] += 1
+        produced[DEADLETTER] += 1
         return await out_topic(DEADLETTER).send(
             key=fevent.key, value=fevent.value, headers=headers, force=True
         )
@@ -946,6 +957,7 @@ def build_app(options: WorkerOptions) -> faust.App:
                 await bindings_out.send(key=key, value=fevent.value, partition=part, force=True)
             )
             totals["bindings"] += 1
+            produced[BINDINGS] += 1
         elif event.type == "JobStateChanged" and r["state"] in config.job_end_states:
             # The nodes of a job are known where its bindings are: tell every partition.
             for part in range(n):
@@ -972,6 +984,7 @@ def build_app(options: WorkerOptions) -> faust.App:
     async def _route(stream: Any, fevent: Any) -> None:
         msg = fevent.message
         topic = unprefix(msg.topic)
+        consumed[topic] += 1
         p = msg.partition
         _load_routes(p)
         if topic == BINDINGS and (m := _marker(fevent)) is not None:
@@ -1031,6 +1044,7 @@ def build_app(options: WorkerOptions) -> faust.App:
                     )
                 )
                 totals["forwarded"] += 1
+                produced[TELEMETRY_BY_JOB] += 1
             route_fw.pending.append(fevent)
             part_of = int(tp.rpartition(":")[2])
             ts = _align_ts(fevent, event)
@@ -1062,6 +1076,7 @@ def build_app(options: WorkerOptions) -> faust.App:
     async def _receive(stream: Any, fevent: Any) -> None:
         msg = fevent.message
         topic = unprefix(msg.topic)
+        consumed[topic] += 1
         tp = _tp_key(topic, msg.partition)
         rt = _runtime(msg.partition)
         rt.last_event = fevent
@@ -1103,6 +1118,7 @@ def build_app(options: WorkerOptions) -> faust.App:
         for out in outputs:
             name = topic_for(out.type)
             rt.counts["outputs"] += 1
+            produced[name] += 1
             if out.type == "Alert":
                 rt.counts["alerts"] += 1
             try:
@@ -1273,20 +1289,42 @@ def build_app(options: WorkerOptions) -> faust.App:
         out["source_events"] = out["telemetry_in"] + out["training_in"]
         return out
 
-    def _source_lag() -> int | None:
-        """Source records of the assigned partitions not read yet (None while a backlog is unknown)."""
-        left = 0
+    def _source_lag() -> dict[str, int | None]:
+        """Per source topic: records of the assigned partitions not read yet (None while unknown)."""
+        left: dict[str, int | None] = dict.fromkeys(SOURCE_TOPICS, 0)
         for p in sorted(assigned):
             rt = runtimes.get(p)
             read = [(t, node_aligner) for t in (TELEMETRY_GPU, TELEMETRY_HOST)]
             read += [(t, rt.aligner) for t in (TRAINING_STEPS, TRAINING_EVENTS)] if rt else []
             for topic, aligner in read:
                 tp = _tp_key(topic, p)
-                lag = _lag(tp, aligner._last_offset.get(tp))
-                if lag is None:
-                    return None
-                left += lag
+                lag, so_far = _lag(tp, aligner._last_offset.get(tp)), left[topic]
+                left[topic] = None if lag is None or so_far is None else so_far + lag
         return left
+
+    def _watermark_delay_s() -> float | None:
+        marks = [rt.engine.watermark for rt in runtimes.values() if rt.engine and rt.engine.watermark]
+        return (time.time() * 1000 - min(marks)) / 1000 if marks else None
+
+    @app.timer(_METRICS_S)
+    async def _metrics() -> None:
+        if metrics_server is None:
+            return
+        firing: collections.Counter[str] = collections.Counter()
+        for rt in runtimes.values():
+            if rt.engine is not None:
+                firing.update(fp.split("/", 1)[0] for fp in rt.engine.tracker.firing())
+        metrics_server.publish(
+            worker_metrics(
+                consumed=consumed,
+                produced=produced,
+                totals=_totals(),
+                dead_letters=dead_letters,
+                lag={t: n for t, n in _source_lag().items() if n is not None},
+                watermark_delay_s=_watermark_delay_s(),
+                firing_by_rule=firing,
+            )
+        )
 
     last_stats: list[Any] = [time.monotonic(), 0]  # when the last progress line went out, events then
 
@@ -1296,10 +1334,10 @@ def build_app(options: WorkerOptions) -> faust.App:
         now = time.monotonic()
         rate = (t["source_events"] - last_stats[1]) / max(now - last_stats[0], 1e-9)
         last_stats[0], last_stats[1] = now, t["source_events"]
-        lag = _source_lag()
-        wall_ms = time.time() * 1000
-        marks = [rt.engine.watermark for rt in runtimes.values() if rt.engine and rt.engine.watermark]
-        delay = f"{(wall_ms - min(marks)) / 1000:,.1f} s" if marks else "none yet"
+        lags = list(_source_lag().values())
+        lag = None if None in lags else sum(n or 0 for n in lags)
+        delay_s = _watermark_delay_s()
+        delay = "none yet" if delay_s is None else f"{delay_s:,.1f} s"
         log.info(
             "worker: %s source events handled (%s/s), %s alerts, %s dead letters (%s clock-rejected),"
             " %s bad input; lag %s records; watermark delay %s (oldest partition); held %s + %s;"

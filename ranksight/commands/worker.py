@@ -62,6 +62,14 @@ def worker(
         envvar="RANKSIGHT_REPLICATION_FACTOR",
         help="Replication factor of the topics the worker creates (internal, changelogs); 3 on a real cluster.",
     ),
+    metrics_port: int = typer.Option(
+        0,
+        "--metrics-port",
+        min=0,
+        max=65535,
+        envvar="RANKSIGHT_WORKER_METRICS_PORT",
+        help="Serve Prometheus /metrics on this port (0: off; one port per worker process).",
+    ),
     unbound_interval_ms: int = typer.Option(
         10_000,
         "--unbound-interval-ms",
@@ -99,6 +107,7 @@ def worker(
         unbound_interval_ms=unbound_interval_ms,
         schema_registry_url=settings.schema_registry_url,
         replication_factor=replication_factor,
+        metrics_port=metrics_port,
         security_protocol=settings.kafka_security_protocol,
         sasl_mechanism=settings.kafka_sasl_mechanism,
         sasl_username=settings.kafka_sasl_username,

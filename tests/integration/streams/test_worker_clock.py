@@ -7,14 +7,16 @@ the worker with the reason, `clock_skew` fires, and every other alert is the off
 
 from __future__ import annotations
 
+import socket
 import time
+import urllib.request
 from pathlib import Path
 
 from producers.simulator import load_scenario, simulate
 from schemas.codec import Codec
 from schemas.files import write_container
 from schemas.records import Event
-from schemas.topics import ALERTS, DEADLETTER
+from schemas.topics import ALERTS, DEADLETTER, TRAINING_STEPS
 from streams.app import DEFAULT_APP_ID, SOURCE_TOPICS
 from streams.replay import replay_offline
 from tests.integration.streams.test_worker_bad_input import (
@@ -55,7 +57,8 @@ def test_a_record_from_2199_is_dead_lettered_by_the_worker_and_raises_clock_skew
     _publish(kafka_bootstrap, topic_prefix, [*events[: at + 1], future, *events[at + 1 :]])
 
     worker = Worker(kafka_bootstrap, topic_prefix, tmp_path)
-    worker.start()
+    port = _free_port()
+    worker.start("--metrics-port", str(port))
     try:
         group = topic_prefix + DEFAULT_APP_ID
         deadline = time.monotonic() + RUN_LIMIT_S
@@ -68,6 +71,14 @@ def test_a_record_from_2199_is_dead_lettered_by_the_worker_and_raises_clock_skew
         assert lag == 0, worker.log()
         alerts = [Codec().decode(m.value()).record for m in _read_all(kafka_bootstrap, topics[ALERTS])]
         letters = _read_all(kafka_bootstrap, topics[DEADLETTER], 1)
+        steps = sum(e.type == "StepCompleted" for e in events)
+        # /metrics is refreshed every 2 s: read it until it shows every step (progress, not time).
+        metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        while time.monotonic() < deadline:
+            metrics = _scrape(port)
+            if metrics.get(("ranksight_worker_events_in_total", (("topic", TRAINING_STEPS),)), 0) >= steps:
+                break
+            time.sleep(0.5)  # poll interval of the scrape
     finally:
         worker.stop()
     log = worker.log()
@@ -84,3 +95,32 @@ def test_a_record_from_2199_is_dead_lettered_by_the_worker_and_raises_clock_skew
     assert headers["x-reject-reason"] == b"clock_ahead"
     assert headers["x-error-type"] == b"ClockRejected"
     assert Codec().decode(letters[0].value()).record == future.record
+    # The pipeline's own health on /metrics: the dead letter by reason, what was read, what fires.
+    assert metrics[("ranksight_worker_dead_letters_total", (("reason", "clock_ahead"),))] >= 1, metrics
+    assert metrics[("ranksight_worker_events_in_total", (("topic", TRAINING_STEPS),))] >= steps
+    assert metrics[("ranksight_worker_events_out_total", (("topic", ALERTS),))] >= len(alerts)
+    assert metrics[("ranksight_worker_alerts_firing", (("rule", "xid_error"),))] == 1  # never resolves
+    assert metrics[("ranksight_worker_consumer_lag", (("topic", TRAINING_STEPS),))] == 0
+    assert ("ranksight_worker_watermark_delay_seconds", ()) in metrics
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the worker's /metrics, by name and labels (empty while it is not up yet)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }

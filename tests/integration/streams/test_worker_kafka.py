@@ -81,11 +81,11 @@ class Worker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
 
-    def start(self) -> None:
+    def start(self, *options: str) -> None:
         self.runs += 1
         log = open(self.home / f"worker-{self.runs}.log", "wb")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(
-            [RANKSIGHT, "worker", "--log-level", "info", "--checkpoint-interval-ms", "30000"],
+            [RANKSIGHT, "worker", "--log-level", "info", "--checkpoint-interval-ms", "30000", *options],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,

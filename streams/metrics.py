@@ -1,0 +1,149 @@
+"""Prometheus `/metrics` for the pipeline's own health: a snapshot a component publishes, served as is.
+
+A component (the worker) builds a list of `Metric` values from its own counters on its event loop
+(`worker_metrics` is pure: no prometheus_client, no I/O) and hands it to `MetricsServer.publish`;
+the HTTP thread of prometheus_client serves the latest list. Swapping one reference is atomic, so
+a scrape never reads counters half-updated by the loop. prometheus_client is imported only when a
+server is started (a server extra: `pip install ranksight[server]`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from streams.errors import StreamsError
+
+__all__ = ["Metric", "MetricsServer", "worker_metrics"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric family: name, type, help and a value per label set."""
+
+    name: str
+    kind: Literal["counter", "gauge"]
+    help: str
+    labels: tuple[str, ...] = ()
+    values: dict[tuple[str, ...], float] = field(default_factory=dict)
+
+
+def worker_metrics(
+    *,
+    consumed: Mapping[str, int],
+    produced: Mapping[str, int],
+    totals: Mapping[str, int],
+    dead_letters: Mapping[str, int],
+    lag: Mapping[str, int],
+    watermark_delay_s: float | None,
+    firing_by_rule: Mapping[str, int],
+) -> list[Metric]:
+    """The worker's health as metric families (topics without the test prefix)."""
+    out = [
+        Metric(
+            "ranksight_worker_events_in",
+            "counter",
+            "Records the worker read, per topic (source and internal).",
+            ("topic",),
+            {(t,): float(n) for t, n in sorted(consumed.items())},
+        ),
+        Metric(
+            "ranksight_worker_events_out",
+            "counter",
+            "Records the worker produced, per topic (alerts, derived, internal, dead letters).",
+            ("topic",),
+            {(t,): float(n) for t, n in sorted(produced.items())},
+        ),
+        Metric(
+            "ranksight_worker_decode_errors",
+            "counter",
+            "Records the worker could not decode (the sink dead-letters those of raw topics).",
+            (),
+            {(): float(totals.get("bad_input", 0))},
+        ),
+        Metric(
+            "ranksight_worker_dead_letters",
+            "counter",
+            "Records the worker sent to rs.deadletter, per reason (decode, clock_ahead, ...).",
+            ("reason",),
+            {(r,): float(n) for r, n in sorted(dead_letters.items())},
+        ),
+        Metric(
+            "ranksight_worker_engine_errors",
+            "counter",
+            "Records a detector raised on (skipped, logged with the traceback).",
+            (),
+            {(): float(totals.get("engine_errors", 0))},
+        ),
+        Metric(
+            "ranksight_worker_consumer_lag",
+            "gauge",
+            "Records of the assigned source partitions not read yet, per topic.",
+            ("topic",),
+            {(t,): float(n) for t, n in sorted(lag.items())},
+        ),
+        Metric(
+            "ranksight_worker_alerts_firing",
+            "gauge",
+            "Alerts firing in this worker's engines, per rule.",
+            ("rule",),
+            {(r,): float(n) for r, n in sorted(firing_by_rule.items())},
+        ),
+        Metric(
+            "ranksight_worker_checkpoints",
+            "counter",
+            "Engine snapshots written.",
+            (),
+            {(): float(totals.get("checkpoints", 0))},
+        ),
+    ]
+    if watermark_delay_s is not None:
+        out.append(
+            Metric(
+                "ranksight_worker_watermark_delay_seconds",
+                "gauge",
+                "Wall clock minus the oldest engine watermark of this worker.",
+                (),
+                {(): watermark_delay_s},
+            )
+        )
+    return out
+
+
+class MetricsServer:
+    """Serves the latest published metrics on http://<addr>:<port>/metrics (prometheus_client)."""
+
+    def __init__(self, port: int, addr: str = "0.0.0.0") -> None:
+        try:
+            import prometheus_client
+        except ImportError as exc:
+            raise StreamsError(
+                "--metrics-port needs prometheus_client: pip install 'ranksight[server]'"
+            ) from exc
+        self._latest: list[Metric] = []
+        self.registry = prometheus_client.CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+        try:
+            prometheus_client.start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise StreamsError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from exc
+        self.port = port
+
+    def publish(self, metrics: list[Metric]) -> None:
+        """Make `metrics` what the next scrape sees."""
+        self._latest = metrics
+
+    def collect(self) -> Iterator[Any]:
+        """prometheus_client's collector protocol: one family per published metric."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        for m in self._latest:
+            family: Any
+            if m.kind == "counter":
+                family = CounterMetricFamily(m.name, m.help, labels=list(m.labels))
+            else:
+                family = GaugeMetricFamily(m.name, m.help, labels=list(m.labels))
+            for labels, value in m.values.items():
+                family.add_metric(list(labels), value)
+            yield family
