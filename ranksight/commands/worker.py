@@ -84,6 +84,13 @@ def worker(
         settings = kafka_settings()
         # Before Faust starts: aiokafka would answer a closed port with a long traceback.
         check_broker(settings)
+        from infra.kafka.topics import COPARTITIONED, check_partitions
+        from streams.app import BINDINGS, TELEMETRY_BY_JOB
+
+        prefix = settings.topic_prefix
+        joined = [prefix + t for t in (*COPARTITIONED, BINDINGS, TELEMETRY_BY_JOB)]
+        joined += [f"{prefix}{group}-{table}-changelog" for table in ("engine-snapshot", "node-routes")]
+        check_partitions(settings.kafka_config(), joined, partitions)
     assert settings.kafka_bootstrap is not None
 
     from streams.app import WorkerOptions
