@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from streams.errors import StreamsError
 
-__all__ = ["Metric", "MetricsServer", "sink_metrics", "worker_metrics"]
+__all__ = ["Metric", "MetricsServer", "forwarder_metrics", "sink_metrics", "worker_metrics"]
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,33 @@ def sink_metrics(health: Mapping[str, Any], strip_prefix: str = "") -> list[Metr
             "Records of the assigned partitions not read yet, per topic.",
             ("topic",),
             {(topic(t),): float(n) for t, n in sorted(health.get("lag_by_topic", {}).items())},
+        ),
+    ]
+
+
+def forwarder_metrics(*, received: int, sent: int, firing_by_rule: Mapping[str, int]) -> list[Metric]:
+    """`ranksight alerts forward`'s health as metric families."""
+    return [
+        Metric(
+            "ranksight_forward_alerts_in",
+            "counter",
+            "Alert records read from the alert topic (after the rebuild).",
+            (),
+            {(): float(received)},
+        ),
+        Metric(
+            "ranksight_forward_alerts_sent",
+            "counter",
+            "Alert states Alertmanager accepted (new, resolved and keep-alive re-sends).",
+            (),
+            {(): float(sent)},
+        ),
+        Metric(
+            "ranksight_forward_alerts_firing",
+            "gauge",
+            "Alerts the forwarder keeps alive in Alertmanager, per rule.",
+            ("rule",),
+            {(r,): float(n) for r, n in sorted(firing_by_rule.items())},
         ),
     ]
 
