@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from streams.errors import StreamsError
 
-__all__ = ["Metric", "MetricsServer", "forwarder_metrics", "sink_metrics", "worker_metrics"]
+__all__ = ["Metric", "MetricsServer", "agent_metrics", "forwarder_metrics", "sink_metrics", "worker_metrics"]
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,52 @@ def sink_metrics(health: Mapping[str, Any], strip_prefix: str = "") -> list[Metr
             "Records of the assigned partitions not read yet, per topic.",
             ("topic",),
             {(topic(t),): float(n) for t, n in sorted(health.get("lag_by_topic", {}).items())},
+        ),
+    ]
+
+
+def agent_metrics(stats: Any, publisher: Mapping[str, Any]) -> list[Metric]:
+    """The node agent's health: samples taken, what the publisher delivered, spooled and holds on disk."""
+
+    def counter(name: str, help_: str, value: float) -> Metric:
+        return Metric(name, "counter", help_, (), {(): float(value)})
+
+    def gauge(name: str, help_: str, value: float) -> Metric:
+        return Metric(name, "gauge", help_, (), {(): float(value)})
+
+    return [
+        Metric(
+            "ranksight_agent_samples",
+            "counter",
+            "Samples taken, per kind.",
+            ("kind",),
+            {("gpu",): float(stats.gpu_samples), ("host",): float(stats.host_samples)},
+        ),
+        counter("ranksight_agent_xid_events", "XID / ECC events seen.", stats.xid_events),
+        counter(
+            "ranksight_agent_skipped_ticks",
+            "Intervals skipped because the host stalled.",
+            stats.skipped_ticks,
+        ),
+        counter(
+            "ranksight_agent_events_delivered", "Events Kafka acknowledged.", publisher.get("delivered", 0)
+        ),
+        counter(
+            "ranksight_agent_events_spooled", "Events written to the disk spool.", publisher.get("spooled", 0)
+        ),
+        counter(
+            "ranksight_agent_spool_dropped",
+            "Events the full spool dropped.",
+            publisher.get("spool_dropped", 0),
+        ),
+        gauge("ranksight_agent_spool_bytes", "Bytes in the disk spool now.", publisher.get("spool_bytes", 0)),
+        gauge(
+            "ranksight_agent_spool_events", "Events in the disk spool now.", publisher.get("spool_events", 0)
+        ),
+        gauge(
+            "ranksight_agent_kafka_outage",
+            "1 while the broker is unreachable.",
+            1 if publisher.get("outage") else 0,
         ),
     ]
 

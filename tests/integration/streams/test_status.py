@@ -71,3 +71,47 @@ def test_status_shows_group_lag_dead_letters_and_only_the_alerts_still_firing(
         assert r["rule"] in out
     for rule in resolved:
         assert not any(rule in line for line in lines if line.startswith("  ")), out
+
+
+def test_the_agent_serves_its_health_on_metrics(tmp_path: Path) -> None:
+    """`ranksight agent --metrics-port`: samples per kind and the spool, while it runs (no broker needed)."""
+    import socket
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    env = {**os.environ, "RANKSIGHT_HOME": str(tmp_path)}
+    out = tmp_path / "agent.avro"
+    proc = subprocess.Popen(
+        [RANKSIGHT, "agent", "--simulate", "--gpus", "2", "--interval", "0.1", "--count", "600",
+         "--to", f"file://{out}", "--metrics-port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                    text = resp.read().decode()
+            except OSError:
+                text = ""
+            samples = {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+            }
+            if samples.get(("ranksight_agent_samples_total", (("kind", "gpu"),)), 0) >= 4:
+                break
+            time.sleep(0.2)  # poll interval of the scrape
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    gpu = samples.get(("ranksight_agent_samples_total", (("kind", "gpu"),)), 0)
+    host = samples.get(("ranksight_agent_samples_total", (("kind", "host"),)), 0)
+    assert gpu >= 4 and gpu == 2 * host, samples  # two GPUs and one host per interval
+    assert samples[("ranksight_agent_kafka_outage", ())] == 0
