@@ -1,14 +1,23 @@
-"""Events/s of `ranksight worker` through Kafka vs the offline engine on the same events (the limit).
+"""Events/s of `ranksight worker` through Kafka, of a bare consumer loop + engine, and of the offline engine.
+
+All three on the same events in the same run: the worker (publish start -> every source event
+handled), then a bare `confluent_kafka` consumer loop that decodes the same topics and feeds one
+`DetectionEngine` (what the worker wraps), their ratio (issue 9.1 target: >= 50 %), and the
+offline engine on the events in memory (the limit).
 
 Usage: KAFKA_BOOTSTRAP=127.0.0.1:9092 python bench/bench_worker.py [--scenario nan_loss] [--workers 2]
+       [--profile prof.raw]   # the (first) worker under py-spy: its top frames are printed
 (without KAFKA_BOOTSTRAP a local broker is started in a temporary directory and stopped after).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,14 +28,83 @@ from pathlib import Path
 from infra.kafka.topics import create_topics, delete_topics, prefixed
 from producers.publisher import open_publisher
 from producers.simulator import load_scenario, simulate
+from schemas.codec import Codec
+from streams.app import SOURCE_TOPICS, reference_ms
 from streams.engine import DetectionEngine
 
-_DONE = re.compile(r"'source_events': (\d+)")
+_DONE = re.compile(r"worker: ([\d,]+) source events handled")
 _ASSIGNED = re.compile(r"assigned partitions \[([\d, ]*)\]")
 
 
-def _bench(bootstrap: str, scenario: str, timeout_s: float, workers: int) -> None:
-    events = list(simulate(load_scenario(scenario), seed=0).events())
+def _bare_loop(bootstrap: str, prefix: str, expected: int, timeout_s: float) -> float:
+    """Events/s of a plain consumer loop: poll, decode, `engine.process`, as the worker does per record."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"{prefix}bare-loop",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([prefix + t for t in SOURCE_TOPICS])
+    codec, engine = Codec(), DetectionEngine()
+    done = 0
+    t0 = time.perf_counter()
+    try:
+        while done < expected and time.perf_counter() - t0 < timeout_s:
+            for msg in consumer.consume(5_000, 0.5):
+                if msg.error() is not None:
+                    continue
+                event = codec.decode(msg.value() or b"")
+                engine.process(event, received_ts=reference_ms(msg.timestamp()[1], int(time.time() * 1000)))
+                done += 1
+        elapsed = time.perf_counter() - t0
+    finally:
+        consumer.close()
+    print(
+        f"bare consumer loop + engine: {done} events in {elapsed:.2f} s = {done / elapsed:,.0f} events/s"
+        " (no alignment, no state, no outputs sent)"
+    )
+    return done / elapsed
+
+
+def _top_frames(raw: Path, n: int = 15) -> None:
+    """Print the frames where the profiled worker spent its samples (self and inclusive)."""
+    own: collections.Counter[str] = collections.Counter()
+    total: collections.Counter[str] = collections.Counter()
+    samples = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        samples += int(count)
+        own[frames[-1]] += int(count)
+        for function in {f.rsplit(":", 1)[0] + ")" for f in frames}:  # per function, not per line
+            total[function] += int(count)
+    print(f"py-spy: {samples} samples of the worker (active threads)")
+    print("  self time:")
+    for frame, count in own.most_common(n):
+        print(f"    {100 * count / samples:5.1f} %  {frame}")
+    print("  inclusive, frames of streams/ schemas/ faust/ aiokafka/:")
+    shown = [
+        (f, c)
+        for f, c in total.most_common()
+        if any(k in f for k in ("streams/", "schemas/", "faust/", "aiokafka/"))
+    ]
+    for frame, count in shown[:n]:
+        print(f"    {100 * count / samples:5.1f} %  {frame}")
+
+
+def _bench(
+    bootstrap: str, scenario: str, timeout_s: float, workers: int, profile: Path | None = None
+) -> None:
+    sc = load_scenario(scenario)
+    # Ending an hour ago: the worker rejects records more than a week behind their Kafka time.
+    sc = sc.with_overrides(start_ms=int(time.time() * 1000) - int(sc.duration * 1000) - 3_600_000)
+    events = list(simulate(sc, seed=0).events())
     t0 = time.perf_counter()
     DetectionEngine().run(events)
     offline_s = time.perf_counter() - t0
@@ -50,10 +128,16 @@ def _bench(bootstrap: str, scenario: str, timeout_s: float, workers: int) -> Non
                 }
                 log_path = Path(home) / f"worker-{i}.log"
                 logs.append(log_path)
+                spy = []
+                if profile is not None and i == 0:
+                    # Spawned under py-spy (attaching to a running process does not work everywhere).
+                    spy = [str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw"]
+                    spy += ["--rate", "50", "-o", str(profile), "--"]
                 with open(log_path, "wb") as log:
                     procs.append(
                         subprocess.Popen(
                             [
+                                *spy,
                                 str(Path(sys.executable).parent / "ranksight"),
                                 "worker",
                                 "--log-level",
@@ -94,7 +178,9 @@ def _bench(bootstrap: str, scenario: str, timeout_s: float, workers: int) -> Non
                 time.sleep(0.5)
                 done = 0
                 for path in logs:
-                    counts = [int(m) for m in _DONE.findall(path.read_text(errors="replace"))]
+                    counts = [
+                        int(m.replace(",", "")) for m in _DONE.findall(path.read_text(errors="replace"))
+                    ]
                     done += counts[-1] if counts else 0
                 if done >= len(events):
                     break
@@ -103,16 +189,38 @@ def _bench(bootstrap: str, scenario: str, timeout_s: float, workers: int) -> Non
                 print(f"workers did not finish in {timeout_s:.0f} s ({done} of {len(events)} handled)")
                 return
             # Progress lines come once a second: the timings are +-1 s.
+            lines = [line for line in logs[0].read_text(errors="replace").splitlines() if "worker: " in line]
+            print("last progress line of worker 0:", lines[-1].split("] ", 3)[-1] if lines else "none")
+            worker_rate = len(events) / (end - t0)
             print(
                 f"{workers} worker(s): {len(events)} events handled {end - t0:.1f} s after publishing started"
-                f" = {len(events) / (end - t0):,.0f} events/s"
+                f" = {worker_rate:,.0f} events/s"
             )
+            for proc in procs:
+                _stop(proc)
+            procs = []
+            bare_rate = _bare_loop(bootstrap, prefix, len(events), timeout_s)
+            print(f"worker / bare loop: {100 * worker_rate / bare_rate:.0f} % (issue 9.1 target: >= 50 %)")
+            if profile is not None and profile.exists():
+                _top_frames(profile)
     finally:
         for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(30)
+            _stop(proc)
         delete_topics(bootstrap, prefixed(prefix).values())
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a worker (under py-spy: stop the worker, and py-spy writes its profile and exits)."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    pids = [int(p) for p in children.read_text().split()] if children.exists() else []
+    for pid in pids or [proc.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def main() -> None:
@@ -121,15 +229,16 @@ def main() -> None:
     parser.add_argument("--scenario", default="nan_loss")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--workers", type=int, default=1, help="workers in the same group")
+    parser.add_argument("--profile", type=Path, help="run the first worker under py-spy, raw stacks here")
     args = parser.parse_args()
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
     if bootstrap:
-        _bench(bootstrap, args.scenario, args.timeout, args.workers)
+        _bench(bootstrap, args.scenario, args.timeout, args.workers, args.profile)
         return
     from infra.kafka.local import LocalKafka, ensure_jars
 
     with tempfile.TemporaryDirectory() as tmp, LocalKafka(Path(tmp), libs=ensure_jars()) as broker:
-        _bench(broker.bootstrap, args.scenario, args.timeout, args.workers)
+        _bench(broker.bootstrap, args.scenario, args.timeout, args.workers, args.profile)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,8 @@ class SinkConsumer:
         progress: Callable[[dict[str, Any]], None] | None = None,
         max_write_attempts: int = 8,
         clock: Callable[[], float] = time.monotonic,
+        on_health: Callable[[dict[str, Any]], None] | None = None,
+        health_interval_s: float = 2.0,
     ) -> None:
         if not topics:
             raise ValueError("no topics to consume")
@@ -95,6 +97,11 @@ class SinkConsumer:
         self._poll_timeout_s = poll_timeout_s
         self._progress_interval_s = progress_interval_s
         self._progress = progress
+        # /metrics: `health()` handed to `on_health` every `health_interval_s`, from the polling thread.
+        self._on_health = on_health
+        self._health_interval_s = health_interval_s
+        self._last_health = clock()
+        self.consumed_by_topic: dict[str, int] = {}
         self._max_write_attempts = max_write_attempts
         self._kafka_conf = {k: v for k, v in kafka_conf.items() if k != "group.id"}
         self._bootstrap = str(kafka_conf.get("bootstrap.servers", "?"))
@@ -169,6 +176,7 @@ class SinkConsumer:
             if tp in self._retry_at:
                 continue  # fetched before the partition was paused; it is read again after the retry
             handled += 1
+            self.consumed_by_topic[topic] = self.consumed_by_topic.get(topic, 0) + 1
             self._handle(msg, topic, partition, offset)
             if tp not in self._retry_at and self.sink.is_full(topic, partition):
                 self._flush([tp])
@@ -181,7 +189,24 @@ class SinkConsumer:
         if now - self._last_progress >= self._progress_interval_s:
             self._last_progress = now
             self._report()
+        if self._on_health is not None and now - self._last_health >= self._health_interval_s:
+            self._last_health = now
+            self._on_health(self.health())
         return handled
+
+    def health(self) -> dict[str, Any]:
+        """What `/metrics` shows: `stats()` plus records read and lag per topic (assigned partitions)."""
+        lag: dict[str, int] = {}
+        try:
+            assigned = self._consumer.assignment()
+            positions = self._consumer.position(assigned) if assigned else []
+            for tp in positions:
+                _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+                if high is not None and high >= 0 and tp.offset >= 0:
+                    lag[tp.topic] = lag.get(tp.topic, 0) + max(0, high - tp.offset)
+        except (KafkaException, RuntimeError):
+            pass  # not assigned yet, the broker is away, or the sink is closed: no lag this time
+        return {**self.stats(), "consumed_by_topic": dict(self.consumed_by_topic), "lag_by_topic": lag}
 
     def stats(self) -> dict[str, Any]:
         """Counters: consumed, inserted rows (total and per table), dead-lettered, batches, insert seconds, ..."""

@@ -28,6 +28,7 @@ Design (see docs/worker.md):
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import json
 import logging
@@ -59,8 +60,9 @@ from schemas.topics import (
     topic_for,
 )
 from streams.config import EngineConfig, load_config
-from streams.engine import DetectionEngine, event_ts
+from streams.engine import MAX_EVENT_TS, MIN_EVENT_TS, DetectionEngine, event_ts
 from streams.errors import StreamsError
+from streams.metrics import MetricsServer, worker_metrics
 from streams.rekey import NodeRoutes, WallClockGuard, partition_for
 from streams.routing import Router, load_router
 
@@ -73,9 +75,11 @@ __all__ = [
     "SOURCE_TOPICS",
     "TELEMETRY_BY_JOB",
     "Aligner",
+    "ClockRejected",
     "WorkerOptions",
     "WorkerRuntime",
     "align_ts",
+    "broker_credentials",
     "build_app",
     "check_record",
     "decode_snapshot",
@@ -83,6 +87,7 @@ __all__ = [
     "encode_snapshot",
     "pick_latest_snapshot",
     "received_ms",
+    "reference_ms",
 ]
 
 log = logging.getLogger("ranksight.worker")
@@ -112,6 +117,7 @@ _INTERNAL_TYPES: dict[str, frozenset[str]] = {
 }
 _ASK_ENDS_S = 2.0  # how often the end offsets of partitions without a fetch answer are asked for
 _BAD_LOG_S = 10.0
+_METRICS_S = 2.0  # how often the /metrics snapshot is refreshed
 # Sends Kafka has not acknowledged after this long mean a stuck producer (its own requests time
 # out after 40 s and are retried): the worker stops, loudly, instead of holding everything silently.
 _DELIVERY_TIMEOUT_S = 120.0  # bad input: one warning per this many seconds, with a count
@@ -141,7 +147,37 @@ class WorkerOptions:
     guard_live_ms: int = 600_000
     unbound_interval_ms: int = 10_000
     stuck_log_s: float = 30.0  # events held this long without any leaving: log which input holds them
+    metrics_port: int = 0  # Prometheus /metrics on this port (0: off)
+    # The same Kafka security settings as every other command (`ranksight.settings`).
+    security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    sasl_mechanism: str | None = None  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def broker_credentials(options: WorkerOptions) -> Any:
+    """Faust's credentials for `options.security_protocol` (None for PLAINTEXT).
+
+    SSL verifies the broker with the system's CA store (`SSL_CERT_FILE` points Python at another)."""
+    import ssl
+
+    protocol = options.security_protocol
+    if protocol == "PLAINTEXT":
+        return None
+    context = ssl.create_default_context() if protocol in ("SSL", "SASL_SSL") else None
+    if protocol == "SSL":
+        return faust.SSLCredentials(context)
+    if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        return faust.SASLCredentials(
+            username=options.sasl_username,
+            password=options.sasl_password,
+            ssl_context=context,
+            mechanism=options.sasl_mechanism or "PLAIN",
+        )
+    raise StreamsError(
+        f"unknown Kafka security protocol {protocol!r}: use PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
+    )
 
 
 def default_store() -> str:
@@ -214,17 +250,47 @@ def check_record(codec: Codec, value: bytes | None, topic: str) -> Event:
     return event
 
 
-def align_ts(ts: int, timestamp_s: float | None, max_skew_ms: int) -> int:
-    """Event time for alignment and progress: `ts`, at most `max_skew_ms` past the Kafka timestamp."""
-    if not timestamp_s or timestamp_s <= 0:
-        return ts
-    return min(ts, int(timestamp_s * 1000) + max_skew_ms)
+def align_ts(ts: int, timestamp_s: float | None, max_skew_ms: int, now_ms: int) -> int | None:
+    """Event time for alignment and progress: `ts`, or None for a record the engine will reject.
+
+    That is a record outside 2000..2200 or more than `max_skew_ms` ahead of its reference (its
+    Kafka timestamp, capped at `now_ms`: see `reference_ms`). Such a record moves no event time:
+    bounding it by Kafka time + skew instead let one 2199 record of an hour-old backlog drag every
+    engine's watermark an hour past the data (job_stall on every job).
+    """
+    kafka_ms = int(timestamp_s * 1000) if timestamp_s and timestamp_s > 0 else None
+    if not MIN_EVENT_TS <= ts < MAX_EVENT_TS or ts > reference_ms(kafka_ms, now_ms) + max_skew_ms:
+        return None
+    return ts
 
 
 def received_ms(fevent: Any) -> int | None:
     """The Kafka timestamp (ms) of a Faust event's message, if it has one."""
     timestamp = getattr(fevent.message, "timestamp", None)
     return int(timestamp * 1000) if timestamp and timestamp > 0 else None
+
+
+def reference_ms(kafka_ms: int | None, now_ms: int) -> int:
+    """The time a record's event time is checked against: its Kafka timestamp, never past `now_ms`.
+
+    A producer's CreateTime comes from the same host clock as the event times it stamps, so a node
+    whose clock jumped to 2199 sends records with a 2199 Kafka timestamp too; no record can come
+    from the future of the process reading it, so the worker's own wall clock caps the reference.
+    """
+    return now_ms if kafka_ms is None else min(kafka_ms, now_ms)
+
+
+class ClockRejected(StreamsError):
+    """The engine refused a record for its time (`engine.rejection`): it is dead-lettered with the reason."""
+
+    def __init__(self, reason: str, event_ts: int, reference_ts: int) -> None:
+        self.reason = reason
+        self.event_ts = event_ts
+        self.reference_ts = reference_ts
+        super().__init__(
+            f"{reason}: event time {event_ts} ms is {(event_ts - reference_ts) / 1000:+.0f} s from the"
+            f" record's reference time {reference_ts} ms (its Kafka timestamp, capped at the worker's clock)"
+        )
 
 
 def _tp_key(topic: str, partition: int) -> str:
@@ -409,6 +475,16 @@ class Aligner:
         self.moved_at = None
 
 
+def _telemetry_source(event: Event) -> str | None:
+    """ "G|node|gpu" / "H|node" for telemetry (the at-least-once forwarder may repeat it), else None."""
+    r = event.record
+    if event.type == "GpuSample":
+        return f"G|{r['node']}|{r.get('gpu_uuid')}"
+    if event.type == "HostSample":
+        return f"H|{r['node']}"
+    return None
+
+
 class WorkerRuntime:
     """One partition's engine plus what is needed to checkpoint it consistently with the consumed offsets."""
 
@@ -450,6 +526,7 @@ class WorkerRuntime:
                 "snapshot_bytes",
                 "guard_advances",
                 "front_advances",
+                "clock_rejected",
             ),
             0,
         )
@@ -506,19 +583,16 @@ class WorkerRuntime:
         return offset < self.offsets.get(tp, -1)
 
     def duplicate(self, event: Event) -> bool:
-        """True for a telemetry sample this engine already has (re-forwarded); else remember it."""
-        r = event.record
-        if event.type == "GpuSample":
-            ident = f"G|{r['node']}|{r.get('gpu_uuid')}"
-        elif event.type == "HostSample":
-            ident = f"H|{r['node']}"
-        else:
-            return False
-        ts = int(r["ts"])
-        if ts <= self.seen.get(ident, -(2**63)):
-            return True
-        self.seen[ident] = ts
-        return False
+        """True for a telemetry sample this engine already has (re-forwarded)."""
+        ident = _telemetry_source(event)
+        return ident is not None and int(event.record["ts"]) <= self.seen.get(ident, -(2**63))
+
+    def remember(self, event: Event) -> None:
+        """Note a telemetry sample the engine took (not one it rejected for its time: a sample
+        stamped 2199 would make every later sample of its GPU look re-forwarded)."""
+        ident = _telemetry_source(event)
+        if ident is not None:
+            self.seen[ident] = max(int(event.record["ts"]), self.seen.get(ident, -(2**63)))
 
     def mark(self, tp: str, offset: int) -> None:
         """Record that this offset is now part of the engine state."""
@@ -632,6 +706,7 @@ def build_app(options: WorkerOptions) -> faust.App:
         processing_guarantee="at_least_once",
         topic_partitions=n,
         topic_replication_factor=options.replication_factor,
+        broker_credentials=broker_credentials(options),
         topic_allow_declare=True,  # the broker does not auto-create: Faust declares its own topics
         web_enabled=False,
         consumer_auto_offset_reset="earliest",
@@ -707,6 +782,11 @@ def build_app(options: WorkerOptions) -> faust.App:
         0,
     )
     bad_log = [0.0, 0]  # when a bad record was last logged, how many since
+    # Per topic (unprefixed) for /metrics: read by route/detect, produced; dead letters per reason.
+    consumed: collections.Counter[str] = collections.Counter()
+    produced: collections.Counter[str] = collections.Counter()
+    dead_letters: collections.Counter[str] = collections.Counter()
+    metrics_server = MetricsServer(options.metrics_port) if options.metrics_port else None
     lock = asyncio.Lock()
     streams: dict[str, Any] = {}
     app.ranksight_runtimes = runtimes  # type: ignore[attr-defined]
@@ -781,8 +861,13 @@ def build_app(options: WorkerOptions) -> faust.App:
     # progress of everything else along (and with it every engine's watermark).
     max_skew_ms = int(1000 * float(getattr(config, "max_clock_skew_s", 300.0)))
 
-    def _align_ts(fevent: Any, event: Event) -> int:
-        return align_ts(event_ts(event), fevent.message.timestamp, max_skew_ms)
+    def _align_ts(fevent: Any, event: Event) -> int | None:
+        return align_ts(event_ts(event), fevent.message.timestamp, max_skew_ms, int(time.time() * 1000))
+
+    def _held_ts(fevent: Any, event: Event) -> int:
+        # A record that moves no event time leaves the aligner at once (the engine rejects it).
+        ts = _align_ts(fevent, event)
+        return MIN_EVENT_TS if ts is None else ts
 
     async def _reject(fevent: Any, topic: str, exc: DecodeError) -> Any:
         """Count and log a record the worker cannot use; dead-letter it if no sink owns its topic.
@@ -801,12 +886,19 @@ def build_app(options: WorkerOptions) -> faust.App:
             bad_log[0], bad_log[1] = now, 0
         if topic not in _INTERNAL_TYPES:
             return None
+        return await _dead_letter(fevent, err)
+
+    async def _dead_letter(fevent: Any, err: Exception) -> Any:
+        """Send the record as read to `rs.deadletter` with why; returns the send's future."""
+        msg = fevent.message
+        headers = dict(deadletter_headers(err, msg.topic, msg.partition, msg.offset, component=COMPONENT))
+        if isinstance(err, ClockRejected):
+            headers["x-reject-reason"] = err.reason.encode()
         totals["deadletter"] += 1
+        dead_letters[err.reason if isinstance(err, ClockRejected) else "decode"] += 1
+        produced[DEADLETTER] += 1
         return await out_topic(DEADLETTER).send(
-            key=fevent.key,
-            value=fevent.value,
-            headers=dict(deadletter_headers(err, msg.topic, msg.partition, msg.offset, component=COMPONENT)),
-            force=True,
+            key=fevent.key, value=fevent.value, headers=headers, force=True
         )
 
     async def _send_markers(agent: str, out: Any, progress: dict[int, tuple[int | None, int | None]]) -> None:
@@ -865,6 +957,7 @@ def build_app(options: WorkerOptions) -> faust.App:
                 await bindings_out.send(key=key, value=fevent.value, partition=part, force=True)
             )
             totals["bindings"] += 1
+            produced[BINDINGS] += 1
         elif event.type == "JobStateChanged" and r["state"] in config.job_end_states:
             # The nodes of a job are known where its bindings are: tell every partition.
             for part in range(n):
@@ -874,7 +967,9 @@ def build_app(options: WorkerOptions) -> faust.App:
                     )
                 )
         bind_fw.pending.append(fevent)
-        bind_progress[msg.partition] = [_align_ts(fevent, event), msg.offset]
+        ts = _align_ts(fevent, event)
+        last = bind_progress.get(msg.partition)
+        bind_progress[msg.partition] = [ts if ts is not None or last is None else last[0], msg.offset]
         if len(bind_fw.pending) >= _FORWARD_BATCH:
             await bind_fw.flush(stream, app)
 
@@ -889,6 +984,7 @@ def build_app(options: WorkerOptions) -> faust.App:
     async def _route(stream: Any, fevent: Any) -> None:
         msg = fevent.message
         topic = unprefix(msg.topic)
+        consumed[topic] += 1
         p = msg.partition
         _load_routes(p)
         if topic == BINDINGS and (m := _marker(fevent)) is not None:
@@ -924,7 +1020,7 @@ def build_app(options: WorkerOptions) -> faust.App:
             route_fw.pending.append(fevent)
         else:
             node_aligner.push(
-                _tp_key(topic, p), msg.offset, _align_ts(fevent, event), (fevent, event), time.monotonic()
+                _tp_key(topic, p), msg.offset, _held_ts(fevent, event), (fevent, event), time.monotonic()
             )
         await _drain_nodes(stream)
 
@@ -939,12 +1035,21 @@ def build_app(options: WorkerOptions) -> faust.App:
                 totals["unbound_thinned"] += 1
             for part, key in sorted(parts.items()):
                 route_fw.futures.append(
-                    await by_job_out.send(key=key.encode(), value=fevent.value, partition=part, force=True)
+                    await by_job_out.send(
+                        key=key.encode(),
+                        value=fevent.value,
+                        partition=part,
+                        timestamp=fevent.message.timestamp,
+                        force=True,
+                    )
                 )
                 totals["forwarded"] += 1
+                produced[TELEMETRY_BY_JOB] += 1
             route_fw.pending.append(fevent)
             part_of = int(tp.rpartition(":")[2])
-            route_progress[part_of] = max(_align_ts(fevent, event), route_progress.get(part_of, -(2**63)))
+            ts = _align_ts(fevent, event)
+            if ts is not None:
+                route_progress[part_of] = max(ts, route_progress.get(part_of, -(2**63)))
         if len(route_fw.pending) >= _FORWARD_BATCH:
             await route_fw.flush(stream, app)
 
@@ -971,6 +1076,7 @@ def build_app(options: WorkerOptions) -> faust.App:
     async def _receive(stream: Any, fevent: Any) -> None:
         msg = fevent.message
         topic = unprefix(msg.topic)
+        consumed[topic] += 1
         tp = _tp_key(topic, msg.partition)
         rt = _runtime(msg.partition)
         rt.last_event = fevent
@@ -1005,13 +1111,14 @@ def build_app(options: WorkerOptions) -> faust.App:
             rt.pending.append(fevent)
             rt.aligner.note(tp, msg.offset, None, now)
         else:
-            rt.aligner.push(tp, msg.offset, _align_ts(fevent, event), (fevent, event), now)
+            rt.aligner.push(tp, msg.offset, _held_ts(fevent, event), (fevent, event), now)
         await _drain(stream, rt)
 
     async def _send_outputs(rt: WorkerRuntime, outputs: list[Event]) -> None:
         for out in outputs:
             name = topic_for(out.type)
             rt.counts["outputs"] += 1
+            produced[name] += 1
             if out.type == "Alert":
                 rt.counts["alerts"] += 1
             try:
@@ -1038,14 +1145,25 @@ def build_app(options: WorkerOptions) -> faust.App:
             if rt.duplicate(event):
                 rt.counts["duplicates"] += 1
                 continue
+            reference = reference_ms(received_ms(fevent), int(time.time() * 1000))
             try:
-                outputs = engine.process(event, received_ts=received_ms(fevent))
+                outputs = engine.process(event, received_ts=reference)
             except Exception:
                 # A record that breaks a detector must not crash-loop the agent (it would be
                 # redelivered forever): log it with the traceback and go on without it.
+                rt.remember(event)
                 rt.counts["engine_errors"] += 1
                 log.exception("the engine failed on %s at %s@%d; skipped", event.type, tp, offset)
                 continue
+            if engine.rejection is not None:
+                # Valid for the sink (it stores the record), wrong in time for detection: the engine
+                # raises clock_skew, the worker owns the dead letter.
+                rt.counts["clock_rejected"] += 1
+                rt.futures.append(
+                    await _dead_letter(fevent, ClockRejected(engine.rejection, event_ts(event), reference))
+                )
+                continue
+            rt.remember(event)
             rt.counts["processed"] += 1
             await _send_outputs(rt, outputs)
             if rt.checkpoint_due(outputs):
@@ -1171,16 +1289,72 @@ def build_app(options: WorkerOptions) -> faust.App:
         out["source_events"] = out["telemetry_in"] + out["training_in"]
         return out
 
+    def _source_lag() -> dict[str, int | None]:
+        """Per source topic: records of the assigned partitions not read yet (None while unknown)."""
+        left: dict[str, int | None] = dict.fromkeys(SOURCE_TOPICS, 0)
+        for p in sorted(assigned):
+            rt = runtimes.get(p)
+            read = [(t, node_aligner) for t in (TELEMETRY_GPU, TELEMETRY_HOST)]
+            read += [(t, rt.aligner) for t in (TRAINING_STEPS, TRAINING_EVENTS)] if rt else []
+            for topic, aligner in read:
+                tp = _tp_key(topic, p)
+                lag, so_far = _lag(tp, aligner._last_offset.get(tp)), left[topic]
+                left[topic] = None if lag is None or so_far is None else so_far + lag
+        return left
+
+    def _watermark_delay_s() -> float | None:
+        marks = [rt.engine.watermark for rt in runtimes.values() if rt.engine and rt.engine.watermark]
+        return (time.time() * 1000 - min(marks)) / 1000 if marks else None
+
+    @app.timer(_METRICS_S)
+    async def _metrics() -> None:
+        if metrics_server is None:
+            return
+        firing: collections.Counter[str] = collections.Counter()
+        for rt in runtimes.values():
+            if rt.engine is not None:
+                firing.update(fp.split("/", 1)[0] for fp in rt.engine.tracker.firing())
+        metrics_server.publish(
+            worker_metrics(
+                consumed=consumed,
+                produced=produced,
+                totals=_totals(),
+                dead_letters=dead_letters,
+                lag={t: n for t, n in _source_lag().items() if n is not None},
+                watermark_delay_s=_watermark_delay_s(),
+                firing_by_rule=firing,
+            )
+        )
+
+    last_stats: list[Any] = [time.monotonic(), 0]  # when the last progress line went out, events then
+
     @app.timer(options.stats_interval_s)
     async def _stats() -> None:
+        t = _totals()
+        now = time.monotonic()
+        rate = (t["source_events"] - last_stats[1]) / max(now - last_stats[0], 1e-9)
+        last_stats[0], last_stats[1] = now, t["source_events"]
+        lags = list(_source_lag().values())
+        lag = None if None in lags else sum(n or 0 for n in lags)
+        delay_s = _watermark_delay_s()
+        delay = "none yet" if delay_s is None else f"{delay_s:,.1f} s"
         log.info(
-            "worker: %s partitions=%s held=%d node_held=%d watermarks=%s",
-            _totals(),
+            "worker: %s source events handled (%s/s), %s alerts, %s dead letters (%s clock-rejected),"
+            " %s bad input; lag %s records; watermark delay %s (oldest partition); held %s + %s;"
+            " partitions %s",
+            f"{t['source_events']:,}",
+            f"{rate:,.0f}",
+            f"{t['alerts']:,}",
+            f"{t['deadletter']:,}",
+            f"{t['clock_rejected']:,}",
+            f"{t['bad_input']:,}",
+            "unknown" if lag is None else f"{lag:,}",
+            delay,
+            f"{sum(len(rt.aligner) for rt in runtimes.values()):,}",
+            f"{len(node_aligner):,}",
             sorted(runtimes),
-            sum(len(rt.aligner) for rt in runtimes.values()),
-            len(node_aligner),
-            {p: rt.engine.watermark if rt.engine else None for p, rt in sorted(runtimes.items())},
         )
+        log.debug("worker counters: %s", t)
         for p, rt in sorted(runtimes.items()):
             log.debug("partition %d: %s", p, rt.aligner.describe(time.monotonic(), _job_lag(rt)))
 

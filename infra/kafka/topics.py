@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -24,8 +25,10 @@ from schemas.topics import (
 )
 
 __all__ = [
+    "COPARTITIONED",
     "DEFAULT_TOPIC_SPECS",
     "TopicSpec",
+    "check_partitions",
     "create_topics",
     "delete_topics",
     "prefixed",
@@ -72,6 +75,38 @@ DEFAULT_TOPIC_SPECS: tuple[TopicSpec, ...] = (
 )
 
 
+# The worker joins these by key (a job's steps, events and telemetry meet in one engine): they must
+# have the same partition count as its internal topics (`--partitions`), whoever created them.
+COPARTITIONED: tuple[str, ...] = (TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_STEPS, TRAINING_EVENTS)
+
+
+def check_partitions(
+    conf: Mapping[str, Any], names: Iterable[str], partitions: int, *, timeout: float = 10
+) -> None:
+    """Raise `KafkaSetupError` naming the first existing topic of `names` without `partitions` partitions.
+
+    `conf` is a librdkafka client config (bootstrap and security settings). Topics that do not
+    exist yet are skipped: whoever creates them later uses the count given.
+    """
+    admin = AdminClient({**conf, "log_level": 0})
+    try:
+        meta = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise KafkaSetupError(
+            _explain(str(conf.get("bootstrap.servers")), "cannot read topic metadata", exc.args[0])
+        ) from exc
+    counts = {name: len(t.partitions) for name, t in meta.topics.items() if t.error is None}
+    wrong = [(name, counts[name]) for name in names if name in counts and counts[name] != partitions]
+    if wrong:
+        name, count = wrong[0]
+        others = f" (also {', '.join(f'{n}: {c}' for n, c in wrong[1:])})" if wrong[1:] else ""
+        raise KafkaSetupError(
+            f"topic {name} has {count} partitions, but the worker joins it by key with topics of"
+            f" {partitions}{others}: give every co-partitioned topic {partitions} partitions"
+            f" (recreate {name}), or run the worker with --partitions {count} if all topics have {count}"
+        )
+
+
 def prefixed(prefix: str, names: Iterable[str] = TOPICS) -> dict[str, str]:
     """Canonical topic name -> the name carrying `prefix` (a test's private copy of every topic)."""
     return {name: prefix + name for name in names}
@@ -109,6 +144,11 @@ def create_topics(
             raise KafkaSetupError(_explain(bootstrap, f"cannot create topic {name}", error)) from exc
         except TimeoutError as exc:
             raise KafkaSetupError(f"cannot create topic {name}: no answer from Kafka at {bootstrap}") from exc
+    # Topics that existed keep their partition count: the co-partitioned ones must agree.
+    by_name = {spec.name: spec.partitions for spec in wanted}
+    joined = [prefix + name for name in COPARTITIONED if prefix + name in by_name]
+    if joined:
+        check_partitions({"bootstrap.servers": bootstrap}, joined, by_name[joined[0]], timeout=timeout)
     return [spec.name for spec in wanted]
 
 

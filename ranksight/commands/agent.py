@@ -55,6 +55,14 @@ def agent(
         help="Kubelet pod-resources socket or a recorded List response (.json or protobuf); "
         "default: the kubelet socket when present.",
     ),
+    metrics_port: int = typer.Option(
+        0,
+        "--metrics-port",
+        min=0,
+        max=65535,
+        envvar="RANKSIGHT_AGENT_METRICS_PORT",
+        help="Serve Prometheus /metrics on this port if prometheus_client is installed (0: off).",
+    ),
     proc_root: Path = typer.Option(
         Path("/proc"), "--proc-root", help="The /proc of the host (Slurm attribution)."
     ),
@@ -107,7 +115,13 @@ def agent(
         f"agent on {node_name} ({settings.cluster}): {gpu_text} + host, every {interval:g}s -> {to}"
     )
 
+    metrics = _agent_metrics_server(metrics_port)
+
     def _report(stats: Any) -> None:
+        if metrics is not None:
+            from streams.metrics import agent_metrics
+
+            metrics.publish(agent_metrics(stats, publisher.stats))
         if stats.ticks % report_every == 0:
             p = publisher.stats
             err_console.print(
@@ -137,3 +151,22 @@ def agent(
 def register(app: typer.Typer) -> None:
     """Add the `agent` command."""
     app.command("agent")(agent)
+
+
+def _agent_metrics_server(port: int) -> Any:
+    """A /metrics server for the agent, or None: off, or prometheus_client not installed (the light
+    install keeps working, with one line saying why there are no metrics)."""
+    if not port:
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("prometheus_client") is None:
+        err_console.print(
+            "[yellow]warning:[/] --metrics-port needs prometheus_client (pip install prometheus_client);"
+            " the agent runs without /metrics"
+        )
+        return None
+    from streams.metrics import MetricsServer
+
+    with user_errors():
+        return MetricsServer(port)

@@ -195,6 +195,14 @@ def forward(
     idle_exit_s: float | None = typer.Option(
         None, "--idle-exit", help="Exit after N seconds without alerts."
     ),
+    metrics_port: int = typer.Option(
+        0,
+        "--metrics-port",
+        min=0,
+        max=65535,
+        envvar="RANKSIGHT_FORWARD_METRICS_PORT",
+        help="Serve Prometheus /metrics on this port (0: off).",
+    ),
 ) -> None:
     """Forward alerts to Alertmanager (POST /api/v2/alerts), keeping firing ones alive across restarts."""
     from infra.kafka.quiet import quiet_kafka_conf
@@ -238,11 +246,18 @@ def forward(
             settings = kafka_settings()  # KAFKA_BOOTSTRAP, else the running `ranksight kafka up`
             codec = codec_from_settings(settings.schema_registry_url)
 
+            run_stats: list[DeliveryStats] = []  # the run's own counters, known from the rebuild on
+            _serve_forward_metrics(metrics_port, forwarder, run_stats)
+
             def rebuilt(stats: DeliveryStats) -> None:
+                run_stats.append(stats)
                 console.print(
                     f"rebuilt: {stats.restored} earlier alert records read, {forwarder.firing} firing",
                     highlight=False,
                 )
+
+            def record(r: dict[str, Any]) -> None:
+                console.print(alert_line(r), highlight=False, soft_wrap=True)
 
             def warn(message: str) -> None:
                 err_console.print(f"[yellow]warning:[/] {message}")
@@ -255,13 +270,47 @@ def forward(
                 codec.decode,
                 lookback_s=lookback_s,
                 idle_exit_s=idle_exit_s,
-                on_record=lambda r: console.print(alert_line(r), highlight=False, soft_wrap=True),
+                on_record=record,
                 on_rebuilt=rebuilt,
                 warn=warn,
             )
         finally:
             client.close()
     console.print(f"sent {stats.sent} alerts; {forwarder.firing} firing")
+
+
+def _serve_forward_metrics(port: int, forwarder: Any, run_stats: list[Any]) -> None:
+    """Serve the forwarder's /metrics (nothing when `port` is 0), refreshed every second.
+
+    A daemon thread reads the forwarder's counters and firing set; a read that races the
+    forwarding loop (its dict changing size) is skipped and retried a second later."""
+    if not port:
+        return
+    import collections
+    import threading
+
+    from streams.metrics import MetricsServer, forwarder_metrics
+
+    server = MetricsServer(port)
+
+    def refresh() -> None:
+        while True:
+            stats = run_stats[-1] if run_stats else None
+            try:
+                firing = collections.Counter(str(r.get("rule")) for r in forwarder.firing_records())
+            except RuntimeError:  # changed while read: next time
+                firing = None
+            if firing is not None:
+                server.publish(
+                    forwarder_metrics(
+                        received=stats.received if stats else 0,
+                        sent=stats.sent if stats else 0,
+                        firing_by_rule=firing,
+                    )
+                )
+            time.sleep(1.0)
+
+    threading.Thread(target=refresh, name="ranksight-forward-metrics", daemon=True).start()
 
 
 def register(app: typer.Typer) -> None:

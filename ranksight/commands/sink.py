@@ -63,6 +63,14 @@ def sink(
     idle_exit: float | None = typer.Option(
         None, "--idle-exit", help="Exit after this many seconds without messages (backfills, tests)."
     ),
+    metrics_port: int = typer.Option(
+        0,
+        "--metrics-port",
+        min=0,
+        max=65535,
+        envvar="RANKSIGHT_SINK_METRICS_PORT",
+        help="Serve Prometheus /metrics on this port (0: off).",
+    ),
     progress_interval: float = typer.Option(
         10.0, "--progress-interval", help="Seconds between progress lines."
     ),
@@ -110,6 +118,7 @@ def sink(
             batch_interval_s=batch_interval,
             progress_interval_s=progress_interval,
             progress=lambda stats: _print_progress(stats, _expired(consumer)),
+            on_health=_metrics_publisher(metrics_port, prefix),
         )
         stop = threading.Event()
         # Ctrl-C and SIGTERM both end the loop; run() then flushes, commits and leaves the group.
@@ -128,6 +137,16 @@ def sink(
         highlight=False,
         soft_wrap=True,
     )
+
+
+def _metrics_publisher(port: int, prefix: str) -> Any:
+    """`on_health` for the sink: serve its health on /metrics (None when `port` is 0)."""
+    if not port:
+        return None
+    from streams.metrics import MetricsServer, sink_metrics
+
+    server = MetricsServer(port)
+    return lambda health: server.publish(sink_metrics(health, prefix))
 
 
 def register(app: typer.Typer) -> None:

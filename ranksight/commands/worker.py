@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ranksight.console import console, fail, user_errors
+from ranksight.console import console, user_errors
 
 __all__ = ["register"]
 
@@ -55,6 +55,21 @@ def worker(
         min=0,
         help="All input of a partition silent this many seconds while live: advance event time with the wall clock (0: off).",
     ),
+    replication_factor: int = typer.Option(
+        1,
+        "--replication-factor",
+        min=1,
+        envvar="RANKSIGHT_REPLICATION_FACTOR",
+        help="Replication factor of the topics the worker creates (internal, changelogs); 3 on a real cluster.",
+    ),
+    metrics_port: int = typer.Option(
+        0,
+        "--metrics-port",
+        min=0,
+        max=65535,
+        envvar="RANKSIGHT_WORKER_METRICS_PORT",
+        help="Serve Prometheus /metrics on this port (0: off; one port per worker process).",
+    ),
     unbound_interval_ms: int = typer.Option(
         10_000,
         "--unbound-interval-ms",
@@ -67,10 +82,15 @@ def worker(
 
     with user_errors():
         settings = kafka_settings()
-        if settings.kafka_security_protocol != "PLAINTEXT":
-            fail("the worker supports PLAINTEXT Kafka only for now; use a PLAINTEXT listener")
         # Before Faust starts: aiokafka would answer a closed port with a long traceback.
         check_broker(settings)
+        from infra.kafka.topics import COPARTITIONED, check_partitions
+        from streams.app import BINDINGS, TELEMETRY_BY_JOB
+
+        prefix = settings.topic_prefix
+        joined = [prefix + t for t in (*COPARTITIONED, BINDINGS, TELEMETRY_BY_JOB)]
+        joined += [f"{prefix}{group}-{table}-changelog" for table in ("engine-snapshot", "node-routes")]
+        check_partitions(settings.kafka_config(), joined, partitions)
     assert settings.kafka_bootstrap is not None
 
     from streams.app import WorkerOptions
@@ -93,6 +113,14 @@ def worker(
         guard_s=guard_s,
         unbound_interval_ms=unbound_interval_ms,
         schema_registry_url=settings.schema_registry_url,
+        replication_factor=replication_factor,
+        metrics_port=metrics_port,
+        security_protocol=settings.kafka_security_protocol,
+        sasl_mechanism=settings.kafka_sasl_mechanism,
+        sasl_username=settings.kafka_sasl_username,
+        sasl_password=(
+            settings.kafka_sasl_password.get_secret_value() if settings.kafka_sasl_password else None
+        ),
     )
     console.print(
         f"worker [bold]{settings.topic_prefix}{group}[/] on {settings.kafka_bootstrap} "

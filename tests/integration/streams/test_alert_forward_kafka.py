@@ -295,3 +295,68 @@ def test_the_cli_rebuilds_from_the_topic_and_resends_what_still_fires(
     assert (
         alertmanager.since(0)[0].alert["generatorURL"] == "http://ui.example/alerts/job_stall/x@1767225600000"
     )
+
+
+def test_the_forwarder_serves_its_health_on_metrics(
+    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, alertmanager: AlertmanagerStandIn
+) -> None:
+    """`alerts forward --metrics-port`: firing alerts by rule after the rebuild, then a live alert counted."""
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _publish(kafka_bootstrap, topics[ALERTS], [_alert("job_stall/x", "firing"), _alert("xid_error/y", "firing"),
+                                               _alert("xid_error/y", "resolved", 3)])  # fmt: skip
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    env = {
+        "KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "RANKSIGHT_TOPIC_PREFIX": topic_prefix,
+        "PATH": str(Path(sys.executable).parent),
+    }
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ranksight"), "alerts", "forward", "--alertmanager", alertmanager.url,
+         "--metrics-port", str(port), "--idle-exit", "60"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+    def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return {}
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    def wait_for(done: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        deadline = time.monotonic() + 60
+        seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        while time.monotonic() < deadline and proc.poll() is None:
+            seen = scrape()
+            if done(seen):
+                break
+            time.sleep(0.2)  # poll interval of the scrape
+        return seen
+
+    try:
+        after_rebuild = wait_for(lambda m: ("ranksight_forward_alerts_firing", (("rule", "job_stall"),)) in m)
+        assert after_rebuild.get(("ranksight_forward_alerts_firing", (("rule", "job_stall"),))) == 1, (
+            after_rebuild
+        )
+        assert ("ranksight_forward_alerts_firing", (("rule", "xid_error"),)) not in after_rebuild
+        _publish(kafka_bootstrap, topics[ALERTS], [_alert("xid_error/z", "firing", 5)])
+        live = wait_for(lambda m: m.get(("ranksight_forward_alerts_in_total", ()), 0) >= 1)
+        assert live[("ranksight_forward_alerts_in_total", ())] == 1, live
+        assert live[("ranksight_forward_alerts_firing", (("rule", "xid_error"),))] == 1, live
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -36,8 +36,9 @@ from sinks.clickhouse import close_all, connect
 from sinks.consumer import SinkConsumer
 from sinks.ddl import migrate
 from streams.app import BINDINGS, DEFAULT_APP_ID, SOURCE_TOPICS, TELEMETRY_BY_JOB
+from streams.metrics import sink_metrics
 from streams.replay import replay_offline
-from tests.integration.streams.test_worker_kafka import Worker, _publish, group_lag
+from tests.integration.streams.test_worker_kafka import Worker, _publish, group_lag, recent
 
 # 8 minutes, 2 nodes x 4 GPUs, one job: a NaN loss (training path) and an XID (telemetry path).
 SCENARIO = """
@@ -83,7 +84,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Event], set
     """The good events and the (fingerprint, status) pairs of their offline replay."""
     folder = tmp_path_factory.mktemp("bad-input")
     (folder / "scenario.yaml").write_text(SCENARIO)
-    events = list(simulate(load_scenario(folder / "scenario.yaml"), seed=0).events())
+    events = list(simulate(recent(load_scenario(folder / "scenario.yaml")), seed=0).events())
     write_container(folder / "events.avro", events)
     alerts = [e.record for e in replay_offline([folder / "events.avro"]) if e.type == "Alert"]
     return events, {(a["fingerprint"], a["status"]) for a in alerts}
@@ -203,6 +204,7 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
     worker = Worker(kafka_bootstrap, topic_prefix, tmp_path)
     worker.start()
     client = connect(f"chdb://{tmp_path / 'chdb'}")
+    healths: list[dict[str, Any]] = []
     started = time.monotonic()
     internal = BadProducer(kafka_bootstrap)
     try:
@@ -214,8 +216,11 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
             group_id,
             deadletter_topic=topics[DEADLETTER],
             batch_interval_s=0.5,
+            on_health=healths.append,
+            health_interval_s=0.5,
         )
         stats = sink.run(idle_exit_s=3)
+        sink_health = sink_metrics(sink.health(), topic_prefix)
         assert group_lag(kafka_bootstrap, group_id, [topics[t] for t in SOURCE_TOPICS]) == 0
         # The worker: wait until its group has committed every source record (progress, not time).
         group = topic_prefix + DEFAULT_APP_ID
@@ -265,6 +270,15 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
     )
     assert by_component == {(b"sink", False): len(bad.positions), (b"worker", True): len(internal.positions)}
     assert stats["deadlettered"] == len(bad.positions)
+    # The sink's /metrics view of the same run: every record read per topic, the dead letters, no lag.
+    assert healths, "the sink never reported its health while polling"
+    metric = {m.name: m.values for m in sink_health}
+    read = Counter(topic_for(e.type) for e in events) + Counter(
+        t[len(topic_prefix) :] for t, _, _, _ in bad.positions
+    )
+    assert metric["ranksight_sink_events_in"] == {(t,): float(n) for t, n in read.items()}
+    assert metric["ranksight_sink_dead_letters"] == {(): float(len(bad.positions))}
+    assert sum(metric["ranksight_sink_rows_inserted"].values()) == len(events)
 
 
 def test_worker_stops_within_seconds_of_sigterm_while_processing(

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from producers.publisher import open_publisher
-from producers.simulator import load_scenario, simulate
+from producers.simulator import Scenario, load_scenario, simulate
 from schemas.codec import Codec
 from schemas.files import parse_ts, write_container
 from schemas.records import Event
@@ -29,9 +29,22 @@ SCENARIO = "nan_loss"
 RANKSIGHT = str(Path(sys.executable).parent / "ranksight")
 
 
+def recent(scenario: Scenario) -> Scenario:
+    """The scenario ending an hour ago, as live agents would have published it.
+
+    The worker checks each record's event time against its Kafka timestamp (the publish time):
+    more than `engine.max_record_age_s` (7 days) behind it is a clock reset, so the scenarios' fixed
+    2026-01-01 start would be rejected. An hour back keeps the wall-clock guard (events within 10
+    minutes of now) off, so the worker's alerts stay those of the offline replay.
+    """
+    return scenario.with_overrides(
+        start_ms=int(time.time() * 1000) - int(scenario.duration * 1000) - 3_600_000
+    )
+
+
 @pytest.fixture(scope="module")
 def scenario_events() -> tuple[list[Event], list[dict[str, Any]]]:
-    sim = simulate(load_scenario(SCENARIO), seed=0)
+    sim = simulate(recent(load_scenario(SCENARIO)), seed=0)
     return list(sim.events()), sim.labels
 
 
@@ -68,11 +81,11 @@ class Worker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
 
-    def start(self) -> None:
+    def start(self, *options: str) -> None:
         self.runs += 1
         log = open(self.home / f"worker-{self.runs}.log", "wb")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(
-            [RANKSIGHT, "worker", "--log-level", "info", "--checkpoint-interval-ms", "30000"],
+            [RANKSIGHT, "worker", "--log-level", "info", "--checkpoint-interval-ms", "30000", *options],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -23,7 +23,7 @@ from schemas.topics import ALERTS
 from streams.app import SOURCE_TOPICS
 from streams.rekey import partition_for
 from streams.replay import replay_offline
-from tests.integration.streams.test_worker_kafka import AlertReader, Worker, _publish, group_lag
+from tests.integration.streams.test_worker_kafka import AlertReader, Worker, _publish, group_lag, recent
 
 SCENARIO = "mixed"  # three jobs of three teams on four nodes, six labelled faults
 _ASSIGNED = re.compile(r"assigned partitions \[([\d, ]*)\]")
@@ -31,7 +31,7 @@ _ASSIGNED = re.compile(r"assigned partitions \[([\d, ]*)\]")
 
 @pytest.fixture(scope="module")
 def mixed_events() -> list[Event]:
-    return list(simulate(load_scenario(SCENARIO), seed=0).events())
+    return list(simulate(recent(load_scenario(SCENARIO)), seed=0).events())
 
 
 @pytest.fixture(scope="module")

@@ -28,11 +28,14 @@ from streams.app import (
     BINDINGS,
     TELEMETRY_BY_JOB,
     Aligner,
+    WorkerOptions,
     align_ts,
+    broker_credentials,
     check_record,
     decode_snapshot,
     encode_snapshot,
     pick_latest_snapshot,
+    reference_ms,
 )
 from streams.errors import StreamsError
 from streams.kafka_replay import KafkaReplayError, publish_file
@@ -337,13 +340,25 @@ def test_a_rejected_last_record_does_not_hold_the_other_partitions_back() -> Non
     assert al.stuck_for(200.0) == 0.0
 
 
-def test_alignment_event_time_is_bounded_by_the_kafka_timestamp() -> None:
-    """A record from a clock in 2199 counts as (Kafka time + skew) for alignment and progress."""
+def test_a_record_the_engine_will_reject_for_its_time_moves_no_event_time() -> None:
+    """A record from a clock in 2199 does not count for alignment and progress at all."""
     kafka_s = 1_780_000_000.0
-    assert align_ts(1_780_000_000_000, kafka_s, 300_000) == 1_780_000_000_000
-    assert align_ts(7_258_118_400_000, kafka_s, 300_000) == 1_780_000_300_000  # year 2199
-    assert align_ts(1_000, kafka_s, 300_000) == 1_000  # the past is not moved
-    assert align_ts(7_258_118_400_000, None, 300_000) == 7_258_118_400_000  # no timestamp: as is
+    now = 1_780_000_001_000
+    assert align_ts(1_780_000_000_000, kafka_s, 300_000, now) == 1_780_000_000_000
+    assert align_ts(1_780_000_300_000, kafka_s, 300_000, now) == 1_780_000_300_000  # within the skew
+    assert align_ts(7_226_582_400_000, kafka_s, 300_000, now) is None  # year 2199
+    assert align_ts(1_000, kafka_s, 300_000, now) is None  # 1970: outside 2000..2200
+    assert align_ts(1_700_000_000_000, kafka_s, 300_000, now) == 1_700_000_000_000  # the past stays
+    # A producer's CreateTime comes from its own clock: the reader's clock caps it.
+    assert align_ts(7_226_582_400_000, 7_226_582_400.0, 300_000, now) is None
+    assert align_ts(1_780_000_000_000, None, 300_000, now) == 1_780_000_000_000  # no timestamp: now
+
+
+def test_the_reference_time_is_the_kafka_timestamp_capped_at_the_reader_clock() -> None:
+    """min(Kafka timestamp, wall clock); the wall clock when the record has no timestamp."""
+    assert reference_ms(1_000, 2_000) == 1_000
+    assert reference_ms(7_226_582_400_000, 2_000) == 2_000
+    assert reference_ms(None, 2_000) == 2_000
 
 
 # --- SIGTERM: the process ends within the grace period even while the event loop is blocked ----
@@ -484,3 +499,70 @@ def test_a_producer_that_acknowledges_nothing_stops_the_worker_loudly(
     asyncio.run(run())
     assert killed == [signal.SIGTERM]
     assert "has not acknowledged the snapshot of partition 3" in caplog.text
+
+
+# --- Kafka security: the worker honours the settings every other command uses -------------------
+def test_worker_credentials_follow_the_kafka_security_settings(tmp_path: Path) -> None:
+    """PLAINTEXT: none; SSL: a verifying context; SASL_SSL + SCRAM: user, mechanism and TLS."""
+    import faust
+
+    plain = WorkerOptions(bootstrap="b:9092", workdir=tmp_path)
+    assert broker_credentials(plain) is None
+    ssl_only = broker_credentials(
+        WorkerOptions(bootstrap="b:9093", workdir=tmp_path, security_protocol="SSL")
+    )
+    assert isinstance(ssl_only, faust.SSLCredentials)
+    sasl = WorkerOptions(
+        bootstrap="b:9094",
+        workdir=tmp_path,
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="detector",
+        sasl_password="s3cret",
+    )
+    creds = broker_credentials(sasl)
+    assert isinstance(creds, faust.SASLCredentials)
+    assert (creds.username, creds.password, creds.mechanism.value) == ("detector", "s3cret", "SCRAM-SHA-512")
+    assert creds.ssl_context is not None and creds.protocol.value == "SASL_SSL"
+    assert "s3cret" not in repr(sasl)  # options end up in logs
+
+
+# --- /metrics -------------------------------------------------------------------------------------
+def test_worker_metrics_are_served_as_published_and_a_busy_port_is_one_sentence() -> None:
+    """A scrape sees the last published snapshot; a port in use fails with a StreamsError."""
+    import socket
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from streams.metrics import MetricsServer, worker_metrics
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    server = MetricsServer(port, addr="127.0.0.1")
+    server.publish(
+        worker_metrics(
+            consumed={"rs.training.steps": 7},
+            produced={"rs.alerts": 2},
+            totals={"bad_input": 1},
+            dead_letters={"clock_ahead": 1},
+            lag={"rs.training.steps": 3},
+            watermark_delay_s=4.5,
+            firing_by_rule={"xid_error": 2},
+        )
+    )
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("ranksight_worker_events_in_total", (("topic", "rs.training.steps"),))] == 7
+    assert samples[("ranksight_worker_dead_letters_total", (("reason", "clock_ahead"),))] == 1
+    assert samples[("ranksight_worker_consumer_lag", (("topic", "rs.training.steps"),))] == 3
+    assert samples[("ranksight_worker_alerts_firing", (("rule", "xid_error"),))] == 2
+    assert samples[("ranksight_worker_watermark_delay_seconds", ())] == 4.5
+    with pytest.raises(StreamsError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+        MetricsServer(port, addr="127.0.0.1")
