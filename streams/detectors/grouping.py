@@ -192,9 +192,6 @@ class AlertGrouper:
                     del self._groups[scope]
                 return
 
-    def forget_job(self, job_id: str) -> None:
-        """Nothing to do per job: a job's alerts leave their groups as the tracker resolves them."""
-
     # -- state -------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """JSON-able state."""

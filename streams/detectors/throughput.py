@@ -91,6 +91,7 @@ class ThroughputDetector(Detector):
         self.cpu_rise = float(p["host_cpu_rise_pct"])
         self.jobs: dict[str, dict[str, Any]] = {}
         self.hosts: dict[str, list[list[Any]]] = {}  # node -> [[ts, cpu_util_pct]]
+        self._own: dict[tuple[str, str], frozenset[int]] = {}  # (job, node) -> the job's pids there (cache)
 
     def _job(self, job_id: str) -> dict[str, Any]:
         job = self.jobs.get(job_id)
@@ -135,6 +136,8 @@ class ThroughputDetector(Detector):
             rows.append([int(r["ts"]), float(r["cpu_util_pct"])])
             while rows and rows[0][0] < r["ts"] - _KEEP_MS:
                 rows.pop(0)
+        elif event.type == "RankBound":
+            self._own.clear()
         elif event.type == "JobStarted":
             self.jobs.pop(r["job_id"], None)  # a new run has a new normal
         return []
@@ -146,7 +149,10 @@ class ThroughputDetector(Detector):
         pids = {int(p) for p in r.get("pids") or []}
         if not pids:
             return
-        own = {b.pid for b in self.topology.ranks_of(binding.job_id) if b.node == r["node"]}
+        own = self._own.get((binding.job_id, r["node"]))
+        if own is None:
+            own = frozenset(b.pid for b in self.topology.ranks_of(binding.job_id) if b.node == r["node"])
+            self._own[(binding.job_id, r["node"])] = own
         foreign = sorted(pids - own)
         job = self.jobs[binding.job_id]
         if foreign:
