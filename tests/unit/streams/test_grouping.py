@@ -171,3 +171,18 @@ def test_the_shipped_routing_file_has_the_documented_inhibit_rules() -> None:
 def test_a_bad_inhibit_rule_is_one_sentence_naming_it(bad: dict[str, Any], says: str, tmp_path: Path) -> None:
     with pytest.raises(RoutingError, match=says):
         Router.from_dict(bad, source="r.yaml")
+
+
+def test_a_slow_storage_server_under_one_node_is_one_group_not_a_storm() -> None:
+    """Ranks 0-3 (on node-01, behind one storage server) of a 16-rank job wait 20x longer for data from minute 8."""
+    events = [job_started("job-1", T0, world_size=RANKS, nodes=2), job_state("job-1", T0, "running")]
+    events += [rank_bound("job-1", r, T0) for r in range(RANKS)]
+    for i in range(1, 900):
+        for r in range(RANKS):
+            slow = r < 4 and i >= 480
+            events.append(step("job-1", r, i, T0 + i * 1000, data_wait=0.6 if slow else 0.03))
+    alerts = _firing(events)
+    assert len(alerts) >= 4, [a["summary"] for a in alerts]
+    assert len({a["group_key"] for a in alerts}) == 1
+    paged = [a for a in alerts if not a["inhibited_by"]]
+    assert {a["rule"] for a in paged} == {"straggler"} and {a["rank"] for a in paged} == {0, 1, 2, 3}
