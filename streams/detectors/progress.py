@@ -77,7 +77,7 @@ def _blank_job() -> dict[str, Any]:
         "eval_stuck": None,  # [evaluation_id, since] of an active evaluation_stuck
         "eval_gap": False,  # a ValidationResult arrived: the next step's gap measures the evaluation
         "paused": False,  # a checkpoint or evaluation closed since the last step: its gap is no interval
-        "coll": {},  # str(rank) -> [ts, time_s / interval_s]
+        "coll": {},  # str(rank) -> [[ts, time_s / interval_s], ...] recent samples
         "gpu": {},  # str(rank) -> [[ts, gpu_util_pct], ...] recent samples
         "timeouts": [],  # ranks that reported a collective timeout (they were waiting)
         "pid_seen": None,  # last time a bound pid was seen on a GPU of the job
@@ -142,7 +142,9 @@ class ProgressDetector(Detector):
         elif t == "CollectiveSample":
             known = self.jobs.get(r["job_id"])
             if known is not None and r["interval_s"] > 0:
-                known["coll"][str(r["rank"])] = [r["ts"], r["time_s"] / r["interval_s"]]
+                key = str(r["rank"])
+                sample = [r["ts"], r["time_s"] / r["interval_s"]]
+                known["coll"][key] = [*known["coll"].get(key, []), sample][-_GPU_HISTORY:]
         elif t == "GpuSample":
             self._gpu(r)
         elif t == "RankFault" and r.get("kind") == "collective_timeout":
@@ -349,10 +351,14 @@ class ProgressDetector(Detector):
             return min(behind, key=lambda k: (ranks[str(k)][0], k))
         since = job["last_activity"]
         # Peers blocked in the collective, one rank not in it: that rank is the one they wait for.
-        coll = {int(k): v[1] for k, v in job["coll"].items() if v[0] > since}
+        # Only a rank out of the collective in *every* sample since the stall began counts: the
+        # first rank of a resuming job leaves the collective while its peers' samples still say
+        # blocked, and that is recovery, not a hang.
+        coll = {int(k): [f for t, f in v if t > since] for k, v in job["coll"].items()}
+        coll = {k: v for k, v in coll.items() if v}
         if len(coll) >= 2:
-            blocked = [k for k, f in coll.items() if f >= self.hang_coll_frac]
-            free = sorted(k for k, f in coll.items() if f < self.hang_coll_frac)
+            blocked = [k for k, v in coll.items() if v[-1] >= self.hang_coll_frac]
+            free = sorted(k for k, v in coll.items() if max(v) < self.hang_coll_frac)
             if blocked and 0 < len(free) <= limit:
                 return free[0]
         # GPU activity since the stall began: a hung rank is out of line in *every* sample (its
@@ -488,6 +494,7 @@ class ProgressDetector(Detector):
         for job in self.jobs.values():
             # Snapshots before GPU history kept one [ts, util] pair per rank.
             job["gpu"] = {k: [v] if v and not isinstance(v[0], list) else v for k, v in job["gpu"].items()}
+            job["coll"] = {k: [v] if v and not isinstance(v[0], list) else v for k, v in job["coll"].items()}
         self._last_second = state.get("last_second")
 
     def forget_job(self, job_id: str) -> None:

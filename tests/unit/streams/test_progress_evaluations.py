@@ -6,7 +6,7 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding
-from tests.unit.streams.builders import T0, gpu_sample, step, training_job, validation
+from tests.unit.streams.builders import T0, collective, gpu_sample, step, training_job, validation
 from tests.unit.streams.test_progress import _first, _run
 
 
@@ -180,3 +180,13 @@ def test_a_rank_whose_gpu_is_out_of_line_for_the_whole_stall_is_named_as_hung() 
     _, out = _run(events, until_s=199)
     hang = _first(out, "rank_hang")
     assert hang is not None and hang.rank == 2
+
+
+def test_the_first_rank_to_leave_the_collective_as_a_stalled_job_resumes_is_not_hung() -> None:
+    events = training_job(seconds=100)
+    for s in range(110, 250, 10):
+        events += [collective("job-1", r, T0 + s * 1000, 1.0) for r in range(4)]
+    events += [collective("job-1", r, T0 + 250_000, 0.0 if r == 2 else 1.0) for r in range(4)]
+    events += _steps(256, 101, 5)
+    _, out = _run(events, until_s=258)
+    assert _first(out, "job_stall") is not None and _first(out, "rank_hang") is None
