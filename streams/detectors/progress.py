@@ -24,8 +24,8 @@ Legitimate long operations never count as stalls:
   `stall_floor_s` is not a stall when the operator says so.
 
 `rank_hang` names the rank that stopped first while the job is stalled: a rank whose last step
-is behind the others; failing that, the rank that is *not* blocked in the collective while its
-peers are (CollectiveSample time fraction); failing that, the one rank whose GPU activity has been
+is behind the others; failing that, the rank that has been out of the collective in every
+CollectiveSample since the stall began while its peers are blocked in it; failing that, the one rank whose GPU activity has been
 out of line with its peers in every sample since the stall began (at least `hang_min_samples`):
 when a stalled job resumes, the first GPU to come back is out of line only in its latest samples,
 and recovery never raises a hang. `zombie_job`: no activity for `zombie_grace_s` while the job's bound
