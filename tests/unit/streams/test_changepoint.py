@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schemas.records import Event
 from streams.detectors.changepoint import RelativeSpeedCusum
@@ -88,3 +92,25 @@ def test_noisy_healthy_jobs_raise_no_straggler() -> None:
                 r[seg] *= factor
     _, findings, _ = _run(events)
     assert [f.summary for f in findings if f.active] == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    learn=st.lists(st.floats(0.5, 1.5), min_size=6, max_size=6),
+    rest=st.lists(st.floats(0.0, 2.0), max_size=40),
+)
+def test_the_cusum_alarms_only_after_a_shortfall_beyond_its_slack_and_its_state_stays_json(
+    learn: list[float], rest: list[float]
+) -> None:
+    cusum = RelativeSpeedCusum()
+    state = cusum.new_state()
+    for i, x in enumerate(learn):
+        assert cusum.update(state, x, i) is False
+    ref, k = state["ref"], state["k"]
+    assert ref <= 1.0
+    for i, x in enumerate(rest):
+        alarm = cusum.update(state, x, 100 + i)
+        if alarm:
+            assert x < ref - k  # an alarm is never raised or kept on a window within the slack
+        assert state["s"] >= 0.0
+    assert json.loads(json.dumps(state)) == state

@@ -134,7 +134,7 @@ def test_the_evaluation_length_is_learned_from_the_steps_around_a_result() -> No
     # The result carries no duration and arrives right away; the real pause is 45 s (steps
     # before and after it), so a 70 s pause at the next evaluation step is allowed (2 x 45 s).
     events = list(training_job(seconds=50))
-    events.append(validation("job-1", T0 + 50_500, 50, duration_s=None))  # type: ignore[arg-type]
+    events.append(validation("job-1", T0 + 50_500, 50))
     events[-1].record["duration_s"] = None
     events += _steps(96, 51, 50)
     events += _steps(215, 101, 5)
