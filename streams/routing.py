@@ -23,7 +23,7 @@ engine applies them (`streams.detectors.grouping`) and marks muted alerts with `
 inhibit_rules:
   - source_match_re: {rule: "xid_error|ecc_uncorrectable"}
     target_match_re: {rule: "straggler|gpu_imbalance"}
-    scope: node          # the target runs on the source's node
+    scope: node          # the target runs on the source's node (`gpu`: on the source's GPU)
     equal: []            # alert fields that must be equal on both (e.g. [job_id])
 ```
 A router whose `drop_inhibited` is true routes inhibited alerts nowhere (`route_all` is empty).
@@ -236,9 +236,9 @@ def _parse_inhibit(data: Any, where: str) -> InhibitRule:
     if not isinstance(equal, list):
         raise RoutingError(f"{where}: `equal` must be a list of alert fields")
     scope = data.get("scope") or ""
-    if scope not in ("", "node"):
-        raise RoutingError(f"{where}: `scope` must be `node` or absent, not {scope!r}")
-    node_scope: Literal["", "node"] = "node" if scope == "node" else ""
+    if scope not in ("", "node", "gpu"):
+        raise RoutingError(f"{where}: `scope` must be `node`, `gpu` or absent, not {scope!r}")
+    node_scope: Literal["", "node", "gpu"] = "node" if scope == "node" else "gpu" if scope == "gpu" else ""
     return InhibitRule(
         source_match=source_match,
         source_match_re=source_re,

@@ -5,13 +5,15 @@ Two steps run on every batch of Alert records the tracker emits, before routing:
 - **Inhibition** (as Alertmanager's `inhibit_rules`): while a *source* alert fires, a *target*
   alert that fires and is explained by it (same values of the rule's `equal` fields; with
   `scope: node`, the target runs on the source's node: its own node, or for a job-level alert
-  without a node, a rank of its job bound there) gets `inhibited_by` = the source's `alert_id`. It is still published and recorded; the
+  without a node, a rank of its job bound there; with `scope: gpu`, the target is on the source's
+  GPU: its own GPU, or for a job-level alert without one, a rank of its job bound to that GPU)
+  gets `inhibited_by` = the source's `alert_id`. It is still published and recorded; the
   router and forwarders may drop it, and evaluation does not count it as a page. Within a batch the
   sources fire first, so a root and its symptoms settled by the same watermark are linked; a
   symptom that fired *before* its root is not muted retroactively (it was already delivered).
 - **Grouping**: every alert gets a `group_key`. An inhibited alert joins its root's group. Any
-  other alert's scope is its node for node faults (an alert whose rule is the source of a
-  `scope: node` inhibit rule), else its job, else its node; the first firing alert of a scope opens
+  other alert's scope is its node for node and GPU faults (an alert whose rule is the source of
+  a `scope: node` or `scope: gpu` inhibit rule), else its job, else its node; the first firing alert of a scope opens
   the group `<scope>@<starts_at>` and later alerts of the scope join it until every member has
   resolved, so one incident is one group and the next incident on the same node is another.
 
@@ -48,7 +50,7 @@ class InhibitRule:
     target_match: dict[str, str] = field(default_factory=dict)
     target_match_re: dict[str, re.Pattern[str]] = field(default_factory=dict)
     equal: tuple[str, ...] = ()
-    scope: Literal["", "node"] = ""
+    scope: Literal["", "node", "gpu"] = ""
 
     @staticmethod
     def _matches(record: dict[str, Any], match: dict[str, str], match_re: dict[str, re.Pattern[str]]) -> bool:
@@ -87,6 +89,15 @@ class InhibitRule:
             # A job-level alert (no node of its own) runs on every node its ranks are bound to.
             job = target.get("job_id")
             return bool(job) and any(b.node == node for b in topology.ranks_of(str(job)))
+        if self.scope == "gpu":
+            gpu = source.get("gpu_uuid")
+            if not gpu:
+                return False
+            if target.get("gpu_uuid"):
+                return bool(target["gpu_uuid"] == gpu)
+            # A job-level alert (no GPU of its own) concerns every GPU its ranks are bound to.
+            job = target.get("job_id")
+            return bool(job) and any(b.gpu_uuid == gpu for b in topology.ranks_of(str(job)))
         return True
 
 
@@ -168,7 +179,7 @@ class AlertGrouper:
         return [opened[0], None]
 
     def _scope(self, record: dict[str, Any]) -> str:
-        node_fault = any(r.scope == "node" and r.is_source(record) for r in self.rules)
+        node_fault = any(r.scope in ("node", "gpu") and r.is_source(record) for r in self.rules)
         if node_fault and record.get("node"):
             return f"node:{record['node']}"
         if record.get("job_id"):

@@ -112,13 +112,19 @@ def test_a_resolved_symptom_carries_the_root_it_was_inhibited_by_and_the_state_r
     topo = Topology()
     topo.observe(rank_bound("job-1", 3, T0))
     grouper = AlertGrouper(load_router().inhibit_rules, topo)
-    root = _record("xid_error/node-01/GPU-node-01-3", "xid_error", "firing", 10, node="node-01")
-    sym = _record("straggler/job-1/3", "straggler", "firing", 50, node="node-01", rank=3)
+    root = _record(
+        "xid_error/node-01/GPU-node-01-3", "xid_error", "firing", 10, node="node-01", gpu_uuid="GPU-node-01-3"
+    )
+    sym = _record(
+        "straggler/job-1/3", "straggler", "firing", 50, node="node-01", rank=3, gpu_uuid="GPU-node-01-3"
+    )
     grouper.annotate([sym, root])  # the root is registered first even when listed second
     assert sym["inhibited_by"] == root["alert_id"]
     clone = AlertGrouper(load_router().inhibit_rules, topo)
     clone.load_state(grouper.state())
-    end = _record("straggler/job-1/3", "straggler", "resolved", 50, node="node-01", rank=3)
+    end = _record(
+        "straggler/job-1/3", "straggler", "resolved", 50, node="node-01", rank=3, gpu_uuid="GPU-node-01-3"
+    )
     clone.annotate([end])
     assert end["inhibited_by"] == root["alert_id"] and end["group_key"] == sym["group_key"]
 
@@ -142,7 +148,7 @@ def test_drop_inhibited_routes_an_inhibited_alert_nowhere() -> None:
 
 def test_the_shipped_routing_file_has_the_documented_inhibit_rules() -> None:
     rules = load_router().inhibit_rules
-    assert len(rules) == 3 and rules[0].scope == "node" and rules[1].equal == ("job_id",)
+    assert [r.scope for r in rules] == ["gpu", "node", "", ""] and rules[2].equal == ("job_id",)
 
 
 @pytest.mark.parametrize(
@@ -186,3 +192,52 @@ def test_a_slow_storage_server_under_one_node_is_one_group_not_a_storm() -> None
     assert len({a["group_key"] for a in alerts}) == 1
     paged = [a for a in alerts if not a["inhibited_by"]]
     assert {a["rule"] for a in paged} == {"straggler"} and {a["rank"] for a in paged} == {0, 1, 2, 3}
+
+
+def test_a_gpu_fault_mutes_only_its_own_gpu_while_a_host_fault_mutes_every_job_on_the_node() -> None:
+    topo = Topology()
+    for ev in (rank_bound("job-a", 3, T0), rank_bound("job-b", 6, T0)):
+        topo.observe(ev)
+    rules = load_router().inhibit_rules
+
+    def straggler(job: str, rank: int) -> dict[str, Any]:
+        gpu = f"GPU-node-01-{rank}"
+        return _record(
+            f"straggler/{job}/{rank}",
+            "straggler",
+            "firing",
+            50,
+            job_id=job,
+            node="node-01",
+            rank=rank,
+            gpu_uuid=gpu,
+        )
+
+    grouper = AlertGrouper(rules, topo)
+    xid = _record(
+        "xid_error/node-01/GPU-node-01-3",
+        "xid_error",
+        "firing",
+        10,
+        job_id="job-a",
+        node="node-01",
+        gpu_uuid="GPU-node-01-3",
+    )
+    own, other = straggler("job-a", 3), straggler("job-b", 6)
+    drop = _record("throughput_drop/job-a", "throughput_drop", "firing", 60, job_id="job-a")
+    grouper.annotate([xid, own, other, drop])
+    assert own["inhibited_by"] == drop["inhibited_by"] == xid["alert_id"] and other["inhibited_by"] is None
+
+    grouper = AlertGrouper(rules, topo)
+    oom = _record(
+        "host_memory_pressure/node-01/job-a",
+        "host_memory_pressure",
+        "firing",
+        10,
+        job_id="job-a",
+        node="node-01",
+    )
+    own, other = straggler("job-a", 3), straggler("job-b", 6)
+    grouper.annotate([oom, own, other])
+    assert own["inhibited_by"] == other["inhibited_by"] == oom["alert_id"]
+    assert own["group_key"] == other["group_key"] == "node:node-01@10"
