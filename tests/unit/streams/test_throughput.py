@@ -117,3 +117,47 @@ def test_a_noisy_healthy_run_raises_nothing() -> None:
 
 def test_a_run_that_is_slow_from_its_start_has_no_own_normal_to_drop_from() -> None:
     assert _alerts(_run_job(900, slow=(0, 900), factor=2.0)) == []
+
+
+def test_the_h200_incident_a_foreign_process_doubling_43_ms_steps_for_75_s_is_one_alert() -> None:
+    """One rank on one GPU at 43 ms a step; a foreign process shares the GPU for 75 s (97 ms steps)."""
+    events = [job_started("job-1", T0, world_size=1, nodes=1), job_state("job-1", T0, "running")]
+    events.append(rank_bound("job-1", 0, T0))
+    t, n = 0.0, 0
+    while t < 600:
+        slow = 300 <= t < 375
+        step_s = 0.097 if slow else 0.043
+        t += step_s
+        n += 1
+        events.append(
+            step(
+                "job-1",
+                0,
+                n,
+                T0 + int(t * 1000),
+                step_time=step_s,
+                compute=step_s - 0.004,
+                data_wait=0.002,
+                comm=0.0,
+                tokens=8192,
+            )
+        )
+    for s in range(2, 600, 2):
+        slow = 300 <= s < 375
+        events.append(
+            gpu_sample(
+                "node-01",
+                0,
+                T0 + s * 1000,
+                pids=[1000, 7777] if slow else [1000],
+                util=100.0,
+                mem_used=(120 if slow else 70) * 2**30,
+            )
+        )
+    alerts = _alerts(sorted(events, key=lambda e: e.record["ts"]))
+    firing = [a for a in alerts if a["status"] == "firing"]
+    assert len(firing) == 1, [a["summary"] for a in firing]
+    summary = firing[0]["summary"]
+    assert (
+        "97.0 ms vs 43.0 ms" in summary and "compute" in summary and "foreign process (pid 7777)" in summary
+    )
