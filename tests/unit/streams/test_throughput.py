@@ -9,7 +9,7 @@ from schemas.records import Event
 from streams.engine import DetectionEngine
 from tests.unit.streams.builders import T0, gpu_sample, host_sample, job_started, job_state, rank_bound, step
 
-RANKS = 8
+RANKS = 4
 
 
 def _run_job(
@@ -22,7 +22,7 @@ def _run_job(
     cpu: float | None = None,
     jitter: float = 0.0,
 ) -> list[Event]:
-    """An 8-rank job on node-01; during `slow` (seconds) every rank's step takes `factor` x longer,
+    """A 4-rank job on node-01; during `slow` (seconds) every rank's step takes `factor` x longer,
     the extra time in `segment`; optionally a foreign pid on GPU 0 or a busy host CPU meanwhile."""
     rng = random.Random(3)
     events = [job_started("job-1", T0, world_size=RANKS, nodes=1), job_state("job-1", T0, "running")]
