@@ -241,3 +241,18 @@ def test_a_gpu_fault_mutes_only_its_own_gpu_while_a_host_fault_mutes_every_job_o
     grouper.annotate([oom, own, other])
     assert own["inhibited_by"] == other["inhibited_by"] == oom["alert_id"]
     assert own["group_key"] == other["group_key"] == "node:node-01@10"
+
+
+def test_a_restored_engine_links_a_symptom_to_a_root_that_fired_before_the_snapshot() -> None:
+    events = sorted([*_job_with_slow_rank(3), _xid("node-01", 3, T0 + 20_000)], key=lambda e: e.record["ts"])
+    whole = DetectionEngine().run(events)
+    cut = next(
+        i for i, e in enumerate(events) if e.record["ts"] >= T0 + 40_000
+    )  # the XID fired, the straggler not yet
+    first = DetectionEngine()
+    out = [x for e in events[:cut] for x in first.process(e)]
+    restored = DetectionEngine.restore(first.snapshot())
+    out += [x for e in events[cut:] for x in restored.process(e)] + restored.finish()
+    assert [e.record for e in out] == [e.record for e in whole]
+    linked = [e.record for e in out if e.type == "Alert" and e.record["inhibited_by"]]
+    assert linked and min(a["ts"] for a in linked) > events[cut].record["ts"]
