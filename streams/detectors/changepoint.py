@@ -7,7 +7,8 @@ the classic tabular CUSUM (Page, 1954) on the per-window score:
 
     S_t = max(0, S_{t-1} + (ref - x_t - k))        alarm when S_t >= h
 
-`ref` is the rank's own normal score, the median of its first `learn_windows` scored windows,
+`ref` is the rank's own normal score, the median of its first `learn_windows` scored windows
+after `skip_windows` of warm-up,
 capped at 1 (the job median: a rank faster than its peers that falls back to their pace is not
 slow), so a rank that is persistently a few percent slower than its peers (a slower PCIe slot,
 an older card) is its own reference and never accumulates. `k` (slack) is the drift tolerated
@@ -36,6 +37,7 @@ __all__ = ["RelativeSpeedCusum"]
 class RelativeSpeedCusum:
     """The CUSUM rule with its parameters; per-rank state lives in plain dicts (`new_state`)."""
 
+    skip_windows: int = 2
     learn_windows: int = 6
     slack: float = 0.08
     threshold: float = 0.25
@@ -45,11 +47,23 @@ class RelativeSpeedCusum:
     @staticmethod
     def new_state() -> dict[str, Any]:
         """State of a rank seen for the first time (learning its normal)."""
-        return {"learn": [], "ref": None, "k": None, "h": None, "s": 0.0, "start": None, "alarm": False}
+        return {
+            "skip": 0,
+            "learn": [],
+            "ref": None,
+            "k": None,
+            "h": None,
+            "s": 0.0,
+            "start": None,
+            "alarm": False,
+        }
 
     def update(self, state: dict[str, Any], score: float, end: int) -> bool:
         """Take one window's score (window ending at `end`); True while the rank is in alarm."""
         if state["ref"] is None:
+            if state.get("skip", 0) < self.skip_windows:
+                state["skip"] = state.get("skip", 0) + 1  # warm-up windows teach nothing
+                return False
             state["learn"] = [*state["learn"], round(score, 6)]
             if len(state["learn"]) >= self.learn_windows:
                 ref = median(state["learn"])

@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "min_steps": 5,  # a rank needs this many steps in a window to be scored
     "straggler_threshold": 0.75,  # straggler_score below this is a low window
     "straggler_windows": 2,  # consecutive low windows before a rank is a straggler
+    "cusum_skip_windows": 2,  # first scored windows of a rank (warm-up) that teach the CUSUM nothing
     "cusum_learn_windows": 6,  # scored windows that learn each rank's normal score (CUSUM reference)
     "cusum_slack": 0.08,  # score shortfall below the rank's normal tolerated forever (CUSUM k)
     "cusum_threshold": 0.25,  # accumulated shortfall that makes a straggler (CUSUM h)
@@ -117,6 +118,7 @@ class ImbalanceDetector(Detector):
         self.threshold = float(p["straggler_threshold"])
         self.straggler_windows = int(p["straggler_windows"])
         self.cusum = RelativeSpeedCusum(
+            skip_windows=int(p["cusum_skip_windows"]),
             learn_windows=int(p["cusum_learn_windows"]),
             slack=float(p["cusum_slack"]),
             threshold=float(p["cusum_threshold"]),

@@ -17,7 +17,7 @@ WINDOW_S = 60
 
 
 def test_the_cusum_alarms_on_the_third_window_of_a_rank_at_0_8() -> None:
-    cusum = RelativeSpeedCusum()
+    cusum = RelativeSpeedCusum(skip_windows=0)
     state = cusum.new_state()
     for i in range(6):
         assert cusum.update(state, 1.0 + 0.01 * (i % 2), i) is False
@@ -28,8 +28,16 @@ def test_the_cusum_alarms_on_the_third_window_of_a_rank_at_0_8() -> None:
     assert cusum.update(state, 0.99, 20) is False and state["s"] == 0.0
 
 
+def test_warm_up_windows_teach_the_cusum_nothing() -> None:
+    cusum = RelativeSpeedCusum(skip_windows=2)
+    state = cusum.new_state()
+    for i, x in enumerate([0.5, 0.5, 1.0, 1.0, 1.0, 0.99, 1.0, 1.0]):
+        assert cusum.update(state, x, i) is False
+    assert state["ref"] == 1.0
+
+
 def test_a_rank_faster_than_its_peers_falling_back_to_their_pace_is_not_slow() -> None:
-    cusum = RelativeSpeedCusum()
+    cusum = RelativeSpeedCusum(skip_windows=0)
     state = cusum.new_state()
     for i in range(6):
         cusum.update(state, 1.09, i)
@@ -38,7 +46,7 @@ def test_a_rank_faster_than_its_peers_falling_back_to_their_pace_is_not_slow() -
 
 
 def test_a_rank_persistently_a_few_percent_slower_is_its_own_normal() -> None:
-    cusum = RelativeSpeedCusum()
+    cusum = RelativeSpeedCusum(skip_windows=0)
     state = cusum.new_state()
     for i in range(6):
         cusum.update(state, 0.9, i)
@@ -102,7 +110,7 @@ def test_noisy_healthy_jobs_raise_no_straggler() -> None:
 def test_the_cusum_alarms_only_after_a_shortfall_beyond_its_slack_and_its_state_stays_json(
     learn: list[float], rest: list[float]
 ) -> None:
-    cusum = RelativeSpeedCusum()
+    cusum = RelativeSpeedCusum(skip_windows=0)
     state = cusum.new_state()
     for i, x in enumerate(learn):
         assert cusum.update(state, x, i) is False
