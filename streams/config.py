@@ -7,6 +7,7 @@ that names it, so a typo never silently leaves a default in place.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,9 @@ _ENGINE_KEYS = {
     "runbook_base_url",
     "job_end_states",
     "disabled_rules",
+    "max_clock_skew_s",
+    "clock_jump_sources",
+    "max_record_age_s",
 }
 
 
@@ -75,6 +79,9 @@ class EngineConfig:
     runbook_base_url: str = "https://ranksight.dev/runbooks/"
     job_end_states: tuple[str, ...] = ("completed", "failed")
     disabled_rules: tuple[str, ...] = ()
+    max_clock_skew_ms: int = 300_000
+    clock_jump_sources: int = 3
+    max_record_age_ms: int = 604_800_000
     detectors: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
@@ -127,14 +134,21 @@ class EngineConfig:
         try:
             lateness = float(engine.get("allowed_lateness_s", 5))
             every = float(engine.get("advance_every_s", 1))
+            skew = float(engine.get("max_clock_skew_s", 300))
+            jump_sources = int(engine.get("clock_jump_sources", 3))
+            max_age = float(engine.get("max_record_age_s", 604_800))
         except (TypeError, ValueError):
             raise ConfigError(
-                f"{source}: engine.allowed_lateness_s and engine.advance_every_s must be numbers"
+                f"{source}: engine.allowed_lateness_s, engine.advance_every_s, engine.max_clock_skew_s, "
+                "engine.clock_jump_sources and engine.max_record_age_s must be numbers"
             ) from None
-        if lateness < 0 or every <= 0:
+        if not (lateness >= 0 and every > 0 and skew > 0 and max_age > 0) or math.isinf(skew + max_age):
             raise ConfigError(
-                f"{source}: engine.allowed_lateness_s must be >= 0 and engine.advance_every_s > 0"
+                f"{source}: engine.allowed_lateness_s must be >= 0, engine.advance_every_s > 0, "
+                "engine.max_clock_skew_s and engine.max_record_age_s finite numbers > 0"
             )
+        if jump_sources < 1:
+            raise ConfigError(f"{source}: engine.clock_jump_sources must be >= 1")
         base_url = str(engine.get("runbook_base_url", "https://ranksight.dev/runbooks/"))
         if not base_url.endswith("/"):
             base_url += "/"
@@ -144,6 +158,9 @@ class EngineConfig:
             runbook_base_url=base_url,
             job_end_states=tuple(engine.get("job_end_states", ("completed", "failed"))),
             disabled_rules=tuple(sorted(engine.get("disabled_rules") or ())),
+            max_clock_skew_ms=int(skew * 1000),
+            clock_jump_sources=jump_sources,
+            max_record_age_ms=int(max_age * 1000),
             detectors=params,
         )
 

@@ -1,8 +1,16 @@
 """The detection engine: one event in, alerts and derived window statistics out, in event time.
 
-`DetectionEngine.process(event)` moves the watermark (max event time - allowed lateness), drops
-events older than it, updates the shared topology, lets every detector observe the event and,
-when the watermark moved, advance; findings go through the alert state machine and the router.
+`DetectionEngine.process(event, received_ts=...)` first bounds the event's time: a record stamped
+outside 2000..2200, or more than `max_clock_skew_s` ahead of its reference time, is *rejected*
+(`engine.rejection` names the reason, `engine.stats["rejected"]` counts it, the `clock_skew` rule
+names its source) and neither moves the watermark nor reaches a detector. The reference is the
+record's Kafka timestamp when the caller passes one; offline it is the latest accepted event
+time, and a jump beyond it is accepted only when `clock_jump_sources` sources agree on it (a gap in
+a replay), never on one source's word (a node whose clock jumped). An accepted record moves the
+watermark (max event time - allowed lateness); records older than it are dropped as late.
+Values no producer can measure are made unknown (`streams.detectors.validate`); then the shared
+topology is updated, every detector observes the event and, when the watermark moved, advances;
+findings go through the alert state machine and the router.
 The engine is pure (no Kafka, no clock) and deterministic: the same events in the same order
 give byte-identical outputs and snapshots, so a Faust worker can snapshot it into a changelog
 table and an offline replay reproduces production alerts.
@@ -19,14 +27,36 @@ from streams.config import EngineConfig, detector_section
 from streams.detectors import ALL_DETECTORS
 from streams.detectors.alerts import AlertTracker, JobProgress
 from streams.detectors.base import Detector, Finding, Topology, dumps_state, loads_state
+from streams.detectors.clock import ClockDetector, source_of
 from streams.detectors.grouping import AlertGrouper
+from streams.detectors.validate import clean
 from streams.errors import StreamsError
 from streams.routing import Router, load_router
 
-__all__ = ["SNAPSHOT_VERSION", "DetectionEngine", "event_ts"]
+__all__ = [
+    "JUMP_RECORDS",
+    "MAX_EVENT_TS",
+    "MIN_EVENT_TS",
+    "REJECT_REASONS",
+    "SNAPSHOT_VERSION",
+    "DetectionEngine",
+    "event_ts",
+]
 
 SNAPSHOT_VERSION = 1
 _DERIVED = ("RankWindowStats", "JobWindowStats")
+
+# Event times outside 2000-01-01 .. 2200-01-01 are clocks reset to the epoch or seconds sent as
+# milliseconds; the sink refuses the same range (`sinks.rows`).
+MIN_EVENT_TS = 946_684_800_000
+MAX_EVENT_TS = 7_258_118_400_000
+
+# Offline, this many records in a row ahead of every accepted time (nothing believable between
+# them, all within the skew of each other) confirm a jump even from one source: the stream moved.
+JUMP_RECORDS = 64
+
+# Why `process` rejected a record (`engine.rejection`); the caller dead-letters it with the reason.
+REJECT_REASONS = ("out_of_range", "clock_ahead", "clock_behind")
 
 
 def event_ts(event: Event) -> int:
@@ -57,18 +87,53 @@ class DetectionEngine:
         self.watermark: int | None = None
         self._advanced_to: int | None = None  # last watermark bucket the detectors advanced to
         self._disabled = frozenset(self.config.disabled_rules)
+        self._clock = next(d for d in self.detectors if isinstance(d, ClockDetector))
+        self._skew_ms = self.config.max_clock_skew_ms
+        self._max_age_ms = self.config.max_record_age_ms
+        # Offline: a run of records ahead of every accepted time ({"first": ts, "sources": [...]}).
+        self._jump: dict[str, Any] | None = None
         self.stats: dict[str, Any] = _empty_stats()
+        # Why the last `process` call rejected its record (one of REJECT_REASONS), None if it did not.
+        self.rejection: str | None = None
 
     # -- the per-event path ------------------------------------------------------------
-    def process(self, event: Event) -> list[Event]:
-        """Take one event; return the Alert and derived events it caused, in order."""
+    def process(self, event: Event, *, received_ts: int | None = None) -> list[Event]:
+        """Take one event; return the Alert and derived events it caused, in order.
+
+        `received_ts` is when the record reached Kafka (its record timestamp, UTC ms), if known.
+        A record whose time is impossible is rejected: nothing happens but counting it, and
+        `self.rejection` says why (None after an accepted or late record).
+        """
         ts = event_ts(event)
+        if received_ts is not None and received_ts < MIN_EVENT_TS:
+            received_ts = None  # Kafka's "no timestamp" (-1) or a producer's own broken clock
+        # The common case inline (this runs for every record); `_time_verdict` decides the rest.
+        if received_ts is not None:
+            believable = received_ts - self._max_age_ms <= ts <= received_ts + self._skew_ms
+        else:
+            believable = self._jump is None and self.max_ts is not None and ts <= self.max_ts + self._skew_ms
+        if believable and MIN_EVENT_TS <= ts < MAX_EVENT_TS:
+            reason = None
+        else:
+            reason = self._time_verdict(event, ts, received_ts)
+        self.rejection = reason
+        if reason is not None:
+            rejected = self.stats["rejected"]
+            rejected[reason] = rejected.get(reason, 0) + 1
+            self._clock.rejected(event, received_ts if received_ts is not None else self.max_ts)
+            return []
         if self.watermark is not None and ts < self.watermark:
             self.stats["late_dropped"] += 1
             return []
         self.stats["events"] += 1
         if self.max_ts is None or ts > self.max_ts:
             self.max_ts = ts
+        event, fixed = clean(event)
+        if fixed:
+            invalid = self.stats["invalid_values"]
+            for name in fixed:
+                field_key = f"{event.type}.{name}"
+                invalid[field_key] = invalid.get(field_key, 0) + 1
         out: list[Event] = []
         self.topology.observe(event)
         if event.type == "StepCompleted":
@@ -108,6 +173,36 @@ class DetectionEngine:
         return out
 
     # -- internals ---------------------------------------------------------------------
+    def _time_verdict(self, event: Event, ts: int, received_ts: int | None) -> str | None:
+        """None when the event time is believable, else the reason to reject the record."""
+        if not MIN_EVENT_TS <= ts < MAX_EVENT_TS:
+            return "out_of_range"
+        skew = self.config.max_clock_skew_ms
+        if received_ts is not None:
+            if ts > received_ts + skew:
+                return "clock_ahead"
+            return "clock_behind" if ts < received_ts - self.config.max_record_age_ms else None
+        if self.max_ts is None or ts <= self.max_ts + skew:
+            self._jump = None  # a believable record ends any run of records from the future
+            return None
+        # Ahead of everything accepted: one bad clock, or the stream itself jumped (a gap in a
+        # replay). Only several sources (or many records) ahead in a row, agreeing within the
+        # skew, make a jump.
+        source = source_of(event, self.topology)[0]
+        run = self._jump
+        if run is None or abs(ts - run["first"]) > skew:
+            run = self._jump = {"first": ts, "sources": [], "records": 0}
+        if source not in run["sources"]:
+            run["sources"].append(source)
+        run["records"] += 1
+        if len(run["sources"]) < self.config.clock_jump_sources and run["records"] < JUMP_RECORDS:
+            return "clock_ahead"
+        # The jump is genuine: its first records were rejected (and counted) but are no clock fault.
+        self._clock.forget_unreported(run["sources"])
+        self._jump = None
+        self.stats["time_jumps"] += 1
+        return None
+
     def _progress(self, r: dict[str, Any]) -> None:
         prog = self.progress.setdefault(r["job_id"], JobProgress())
         if prog.step is None or r["step"] >= prog.step:
@@ -204,6 +299,7 @@ class DetectionEngine:
             "max_ts": self.max_ts,
             "watermark": self.watermark,
             "advanced_to": self._advanced_to,
+            "jump": self._jump,
             "stats": self.stats,
             "topology": self.topology.state(),
             "progress": {k: [p.step, p.ts] for k, p in sorted(self.progress.items())},
@@ -233,7 +329,8 @@ class DetectionEngine:
         engine.max_ts = state["max_ts"]
         engine.watermark = state["watermark"]
         engine._advanced_to = state["advanced_to"]
-        engine.stats = state["stats"]
+        engine._jump = state.get("jump")
+        engine.stats = {**_empty_stats(), **state["stats"]}
         topo = Topology.from_state(state["topology"])
         # Detectors hold a reference to the topology: update it in place.
         engine.topology.jobs, engine.topology.bindings = topo.jobs, topo.bindings
@@ -252,6 +349,9 @@ def _empty_stats() -> dict[str, Any]:
     return {
         "events": 0,
         "late_dropped": 0,
+        "rejected": {},  # reason -> records rejected for their timestamp
+        "time_jumps": 0,  # offline: jumps of event time confirmed by several sources
+        "invalid_values": {},  # "Type.field" -> values no producer can measure, made unknown
         "derived": 0,
         "alerts_firing": 0,
         "alerts_resolved": 0,

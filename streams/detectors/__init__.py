@@ -24,6 +24,7 @@ _DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
     ("streams.detectors.resource", "ResourceDetector"),
     ("streams.detectors.infrastructure", "InfrastructureDetector"),
     ("streams.detectors.platform", "PlatformDetector"),
+    ("streams.detectors.clock", "ClockDetector"),
 )
 
 

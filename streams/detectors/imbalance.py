@@ -140,6 +140,8 @@ class ImbalanceDetector(Detector):
         self.jobs: dict[str, dict[str, Any]] = {}
         self.hosts: dict[str, list[list[Any]]] = {}  # node -> [[ts, tcp_retrans_segs_s]]
         self._derived: list[Event] = []
+        # Windows looked at by `advance` (closed or jumped over): a work counter, not state.
+        self.window_iterations = 0
 
     # -- input -------------------------------------------------------------------------
     def _job(self, job_id: str, ts: int) -> dict[str, Any]:
@@ -213,18 +215,29 @@ class ImbalanceDetector(Detector):
 
     # -- windows -----------------------------------------------------------------------
     def advance(self, watermark: int) -> list[Finding]:
-        """Close every window that ended at or before the watermark."""
+        """Close every window that ended at or before the watermark.
+
+        Costs O(windows holding data), never O(event time elapsed): a window without a buffered
+        row closes with no output, so the hop grid jumps straight to the first window that holds
+        one (or past the watermark), whatever the gap (a multi-day pause in a replay).
+        """
         out: list[Finding] = []
         for job_id in sorted(self.jobs):
             job = self.jobs[job_id]
             while job["next_end"] <= watermark:
+                self.window_iterations += 1
                 end = job["next_end"]
                 start = end - self.window_ms
-                if not job["steps"] and not job["gpu"]:
-                    # Nothing buffered: jump to the window containing the watermark.
-                    job["next_end"] = max(
-                        end + self.hop_ms, (watermark // self.hop_ms) * self.hop_ms + self.hop_ms
-                    )
+                never = watermark + self.window_ms
+                earliest = min(
+                    min((s[_TS] for s in job["steps"]), default=never),
+                    min((g[_G_TS] for g in job["gpu"]), default=never),
+                )
+                if earliest >= end:
+                    # This window is empty: jump (on the hop grid) to the first window that can
+                    # hold the earliest buffered row, or to the first one ending past the watermark.
+                    target = min(earliest, watermark)
+                    job["next_end"] = end + ((target - end) // self.hop_ms + 1) * self.hop_ms
                     continue
                 out.extend(self._close(job_id, job, start, end))
                 job["next_end"] = end + self.hop_ms
