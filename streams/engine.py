@@ -28,6 +28,7 @@ from streams.detectors import ALL_DETECTORS
 from streams.detectors.alerts import AlertTracker, JobProgress
 from streams.detectors.base import Detector, Finding, Topology, dumps_state, loads_state
 from streams.detectors.clock import ClockDetector, source_of
+from streams.detectors.grouping import AlertGrouper
 from streams.detectors.validate import clean
 from streams.errors import StreamsError
 from streams.routing import Router, load_router
@@ -80,6 +81,7 @@ class DetectionEngine:
         # Detectors that produce derived events (window statistics) expose `drain_derived()`.
         self._drainers = [d.drain_derived for d in self.detectors if hasattr(d, "drain_derived")]
         self.tracker = AlertTracker(self.config.runbook_base_url)
+        self.grouper = AlertGrouper(self.router.inhibit_rules, self.topology)
         self.progress: dict[str, JobProgress] = {}
         self.max_ts: int | None = None
         self.watermark: int | None = None
@@ -229,7 +231,8 @@ class DetectionEngine:
 
     def _handle(self, findings: list[Finding], out: list[Event]) -> None:
         """Findings -> alert records, plus derived events the detectors produced (fed back in)."""
-        pending = list(findings)
+        # Root causes first, so a symptom settled in the same batch is linked to its root.
+        pending = sorted(findings, key=self.grouper.order)
         while True:
             for finding in pending:
                 if finding.rule in self._disabled:
@@ -251,6 +254,7 @@ class DetectionEngine:
                 out.append(event)
                 for det in self.detectors:
                     pending.extend(det.observe(event))
+            pending.sort(key=self.grouper.order)
 
     def _drain_derived(self) -> list[Event]:
         derived: list[Event] = []
@@ -259,6 +263,7 @@ class DetectionEngine:
         return derived
 
     def _emit_alerts(self, records: list[dict[str, Any]], out: list[Event]) -> None:
+        self.grouper.annotate(records)
         for record in records:
             by_rule = self.stats["by_rule"].setdefault(record["rule"], {"firing": 0, "resolved": 0})
             by_rule[record["status"]] += 1
@@ -300,6 +305,7 @@ class DetectionEngine:
             "topology": self.topology.state(),
             "progress": {k: [p.step, p.ts] for k, p in sorted(self.progress.items())},
             "tracker": self.tracker.state(),
+            "grouper": self.grouper.state(),
             "detectors": {detector_section(type(d)): d.state() for d in self.detectors},
         }
         return zlib.compress(dumps_state(state), 6)
@@ -332,6 +338,7 @@ class DetectionEngine:
         engine.topology._by_gpu = topo._by_gpu
         engine.progress = {k: JobProgress(v[0], v[1]) for k, v in state["progress"].items()}
         engine.tracker.load_state(state["tracker"])
+        engine.grouper.load_state(state.get("grouper", {}))
         for det in engine.detectors:
             section = detector_section(type(det))
             if section in state["detectors"]:

@@ -5,7 +5,9 @@ node when the label names one) and the same team, between the fault's start and 
 `deadline_s` (default 120 s: two windows) plus the rule's inherent delay (a zombie is only a
 zombie after its grace period; see `RULE_DELAY_PARAMS`). A firing alert that matches no label --
 neither its rule nor one of the rules the label says may co-fire (`also`) -- is a false positive;
-in the `healthy` and `long_checkpoint` scenarios every alert is one. A transient fault (label
+in the `healthy` and `long_checkpoint` scenarios every alert is one. An alert inhibited by a firing
+root cause (`inhibited_by`) is recorded but not paged, so precision does not count it; it still
+detects its label. A transient fault (label
 `end` set) must see its alert resolved after the end.
 """
 
@@ -77,6 +79,7 @@ class ScenarioResult:
     matched: int = 0
     false_positives: list[dict[str, Any]] = field(default_factory=list)
     events: int = 0
+    inhibited: int = 0  # firing alerts muted by a root cause (recorded, not paged: not scored)
 
 
 @dataclass
@@ -242,6 +245,9 @@ def evaluate_alerts(
             if after:
                 lr.resolve_delay_s = (min(a["ts"] for a in after) - end) / 1000.0
     for a in firing:
+        if a.get("inhibited_by"):
+            result.inhibited += 1
+            continue
         result.firing += 1
         explained = not quiet and any(_related(a, label) for label in labels)
         if explained:

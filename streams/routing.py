@@ -15,6 +15,18 @@ default:
 
 The first matching route decides; `continue: true` lets later routes match too (the alert is
 then delivered to every matched team). `team: "{job.team}"` means the job's own team.
+
+`inhibit_rules` (as in Alertmanager) say which firing root-cause alerts mute which symptoms; the
+engine applies them (`streams.detectors.grouping`) and marks muted alerts with `inhibited_by`:
+
+```yaml
+inhibit_rules:
+  - source_match_re: {rule: "xid_error|ecc_uncorrectable"}
+    target_match_re: {rule: "straggler|gpu_imbalance"}
+    scope: node          # the target runs on the source's node (`gpu`: on the source's GPU)
+    equal: []            # alert fields that must be equal on both (e.g. [job_id])
+```
+A router whose `drop_inhibited` is true routes inhibited alerts nowhere (`route_all` is empty).
 """
 
 from __future__ import annotations
@@ -22,8 +34,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from streams.detectors.grouping import InhibitRule
 from streams.errors import RoutingError
 
 __all__ = ["DEFAULT_ROUTING_PATH", "JOB_TEAM", "Route", "Router", "load_router"]
@@ -43,6 +56,8 @@ _MATCHABLE = (
     "owner",
     "cluster",
     "node",
+    "rank",
+    "gpu_uuid",
     "workload_family",
     "model_version",
     "dataset_version",
@@ -51,6 +66,8 @@ _MATCHABLE = (
 )
 _ROUTE_KEYS = {"match", "match_re", "team", "receiver", "continue"}
 _DEFAULT_KEYS = {"team", "fallback_team", "receiver"}
+_INHIBIT_KEYS = {"source_match", "source_match_re", "target_match", "target_match_re", "equal", "scope"}
+_TOP_KEYS = ("routes", "default", "inhibit_rules", "drop_inhibited")
 
 
 def _field(record: dict[str, Any], name: str) -> str | None:
@@ -92,8 +109,12 @@ class Router:
         default_team: str = JOB_TEAM,
         fallback_team: str = "platform",
         default_receiver: str = "default",
+        inhibit_rules: list[InhibitRule] | None = None,
+        drop_inhibited: bool = False,
     ) -> None:
         self.routes = list(routes or [])
+        self.inhibit_rules = list(inhibit_rules or [])
+        self.drop_inhibited = drop_inhibited
         self.default_team = default_team
         self.fallback_team = fallback_team
         self.default_receiver = default_receiver
@@ -106,6 +127,8 @@ class Router:
     def route_all(self, record: dict[str, Any]) -> list[tuple[str, str]]:
         """Every (team, receiver) the alert goes to: matched routes up to the first without `continue`."""
         out: list[tuple[str, str]] = []
+        if self.drop_inhibited and record.get("inhibited_by"):
+            return out
         for route in self.routes:
             if route.matches(record):
                 target = (self._team(route.team, record), route.receiver)
@@ -119,7 +142,8 @@ class Router:
 
     def route(self, record: dict[str, Any]) -> tuple[str, str]:
         """The first (team, receiver) for an alert record (its `team` field is the job's team)."""
-        return self.route_all(record)[0]
+        routed = self.route_all(record)
+        return routed[0] if routed else ("", "")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None, *, source: str = "routing") -> Router:
@@ -128,11 +152,18 @@ class Router:
             data = {}
         if not isinstance(data, dict):
             raise RoutingError(f"{source}: expected a mapping with `routes` and `default`")
-        unknown = sorted(set(data) - {"routes", "default"})
+        unknown = sorted(set(data) - set(_TOP_KEYS))
         if unknown:
             raise RoutingError(
-                f"{source}: unknown top-level key {unknown[0]!r}; expected `routes` or `default`"
+                f"{source}: unknown top-level key {unknown[0]!r}; expected one of {', '.join(_TOP_KEYS)}"
             )
+        inhibit_data = data.get("inhibit_rules") or []
+        if not isinstance(inhibit_data, list):
+            raise RoutingError(f"{source}: `inhibit_rules` must be a list of rules")
+        inhibit = [_parse_inhibit(r, f"{source}: inhibit_rules[{i}]") for i, r in enumerate(inhibit_data)]
+        drop = data.get("drop_inhibited", False)
+        if not isinstance(drop, bool):
+            raise RoutingError(f"{source}: `drop_inhibited` must be true or false")
         routes_data = data.get("routes") or []
         if not isinstance(routes_data, list):
             raise RoutingError(f"{source}: `routes` must be a list of routes")
@@ -155,6 +186,8 @@ class Router:
             default_team=default.get("team", JOB_TEAM),
             fallback_team=default.get("fallback_team", "platform"),
             default_receiver=default.get("receiver", "default"),
+            inhibit_rules=inhibit,
+            drop_inhibited=drop,
         )
 
 
@@ -165,6 +198,54 @@ def _check_matcher_key(name: Any, where: str) -> str:
         return name
     raise RoutingError(
         f"{where}: cannot match on {name!r}; use one of {', '.join(_MATCHABLE)} or labels.<name>"
+    )
+
+
+def _matchers(data: Any, key: str, where: str) -> tuple[dict[str, str], dict[str, re.Pattern[str]]]:
+    """`<key>_match` and `<key>_match_re` of a mapping, validated."""
+    match: dict[str, str] = {}
+    raw = data.get(f"{key}_match") or {}
+    raw_re = data.get(f"{key}_match_re") or {}
+    if not isinstance(raw, dict) or not isinstance(raw_re, dict):
+        raise RoutingError(f"{where}: `{key}_match` and `{key}_match_re` must be mappings")
+    for name, value in raw.items():
+        match[_check_matcher_key(name, f"{where}.{key}_match")] = str(value)
+    match_re: dict[str, re.Pattern[str]] = {}
+    for name, value in raw_re.items():
+        field_name = _check_matcher_key(name, f"{where}.{key}_match_re")
+        try:
+            match_re[field_name] = re.compile(str(value))
+        except re.error as exc:
+            raise RoutingError(
+                f"{where}.{key}_match_re.{field_name}: invalid regular expression {value!r} ({exc})"
+            ) from None
+    return match, match_re
+
+
+def _parse_inhibit(data: Any, where: str) -> InhibitRule:
+    if not isinstance(data, dict):
+        raise RoutingError(f"{where}: an inhibit rule must be a mapping")
+    bad = sorted(set(data) - _INHIBIT_KEYS)
+    if bad:
+        raise RoutingError(f"{where}: unknown key {bad[0]!r}; known: {', '.join(sorted(_INHIBIT_KEYS))}")
+    source_match, source_re = _matchers(data, "source", where)
+    target_match, target_re = _matchers(data, "target", where)
+    if not (source_match or source_re) or not (target_match or target_re):
+        raise RoutingError(f"{where}: an inhibit rule needs a source and a target matcher")
+    equal = data.get("equal") or []
+    if not isinstance(equal, list):
+        raise RoutingError(f"{where}: `equal` must be a list of alert fields")
+    scope = data.get("scope") or ""
+    if scope not in ("", "node", "gpu"):
+        raise RoutingError(f"{where}: `scope` must be `node`, `gpu` or absent, not {scope!r}")
+    node_scope: Literal["", "node", "gpu"] = "node" if scope == "node" else "gpu" if scope == "gpu" else ""
+    return InhibitRule(
+        source_match=source_match,
+        source_match_re=source_re,
+        target_match=target_match,
+        target_match_re=target_re,
+        equal=tuple(_check_matcher_key(e, f"{where}.equal") for e in equal),
+        scope=node_scope,
     )
 
 

@@ -18,6 +18,7 @@ _DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
     ("streams.detectors.progress", "ProgressDetector"),
     ("streams.detectors.imbalance", "ImbalanceDetector"),
     ("streams.detectors.baseline", "BaselineDetector"),
+    ("streams.detectors.throughput", "ThroughputDetector"),
     ("streams.detectors.numerical", "NumericalDetector"),
     ("streams.detectors.recovery", "RecoveryDetector"),
     ("streams.detectors.resource", "ResourceDetector"),

@@ -7,7 +7,10 @@ watermark passes their end. For each closed window:
   wait: everything but communication and checkpointing; `step_time_s` when a step has no
   segments) gives `straggler_score = job median busy / rank median busy` (1 is typical; a rank
   twice as slow scores 0.5). A rank scoring below `straggler_threshold` (0.75, as in NVIDIA's
-  resiliency tooling) in `straggler_windows` consecutive windows is a straggler. Suspected layer:
+  resiliency tooling) in `straggler_windows` consecutive windows is a straggler; so is a rank whose
+  score drifted below its own normal by a sustained margin (a one-sided CUSUM per rank,
+  `streams.detectors.changepoint`: 1.2-1.3x slowdowns are caught in two or three windows, long
+  before they cross the threshold). Suspected layer:
   `data` when its data wait grew more than its compute, else `gpu` (the finding quotes its GPU's
   SM clock, throttle reasons and power next to its peers').
 - every GPU bound to the job is compared with its peers on activity and power (robust z-score
@@ -29,6 +32,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, JobInfo
+from streams.detectors.changepoint import RelativeSpeedCusum
 from streams.detectors.stats import finite, mean, median, robust_z
 
 __all__ = ["DEFAULTS", "ImbalanceDetector", "baseline_key"]
@@ -39,6 +43,12 @@ DEFAULTS: dict[str, Any] = {
     "min_steps": 5,  # a rank needs this many steps in a window to be scored
     "straggler_threshold": 0.75,  # straggler_score below this is a low window
     "straggler_windows": 2,  # consecutive low windows before a rank is a straggler
+    "cusum_skip_windows": 2,  # first scored windows of a rank (warm-up) that teach the CUSUM nothing
+    "cusum_learn_windows": 6,  # scored windows that learn each rank's normal score (CUSUM reference)
+    "cusum_slack": 0.08,  # score shortfall below the rank's normal tolerated forever (CUSUM k)
+    "cusum_threshold": 0.25,  # accumulated shortfall that makes a straggler (CUSUM h)
+    "cusum_sigma_slack": 1.5,  # k is at least this many robust sigmas of the learned scores...
+    "cusum_sigma_threshold": 6.0,  # ...and h at least this many (noisy ranks need more evidence)
     "imbalance_metrics": ["gpu_util_pct", "power_w"],  # GPU metrics compared across the job's GPUs
     "imbalance_z": 4.0,  # robust z-score beyond which a GPU is out of line
     "imbalance_min_rel": 0.15,  # ...and at least this relative distance from the peers' median
@@ -107,6 +117,14 @@ class ImbalanceDetector(Detector):
         self.min_steps = int(p["min_steps"])
         self.threshold = float(p["straggler_threshold"])
         self.straggler_windows = int(p["straggler_windows"])
+        self.cusum = RelativeSpeedCusum(
+            skip_windows=int(p["cusum_skip_windows"]),
+            learn_windows=int(p["cusum_learn_windows"]),
+            slack=float(p["cusum_slack"]),
+            threshold=float(p["cusum_threshold"]),
+            sigma_slack=float(p["cusum_sigma_slack"]),
+            sigma_threshold=float(p["cusum_sigma_threshold"]),
+        )
         self.imb_metrics = [str(m) for m in p["imbalance_metrics"]]
         self.imb_z = float(p["imbalance_z"])
         self.imb_rel = float(p["imbalance_min_rel"])
@@ -297,9 +315,11 @@ class ImbalanceDetector(Detector):
                 continue  # too few steps to say anything: keep the current verdict
             hist = [*job["score_hist"].get(key, []), [end, round(v["score"], 4)]][-self.history_points :]
             job["score_hist"][key] = hist
+            cusum = job.setdefault("cusum", {}).setdefault(key, self.cusum.new_state())
+            drift = self.cusum.update(cusum, v["score"], end)
             if v["score"] < self.threshold:
                 job["low"][key] = job["low"].get(key, 0) + 1
-            else:
+            elif not drift:
                 job["low"].pop(key, None)
                 if key in job["straggler"]:
                     out.append(
@@ -309,7 +329,7 @@ class ImbalanceDetector(Detector):
                 # A healthy rank keeps no history: snapshots stay small on big jobs.
                 job["score_hist"].pop(key, None)
                 continue
-            if job["low"][key] < self.straggler_windows:
+            if job["low"].get(key, 0) < self.straggler_windows and not drift:
                 continue
             d_wait = (v["wait"] or 0.0) - (job_wait or 0.0)
             d_compute = (
@@ -324,6 +344,10 @@ class ImbalanceDetector(Detector):
                 job["straggler"][key] = (
                     end - self.straggler_windows * self.hop_ms - (self.window_ms - self.hop_ms)
                 )
+                if drift and job["low"].get(key, 0) < self.straggler_windows:
+                    job["straggler"][key] = cusum["start"] - self.window_ms
+            if drift and v["score"] >= self.threshold:
+                detail = "; ".join(p for p in (self.cusum.describe(cusum), detail) if p)
             out.append(
                 self._straggler_finding(
                     job_id, rank, v, end, True, layer, detail, hist, job["straggler"][key]

@@ -20,8 +20,14 @@ Rules (category `infra`):
   keep moving), while some other node's telemetry is still fresh (`require_live_peer`: when every
   node is silent, the pipeline or the input stopped, not one agent); resolves on its next sample.
 
-Node-level findings carry the job bound to that GPU or node (from the topology) so they route to
-the job's team; a GPU or node bound to no job has job_id "" (the platform's default route).
+Ownership on shared nodes: a GPU-level finding carries the job holding that GPU (its RankBound
+binding, else the `job_id` the node agent attributed the sample to) and routes to that job's team.
+A host-level finding (`host_memory_pressure`, `telemetry_missing`) concerns every job with ranks on
+the node: it is reported once per affected job (key `(node, job_id)`, so each has its own
+fingerprint and reaches its own team), the affected jobs being the running jobs bound to the node,
+the jobs whose JobStarted lists it, and the jobs its last HostSample named (`job_ids`). The jobs a
+condition was reported for are kept with it, so each is resolved too. A GPU or node that no job
+holds has job_id "" (the platform's default route).
 """
 
 from __future__ import annotations
@@ -125,14 +131,22 @@ class InfrastructureDetector(Detector):
 
     def _gpu_identity(self, node: str, uuid: str) -> tuple[str, int | None]:
         binding = self.topology.binding_for_gpu(node, uuid)
-        return (binding.job_id, binding.rank) if binding is not None else ("", None)
+        if binding is not None:
+            return binding.job_id, binding.rank
+        g = self._gpus.get(f"{node}|{uuid}")
+        return (g.get("job") or "", None) if g is not None else ("", None)
 
-    def _node_job(self, node: str) -> str:
+    def _node_jobs(self, node: str) -> list[str]:
+        """Every job a host-level fault on `node` affects (sorted); [""] when no job is known there."""
         bindings = self.topology.bindings_on_node(node)
-        running = [b.job_id for b in bindings if self._running(b.job_id)]
-        if running:
-            return running[0]
-        return bindings[0].job_id if bindings else ""
+        jobs = {b.job_id for b in bindings if self._running(b.job_id)}
+        jobs.update(j.job_id for j in self.topology.active_jobs() if node in j.nodes)
+        h = self._hosts.get(node)
+        if h is not None:
+            jobs.update(j for j in h.get("jobs", ()) if j and self._running(j))
+        if jobs:
+            return sorted(jobs)
+        return [bindings[0].job_id] if bindings else [""]
 
     def _running(self, job_id: str) -> bool:
         job = self.topology.jobs.get(job_id)
@@ -166,6 +180,7 @@ class InfrastructureDetector(Detector):
                 "clock": [],
             }
         g["index"] = r["gpu_index"]
+        g["job"] = r.get("job_id") or None
         out: list[Finding] = []
         # XID: a sample carries the code at the moment of the event.
         xid = r.get("xid")
@@ -251,6 +266,8 @@ class InfrastructureDetector(Detector):
                 "low_since": None,
                 "cond": None,
             }
+        if r.get("job_ids"):
+            h["jobs"] = sorted(str(j) for j in r["job_ids"])
         avail, total, ooms = r.get("mem_available_bytes"), r.get("mem_total_bytes"), r.get("oom_kills")
         if ooms is not None:
             if h["oom_last"] is not None and ooms > h["oom_last"]:
@@ -267,15 +284,16 @@ class InfrastructureDetector(Detector):
         cond = h["cond"]
         if low or oom_recent:
             if cond is None:
-                cond = h["cond"] = {"since": ts if not low else h["low_since"], "points": []}
+                cond = h["cond"] = {"since": ts if not low else h["low_since"], "points": [], "jobs": []}
             cond["frac"] = frac
             cond["oom"] = oom_recent
+            cond["jobs"] = sorted(set(cond.get("jobs", [])) | set(self._node_jobs(node)))
             if frac is not None:
                 cond["points"] = [*cond["points"], [ts, round(frac, 4)]][-_HISTORY:]
-            return [self._host_finding(node, h, ts, True)]
+            return [self._host_finding(node, h, ts, True, job) for job in cond["jobs"]]
         if cond is not None:
             cond["frac"], cond["oom"] = frac, False
-            out = [self._host_finding(node, h, ts, False)]
+            out = [self._host_finding(node, h, ts, False, job) for job in cond.get("jobs", [""])]
             h["cond"] = None
             h["oom_n"] = 0
             return out
@@ -295,7 +313,7 @@ class InfrastructureDetector(Detector):
         if missing is None:
             return []
         n["missing"] = None
-        return [self._missing_finding(node, n, missing, ts, False)]
+        return [self._missing_finding(node, n, missing, ts, False, job) for job in missing.get("jobs", [""])]
 
     # -- timeouts ----------------------------------------------------------------------------
 
@@ -343,7 +361,8 @@ class InfrastructureDetector(Detector):
             elif wm - missing["emit"] < self._reemit:
                 continue
             missing["emit"] = wm
-            out.append(self._missing_finding(node, n, missing, wm, True))
+            missing["jobs"] = sorted(set(missing.get("jobs", [])) | set(self._node_jobs(node)))
+            out.extend(self._missing_finding(node, n, missing, wm, True, job) for job in missing["jobs"])
         return out
 
     # -- findings ----------------------------------------------------------------------------
@@ -467,7 +486,7 @@ class InfrastructureDetector(Detector):
             sustain_ms=self._gmem_sustain,
         )
 
-    def _host_finding(self, node: str, h: dict[str, Any], ts: int, active: bool) -> Finding:
+    def _host_finding(self, node: str, h: dict[str, Any], ts: int, active: bool, job_id: str) -> Finding:
         cond = h["cond"]
         frac = cond["frac"]
         avail = f"{100 * frac:.1f}% of host memory available" if frac is not None else "host memory unknown"
@@ -479,12 +498,12 @@ class InfrastructureDetector(Detector):
             summary = f"node {node} memory pressure is over ({avail})"
         return Finding(
             rule="host_memory_pressure",
-            key=(node,),
+            key=(node, job_id) if job_id else (node,),
             active=active,
             ts=ts,
             category="infra",
             severity="critical" if cond["oom"] else "warning",
-            job_id=self._node_job(node),
+            job_id=job_id,
             node=node,
             since=cond["since"],
             invariant=(
@@ -501,7 +520,7 @@ class InfrastructureDetector(Detector):
         )
 
     def _missing_finding(
-        self, node: str, n: dict[str, Any], missing: dict[str, Any], ts: int, active: bool
+        self, node: str, n: dict[str, Any], missing: dict[str, Any], ts: int, active: bool, job_id: str
     ) -> Finding:
         silent_s = (ts - n["last"]) / 1000
         summary = (
@@ -511,12 +530,12 @@ class InfrastructureDetector(Detector):
         )
         return Finding(
             rule="telemetry_missing",
-            key=(node,),
+            key=(node, job_id) if job_id else (node,),
             active=active,
             ts=ts,
             category="infra",
             severity="warning",
-            job_id=self._node_job(node),
+            job_id=job_id,
             node=node,
             since=int(missing["since"]),
             invariant="every node of a running job sends telemetry",

@@ -9,16 +9,26 @@ long step); the job is stalled when no activity happened for longer than
 Legitimate long operations never count as stalls:
 - an open checkpoint (CheckpointEvent `started`, not yet `completed`/`failed`) suppresses the
   stall entirely; the colleague rule `checkpoint_stuck` owns its timeout;
-- evaluations: training pauses for an evaluation and a ValidationResult arrives at its end. The
-  detector learns the evaluation period (in steps, from the steps ValidationResults report) and
-  the longest evaluation seen; when the job's last step is one at which an evaluation is due, the
-  allowed pause grows to `eval_factor x longest evaluation`, capped at `eval_timeout_s`. Short
-  evaluations (the first one included) already fit under `stall_floor_s`.
+- an open evaluation (EvaluationEvent `started`, not yet `completed`/`failed`) suppresses the
+  stall and the rank-level alerts; the evaluation has its own timeout rule, `evaluation_stuck`:
+  open for longer than `eval_factor x expected_duration_s` (when the producer says), else
+  `eval_factor x` the longest evaluation of the job seen so far (capped at `eval_timeout_s`),
+  else `eval_timeout_s`;
+- evaluations of producers that only send ValidationResult (the learned fallback): the detector
+  learns the evaluation period in steps (from two results; from one result at step s both s and
+  s + 1 are accepted, since loops that evaluate every N steps from step 0 report N - 1) and the
+  longest evaluation (the result's `duration_s`, or the pause between the steps around it). When
+  the job's last step is one at which an evaluation is due, the allowed pause grows to
+  `eval_factor x longest evaluation`, capped at `eval_timeout_s`. Before any evaluation of the run
+  has been seen, `eval_first_grace_s` (0: off) is the allowance, so a first evaluation longer than
+  `stall_floor_s` is not a stall when the operator says so.
 
 `rank_hang` names the rank that stopped first while the job is stalled: a rank whose last step
-is behind the others; failing that, the rank that is *not* blocked in the collective while its
-peers are (CollectiveSample time fraction); failing that, the one rank whose GPU activity is out
-of line with its peers. `zombie_job`: no activity for `zombie_grace_s` while the job's bound
+is behind the others; failing that, the rank that has been out of the collective in every
+CollectiveSample since the stall began while its peers are blocked in it; failing that, the one rank whose GPU activity has been
+out of line with its peers in every sample since the stall began (at least `hang_min_samples`):
+when a stalled job resumes, the first GPU to come back is out of line only in its latest samples,
+and recovery never raises a hang. `zombie_job`: no activity for `zombie_grace_s` while the job's bound
 processes still hold its GPUs (the bound pid in GpuSample.pids). Everything resolves when the
 job makes progress again (or ends).
 """
@@ -39,13 +49,18 @@ DEFAULTS: dict[str, Any] = {
     "stall_interval_factor": 10.0,  # ...nor before this many learned step intervals
     "interval_history": 64,  # job-level step gaps kept to learn the interval
     "eval_factor": 2.0,  # allowed evaluation pause = factor x longest evaluation seen
-    "eval_timeout_s": 1800.0,  # an evaluation pause never excuses more than this
+    "eval_timeout_s": 1800.0,  # an evaluation pause never excuses more than this (default evaluation limit)
+    "eval_first_grace_s": 0.0,  # silence allowed before the run's first evaluation is seen (0: off)
     "hang_collective_frac": 0.5,  # peers blocked in the collective: >= this fraction of the interval
     "hang_gpu_util_gap_pct": 40.0,  # a hung rank's GPU activity differs from its peers by this much
+    "hang_min_samples": 2,  # GPU samples of a rank since the stall began before its activity can name it
     "hang_max_fraction": 0.25,  # more stopped ranks than this fraction is a job stall, not a rank hang
     "zombie_grace_s": 600.0,  # GPUs held without progress for this long is a zombie
     "pid_recent_s": 60.0,  # a bound pid seen this recently still holds its GPU
 }
+
+
+_GPU_HISTORY = 8  # recent GPU samples kept per rank
 
 
 def _blank_job() -> dict[str, Any]:
@@ -58,8 +73,12 @@ def _blank_job() -> dict[str, Any]:
         "ckpt_open": {},  # checkpoint_id -> started ts
         "val_steps": [],  # steps of recent ValidationResults
         "eval_ms": [],  # durations of recent evaluations, ms
-        "coll": {},  # str(rank) -> [ts, time_s / interval_s]
-        "gpu": {},  # str(rank) -> [ts, gpu_util_pct]
+        "eval_open": {},  # evaluation_id -> [started ts, expected ms or None]
+        "eval_stuck": None,  # [evaluation_id, since] of an active evaluation_stuck
+        "eval_gap": False,  # a ValidationResult arrived: the next step's gap measures the evaluation
+        "paused": False,  # a checkpoint or evaluation closed since the last step: its gap is no interval
+        "coll": {},  # str(rank) -> [[ts, time_s / interval_s], ...] recent samples
+        "gpu": {},  # str(rank) -> [[ts, gpu_util_pct], ...] recent samples
         "timeouts": [],  # ranks that reported a collective timeout (they were waiting)
         "pid_seen": None,  # last time a bound pid was seen on a GPU of the job
         "stall": None,  # since-ts of an active stall
@@ -71,7 +90,7 @@ def _blank_job() -> dict[str, Any]:
 class ProgressDetector(Detector):
     """Heartbeats per job and rank: stalls, hung ranks and zombie jobs."""
 
-    rules: ClassVar[tuple[str, ...]] = ("job_stall", "rank_hang", "zombie_job")
+    rules: ClassVar[tuple[str, ...]] = ("job_stall", "rank_hang", "zombie_job", "evaluation_stuck")
 
     def __init__(self, topology: Any, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
@@ -81,6 +100,8 @@ class ProgressDetector(Detector):
         self.interval_history = int(p["interval_history"])
         self.eval_factor = float(p["eval_factor"])
         self.eval_timeout_ms = int(float(p["eval_timeout_s"]) * 1000)
+        self.eval_first_grace_ms = int(float(p["eval_first_grace_s"]) * 1000)
+        self.hang_min_samples = int(p["hang_min_samples"])
         self.hang_coll_frac = float(p["hang_collective_frac"])
         self.hang_gpu_gap = float(p["hang_gpu_util_gap_pct"])
         self.hang_max_fraction = float(p["hang_max_fraction"])
@@ -105,6 +126,9 @@ class ProgressDetector(Detector):
                 and job["ckpt_open"].pop(r["checkpoint_id"], None) is not None
             ):
                 job["last_activity"] = max(job["last_activity"] or 0, r["ts"])
+                job["paused"] = True
+        elif t == "EvaluationEvent":
+            return self._evaluation(r)
         elif t == "ValidationResult":
             job = self.jobs.setdefault(r["job_id"], _blank_job())
             job["val_steps"] = [*job["val_steps"], int(r["step"])][-4:]
@@ -114,10 +138,13 @@ class ProgressDetector(Detector):
             if dur is not None and dur >= 0:
                 job["eval_ms"] = [*job["eval_ms"], int(dur * 1000)][-4:]
             job["last_activity"] = max(job["last_activity"] or 0, r["ts"])
+            job["eval_gap"] = job["paused"] = True
         elif t == "CollectiveSample":
             known = self.jobs.get(r["job_id"])
             if known is not None and r["interval_s"] > 0:
-                known["coll"][str(r["rank"])] = [r["ts"], r["time_s"] / r["interval_s"]]
+                key = str(r["rank"])
+                sample = [r["ts"], r["time_s"] / r["interval_s"]]
+                known["coll"][key] = [*known["coll"].get(key, []), sample][-_GPU_HISTORY:]
         elif t == "GpuSample":
             self._gpu(r)
         elif t == "RankFault" and r.get("kind") == "collective_timeout":
@@ -128,6 +155,37 @@ class ProgressDetector(Detector):
             if old is not None:
                 return self._clear(r["job_id"], old, r["ts"])
         return []
+
+    def _evaluation(self, r: dict[str, Any]) -> list[Finding]:
+        """EvaluationEvent: an open evaluation is a legitimate pause with its own timeout."""
+        job = self.jobs.setdefault(r["job_id"], _blank_job())
+        eid, ts = str(r["evaluation_id"]), int(r["ts"])
+        if r["phase"] == "started":
+            expected = r.get("expected_duration_s")
+            if eid not in job["eval_open"]:
+                job["eval_open"][eid] = [ts, int(expected * 1000) if expected else None]
+            return []
+        opened = job["eval_open"].pop(eid, None)
+        if opened is None:
+            return []
+        job["eval_ms"] = [*job["eval_ms"], max(0, ts - opened[0])][-4:]
+        job["last_activity"] = max(job["last_activity"] or 0, ts)
+        job["paused"] = True
+        return self._clear_eval_stuck(r["job_id"], job, ts)
+
+    def _clear_eval_stuck(self, job_id: str, job: dict[str, Any], ts: int) -> list[Finding]:
+        if job["eval_stuck"] is None or job["eval_stuck"][0] in job["eval_open"]:
+            return []
+        out = [self._eval_stuck_finding(job_id, job, ts, False, 0)]
+        job["eval_stuck"] = None
+        return out
+
+    def _learn_eval_gap(self, job: dict[str, Any], gap: int) -> None:
+        """The pause between the steps around a ValidationResult is the evaluation's real length."""
+        interval = self._interval_ms(job) or 0
+        pause = int(gap - interval)
+        if pause > 0 and (not job["eval_ms"] or pause > job["eval_ms"][-1]):
+            job["eval_ms"] = [*job["eval_ms"][:-1], pause] if job["eval_ms"] else [pause]
 
     def _timeout(self, r: dict[str, Any]) -> list[Finding]:
         """Peers report collective timeouts: the rank that did not is the one they waited for."""
@@ -152,7 +210,8 @@ class ProgressDetector(Detector):
         if job is None:
             return
         if r.get("gpu_util_pct") is not None:
-            job["gpu"][str(binding.rank)] = [r["ts"], float(r["gpu_util_pct"])]
+            key = str(binding.rank)
+            job["gpu"][key] = [*job["gpu"].get(key, []), [r["ts"], float(r["gpu_util_pct"])]][-_GPU_HISTORY:]
         if binding.pid in (r.get("pids") or ()):
             job["pid_seen"] = max(job["pid_seen"] or 0, r["ts"])
 
@@ -164,14 +223,20 @@ class ProgressDetector(Detector):
         if prev is None or step >= prev[0]:
             job["ranks"][rank] = [step, ts]
         if job["max_step"] is None or step > job["max_step"]:
-            if job["last_step_ts"] is not None and not job["ckpt_open"]:
+            if job["last_step_ts"] is not None and not job["ckpt_open"] and not job["eval_open"]:
                 gap = ts - job["last_step_ts"]
-                if gap > 0:
+                if job["eval_gap"]:
+                    self._learn_eval_gap(job, gap)
+                elif gap > 0 and not job["paused"]:
                     job["gaps"] = [*job["gaps"], gap][-self.interval_history :]
+            job["eval_gap"] = job["paused"] = False
             job["max_step"] = step
             job["last_step_ts"] = max(job["last_step_ts"] or 0, ts)
             job["last_activity"] = max(job["last_activity"] or 0, ts)
-            return self._clear(r["job_id"], job, ts)
+            # Training stepped on: evaluations opened before this step are over (a lost
+            # `completed` must not excuse a later stall).
+            job["eval_open"] = {k: v for k, v in job["eval_open"].items() if v[0] >= ts}
+            return self._clear(r["job_id"], job, ts) + self._clear_eval_stuck(r["job_id"], job, ts)
         # A lagging rank that catches up ends its hang.
         if job["hang"] is not None and job["hang"][0] == int(rank) and step >= job["max_step"]:
             out = [self._hang_finding(r["job_id"], job, int(rank), ts, False)]
@@ -207,6 +272,9 @@ class ProgressDetector(Detector):
                 continue
             if job["ckpt_open"]:
                 continue  # a checkpoint in progress is a legitimate pause
+            if job["eval_open"]:
+                out.extend(self._check_eval(job_id, job, watermark))
+                continue  # so is an evaluation, within its own timeout
             silent = watermark - job["last_activity"]
             allowed = self._allowed_ms(job)
             if silent <= allowed:
@@ -229,6 +297,23 @@ class ProgressDetector(Detector):
                 out.append(self._zombie_finding(job_id, job, watermark, True))
         return out
 
+    def _check_eval(self, job_id: str, job: dict[str, Any], watermark: int) -> list[Finding]:
+        eid, (started, expected) = min(job["eval_open"].items(), key=lambda kv: (kv[1][0], kv[0]))
+        limit = self._eval_limit_ms(job, expected)
+        if watermark - started <= limit:
+            return []
+        if job["eval_stuck"] is None:
+            job["eval_stuck"] = [eid, started]
+        return [self._eval_stuck_finding(job_id, job, watermark, True, limit)]
+
+    def _eval_limit_ms(self, job: dict[str, Any], expected: int | None) -> int:
+        """How long an open evaluation may last: from the producer's estimate, else learned, else the default."""
+        if expected:
+            return max(self.floor_ms, int(self.eval_factor * expected))
+        if job["eval_ms"]:
+            return max(self.floor_ms, min(self.eval_timeout_ms, int(self.eval_factor * max(job["eval_ms"]))))
+        return self.eval_timeout_ms
+
     def _interval_ms(self, job: dict[str, Any]) -> float | None:
         return median(job["gaps"]) if len(job["gaps"]) >= 3 else None
 
@@ -239,6 +324,8 @@ class ProgressDetector(Detector):
             allowed = max(allowed, int(self.interval_factor * interval))
         if job["eval_ms"] and self._eval_due(job):
             allowed = max(allowed, min(self.eval_timeout_ms, int(self.eval_factor * max(job["eval_ms"]))))
+        elif not job["eval_ms"] and not job["val_steps"]:
+            allowed = max(allowed, self.eval_first_grace_ms)
         return allowed
 
     def _eval_due(self, job: dict[str, Any]) -> bool:
@@ -246,12 +333,12 @@ class ProgressDetector(Detector):
         if not steps or job["max_step"] is None:
             return False
         diffs = [b - a for a, b in itertools.pairwise(steps) if b > a]
-        # One evaluation seen: assume it recurs every that many steps (the usual `eval_every`).
-        period = min(diffs) if diffs else steps[-1]
-        if period <= 0:
-            return False
-        # Step counters may be 0- or 1-based around the evaluation: accept either side.
-        return any((job["max_step"] + d) % period == 0 for d in (0, 1))
+        # One evaluation seen at step s: it recurs every s steps (1-based counters) or every s + 1
+        # (evaluations every N steps from step 0 report N - 1).
+        periods = [min(diffs)] if diffs else [p for p in (steps[-1], steps[-1] + 1) if p > 1]
+        # Measured from the last evaluation's step; either side of it, for off-by-one counters.
+        since = job["max_step"] - steps[-1]
+        return any(since > 0 and since % p in (0, 1, p - 1) for p in periods)
 
     def _hung_rank(self, job: dict[str, Any], watermark: int) -> int | None:
         ranks = job["ranks"]
@@ -264,17 +351,29 @@ class ProgressDetector(Detector):
             return min(behind, key=lambda k: (ranks[str(k)][0], k))
         since = job["last_activity"]
         # Peers blocked in the collective, one rank not in it: that rank is the one they wait for.
-        coll = {int(k): v[1] for k, v in job["coll"].items() if v[0] > since}
+        # Only a rank out of the collective in *every* sample since the stall began counts: the
+        # first rank of a resuming job leaves the collective while its peers' samples still say
+        # blocked, and that is recovery, not a hang.
+        coll = {int(k): [f for t, f in v if t > since] for k, v in job["coll"].items()}
+        coll = {k: v for k, v in coll.items() if v}
         if len(coll) >= 2:
-            blocked = [k for k, f in coll.items() if f >= self.hang_coll_frac]
-            free = sorted(k for k, f in coll.items() if f < self.hang_coll_frac)
+            blocked = [k for k, v in coll.items() if v[-1] >= self.hang_coll_frac]
+            free = sorted(k for k, v in coll.items() if max(v) < self.hang_coll_frac)
             if blocked and 0 < len(free) <= limit:
                 return free[0]
-        gpu = {int(k): v[1] for k, v in job["gpu"].items() if v[0] > since}
-        if len(gpu) >= 3:
-            mid = median(list(gpu.values()))
+        # GPU activity since the stall began: a hung rank is out of line in *every* sample (its
+        # lowest and highest reading on the same side of its peers); a GPU that only just came
+        # back (a stalled job resuming) is not.
+        spans = {int(k): [u for t, u in v if t > since] for k, v in job["gpu"].items()}
+        spans = {k: v for k, v in spans.items() if len(v) >= self.hang_min_samples}
+        if len(spans) >= 3:
+            mid = median([median(v) or 0.0 for v in spans.values()])
             assert mid is not None
-            odd = sorted(k for k, u in gpu.items() if abs(u - mid) >= self.hang_gpu_gap)
+            odd = sorted(
+                k
+                for k, v in spans.items()
+                if min(v) - mid >= self.hang_gpu_gap or mid - max(v) >= self.hang_gpu_gap
+            )
             if len(odd) == 1:
                 return odd[0]
         return None
@@ -334,6 +433,34 @@ class ProgressDetector(Detector):
             suspected_layer="unknown",
         )
 
+    def _eval_stuck_finding(
+        self, job_id: str, job: dict[str, Any], ts: int, active: bool, limit: int
+    ) -> Finding:
+        eid, since = job["eval_stuck"]
+        open_s = (ts - since) / 1000.0
+        return Finding(
+            rule="evaluation_stuck",
+            key=(job_id,),
+            active=active,
+            ts=ts,
+            category="platform",
+            severity="critical",
+            job_id=job_id,
+            since=since,
+            invariant="an evaluation finishes within its expected (or learned) duration",
+            observed=open_s,
+            expected=limit / 1000.0 if active else None,
+            summary=(
+                f"evaluation {eid} of job {job_id} has been open for {open_s:.0f} s (allowed {limit / 1000:.0f} s) "
+                f"at step {job['max_step']}: the job is stalled in its evaluation"
+                if active
+                else f"evaluation {eid} of job {job_id} is over"
+            ),
+            suspected_layer="unknown",
+            history_metric="step",
+            history=((job["last_step_ts"] or ts, float(job["max_step"] or 0)),),
+        )
+
     def _zombie_finding(self, job_id: str, job: dict[str, Any], ts: int, active: bool) -> Finding:
         silent_s = (ts - (job["last_activity"] or ts)) / 1000.0
         return Finding(
@@ -363,7 +490,11 @@ class ProgressDetector(Detector):
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore from `state()`."""
-        self.jobs = {k: dict(v) for k, v in state.get("jobs", {}).items()}
+        self.jobs = {k: {**_blank_job(), **v} for k, v in state.get("jobs", {}).items()}
+        for job in self.jobs.values():
+            # Snapshots before GPU history kept one [ts, util] pair per rank.
+            job["gpu"] = {k: [v] if v and not isinstance(v[0], list) else v for k, v in job["gpu"].items()}
+            job["coll"] = {k: [v] if v and not isinstance(v[0], list) else v for k, v in job["coll"].items()}
         self._last_second = state.get("last_second")
 
     def forget_job(self, job_id: str) -> None:

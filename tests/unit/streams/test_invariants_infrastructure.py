@@ -131,7 +131,7 @@ def test_oom_kill_fires_host_memory_pressure_at_once_for_the_node_job() -> None:
     events += [host(T0 + 20_000 + 10_000 * i) for i in range(1, 20)]
     found = rule(drive(InfrastructureDetector(Topology()), events), "host_memory_pressure")
     assert found[0].active and found[0].sustain_ms == 0 and found[0].severity == "critical"
-    assert found[0].job_id == JOB and found[0].node == "node-02" and found[0].key == ("node-02",)
+    assert found[0].job_id == JOB and found[0].node == "node-02" and found[0].key == ("node-02", JOB)
     assert not found[-1].active and found[-1].ts >= T0 + 20_000 + 120_000
 
 

@@ -1,0 +1,331 @@
+"""Self-baseline: `throughput_drop` when a run gets slower than its own recent history.
+
+`baseline_deviation` compares a run with earlier runs of the same configuration; it says nothing
+about a run that was fine a minute ago and is not now (on a real H200 a foreign process doubled
+the step time, 43 -> 97 ms, for 75 s and no throughput rule fired). This detector judges every
+closed window of a job (the `JobWindowStats` and `RankWindowStats` the imbalance detector
+derives) against the job's own recent normal:
+
+- the reference is the median step time (and tokens/s per GPU) of the last `history_windows`
+  windows that were judged normal, once `min_history` of them exist (the first `skip_windows`
+  windows of a run, its warm-up, never count);
+- a window whose median step time is above `(1 + drop_ratio) x` the reference (or whose tokens/s
+  is below `1 / (1 + drop_ratio)` of it) deviates; `windows` deviating windows in a row raise ONE
+  alert for the job; the first window back to normal resolves it. Deviating windows never enter
+  the reference, so a sustained drop does not become the new normal while it lasts;
+- the alert says which step segment expanded most against the reference windows (compute,
+  data wait, communication, or the rest of the step: host-side work) and which infrastructure
+  signal changed at the same time: the SM clock, GPU activity or power of the job's GPUs, a
+  foreign process on one of its GPUs (GpuSample pids that are not the job's), the host CPU of its
+  nodes. The suspected layer follows the expanded segment.
+
+Pure and deterministic: the state is a few numbers per job and window.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from schemas.records import Event
+from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.stats import finite, mean, median
+
+__all__ = ["DEFAULTS", "ThroughputDetector"]
+
+DEFAULTS: dict[str, Any] = {
+    "drop_ratio": 0.3,  # step time this fraction above the run's own recent normal is a drop
+    "windows": 2,  # deviating windows in a row before throughput_drop fires
+    "history_windows": 10,  # normal windows kept as the run's reference
+    "min_history": 4,  # normal windows needed before the run is judged
+    "skip_windows": 2,  # first windows of a run (warm-up) never enter the reference
+    "clock_drop_ratio": 0.1,  # SM clock this fraction below the reference is a changed signal
+    "util_change_pct": 15.0,  # GPU activity this many points off the reference is a changed signal
+    "power_drop_ratio": 0.15,  # power this fraction below the reference is a changed signal
+    "host_cpu_rise_pct": 20.0,  # host CPU this many points above the reference is a changed signal
+}
+
+_SEGMENTS = (
+    ("compute", "compute (forward/backward/optimizer)", "gpu"),
+    ("wait", "data wait", "data"),
+    ("comm", "communication", "network"),
+    ("other", "the rest of the step (host-side work)", "host"),
+)
+_KEEP_MS = 180_000  # raw GPU/host signals kept this long (a window plus slack)
+
+
+def _window_profile(ranks: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Median segments and mean GPU signals over a window's ranks."""
+    step = median(finite(r.get("step_time_s") for r in ranks))
+    compute = median(finite(r.get("compute_s") for r in ranks))
+    wait = median(finite(r.get("data_wait_s") for r in ranks))
+    comm = median(finite(r.get("comm_s") for r in ranks))
+    known = [v for v in (compute, wait, comm) if v is not None]
+    other = max(0.0, step - sum(known)) if step is not None and known else None
+    return {
+        "compute": compute,
+        "wait": wait,
+        "comm": comm,
+        "other": other,
+        "clock": mean(finite(r.get("sm_clock_mhz") for r in ranks)),
+        "util": mean(finite(r.get("gpu_util_pct") for r in ranks)),
+        "power": mean(finite(r.get("power_w") for r in ranks)),
+    }
+
+
+class ThroughputDetector(Detector):
+    """A run against its own recent history: one `throughput_drop` per slowdown, with its cause."""
+
+    rules: ClassVar[tuple[str, ...]] = ("throughput_drop",)
+
+    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
+        super().__init__(topology, params)
+        p = {**DEFAULTS, **self.params}
+        self.ratio = 1.0 + float(p["drop_ratio"])
+        self.windows = int(p["windows"])
+        self.history = int(p["history_windows"])
+        self.min_history = int(p["min_history"])
+        self.skip = int(p["skip_windows"])
+        self.clock_drop = float(p["clock_drop_ratio"])
+        self.util_change = float(p["util_change_pct"])
+        self.power_drop = float(p["power_drop_ratio"])
+        self.cpu_rise = float(p["host_cpu_rise_pct"])
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.hosts: dict[str, list[list[Any]]] = {}  # node -> [[ts, cpu_util_pct]]
+        self._own: dict[tuple[str, str], frozenset[int]] = {}  # (job, node) -> the job's pids there (cache)
+
+    def _job(self, job_id: str) -> dict[str, Any]:
+        job = self.jobs.get(job_id)
+        if job is None:
+            job = self.jobs[job_id] = {
+                "seen": 0,  # windows seen
+                "ref": [],  # normal windows: [end, step_time, tokens/s, profile, cpu, foreign]
+                "ranks": {},  # str(window_end) -> RankWindowStats rows of the window being closed
+                "high": 0,  # deviating windows in a row
+                "first": None,  # start of the first deviating window of the current run of them
+                "active": None,  # [since, first deviating window end] of an active drop
+                "foreign": [],  # [[ts, rank, pid]] foreign processes seen on the job's GPUs
+            }
+        return job
+
+    # -- input -------------------------------------------------------------------------
+    def observe(self, event: Event) -> list[Finding]:
+        """Window statistics, plus the raw GPU and host signals that explain a drop."""
+        r = event.record
+        if event.type == "RankWindowStats":
+            job = self._job(r["job_id"])
+            job["ranks"].setdefault(str(r["window_end"]), []).append(
+                {
+                    k: r.get(k)
+                    for k in (
+                        "step_time_s",
+                        "compute_s",
+                        "data_wait_s",
+                        "comm_s",
+                        "sm_clock_mhz",
+                        "gpu_util_pct",
+                        "power_w",
+                    )
+                }
+            )
+        elif event.type == "JobWindowStats":
+            return self._window(r)
+        elif event.type == "GpuSample":
+            self._gpu(r)
+        elif event.type == "HostSample" and r.get("cpu_util_pct") is not None:
+            rows = self.hosts.setdefault(r["node"], [])
+            rows.append([int(r["ts"]), float(r["cpu_util_pct"])])
+            while rows and rows[0][0] < r["ts"] - _KEEP_MS:
+                rows.pop(0)
+        elif event.type == "RankBound":
+            self._own.clear()
+        elif event.type == "JobStarted":
+            self.jobs.pop(r["job_id"], None)  # a new run has a new normal
+        return []
+
+    def _gpu(self, r: dict[str, Any]) -> None:
+        binding = self.topology.binding_for_gpu(r["node"], r["gpu_uuid"])
+        if binding is None or binding.job_id not in self.jobs:
+            return
+        pids = {int(p) for p in r.get("pids") or []}
+        if not pids:
+            return
+        own = self._own.get((binding.job_id, r["node"]))
+        if own is None:
+            own = frozenset(b.pid for b in self.topology.ranks_of(binding.job_id) if b.node == r["node"])
+            self._own[(binding.job_id, r["node"])] = own
+        foreign = sorted(pids - own)
+        job = self.jobs[binding.job_id]
+        if foreign:
+            job["foreign"].append([int(r["ts"]), binding.rank, foreign[0]])
+        job["foreign"] = [f for f in job["foreign"] if f[0] >= r["ts"] - _KEEP_MS]
+
+    # -- judgement ---------------------------------------------------------------------
+    def _window(self, r: dict[str, Any]) -> list[Finding]:
+        job_id, start, end = r["job_id"], int(r["window_start"]), int(r["window_end"])
+        job = self._job(job_id)
+        ranks = job["ranks"].pop(str(end), [])
+        for key in [k for k in job["ranks"] if int(k) < end]:
+            del job["ranks"][key]  # windows that never closed with a JobWindowStats
+        job["seen"] += 1
+        step, tps = r.get("step_time_s"), r.get("tokens_per_s_per_gpu")
+        if step is None and tps is None:
+            return []
+        row = [
+            end,
+            step,
+            tps,
+            _window_profile(ranks),
+            self._host_cpu(job_id, start, end),
+            self._foreign(job, start, end),
+        ]
+        if job["seen"] <= self.skip:
+            return []
+        ref_step = median(finite(x[1] for x in job["ref"]))
+        ref_tps = median(finite(x[2] for x in job["ref"]))
+        if len(job["ref"]) < self.min_history or (ref_step is None and ref_tps is None):
+            job["ref"] = [*job["ref"], row][-self.history :]
+            return []
+        slow = (step is not None and ref_step is not None and step > self.ratio * ref_step) or (
+            tps is not None and ref_tps is not None and ref_tps > 0 and tps < ref_tps / self.ratio
+        )
+        if not slow:
+            job["high"] = 0
+            job["ref"] = [*job["ref"], row][-self.history :]
+            if job["active"] is not None:
+                since = job["active"][0]
+                job["active"] = None
+                return [self._finding(job_id, job, row, ref_step, ref_tps, end, False, since)]
+            return []
+        job["high"] += 1
+        if job["high"] == 1:
+            job["first"] = start
+        if job["high"] < self.windows:
+            return []
+        if job["active"] is None:
+            job["active"] = [job["first"] if job["first"] is not None else start]
+        return [self._finding(job_id, job, row, ref_step, ref_tps, end, True, job["active"][0])]
+
+    def _host_cpu(self, job_id: str, start: int, end: int) -> float | None:
+        nodes = {b.node for b in self.topology.ranks_of(job_id)}
+        info = self.topology.jobs.get(job_id)
+        if info is not None:
+            nodes.update(info.nodes)
+        vals = finite(v for n in sorted(nodes) for t, v in self.hosts.get(n, []) if start <= t < end)
+        return mean(vals)
+
+    def _foreign(self, job: dict[str, Any], start: int, end: int) -> list[int] | None:
+        seen = [f for f in job["foreign"] if start <= f[0] < end]
+        return [int(seen[0][1]), int(seen[0][2])] if seen else None
+
+    # -- the alert ---------------------------------------------------------------------
+    def _explain(self, job: dict[str, Any], row: list[Any]) -> tuple[str, str, str]:
+        """(segment clause, signals clause, suspected layer) of a deviating window."""
+        ref = job["ref"]
+        prof = row[3]
+        grown: list[tuple[float, str, str]] = []
+        for key, name, layer in _SEGMENTS:
+            base = median(finite(x[3].get(key) for x in ref))
+            now = prof.get(key)
+            if base is not None and now is not None and now - base > 0:
+                grown.append((now - base, name, layer))
+        if grown:
+            delta, name, layer = max(grown, key=lambda g: (g[0], g[1]))
+            segment = f"{name} expanded most (+{1000 * delta:.1f} ms per step)"
+        else:
+            segment, layer = "no step segment is reported (step time only)", "unknown"
+        signals: list[str] = []
+        if row[5] is not None:
+            signals.append(f"a foreign process (pid {row[5][1]}) on the GPU of rank {row[5][0]}")
+        for key, label, unit in (
+            ("clock", "SM clock", "MHz"),
+            ("util", "GPU activity", "%"),
+            ("power", "GPU power", "W"),
+        ):
+            base = median(finite(x[3].get(key) for x in ref))
+            now = prof.get(key)
+            if base is None or now is None or base <= 0:
+                continue
+            changed = (
+                (key == "clock" and now < base * (1 - self.clock_drop))
+                or (key == "util" and abs(now - base) >= self.util_change)
+                or (key == "power" and now < base * (1 - self.power_drop))
+            )
+            if changed:
+                signals.append(f"{label} {now:.0f} {unit} vs {base:.0f} {unit}")
+        base_cpu = median(finite(x[4] for x in ref))
+        if row[4] is not None and base_cpu is not None and row[4] - base_cpu >= self.cpu_rise:
+            signals.append(f"host CPU {row[4]:.0f}% vs {base_cpu:.0f}%")
+        clause = (
+            "at the same time: " + ", ".join(signals)
+            if signals
+            else "no infrastructure signal changed with it"
+        )
+        return segment, clause, layer
+
+    def _finding(
+        self,
+        job_id: str,
+        job: dict[str, Any],
+        row: list[Any],
+        ref_step: float | None,
+        ref_tps: float | None,
+        end: int,
+        active: bool,
+        since: int,
+    ) -> Finding:
+        step, tps = row[1], row[2]
+        use_step = step is not None and ref_step is not None
+        observed = step if use_step else tps
+        expected = ref_step if use_step else ref_tps
+        if active:
+            segment, signals, layer = self._explain(job, row)
+            if step is not None and ref_step is not None:
+                what = f"step time {1000 * step:.1f} ms vs {1000 * ref_step:.1f} ms ({step / ref_step:.2f}x)"
+            else:
+                what = f"tokens/s per GPU {tps:.0f} vs {ref_tps:.0f}"
+            summary = (
+                f"job {job_id} slowed against its own last {len(job['ref'])} windows: {what}; "
+                f"{segment}; {signals}"
+            )
+        else:
+            layer = "unknown"
+            summary = f"job {job_id} is back to its own normal pace"
+        history = tuple(
+            (int(x[0]), float(x[1] if use_step else x[2]))
+            for x in job["ref"][-5:]
+            if (x[1] if use_step else x[2]) is not None
+        )
+        return Finding(
+            rule="throughput_drop",
+            key=(job_id,),
+            active=active,
+            ts=end,
+            category="platform",
+            severity="warning",
+            job_id=job_id,
+            since=since,
+            invariant=f"a run's step time stays within {self.ratio:.2f}x of its own recent windows",
+            observed=observed,
+            expected=expected,
+            summary=summary,
+            suspected_layer=layer,
+            history_metric="step_time_s" if use_step else "tokens_per_s_per_gpu",
+            history=(*history, (end, float(observed))) if observed is not None else history,
+        )
+
+    # -- state -------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """JSON-able state."""
+        return {
+            "jobs": {k: self.jobs[k] for k in sorted(self.jobs)},
+            "hosts": {k: self.hosts[k] for k in sorted(self.hosts)},
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore from `state()`."""
+        self.jobs = {k: dict(v) for k, v in state.get("jobs", {}).items()}
+        self.hosts = {k: list(v) for k, v in state.get("hosts", {}).items()}
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop a finished job."""
+        self.jobs.pop(job_id, None)
