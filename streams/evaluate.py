@@ -3,7 +3,7 @@
 A label is *detected* when an alert of its rule fires for the same job (and the same rank, GPU or
 node when the label names one) and the same team, between the fault's start and start +
 `deadline_s` (default 120 s: two windows) plus the rule's inherent delay (a zombie is only a
-zombie after its grace period; see `RULE_DELAY_PARAMS`). A firing alert that matches no label --
+zombie after its grace period; see `RULE_DELAY_PARAMS`), plus the ramp of a fault that ramps up (`detail.ramp`: due once at full strength). A firing alert that matches no label --
 neither its rule nor one of the rules the label says may co-fire (`also`) -- is a false positive;
 in the `healthy` and `long_checkpoint` scenarios every alert is one. An alert inhibited by a firing
 root cause (`inhibited_by`) is recorded but not paged, so precision does not count it; it still
@@ -221,7 +221,9 @@ def evaluate_alerts(
             continue
         slack = config.allowed_lateness_ms
         delay = rule_delay_ms(lr.alert, config, label, (jobs or {}).get(label["job_id"]))
-        deadline = start + int(deadline_s * 1000) + delay
+        # A fault that ramps up (severity rising over `ramp` seconds) is due once it is at full strength.
+        ramp_ms = int(float((label.get("detail") or {}).get("ramp") or 0) * 1000)
+        deadline = start + int(deadline_s * 1000) + delay + ramp_ms
         candidates = [
             a
             for a in firing

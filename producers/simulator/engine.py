@@ -341,7 +341,7 @@ class _Engine:
         remap_u = [0] * gpus
         uuids = [gpu_uuid(sc.cluster.name, node, g) for g in range(gpus)]
         oom_kills = rng.randint(0, 2)
-        ib_errors = [0]  # the port's error counter, cumulative like the kernel's
+        ib_errors = [0]  # the port's cumulative error counter; samples carry its increments
         swap = 0.0
         load5 = load15 = 0.0
         host_total = sc.cluster.host_memory_gib * _GIB
@@ -530,6 +530,7 @@ class _Engine:
             if held_gpus and multi_node
             else 1e5 * _lognormal(rng, 0.3)
         )
+        before = errors[0]
         for i, f in enumerate(self.sc.faults):
             if f.type == "ib_degradation" and self.targets[i][0] == node and f.start <= tick < _end_of(f):
                 m = _magnitude_at(f, tick, 2.0)
@@ -538,7 +539,9 @@ class _Engine:
         return {
             "ib_rx_bytes_s": round(rate, 1),
             "ib_tx_bytes_s": round(rate * 0.99, 1),
-            "ib_errors": errors[0],
+            # The contract carries the increments of the interval (the agent differences the
+            # kernel's cumulative port counters the same way).
+            "ib_errors": errors[0] - before,
         }
 
     def _oom_rank_fault(self, index: int, fault: FaultSpec, t: float) -> None:

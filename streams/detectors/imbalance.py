@@ -19,7 +19,8 @@ watermark passes their end. For each closed window:
 - the job's *intrinsic* communication time -- the lowest per-rank median `comm_s`, i.e. what even
   the slowest rank waits, which a straggler does not inflate -- is compared with the job's own
   normal learned over its first `network_learn_windows` windows; sustained growth is
-  `network_degradation`, naming the job node with elevated TCP retransmits (HostSample), if any.
+  `network_degradation`, naming the job node with InfiniBand port errors or else elevated TCP
+  retransmits (HostSample), if any.
 
 Each closed window also yields `RankWindowStats` per rank and one `JobWindowStats` (its
 `healthy` flag is set by the engine from the alert state) via `drain_derived()`.
@@ -60,6 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "network_windows": 2,  # consecutive degraded windows before network_degradation
     "retrans_factor": 5.0,  # a node retransmitting this many times its peers' median is named
     "retrans_min_per_s": 50.0,  # ...with at least this many retransmitted segments per second
+    "ib_min_errors": 10.0,  # a node counting this many InfiniBand port errors in a window (and retrans_factor x its peers) is named first
     "history_points": 10,  # points of metric history carried on a finding
 }
 
@@ -136,9 +138,11 @@ class ImbalanceDetector(Detector):
         self.net_windows = int(p["network_windows"])
         self.retrans_factor = float(p["retrans_factor"])
         self.retrans_min = float(p["retrans_min_per_s"])
+        self.ib_min_errors = float(p["ib_min_errors"])
         self.history_points = int(p["history_points"])
         self.jobs: dict[str, dict[str, Any]] = {}
-        self.hosts: dict[str, list[list[Any]]] = {}  # node -> [[ts, tcp_retrans_segs_s]]
+        # node -> [[ts, tcp_retrans_segs_s, ib_errors]] (older snapshots hold [ts, retrans])
+        self.hosts: dict[str, list[list[Any]]] = {}
         self._derived: list[Event] = []
         # Windows looked at by `advance` (closed or jumped over): a work counter, not state.
         self.window_iterations = 0
@@ -204,8 +208,12 @@ class ImbalanceDetector(Detector):
                         (mem / total) if mem is not None and total else None,
                     ]
                 )
-        elif event.type == "HostSample" and r.get("tcp_retrans_segs_s") is not None:
-            self.hosts.setdefault(r["node"], []).append([r["ts"], r["tcp_retrans_segs_s"]])
+        elif event.type == "HostSample" and (
+            r.get("tcp_retrans_segs_s") is not None or r.get("ib_errors") is not None
+        ):
+            self.hosts.setdefault(r["node"], []).append(
+                [r["ts"], r.get("tcp_retrans_segs_s"), r.get("ib_errors")]
+            )
         return []
 
     def drain_derived(self) -> list[Event]:
@@ -511,14 +519,15 @@ class ImbalanceDetector(Detector):
         if degraded:
             job["net_high"] += 1
             if job["net_high"] >= self.net_windows:
-                node = self._retrans_node(info, start, end)
+                node, signal = self._network_node(info, start, end)
                 if job["net_active"] is None:
                     job["net_active"] = [
                         end - self.net_windows * self.hop_ms - (self.window_ms - self.hop_ms),
                         node,
+                        signal,
                     ]
                 elif node is not None:
-                    job["net_active"][1] = node
+                    job["net_active"][1:] = [node, signal]
                 out.append(self._net_finding(job_id, job, intrinsic, normal, end, True))
         else:
             job["net_high"] = 0
@@ -527,11 +536,36 @@ class ImbalanceDetector(Detector):
                 job["net_active"] = None
         return out
 
-    def _retrans_node(self, info: JobInfo | None, start: int, end: int) -> str | None:
+    def _network_node(self, info: JobInfo | None, start: int, end: int) -> tuple[str | None, str]:
+        """The job's node whose network looks at fault: InfiniBand port errors first, then TCP retransmits."""
         nodes = sorted(
             set(info.nodes if info and info.nodes else [])
             | {b.node for b in self.topology.bindings.values() if info and b.job_id == info.job_id}
         )
+        ib = self._ib_node(nodes, start, end)
+        if ib is not None:
+            return ib, "InfiniBand port errors"
+        return self._retrans_node(nodes, start, end), "TCP retransmits elevated"
+
+    def _ib_node(self, nodes: list[str], start: int, end: int) -> str | None:
+        # Error counters of a healthy fabric stay at zero: the one node counting errors while its
+        # peers count (almost) none is the suspect.
+        errors: dict[str, float] = {}
+        for node in nodes:
+            vals = finite(h[2] for h in self.hosts.get(node, []) if len(h) > 2 and start <= h[0] < end)
+            if vals:
+                errors[node] = sum(vals)
+        if not errors:
+            return None
+        worst = max(sorted(errors), key=lambda n: errors[n])
+        others = [v for n, v in errors.items() if n != worst]
+        ref = median(others) if others else 0.0
+        assert ref is not None
+        if errors[worst] >= self.ib_min_errors and errors[worst] >= self.retrans_factor * max(ref, 1.0):
+            return worst
+        return None
+
+    def _retrans_node(self, nodes: list[str], start: int, end: int) -> str | None:
         rates: dict[str, float] = {}
         for node in nodes:
             vals = finite(h[1] for h in self.hosts.get(node, []) if start <= h[0] < end)
@@ -551,7 +585,8 @@ class ImbalanceDetector(Detector):
     def _net_finding(
         self, job_id: str, job: dict[str, Any], intrinsic: float, normal: float, end: int, active: bool
     ) -> Finding:
-        since, node = job["net_active"]
+        since, node, *rest = job["net_active"]
+        signal = rest[0] if rest else "TCP retransmits elevated"
         return Finding(
             rule="network_degradation",
             key=(job_id,),
@@ -568,9 +603,9 @@ class ImbalanceDetector(Detector):
             summary=(
                 f"job {job_id}: communication {intrinsic:.3f} s per step vs {normal:.3f} s normal"
                 + (
-                    f"; TCP retransmits elevated on {node}"
+                    f"; {signal} on {node}"
                     if node
-                    else "; no node shows elevated TCP retransmits"
+                    else "; no node shows InfiniBand errors or elevated TCP retransmits"
                 )
                 if active
                 else f"job {job_id}: communication back to normal ({intrinsic:.3f} s per step)"

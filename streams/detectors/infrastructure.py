@@ -32,6 +32,7 @@ holds has job_id "" (the platform's default route).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from schemas.records import Event
@@ -191,7 +192,7 @@ class InfrastructureDetector(Detector):
                     cond = g["xid"] = {"since": ts, "code": xid, "n": 0, "emit": ts}
                 cond.update(code=xid, last=ts, emit=ts)
                 cond["n"] += 1
-                out.append(self._xid_finding(node, uuid, g, ts, True))
+                out += self._shared(self._xid_finding(node, uuid, g, ts, True), node, cond)
             else:
                 cond["last"] = ts
                 cond["n"] += 1
@@ -211,7 +212,7 @@ class InfrastructureDetector(Detector):
             cond["n"] += inc
             cond["last"] = cond["emit"] = ts
             cond["total"] = ecc
-            out.append(self._ecc_finding(node, uuid, g, ts, True))
+            out += self._shared(self._ecc_finding(node, uuid, g, ts, True), node, cond)
         out += self._throttle(node, uuid, g, r)
         out += self._gpu_memory(node, uuid, g, r)
         return out
@@ -327,10 +328,10 @@ class InfrastructureDetector(Detector):
             g = self._gpus[key]
             node, uuid = key.split("|", 1)
             if g["xid"] is not None and watermark - g["xid"]["last"] >= self._xid_quiet:
-                out.append(self._xid_finding(node, uuid, g, watermark, False))
+                out += self._shared(self._xid_finding(node, uuid, g, watermark, False), node, g["xid"])
                 g["xid"] = None
             if g["ecc"] is not None and watermark - g["ecc"]["last"] >= self._ecc_quiet:
-                out.append(self._ecc_finding(node, uuid, g, watermark, False))
+                out += self._shared(self._ecc_finding(node, uuid, g, watermark, False), node, g["ecc"])
                 g["ecc"] = None
         out += self._check_missing(watermark)
         return out
@@ -382,6 +383,29 @@ class InfrastructureDetector(Detector):
             suspected_layer="gpu",
             **kw,
         )
+
+    def _shared(self, finding: Finding, node: str, cond: dict[str, Any]) -> list[Finding]:
+        """An XID or ECC error of one GPU, also reported to every other job running on its node.
+
+        Recovering the GPU means a GPU reset, which on NVSwitch systems resets the whole baseboard,
+        or a node drain: the co-located jobs stop too, so their teams hear of it with their own
+        job's identity (key + job, one alert each); the jobs are fixed when the condition starts.
+        """
+        if finding.active:
+            others = {j for j in self._node_jobs(node) if j and j != finding.job_id}
+            cond["shared"] = sorted(set(cond.get("shared", ())) | others)
+        out = [finding]
+        for job_id in cond.get("shared", ()):
+            summary = finding.summary
+            if finding.active:
+                summary += (
+                    f" (a GPU of {'job ' + finding.job_id if finding.job_id else 'no known job'}; recovering it"
+                    f" needs a GPU reset or a node drain, which stops job {job_id} too)"
+                )
+            out.append(
+                replace(finding, key=(*finding.key, job_id), job_id=job_id, rank=None, summary=summary)
+            )
+        return out
 
     def _where(self, node: str, g: dict[str, Any]) -> str:
         return f"GPU {g['index']} of node {node}"

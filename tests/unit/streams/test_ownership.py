@@ -86,13 +86,21 @@ def test_a_host_oom_on_a_node_with_one_job_reaches_only_that_job() -> None:
     assert [(a["job_id"], a["team"]) for a in alerts] == [("job-c", "team-c")]
 
 
-def test_an_xid_on_a_shared_node_reaches_only_the_job_holding_that_gpu() -> None:
+def test_an_xid_on_a_shared_node_names_the_gpus_job_and_reaches_the_co_located_job_too() -> None:
+    """The job holding the GPU gets it with its rank; recovering the GPU (a reset or a node drain)
+    stops the other job on the node too, so its team gets its own alert; job-c, elsewhere, nothing."""
     events = _shared_node() + _steps(20)
     xid = gpu_sample("node-01", 5, T0 + 10_000)
     xid.record["xid"] = 79
     events.append(xid)
     alerts = [a for a in _alerts(events) if a["rule"] == "xid_error"]
-    assert [(a["job_id"], a["team"], a["rank"]) for a in alerts] == [("job-b", "team-b", 1)]
+    assert sorted((a["job_id"], a["team"], a["rank"], a["gpu_index"]) for a in alerts) == [
+        ("job-a", "team-a", None, 5),
+        ("job-b", "team-b", 1, 5),
+    ]
+    assert len({a["fingerprint"] for a in alerts}) == 2
+    shared = next(a for a in alerts if a["job_id"] == "job-a")
+    assert "job job-b" in shared["summary"] and "stops job job-a" in shared["summary"]
 
 
 def test_an_xid_on_an_unbound_gpu_goes_to_the_job_the_agent_attributed_it_to() -> None:
@@ -103,7 +111,14 @@ def test_an_xid_on_an_unbound_gpu_goes_to_the_job_the_agent_attributed_it_to() -
     plain = gpu_sample("node-01", 2, T0 + 10_000)
     plain.record.update(xid=48)  # no attribution and no binding: the platform's route
     alerts = [a for a in _alerts([*events, xid, plain]) if a["rule"] == "xid_error"]
-    assert sorted((a["job_id"], a["team"]) for a in alerts) == [("", "platform"), ("job-b", "team-b")]
+    # GPU 6 is job-b's (the agent said so); GPU 2 belongs to no known job: the platform's route.
+    # Each also reaches the other jobs running on node-01 (never job-c, which runs elsewhere).
+    by_gpu = {
+        gpu: sorted((a["job_id"], a["team"]) for a in alerts if a["gpu_index"] == gpu) for gpu in (2, 6)
+    }
+    assert by_gpu[6][0] == ("job-a", "team-a") and ("job-b", "team-b") in by_gpu[6]
+    assert ("", "platform") in by_gpu[2]
+    assert all(job != "job-c" for job, _ in by_gpu[2] + by_gpu[6])
 
 
 def test_missing_telemetry_from_a_shared_node_reaches_both_jobs_and_resolves_for_both() -> None:
