@@ -2,7 +2,7 @@
 
 The target is the issue's: recall 1.00 and precision >= 0.99 on cases the detectors were not
 written against. Today's detectors miss whole classes the generator now expresses, listed in
-the xfail reason; the detector work of issue 10 items 1-5 removes the xfail.
+the xfail reason; the detector work that closes the remaining gaps removes the xfail.
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ SEED = 0
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "detector gaps of issue 10: a node fault on a shared node reaches only one job's team "
-        "(10.1: xid_error, ecc_uncorrectable, host_memory_pressure for the co-located job); no "
-        "self-baseline rule (10.5: throughput_drop under contention); a node's slow storage is no "
-        "straggler when it holds half the job (10.3: storage_slowdown); network_degradation does "
-        "not name the node by InfiniBand errors (ib_degradation); a long evaluation raises job_stall "
-        "(10.2: the job_stall twins)"
+        "remaining detector gaps (seed 0: recall 0.93, precision 0.98 on 300 cases): slow storage "
+        "under half of a job's ranks fires throughput_drop for the job instead of a straggler on that "
+        "node, and misses the co-located job wholly on that node (storage_slowdown); throughput_drop "
+        "misses some short contention episodes (contention)"
     ),
 )
 def test_generated_cases_reach_full_recall_and_precision() -> None:
