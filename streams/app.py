@@ -415,6 +415,9 @@ class Aligner:
 
     def pop_ready(self, now: float, lag: LagFn | None = None) -> list[tuple[str, int, Any]]:
         """Events that may go to the engine now, oldest first, as (tp, offset, item)."""
+        if not self._heap:
+            self.moved_at = now  # nothing held: no frontier to compute
+            return []
         out: list[tuple[str, int, Any]] = []
         frontier = self.frontier(now, lag)
         heap = self._heap
@@ -1028,6 +1031,19 @@ def build_app(options: WorkerOptions) -> faust.App:
                     state = routes.state_of(node)
                     routes_table[node] = json.dumps(state).encode() if state else b""
             route_fw.pending.append(fevent)
+        elif job_keys(event.type, event.record) and node_aligner.lowest_held(_tp_key(topic, p)) is None:
+            # Attributed and nothing of its partition held: detect reads its job-keyed copies on
+            # rs.telemetry.job, so it is only progress here (no alignment, no forward).
+            totals["attributed"] += 1
+            ts = _align_ts(fevent, event)
+            node_aligner.note(_tp_key(topic, p), msg.offset, ts, time.monotonic())
+            if ts is not None:
+                route_progress[p] = max(ts, route_progress.get(p, -(2**63)))
+            route_fw.pending.append(fevent)
+            if len(node_aligner) == 0:
+                if len(route_fw.pending) >= _FORWARD_BATCH:
+                    await route_fw.flush(stream, app)
+                return
         else:
             node_aligner.push(
                 _tp_key(topic, p), msg.offset, _held_ts(fevent, event), (fevent, event), time.monotonic()
