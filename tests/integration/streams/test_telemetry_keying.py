@@ -22,9 +22,7 @@ def _attributed(event: Event, **fields: object) -> Event:
 
 def _read_all(bootstrap: str, topic: str, group: str, expected: int) -> list[tuple[bytes, int, Event]]:
     """Every record of `topic` as (key, partition, event), reading until `expected` arrived (or 60 s)."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
-    )
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
     codec, out = Codec(), []
     deadline = time.monotonic() + 60

@@ -156,7 +156,10 @@ def test_attributed_telemetry_has_one_job_key_per_job_and_unattributed_none() ->
     assert job_keys("GpuSample", {"node": "n1", "job_id": "job-a"}) == ["job-a"]
     assert job_keys("GpuSample", {"node": "n1", "job_id": None}) == []
     assert job_keys("GpuSample", {"node": "n1"}) == []
-    assert job_keys("HostSample", {"node": "n1", "job_ids": ["job-b", "job-a", "job-b"]}) == ["job-a", "job-b"]
+    assert job_keys("HostSample", {"node": "n1", "job_ids": ["job-b", "job-a", "job-b"]}) == [
+        "job-a",
+        "job-b",
+    ]
     assert job_keys("HostSample", {"node": "n1", "job_ids": []}) == []
     assert job_keys("StepCompleted", {"job_id": "job-a"}) == []
 
