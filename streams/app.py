@@ -497,6 +497,25 @@ def _telemetry_source(event: Event) -> str | None:
     return None
 
 
+# Counters of one partition's engine runtime (summed over partitions in the progress line).
+_RUNTIME_COUNTS: tuple[str, ...] = (
+    "events",
+    "skipped",
+    "duplicates",
+    "rejected",
+    "engine_errors",
+    "unencodable",
+    "processed",
+    "outputs",
+    "alerts",
+    "checkpoints",
+    "snapshot_bytes",
+    "guard_advances",
+    "front_advances",
+    "clock_rejected",
+)
+
+
 class WorkerRuntime:
     """One partition's engine plus what is needed to checkpoint it consistently with the consumed offsets."""
 
@@ -523,25 +542,7 @@ class WorkerRuntime:
         self.last_checkpoint_ts: int | None = None
         self.last_event: Any = None  # a faust event of this partition (table writes need one)
         self.last_receive = time.monotonic()  # when the agent last got an event (wall clock: idleness only)
-        self.counts = dict.fromkeys(
-            (
-                "events",
-                "skipped",
-                "duplicates",
-                "rejected",
-                "engine_errors",
-                "unencodable",
-                "processed",
-                "outputs",
-                "alerts",
-                "checkpoints",
-                "snapshot_bytes",
-                "guard_advances",
-                "front_advances",
-                "clock_rejected",
-            ),
-            0,
-        )
+        self.counts = dict.fromkeys(_RUNTIME_COUNTS, 0)
 
     def restore(self, values: list[bytes]) -> None:
         """Load the newest snapshot among `values` (this partition's), or start an empty engine."""
@@ -1317,7 +1318,8 @@ def build_app(options: WorkerOptions) -> faust.App:
         return state
 
     def _totals() -> dict[str, int]:
-        out = dict(totals)
+        # Every counter present even before any partition's engine exists (the first progress line).
+        out = {**dict.fromkeys(_RUNTIME_COUNTS, 0), **totals}
         for rt in runtimes.values():
             for k, v in rt.counts.items():
                 out[k] = out.get(k, 0) + v if k != "snapshot_bytes" else max(out.get(k, 0), v)
