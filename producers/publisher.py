@@ -39,7 +39,7 @@ from producers.spool import DEFAULT_MAX_BYTES, DEFAULT_SEGMENT_BYTES, Spool, lis
 from schemas.codec import Codec
 from schemas.errors import EncodeError, RanksightError
 from schemas.records import NAMESPACE, Event, default_schemas
-from schemas.topics import key_for, topic_for
+from schemas.topics import TELEMETRY_JOB, job_keys, key_for, topic_for
 
 __all__ = [
     "DEFAULT_PRODUCER_CONF",
@@ -337,11 +337,28 @@ class KafkaPublisher(Publisher):
             return
         self._produce(event, value)
 
+    def _messages(self, event: Event) -> list[tuple[str, bytes | None, Any]]:
+        """(topic, key, delivery callback) of each record an event becomes.
+
+        Telemetry attributed to jobs goes node-keyed to its own topic (the sink stores that one) and
+        once per job, keyed by job, to `rs.telemetry.job`, which the worker's detect path reads
+        directly (no re-key hop). The copies do not count as delivered events in `stats()`.
+        """
+        out: list[tuple[str, bytes | None, Any]] = [
+            (self._topic(event.type), key_for(topic_for(event.type), event.record), None)
+        ]
+        for job in job_keys(event.type, event.record):
+            out.append((self._prefix + TELEMETRY_JOB, job.encode(), self._on_copy_delivery))
+        return out
+
     def _produce(self, event: Event, value: bytes) -> None:
-        topic = self._topic(event.type)
         try:
-            self._producer.produce(topic, value, key_for(topic_for(event.type), event.record))
-            self._produced()
+            for topic, key, callback in self._messages(event):
+                if callback is None:
+                    self._producer.produce(topic, value, key)
+                else:
+                    self._producer.produce(topic, value, key, on_delivery=callback)
+                self._produced()
         except BufferError:
             self._counts["queue_full"] += 1
             self._log(logging.WARNING, "queue_full", "Kafka producer queue is full; spooling events to disk")
@@ -459,6 +476,13 @@ class KafkaPublisher(Publisher):
                 self._spool.directory,
             )
 
+    def _on_copy_delivery(self, err: Any, msg: Any) -> None:
+        # A job-keyed copy: settles like any message; a failure re-sends the whole event.
+        if err is None:
+            self._settled()
+            return
+        self._on_delivery(err, msg)
+
     def _on_delivery(self, err: Any, msg: Any) -> None:
         self._settled()
         if err is None:
@@ -539,21 +563,24 @@ class KafkaPublisher(Publisher):
         events = segment.events()
         for index, event in enumerate(events):
             value = self._codec.encode(event)
-            topic = self._topic(event.type)
-            key = key_for(topic_for(event.type), event.record)
-            while True:
-                try:
-                    self._producer.produce(topic, value, key)
-                    self._produced()
-                    break
-                except BufferError:
-                    # This thread may wait: librdkafka frees room as deliveries complete or time out.
-                    self._producer.poll(0.1)
-                    if self._stop.is_set() and self._closed:
-                        # Closing: keep the rest on disk rather than block close().
-                        self._respool_rest(events[index:])
-                        self._spool.remove(segment)
-                        return
+            for topic, key, callback in self._messages(event):
+                while True:
+                    try:
+                        if callback is None:
+                            self._producer.produce(topic, value, key)
+                        else:
+                            self._producer.produce(topic, value, key, on_delivery=callback)
+                        self._produced()
+                        break
+                    except BufferError:
+                        # This thread may wait: librdkafka frees room as deliveries complete or time out.
+                        self._producer.poll(0.1)
+                        if self._stop.is_set() and self._closed:
+                            # Closing: keep the rest on disk rather than block close(). An event
+                            # whose node-keyed record already went out is sent again (at least once).
+                            self._respool_rest(events[index:])
+                            self._spool.remove(segment)
+                            return
         self._counts["drained"] += len(events)
         self._spool.remove(segment)
 

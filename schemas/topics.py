@@ -13,11 +13,13 @@ __all__ = [
     "RECORD_TOPIC",
     "TELEMETRY_GPU",
     "TELEMETRY_HOST",
+    "TELEMETRY_JOB",
     "TOPICS",
     "TRAINING_EVENTS",
     "TRAINING_STEPS",
     "canonical_topic",
     "deadletter_headers",
+    "job_keys",
     "key_for",
     "off_topic_reason",
     "topic_for",
@@ -25,6 +27,9 @@ __all__ = [
 
 TELEMETRY_GPU = "rs.telemetry.gpu"
 TELEMETRY_HOST = "rs.telemetry.host"
+# Job-attributed telemetry again, keyed by job: the worker's detect path reads it directly
+# (co-partitioned with rs.training.*). The sink stores telemetry once, from the node-keyed topics.
+TELEMETRY_JOB = "rs.telemetry.job"
 TRAINING_STEPS = "rs.training.steps"
 TRAINING_EVENTS = "rs.training.events"
 ALERTS = "rs.alerts"
@@ -36,6 +41,7 @@ DEADLETTER = "rs.deadletter"
 TOPICS: tuple[str, ...] = (
     TELEMETRY_GPU,
     TELEMETRY_HOST,
+    TELEMETRY_JOB,
     TRAINING_STEPS,
     TRAINING_EVENTS,
     ALERTS,
@@ -68,6 +74,7 @@ RECORD_TOPIC: dict[str, str] = {
 _KEY_FIELD: dict[str, str] = {
     TELEMETRY_GPU: "node",
     TELEMETRY_HOST: "node",
+    TELEMETRY_JOB: "job_id",
     TRAINING_STEPS: "job_id",
     TRAINING_EVENTS: "job_id",
     ALERTS: "team",
@@ -104,7 +111,10 @@ def off_topic_reason(record_type: str, topic: str) -> str | None:
     name = canonical_topic(topic)
     if name is None:
         return None
-    allowed = ALERTS if name == ALERTS_REPLAY else name
+    if name == TELEMETRY_JOB:
+        allowed = TELEMETRY_GPU if record_type == "GpuSample" else TELEMETRY_HOST
+    else:
+        allowed = ALERTS if name == ALERTS_REPLAY else name
     if RECORD_TOPIC.get(record_type) == allowed:
         return None
     return f"a {record_type} record does not belong on {name}"
@@ -117,6 +127,20 @@ def key_for(topic: str, record: dict) -> bytes | None:
         return None
     value = record.get(field)
     return None if value is None else str(value).encode()
+
+
+def job_keys(record_type: str, record: dict) -> list[str]:
+    """The jobs a telemetry record is attributed to, one `rs.telemetry.job` copy each (empty: unattributed).
+
+    A GpuSample names the job its GPU runs (`job_id`); a HostSample every job on its node (`job_ids`).
+    Unattributed telemetry (an idle GPU, an agent that knows no jobs) travels only node-keyed.
+    """
+    if record_type == "GpuSample":
+        job = record.get("job_id")
+        return [str(job)] if job else []
+    if record_type == "HostSample":
+        return sorted({str(j) for j in record.get("job_ids") or () if j})
+    return []
 
 
 def deadletter_headers(

@@ -41,6 +41,8 @@ __all__ = ["COMPONENT", "SINK_TOPICS", "SinkConsumer"]
 log = logging.getLogger(__name__)
 
 # Canonical topics whose records have tables (replayed alerts and the dead letters are not stored).
+# Not rs.telemetry.job: it holds job-keyed copies of samples already on rs.telemetry.gpu/host, and
+# each sample is stored once.
 SINK_TOPICS: tuple[str, ...] = (
     "rs.telemetry.gpu",
     "rs.telemetry.host",

@@ -10,11 +10,13 @@ Design (see docs/worker.md):
   - `bind` reads `rs.training.events` and forwards each RankBound to `rs.internal.bindings`
     keyed by node (and every job-ending JobStateChanged to all of its partitions);
   - `route` reads `rs.telemetry.gpu`, `rs.telemetry.host` and `rs.internal.bindings` (all keyed
-    by node), keeps node -> {GPU -> job, jobs} in the `node-routes` table and forwards telemetry
-    to `rs.internal.telemetry-by-job` keyed by job (GPU samples to the job bound to the GPU, host
-    samples to every job on the node, unbound telemetry thinned to the key "");
-  - `detect` reads `rs.training.steps`, `rs.training.events` and `rs.internal.telemetry-by-job`
-    (all keyed by job) and runs ONE engine per assigned partition, so all events of a job meet in
+    by node), keeps node -> {GPU -> job, jobs} in the `node-routes` table and forwards
+    UNATTRIBUTED telemetry (no `job_id` / `job_ids`: an old agent, an idle GPU) to
+    `rs.internal.telemetry-by-job` keyed by job (GPU samples to the job bound to the GPU, host
+    samples to every job on the node, unbound telemetry thinned to the key ""); attributed
+    telemetry is not forwarded: its publisher already wrote it keyed by job to `rs.telemetry.job`;
+  - `detect` reads `rs.training.steps`, `rs.training.events`, `rs.telemetry.job` and
+    `rs.internal.telemetry-by-job` (all keyed by job) and runs ONE engine per assigned partition, so all events of a job meet in
     one engine. Its snapshot is the table key `engine@<p>`, written with an event of partition p,
     so it lives on changelog partition p and moves with the partition on a rebalance.
 * Event-time alignment per partition (`Aligner`), checkpoints bounded (alert, every
@@ -52,9 +54,11 @@ from schemas.topics import (
     DEADLETTER,
     TELEMETRY_GPU,
     TELEMETRY_HOST,
+    TELEMETRY_JOB,
     TRAINING_EVENTS,
     TRAINING_STEPS,
     deadletter_headers,
+    job_keys,
     key_for,
     off_topic_reason,
     topic_for,
@@ -97,7 +101,9 @@ BINDINGS = "rs.internal.bindings"
 TELEMETRY_BY_JOB = "rs.internal.telemetry-by-job"
 SOURCE_TOPICS: tuple[str, ...] = (TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_STEPS, TRAINING_EVENTS)
 NODE_TOPICS: tuple[str, ...] = (TELEMETRY_GPU, TELEMETRY_HOST, BINDINGS)
-JOB_TOPICS: tuple[str, ...] = (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_BY_JOB)
+# rs.telemetry.job: telemetry the node agent attributed to jobs, published keyed by job (read
+# directly); rs.internal.telemetry-by-job: only unattributed telemetry, re-keyed by `route`.
+JOB_TOPICS: tuple[str, ...] = (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_JOB, TELEMETRY_BY_JOB)
 _SNAPSHOT_TABLE = "engine-snapshot"
 _ROUTES_TABLE = "node-routes"
 # Progress markers: the forwarding agents tell every partition of their output topic how far
@@ -114,6 +120,9 @@ COMPONENT = "worker"
 _INTERNAL_TYPES: dict[str, frozenset[str]] = {
     BINDINGS: frozenset({"RankBound", "JobStateChanged"}),
     TELEMETRY_BY_JOB: frozenset({"GpuSample", "HostSample"}),
+    # Not internal, but no sink reads it (the sink stores telemetry once, node-keyed): the worker
+    # owns its dead letters.
+    TELEMETRY_JOB: frozenset({"GpuSample", "HostSample"}),
 }
 _ASK_ENDS_S = 2.0  # how often the end offsets of partitions without a fetch answer are asked for
 _BAD_LOG_S = 10.0
@@ -406,6 +415,9 @@ class Aligner:
 
     def pop_ready(self, now: float, lag: LagFn | None = None) -> list[tuple[str, int, Any]]:
         """Events that may go to the engine now, oldest first, as (tp, offset, item)."""
+        if not self._heap:
+            self.moved_at = now  # nothing held: no frontier to compute
+            return []
         out: list[tuple[str, int, Any]] = []
         frontier = self.frontier(now, lag)
         heap = self._heap
@@ -485,6 +497,25 @@ def _telemetry_source(event: Event) -> str | None:
     return None
 
 
+# Counters of one partition's engine runtime (summed over partitions in the progress line).
+_RUNTIME_COUNTS: tuple[str, ...] = (
+    "events",
+    "skipped",
+    "duplicates",
+    "rejected",
+    "engine_errors",
+    "unencodable",
+    "processed",
+    "outputs",
+    "alerts",
+    "checkpoints",
+    "snapshot_bytes",
+    "guard_advances",
+    "front_advances",
+    "clock_rejected",
+)
+
+
 class WorkerRuntime:
     """One partition's engine plus what is needed to checkpoint it consistently with the consumed offsets."""
 
@@ -511,25 +542,7 @@ class WorkerRuntime:
         self.last_checkpoint_ts: int | None = None
         self.last_event: Any = None  # a faust event of this partition (table writes need one)
         self.last_receive = time.monotonic()  # when the agent last got an event (wall clock: idleness only)
-        self.counts = dict.fromkeys(
-            (
-                "events",
-                "skipped",
-                "duplicates",
-                "rejected",
-                "engine_errors",
-                "unencodable",
-                "processed",
-                "outputs",
-                "alerts",
-                "checkpoints",
-                "snapshot_bytes",
-                "guard_advances",
-                "front_advances",
-                "clock_rejected",
-            ),
-            0,
-        )
+        self.counts = dict.fromkeys(_RUNTIME_COUNTS, 0)
 
     def restore(self, values: list[bytes]) -> None:
         """Load the newest snapshot among `values` (this partition's), or start an empty engine."""
@@ -775,6 +788,7 @@ def build_app(options: WorkerOptions) -> faust.App:
             "training_in",
             "forwarded",
             "unbound_thinned",
+            "attributed",
             "bindings",
             "bad_input",
             "deadletter",
@@ -1018,6 +1032,19 @@ def build_app(options: WorkerOptions) -> faust.App:
                     state = routes.state_of(node)
                     routes_table[node] = json.dumps(state).encode() if state else b""
             route_fw.pending.append(fevent)
+        elif job_keys(event.type, event.record) and node_aligner.lowest_held(_tp_key(topic, p)) is None:
+            # Attributed and nothing of its partition held: detect reads its job-keyed copies on
+            # rs.telemetry.job, so it is only progress here (no alignment, no forward).
+            totals["attributed"] += 1
+            ts = _align_ts(fevent, event)
+            node_aligner.note(_tp_key(topic, p), msg.offset, ts, time.monotonic())
+            if ts is not None:
+                route_progress[p] = max(ts, route_progress.get(p, -(2**63)))
+            route_fw.pending.append(fevent)
+            if len(node_aligner) == 0:
+                if len(route_fw.pending) >= _FORWARD_BATCH:
+                    await route_fw.flush(stream, app)
+                return
         else:
             node_aligner.push(
                 _tp_key(topic, p), msg.offset, _held_ts(fevent, event), (fevent, event), time.monotonic()
@@ -1028,11 +1055,16 @@ def build_app(options: WorkerOptions) -> faust.App:
         now = time.monotonic()
         for tp, _offset, (fevent, event) in node_aligner.pop_ready(now, _node_lag):
             parts: dict[int, str] = {}
-            for key in routes.route(event):
-                parts.setdefault(partition_for(key.encode(), n), key)
-            totals["telemetry_in"] += 1
-            if not parts:
-                totals["unbound_thinned"] += 1
+            if job_keys(event.type, event.record):
+                # Attributed: detect reads its job-keyed copies on rs.telemetry.job and counts it
+                # there. It stays in the node aligner only so the progress markers stay in order.
+                totals["attributed"] += 1
+            else:
+                for key in routes.route(event):
+                    parts.setdefault(partition_for(key.encode(), n), key)
+                totals["telemetry_in"] += 1
+                if not parts:
+                    totals["unbound_thinned"] += 1
             for part, key in sorted(parts.items()):
                 route_fw.futures.append(
                     await by_job_out.send(
@@ -1140,7 +1172,12 @@ def build_app(options: WorkerOptions) -> faust.App:
         for tp, offset, (fevent, event) in rt.aligner.pop_ready(time.monotonic(), _job_lag(rt)):
             rt.mark(tp, offset)
             rt.pending.append(fevent)
-            if not tp.startswith(TELEMETRY_BY_JOB):
+            if tp.startswith(TELEMETRY_JOB):
+                # One source record, one count: a HostSample of N jobs has N copies; count the first.
+                keys = job_keys(event.type, event.record)
+                if keys and bytes(fevent.key or b"") == keys[0].encode():
+                    totals["telemetry_in"] += 1
+            elif not tp.startswith(TELEMETRY_BY_JOB):
                 totals["training_in"] += 1
             if rt.duplicate(event):
                 rt.counts["duplicates"] += 1
@@ -1281,7 +1318,8 @@ def build_app(options: WorkerOptions) -> faust.App:
         return state
 
     def _totals() -> dict[str, int]:
-        out = dict(totals)
+        # Every counter present even before any partition's engine exists (the first progress line).
+        out = {**dict.fromkeys(_RUNTIME_COUNTS, 0), **totals}
         for rt in runtimes.values():
             for k, v in rt.counts.items():
                 out[k] = out.get(k, 0) + v if k != "snapshot_bytes" else max(out.get(k, 0), v)
@@ -1291,11 +1329,11 @@ def build_app(options: WorkerOptions) -> faust.App:
 
     def _source_lag() -> dict[str, int | None]:
         """Per source topic: records of the assigned partitions not read yet (None while unknown)."""
-        left: dict[str, int | None] = dict.fromkeys(SOURCE_TOPICS, 0)
+        left: dict[str, int | None] = dict.fromkeys((*SOURCE_TOPICS, TELEMETRY_JOB), 0)
         for p in sorted(assigned):
             rt = runtimes.get(p)
             read = [(t, node_aligner) for t in (TELEMETRY_GPU, TELEMETRY_HOST)]
-            read += [(t, rt.aligner) for t in (TRAINING_STEPS, TRAINING_EVENTS)] if rt else []
+            read += [(t, rt.aligner) for t in (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_JOB)] if rt else []
             for topic, aligner in read:
                 tp = _tp_key(topic, p)
                 lag, so_far = _lag(tp, aligner._last_offset.get(tp)), left[topic]

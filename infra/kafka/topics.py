@@ -19,6 +19,7 @@ from schemas.topics import (
     DERIVED_RANK,
     TELEMETRY_GPU,
     TELEMETRY_HOST,
+    TELEMETRY_JOB,
     TOPICS,
     TRAINING_EVENTS,
     TRAINING_STEPS,
@@ -65,6 +66,7 @@ def _spec(name: str, partitions: int, days: int) -> TopicSpec:
 DEFAULT_TOPIC_SPECS: tuple[TopicSpec, ...] = (
     _spec(TELEMETRY_GPU, 6, 3),
     _spec(TELEMETRY_HOST, 6, 3),
+    _spec(TELEMETRY_JOB, 6, 3),
     _spec(TRAINING_STEPS, 6, 7),
     _spec(TRAINING_EVENTS, 6, 7),
     _spec(ALERTS, 3, 30),
@@ -77,7 +79,13 @@ DEFAULT_TOPIC_SPECS: tuple[TopicSpec, ...] = (
 
 # The worker joins these by key (a job's steps, events and telemetry meet in one engine): they must
 # have the same partition count as its internal topics (`--partitions`), whoever created them.
-COPARTITIONED: tuple[str, ...] = (TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_STEPS, TRAINING_EVENTS)
+COPARTITIONED: tuple[str, ...] = (
+    TELEMETRY_GPU,
+    TELEMETRY_HOST,
+    TELEMETRY_JOB,
+    TRAINING_STEPS,
+    TRAINING_EVENTS,
+)
 
 
 def check_partitions(

@@ -147,3 +147,28 @@ def test_telemetry_front_waits_for_every_forwarder_and_is_held_back_by_one_catch
     assert rt.telemetry_front() == 50_000
     rt.marker_ts["@route:2"], rt.marker_backlog["@route:2"] = None, 7  # backlog, nothing forwarded yet
     assert rt.telemetry_front() is None
+
+
+def test_attributed_telemetry_has_one_job_key_per_job_and_unattributed_none() -> None:
+    """A GpuSample goes to its GPU's job, a HostSample to each job on the node once; idle ones to none."""
+    from schemas.topics import job_keys
+
+    assert job_keys("GpuSample", {"node": "n1", "job_id": "job-a"}) == ["job-a"]
+    assert job_keys("GpuSample", {"node": "n1", "job_id": None}) == []
+    assert job_keys("GpuSample", {"node": "n1"}) == []
+    assert job_keys("HostSample", {"node": "n1", "job_ids": ["job-b", "job-a", "job-b"]}) == [
+        "job-a",
+        "job-b",
+    ]
+    assert job_keys("HostSample", {"node": "n1", "job_ids": []}) == []
+    assert job_keys("StepCompleted", {"job_id": "job-a"}) == []
+
+
+def test_the_job_keyed_telemetry_topic_carries_telemetry_only() -> None:
+    """rs.telemetry.job is part of the topic contract: telemetry belongs there, training records do not."""
+    from schemas.topics import TELEMETRY_JOB, key_for, off_topic_reason
+
+    assert off_topic_reason("GpuSample", "t1." + TELEMETRY_JOB) is None
+    assert off_topic_reason("HostSample", TELEMETRY_JOB) is None
+    assert off_topic_reason("StepCompleted", TELEMETRY_JOB) is not None
+    assert key_for(TELEMETRY_JOB, {"job_id": "job-a", "node": "n1"}) == b"job-a"
