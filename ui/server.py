@@ -19,6 +19,7 @@ from aiohttp import web
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError as _DriverError
 
+from sinks.efficiency import PriceList
 from ui import queries
 from ui.errors import NotFoundError, UiError
 from ui.pages import ASSETS, asset_text, page_html
@@ -53,13 +54,13 @@ def _int_param(request: web.Request, name: str) -> int | None:
         raise web.HTTPBadRequest(text=f"{name} must be UTC milliseconds") from None
 
 
-def make_app(client: Client) -> web.Application:
-    """The aiohttp application of the UI over a ClickHouse client."""
+def make_app(client: Client, prices: PriceList | None = None) -> web.Application:
+    """The aiohttp application of the UI over a ClickHouse client (GPU-hours priced by `prices`)."""
 
-    async def run(fn: Callable[..., Any], *args: Any) -> web.Response:
+    async def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> web.Response:
         try:
             # Encoded on the worker thread too: a big page must not hold the event loop.
-            return _json(await asyncio.to_thread(lambda: queries.to_json(fn(client, *args))))
+            return _json(await asyncio.to_thread(lambda: queries.to_json(fn(client, *args, **kwargs))))
         except NotFoundError as exc:
             return _json({"error": str(exc)}, status=404)
         except (_DriverError, UiError) as exc:
@@ -86,10 +87,11 @@ def make_app(client: Client) -> web.Application:
             request.match_info["job_id"],
             _int_param(request, "from"),
             _int_param(request, "to"),
+            prices=prices,
         )
 
     async def api_alert(request: web.Request) -> web.Response:
-        return await run(queries.alert_page, request.match_info["alert_id"])
+        return await run(queries.alert_page, request.match_info["alert_id"], prices=prices)
 
     async def api_version(request: web.Request) -> web.Response:
         return await run(queries.latest_version)
@@ -99,7 +101,7 @@ def make_app(client: Client) -> web.Application:
         from ui.pages import report_html
 
         kind, key = request.match_info["kind"], request.match_info["key"]
-        fns: dict[str, Callable[[Client, str], dict[str, Any]]] = {
+        fns: dict[str, Callable[..., dict[str, Any]]] = {
             "jobs": queries.job_page,
             "alerts": queries.alert_page,
         }
@@ -107,7 +109,7 @@ def make_app(client: Client) -> web.Application:
         if fn is None:
             raise web.HTTPNotFound()
         try:
-            data: dict[str, Any] = await asyncio.to_thread(fn, client, key)
+            data: dict[str, Any] = await asyncio.to_thread(fn, client, key, prices=prices)
         except NotFoundError as exc:
             raise web.HTTPNotFound(text=str(exc)) from None
         generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -154,8 +156,11 @@ def make_app(client: Client) -> web.Application:
 class UiServer:
     """The UI served on host:port, in the foreground or on a background thread."""
 
-    def __init__(self, client: Client, host: str = "127.0.0.1", port: int = 8088) -> None:
+    def __init__(
+        self, client: Client, host: str = "127.0.0.1", port: int = 8088, prices: PriceList | None = None
+    ) -> None:
         self.client = client
+        self.prices = prices
         self.host = host
         self.port = port
         self._runner: web.AppRunner | None = None
@@ -170,7 +175,7 @@ class UiServer:
         return f"http://{host}:{self.port}/"
 
     async def _start(self) -> None:
-        self._runner = web.AppRunner(make_app(self.client), access_log=None)
+        self._runner = web.AppRunner(make_app(self.client, self.prices), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         try:
