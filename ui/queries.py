@@ -239,9 +239,9 @@ def fleet(client: Client) -> dict[str, Any]:
             jobs[job_id]["last_progress_ms"] = int(last_ms)
             jobs[job_id]["last_step"] = int(last_step)
     # ML goodput from `job_efficiency` (docs/efficiency.md): productive GPU-hours over allocated ones.
-    for row in _efficiency_rows(client, PriceList()):
-        if row["job_id"] in jobs:
-            jobs[row["job_id"]]["goodput_pct"] = _num(row["goodput_pct"], 2)
+    for measured in _efficiency_rows(client, PriceList()):
+        if measured["job_id"] in jobs:
+            jobs[measured["job_id"]]["goodput_pct"] = _num(measured["goodput_pct"], 2)
     alerts = _alerts(client)
     data_now = max(
         [a["updated_ms"] for a in alerts] + [j["last_progress_ms"] or 0 for j in jobs.values()] + [0]
