@@ -53,6 +53,8 @@
     return `${(s / 3600).toFixed(1)} h`;
   }
   const fmtNum = (v, digits = 3) => (v === null || v === undefined ? '-' : Number(v).toPrecision(digits).replace(/\.?0+(e|$)/, '$1'));
+  const COMPACT = new Intl.NumberFormat('en', { notation: 'compact', maximumSignificantDigits: 3 });
+  const fmtCompact = (v) => (v === null || v === undefined ? '—' : COMPACT.format(v));
   const fmtFixed = (v, digits) => (v === null || v === undefined ? '—' : Number(v).toFixed(digits));
   const alertHref = (a) => (REPORT ? `#alert-${a.alert_id}` : `/alerts/${encodeURIComponent(a.alert_id)}`);
   const jobHref = (id) => (REPORT ? '#' : `/jobs/${encodeURIComponent(id)}`);
@@ -505,7 +507,7 @@
 
   function spentBar(spent, allocated, queue) {
     const known = SPENT.reduce((sum, [k]) => sum + (spent[k] || 0), 0);
-    const parts = [...SPENT.map(([k, color]) => [k, spent[k] || 0, color]), ['other', Math.max(0, allocated - known), '#c7c7c7']];
+    const parts = [...SPENT.map(([k, color]) => [k, spent[k] || 0, color]), ['other', allocated - known > 1e-3 * allocated ? allocated - known : 0, '#c7c7c7']];
     const total = Math.max(allocated, known) + (queue || 0);
     const seg = (name, value, color, cls) => (value > 0 && total > 0
       ? el('span', { class: `seg ${cls || ''}`, 'data-part': name, style: `width:${(100 * value / total).toFixed(3)}%;background:${color}`, title: `${name}: ${fmtNum(value)} GPU-h (${fmtFixed(100 * value / (allocated || 1), 1)} % of allocated)` })
@@ -529,20 +531,20 @@
       el('dl', { class: 'facts' },
         ...figure('allocated_gpu_h', 'allocated GPU-hours', fmtFixed(e.allocated_gpu_h, 2)),
         ...figure('goodput_pct', 'goodput', `${fmtFixed(e.goodput_pct, 1)} %`, 'productive GPU-hours / allocated GPU-hours'),
-        ...figure('tokens_per_gpu_h', 'tokens per GPU-hour', fmtNum(e.tokens_per_gpu_h)),
-        ...figure('samples_per_gpu_h', 'samples per GPU-hour', fmtNum(e.samples_per_gpu_h)),
+        ...figure('tokens_per_gpu_h', 'tokens per GPU-hour', fmtCompact(e.tokens_per_gpu_h)),
+        ...figure('samples_per_gpu_h', 'samples per GPU-hour', fmtCompact(e.samples_per_gpu_h)),
         ...figure('energy_kwh', 'energy', `${fmtNum(e.energy_kwh)} kWh`),
         ...figure('kwh_per_billion_tokens', 'kWh per billion tokens', perBillion(e.kwh_per_billion_tokens)),
         ...figure('queue_s', 'queue wait', e.queue_s === null ? 'unknown' : fmtDuration(e.queue_s * 1000)),
         ...figure('failed_work_pct', 'failed work', `${fmtFixed(e.failed_work_pct, 1)} %`, 'GPU-hours of failed runs after their last verified checkpoint, of allocated'),
         ...figure('cost', 'cost', e.cost === null ? money(null) : `${money(e.cost)} at $${fmtFixed(e.price_per_gpu_h, 2)}/GPU-h`),
-        ...figure('cost_per_successful_run', 'cost per successful run', e.cost === null ? money(null) : money(e.cost_per_successful_run))),
+        ...figure('cost_per_successful_run', 'cost per successful run', e.cost === null ? money(null) : e.cost_per_successful_run === null ? '— (no run completed)' : money(e.cost_per_successful_run))),
       e.per_run.length > 1 ? el('table', { class: 'grid runs' },
         el('thead', {}, el('tr', {}, ['run', 'outcome', 'GPUs', 'GPU-h', 'where they went', 'goodput', 'tokens/GPU-h', 'kWh', 'kWh/Btok', 'cost'].map((h) => el('th', {}, h)))),
         el('tbody', {}, e.per_run.map((r) => el('tr', { 'data-run': r.run_id },
           el('td', {}, r.run_id), el('td', {}, r.outcome), el('td', { class: 'num' }, r.gpus), el('td', { class: 'num' }, fmtFixed(r.allocated_gpu_h, 2)),
           el('td', { class: 'bar' }, spentBar(r.spent_gpu_h, r.allocated_gpu_h, 0)[0]),
-          el('td', { class: 'num' }, `${fmtFixed(r.goodput_pct, 1)} %`), el('td', { class: 'num' }, fmtNum(r.tokens_per_gpu_h)),
+          el('td', { class: 'num' }, `${fmtFixed(r.goodput_pct, 1)} %`), el('td', { class: 'num' }, fmtCompact(r.tokens_per_gpu_h)),
           el('td', { class: 'num' }, fmtNum(r.energy_kwh)), el('td', { class: 'num' }, perBillion(r.kwh_per_billion_tokens)),
           el('td', { class: 'num' }, r.cost === null ? '—' : money(r.cost)))))) : null);
   }
