@@ -272,11 +272,15 @@ def test_report_command_replays_a_recording_offline(ui_store: UiStore, tmp_path:
     out = tmp_path / "r.html"
     cli = [sys.executable, "-m", "ranksight.cli", "report", str(ui_store.recording)]
     done = subprocess.run(
-        [*cli, "--job", STRAGGLER_JOB, "-o", str(out)], capture_output=True, text=True, timeout=600
+        [*cli, "--job", STRAGGLER_JOB, "-o", str(out), "--price", f"default={PRICE_PER_GPU_H}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     html = out.read_text()
     assert "window.RANKSIGHT_REPORT" in html and '"rule":"straggler"' in html
+    assert f'"price_per_gpu_h":{PRICE_PER_GPU_H}' in html  # --price reaches the efficiency panel
     assert "<script src=" not in html and "http://" not in html.split("window.RANKSIGHT_REPORT")[0]
     missing = subprocess.run(
         [*cli, "--job", "no-such-job", "-o", str(tmp_path / "x.html")],
