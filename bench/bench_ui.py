@@ -7,7 +7,9 @@ detectors' 30 s rank windows and a few alerts. Then measures, warm, median of --
   (a) baseline: one bare aggregate over the job's step rows (`count(), avg(step_time_s)`),
   (b) `ui.queries.job_page` (every panel's query, what /api/jobs/<job> runs),
   (c) the same over HTTP (`/api/jobs/<job>`, aiohttp + JSON), as a browser would fetch it,
-  (d) the fleet page and a 10-minute zoom (raw tables instead of roll-ups).
+  (d) the fleet page (with its goodput column from `job_efficiency`) and a 10-minute zoom,
+  (e) the job page's efficiency panel alone (`job_efficiency` + `run_efficiency`, run by (b) and (c)
+      once per page load).
 Target: (c) under 500 ms on this machine. Not part of the test suite.
 
     .venv/bin/python bench/bench_ui.py [--ranks 512] [--hours 2] [--repeat 5]
@@ -29,6 +31,7 @@ import httpx
 
 from sinks.clickhouse import close, connect
 from sinks.ddl import migrate
+from sinks.efficiency import PriceList
 from ui import queries
 from ui.server import UiServer
 
@@ -158,8 +161,14 @@ def main() -> None:
                 args.repeat,
                 "bare",
             )
-            page_ms, page = _median_ms(lambda: queries.job_page(client, JOB), args.repeat, "page")
-            server = UiServer(client, "127.0.0.1", 0)
+            prices = PriceList.parse(["default=2.5"])
+            efficiency_ms, panel = _median_ms(
+                lambda: queries.efficiency(client, JOB, prices), args.repeat, "efficiency"
+            )
+            page_ms, page = _median_ms(
+                lambda: queries.job_page(client, JOB, prices=prices), args.repeat, "page"
+            )
+            server = UiServer(client, "127.0.0.1", 0, prices=prices)
             url = server.start()
             try:
                 with httpx.Client(timeout=60) as http:
@@ -195,6 +204,10 @@ def main() -> None:
             print(f"(d) GET /api/fleet                                          {fleet_ms:8.1f} ms")
             print(
                 f"(d) GET /api/jobs/{JOB} zoomed to 10 min (raw tables)       {zoom_ms:8.1f} ms  CPU {_CPU['zoom']:7.1f} ms"
+            )
+            print(
+                f"(e) efficiency panel (job_efficiency + run_efficiency, part of b/c) {efficiency_ms:8.1f} ms  "
+                f"CPU {_CPU['efficiency']:7.1f} ms   goodput {panel['goodput_pct'] if panel else None}%"
             )
         finally:
             close(dsn)
