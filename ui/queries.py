@@ -31,6 +31,7 @@ __all__ = [
     "bucket_ms",
     "efficiency",
     "fleet",
+    "fleet_goodput",
     "job_page",
     "latest_version",
     "to_json",
@@ -172,8 +173,12 @@ def _alerts(client: Client, where: str = "1", **params: Any) -> list[dict[str, A
 # --- fleet -------------------------------------------------------------------------------------------
 
 
-def fleet(client: Client) -> dict[str, Any]:
-    """Every job with its health, and the alerts firing and recently resolved (routed teams included)."""
+def fleet(client: Client, goodput: bool = True) -> dict[str, Any]:
+    """Every job with its health, and the alerts firing and recently resolved (routed teams included).
+
+    `goodput=False` leaves `goodput_pct` unset (None): the efficiency views scan every step row, so
+    the server answers them apart (`fleet_goodput`, cached) and the page fills the column in after.
+    """
     jobs: dict[str, dict[str, Any]] = {}
     for row in _rows(
         client,
@@ -238,10 +243,10 @@ def fleet(client: Client) -> dict[str, Any]:
         ):
             jobs[job_id]["last_progress_ms"] = int(last_ms)
             jobs[job_id]["last_step"] = int(last_step)
-    # ML goodput from `job_efficiency` (docs/efficiency.md): productive GPU-hours over allocated ones.
-    for measured in _efficiency_rows(client, PriceList()):
-        if measured["job_id"] in jobs:
-            jobs[measured["job_id"]]["goodput_pct"] = _num(measured["goodput_pct"], 2)
+    if goodput:
+        for job_id, pct in fleet_goodput(client).items():
+            if job_id in jobs:
+                jobs[job_id]["goodput_pct"] = pct
     alerts = _alerts(client)
     data_now = max(
         [a["updated_ms"] for a in alerts] + [j["last_progress_ms"] or 0 for j in jobs.values()] + [0]
@@ -336,6 +341,11 @@ def _efficiency_rows(client: Client, prices: PriceList, job_id: str | None = Non
 
 def _figure(value: Any) -> Any:
     return value if isinstance(value, str | int) and not isinstance(value, bool) else _num(value, 6)
+
+
+def fleet_goodput(client: Client) -> dict[str, float | None]:
+    """ML goodput per job from `job_efficiency` (docs/efficiency.md): productive / allocated GPU-hours, %."""
+    return {row["job_id"]: _num(row["goodput_pct"], 2) for row in _efficiency_rows(client, PriceList())}
 
 
 def efficiency(client: Client, job_id: str, prices: PriceList | None = None) -> dict[str, Any] | None:
@@ -703,8 +713,13 @@ def job_page(
     t1: int | None = None,
     target: int = TARGET_BUCKETS,
     prices: PriceList | None = None,
+    with_efficiency: bool = True,
 ) -> dict[str, Any]:
-    """Every panel of a job's page over [t0, t1) (default: the job's whole span), on one time axis."""
+    """Every panel of a job's page over [t0, t1) (default: the job's whole span), on one time axis.
+
+    The efficiency panel reads views that scan all the job's step rows (seconds for a big job): the
+    server leaves it out (`with_efficiency=False`, no `efficiency` key) and answers it apart, cached.
+    """
     meta = _job_meta(client, job_id)
     span = _job_span(client, job_id)
     alerts = _alerts(client, "job_id = %(job)s", job=job_id)
@@ -722,7 +737,7 @@ def job_page(
     ranks = _ranks(client, job_id)
     nodes = meta.get("nodes") or sorted({r["node"] for r in ranks})
     heatmap = _rank_heatmap(client, job_id, start, end, width)
-    return {
+    page: dict[str, Any] = {
         "job": meta,
         "range": {"from_ms": start, "to_ms": end, "bucket_ms": width, "span": list(span)},
         "ranks": ranks,
@@ -743,15 +758,17 @@ def job_page(
         "checkpoints": _phases(client, "checkpoints", "checkpoint_id", job_id, start, end),
         "evaluations": _phases(client, "evaluations", "evaluation_id", job_id, start, end),
         "states": _states(client, job_id, start, end),
-        "efficiency": efficiency(client, job_id, prices),
         "alerts": alerts,
     }
+    if with_efficiency:
+        page["efficiency"] = efficiency(client, job_id, prices)
+    return page
 
 
 # --- alert page --------------------------------------------------------------------------------------
 
 
-def alert_page(client: Client, alert_id: str, prices: PriceList | None = None) -> dict[str, Any]:
+def alert_page(client: Client, alert_id: str) -> dict[str, Any]:
     """Everything an alert carries (its latest record and its status history) and its job's evidence panels."""
     rows = client.query(
         "SELECT * FROM alerts WHERE alert_id = %(id)s ORDER BY ts", parameters={"id": alert_id}
@@ -778,8 +795,13 @@ def alert_page(client: Client, alert_id: str, prices: PriceList | None = None) -
     evidence = None
     if alert.get("job_id"):
         try:
+            # The alert page shows no efficiency panel: it is not computed.
             evidence = job_page(
-                client, alert["job_id"], alert["starts_ms"] - _ALERT_MARGIN_MS, window_end, prices=prices
+                client,
+                alert["job_id"],
+                alert["starts_ms"] - _ALERT_MARGIN_MS,
+                window_end,
+                with_efficiency=False,
             )
         except NotFoundError:
             evidence = None

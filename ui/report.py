@@ -45,7 +45,7 @@ def write_report(
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     data: dict[str, Any]
     if alert_id is not None:
-        data = queries.alert_page(client, alert_id, prices)
+        data = queries.alert_page(client, alert_id)
         title = f"alert {data['alert']['rule']} on {data['alert'].get('job_id') or '-'}"
         _atomic_write(out, report_html("alert", alert_id, title, data, generated))
         evidence = data.get("evidence") or {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +28,9 @@ from ui.pages import ASSETS, asset_text, page_html
 __all__ = ["UiServer", "make_app"]
 
 log = logging.getLogger(__name__)
+
+# The efficiency views scan every step row (seconds on a big store): their answers are kept this long.
+EFFICIENCY_CACHE_S = 60.0
 
 _CONTENT_TYPES = {".js": "application/javascript", ".css": "text/css"}
 
@@ -57,6 +61,19 @@ def _int_param(request: web.Request, name: str) -> int | None:
 def make_app(client: Client, prices: PriceList | None = None) -> web.Application:
     """The aiohttp application of the UI over a ClickHouse client (GPU-hours priced by `prices`)."""
 
+    cache: dict[tuple[str, ...], tuple[float, Any]] = {}
+
+    def cached(key: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
+        def answer(client: Client) -> Any:
+            now = time.monotonic()
+            hit = cache.get(key)
+            if hit is None or now - hit[0] > EFFICIENCY_CACHE_S:
+                hit = (now, fn(client, *args))
+                cache[key] = hit
+            return hit[1]
+
+        return answer
+
     async def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> web.Response:
         try:
             # Encoded on the worker thread too: a big page must not hold the event loop.
@@ -79,7 +96,14 @@ def make_app(client: Client, prices: PriceList | None = None) -> web.Application
         return web.Response(text=page_html("alert", alert, f"alert {alert}"), content_type="text/html")
 
     async def api_fleet(request: web.Request) -> web.Response:
-        return await run(queries.fleet)
+        return await run(queries.fleet, goodput=False)
+
+    async def api_fleet_goodput(request: web.Request) -> web.Response:
+        return await run(cached(("goodput",), queries.fleet_goodput))
+
+    async def api_job_efficiency(request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        return await run(cached(("efficiency", job_id), queries.efficiency, job_id, prices))
 
     async def api_job(request: web.Request) -> web.Response:
         return await run(
@@ -87,11 +111,11 @@ def make_app(client: Client, prices: PriceList | None = None) -> web.Application
             request.match_info["job_id"],
             _int_param(request, "from"),
             _int_param(request, "to"),
-            prices=prices,
+            with_efficiency=False,
         )
 
     async def api_alert(request: web.Request) -> web.Response:
-        return await run(queries.alert_page, request.match_info["alert_id"], prices=prices)
+        return await run(queries.alert_page, request.match_info["alert_id"])
 
     async def api_version(request: web.Request) -> web.Response:
         return await run(queries.latest_version)
@@ -102,14 +126,14 @@ def make_app(client: Client, prices: PriceList | None = None) -> web.Application
 
         kind, key = request.match_info["kind"], request.match_info["key"]
         fns: dict[str, Callable[..., dict[str, Any]]] = {
-            "jobs": queries.job_page,
+            "jobs": lambda client, key: queries.job_page(client, key, prices=prices),
             "alerts": queries.alert_page,
         }
         fn = fns.get(kind)
         if fn is None:
             raise web.HTTPNotFound()
         try:
-            data: dict[str, Any] = await asyncio.to_thread(fn, client, key, prices=prices)
+            data: dict[str, Any] = await asyncio.to_thread(fn, client, key)
         except NotFoundError as exc:
             raise web.HTTPNotFound(text=str(exc)) from None
         generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -142,7 +166,9 @@ def make_app(client: Client, prices: PriceList | None = None) -> web.Application
             web.get("/jobs/{job_id}", job_page),
             web.get("/alerts/{alert_id}", alert_page),
             web.get("/api/fleet", api_fleet),
+            web.get("/api/fleet/goodput", api_fleet_goodput),
             web.get("/api/jobs/{job_id}", api_job),
+            web.get("/api/jobs/{job_id}/efficiency", api_job_efficiency),
             web.get("/api/alerts/{alert_id}", api_alert),
             web.get("/api/version", api_version),
             web.get("/reports/{kind}/{key}", report),

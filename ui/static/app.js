@@ -93,6 +93,23 @@
         el('td', { class: 'summary' }, a.summary)))));
   }
 
+  function goodputCell(j) {
+    // The served page fills goodput in after the table (`/api/fleet/goodput`); a report carries it.
+    const pct = RS.goodput ? RS.goodput[j.job_id] : j.goodput_pct;
+    const text = RS.goodput || REPORT ? (pct === null || pct === undefined ? '—' : `${fmtFixed(pct, 1)} %`) : '…';
+    return el('td', { class: 'num', 'data-goodput': pct ?? '', title: 'productive GPU-hours / allocated GPU-hours over every run (job_efficiency)' }, text);
+  }
+
+  async function loadGoodput(root) {
+    try {
+      RS.goodput = await getJSON('/api/fleet/goodput');
+    } catch (err) {
+      RS.goodput = {};
+    }
+    renderFleet(root, RS.data);
+    RS.goodputReady = true;
+  }
+
   function renderFleet(root, data) {
     RS.data = data;
     const team = RS.filters?.team || '';
@@ -114,7 +131,7 @@
         el('td', { class: 'num' }, j.last_step ?? '-'),
         el('td', { class: stale ? 'stale nowrap' : 'nowrap' }, j.last_progress_ms ? `${fmtTime(j.last_progress_ms)}${stale ? ` (no progress for ${fmtDuration(data.now_ms - j.last_progress_ms)})` : ''}` : '-'),
         el('td', { class: 'num' }, j.step_rate === null ? '-' : `${fmtNum(j.step_rate)} /s`),
-        el('td', { class: 'num', 'data-goodput': j.goodput_pct ?? '', title: 'productive GPU-hours / allocated GPU-hours over every run (job_efficiency)' }, j.goodput_pct === null || j.goodput_pct === undefined ? '—' : `${fmtFixed(j.goodput_pct, 1)} %`),
+        goodputCell(j),
         el('td', { class: 'num', title: 'proxy, not goodput: share of the minutes since the first step that have steps (a stalled job falls behind)' }, j.progress_time_frac === null ? '-' : `${Math.round(j.progress_time_frac * 100)} %`),
         el('td', {}, j.model));
     });
@@ -519,8 +536,26 @@
     ];
   }
 
+  async function loadEfficiency(jobId) {
+    // The served job page gets its efficiency panel apart (`/api/jobs/<job>/efficiency`, cached by the server).
+    try {
+      RS.efficiency = { job: jobId, data: await getJSON(`/api/jobs/${encodeURIComponent(jobId)}/efficiency`) };
+    } catch (err) {
+      RS.efficiency = { job: jobId, error: err.message };
+    }
+    const old = document.getElementById('efficiency');
+    if (old && RS.data && RS.data.job && RS.data.job.job_id === jobId) old.replaceWith(efficiencyPanel(RS.data));
+    RS.efficiencyReady = true;
+  }
+
   function efficiencyPanel(data) {
-    const e = data.efficiency;
+    let e = data.efficiency;
+    if (e === undefined) {
+      const known = RS.efficiency && RS.efficiency.job === data.job.job_id ? RS.efficiency : null;
+      if (!known) return el('p', { class: 'muted', id: 'efficiency' }, 'Efficiency: computing…');
+      if (known.error) return el('p', { class: 'muted', id: 'efficiency' }, `Efficiency: ${known.error}`);
+      e = known.data;
+    }
     if (!e) return el('p', { class: 'muted', id: 'efficiency' }, 'No run of this job is recorded yet: no efficiency figures.');
     const money = (v) => (v === null || v === undefined ? 'no price configured' : `$${fmtFixed(v, 2)}`);
     const figure = (key, label, text, title) => [el('dt', { title }, label), el('dd', { 'data-figure': key, 'data-value': e[key] ?? '' }, text)];
@@ -575,6 +610,7 @@
     RS.data = data;
     root.replaceChildren(jobHeader(data), efficiencyPanel(data), el('h2', {}, 'Alerts'), alertList(data), toolbar(data), el('div', { id: 'charts' }));
     renderJobCharts(document.getElementById('charts'), data);
+    if (data.efficiency === undefined && !REPORT) loadEfficiency(data.job.job_id);
     RS.ready = true;
   }
 
@@ -628,7 +664,7 @@
       try {
         const v = JSON.stringify(await getJSON('/api/version'));
         if (v !== version) {
-          if (page.kind === 'fleet') renderFleet(root, await getJSON('/api/fleet'));
+          if (page.kind === 'fleet') { renderFleet(root, await getJSON('/api/fleet')); loadGoodput(root); }
           else if (page.kind === 'job' && !RS.window) renderJob(root, await getJSON(`/api/jobs/${encodeURIComponent(page.id)}${location.search}`));
           else if (page.kind === 'alert') renderAlert(root, await getJSON(`/api/alerts/${encodeURIComponent(page.id)}`));
         }
@@ -650,6 +686,7 @@
     try {
       if (page.kind === 'fleet') {
         renderFleet(root, REPORT ? REPORT.data : await getJSON('/api/fleet'));
+        if (!REPORT) loadGoodput(root);
       } else if (page.kind === 'job') {
         renderJob(root, REPORT ? REPORT.data : await getJSON(`/api/jobs/${encodeURIComponent(page.id)}${location.search}`));
       } else if (page.kind === 'alert') {

@@ -127,6 +127,8 @@ def test_fleet_goodput_and_the_job_efficiency_panel_show_what_the_efficiency_com
     """The fleet's goodput cells and the job panel's figures are `ranksight efficiency --json`'s, rounded."""
     expected = efficiency_json(ui_store, monkeypatch)
     _open(page, ui_url)
+    # Goodput comes after the table, from its own (cached) endpoint.
+    page.wait_for_function("window.ranksight.goodputReady === true", timeout=60_000)
     shown = page.eval_on_selector_all(
         "tr[data-job]",
         "rows => rows.map(r => [r.dataset.job, r.querySelector('td[data-goodput]').textContent])",
@@ -135,6 +137,7 @@ def test_fleet_goodput_and_the_job_efficiency_panel_show_what_the_efficiency_com
         job: f"{expected[job]['goodput_pct']:.1f} %" for job in ui_store.jobs
     }
     _open(page, f"{ui_url}jobs/{STRAGGLER_JOB}")
+    page.wait_for_function("window.ranksight.efficiencyReady === true", timeout=60_000)
     row = expected[STRAGGLER_JOB]
     figures = dict(
         page.eval_on_selector_all(
