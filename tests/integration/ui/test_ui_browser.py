@@ -157,14 +157,18 @@ def test_fleet_goodput_and_the_job_efficiency_panel_show_what_the_efficiency_com
         assert float(values[key]) == pytest.approx(row[key], rel=1e-5), key
     compact = "v => new Intl.NumberFormat('en', {notation: 'compact', maximumSignificantDigits: 3}).format(v)"
     assert figures["tokens_per_gpu_h"] == page.evaluate(compact, row["tokens_per_gpu_h"])  # e.g. 228M
-    # The stacked bar: each part's width is its share of allocated GPU-hours plus the queue wait.
+    # The stacked bar: each part's width is its share of allocated GPU-hours plus the queue wait
+    # (of the parts' sum when they overlap and add up to more, as an evaluation during steps does).
     widths = dict(
         page.eval_on_selector_all(
             "#efficiency .stack .seg", "segs => segs.map(s => [s.dataset.part, parseFloat(s.style.width)])"
         )
     )
     queue_gpu_h = row["queue_s"] * row["gpus"] / 3600
-    total = row["allocated_gpu_h"] + queue_gpu_h
+    parts = sum(
+        row[f"{p}_gpu_h"] for p in ("productive", "stall", "restart", "skipped", "checkpoint", "evaluation")
+    )
+    total = max(row["allocated_gpu_h"], parts) + queue_gpu_h
     assert widths["productive"] == pytest.approx(100 * row["productive_gpu_h"] / total, abs=0.01)
     assert widths["checkpoint"] == pytest.approx(100 * row["checkpoint_gpu_h"] / total, abs=0.01)
     assert widths["queue"] == pytest.approx(100 * queue_gpu_h / total, abs=0.01)
