@@ -7,7 +7,10 @@ detectors' 30 s rank windows and a few alerts. Then measures, warm, median of --
   (a) baseline: one bare aggregate over the job's step rows (`count(), avg(step_time_s)`),
   (b) `ui.queries.job_page` (every panel's query, what /api/jobs/<job> runs),
   (c) the same over HTTP (`/api/jobs/<job>`, aiohttp + JSON), as a browser would fetch it,
-  (d) the fleet page and a 10-minute zoom (raw tables instead of roll-ups).
+  (d) the fleet page and a 10-minute zoom,
+  (e) the efficiency panel (`job_efficiency` + `run_efficiency`) and the fleet's goodput column,
+      which the pages fetch after they render (`/api/jobs/<job>/efficiency`, `/api/fleet/goodput`),
+      uncached (`ui.queries`) and cached by the server (60 s).
 Target: (c) under 500 ms on this machine. Not part of the test suite.
 
     .venv/bin/python bench/bench_ui.py [--ranks 512] [--hours 2] [--repeat 5]
@@ -29,6 +32,7 @@ import httpx
 
 from sinks.clickhouse import close, connect
 from sinks.ddl import migrate
+from sinks.efficiency import PriceList
 from ui import queries
 from ui.server import UiServer
 
@@ -158,8 +162,15 @@ def main() -> None:
                 args.repeat,
                 "bare",
             )
-            page_ms, page = _median_ms(lambda: queries.job_page(client, JOB), args.repeat, "page")
-            server = UiServer(client, "127.0.0.1", 0)
+            prices = PriceList.parse(["default=2.5"])
+            efficiency_ms, panel = _median_ms(
+                lambda: queries.efficiency(client, JOB, prices), args.repeat, "efficiency"
+            )
+            goodput_ms, _ = _median_ms(lambda: queries.fleet_goodput(client), args.repeat, "goodput")
+            page_ms, page = _median_ms(
+                lambda: queries.job_page(client, JOB, with_efficiency=False), args.repeat, "page"
+            )
+            server = UiServer(client, "127.0.0.1", 0, prices=prices)
             url = server.start()
             try:
                 with httpx.Client(timeout=60) as http:
@@ -167,6 +178,9 @@ def main() -> None:
                         lambda: http.get(f"{url}api/jobs/{JOB}"), args.repeat, "http"
                     )
                     fleet_ms, _ = _median_ms(lambda: http.get(f"{url}api/fleet"), args.repeat)
+                    cached_ms, _ = _median_ms(
+                        lambda: http.get(f"{url}api/jobs/{JOB}/efficiency"), args.repeat, "cached"
+                    )
                     t0 = page["range"]["from_ms"] + 3600_000
                     zoom_ms, _ = _median_ms(
                         lambda: http.get(f"{url}api/jobs/{JOB}", params={"from": t0, "to": t0 + 600_000}),
@@ -196,6 +210,15 @@ def main() -> None:
             print(
                 f"(d) GET /api/jobs/{JOB} zoomed to 10 min (raw tables)       {zoom_ms:8.1f} ms  CPU {_CPU['zoom']:7.1f} ms"
             )
+            print(
+                f"(e) efficiency panel, uncached (job_efficiency + run_efficiency) {efficiency_ms:8.1f} ms  "
+                f"CPU {_CPU['efficiency']:7.1f} ms   goodput {panel['goodput_pct'] if panel else None}%"
+            )
+            print(
+                f"(e) fleet goodput column, uncached (job_efficiency)            {goodput_ms:8.1f} ms  "
+                f"CPU {_CPU['goodput']:7.1f} ms"
+            )
+            print(f"(e) GET /api/jobs/{JOB}/efficiency, cached by the server     {cached_ms:8.1f} ms")
         finally:
             close(dsn)
 

@@ -96,16 +96,27 @@ def job_rows(
     where, params = _where(job, team)
     rows = _query(client, f"SELECT * FROM job_efficiency{where} ORDER BY started DESC, job_id", params)
     for row in rows:
-        price = prices.price(row["gpu_class"])
-        row["cost"] = None if price is None else row["allocated_gpu_h"] * price
+        row["cost"] = _cost(row, prices)
         row["cost_per_successful_run"] = row["cost"] if row["outcome"] == "completed" else None
     return rows
 
 
-def run_rows(client: Client, *, job: str | None = None, team: str | None = None) -> list[dict[str, Any]]:
-    """`run_efficiency` rows of the selected jobs, in start order."""
+def run_rows(
+    client: Client, *, job: str | None = None, team: str | None = None, prices: PriceList | None = None
+) -> list[dict[str, Any]]:
+    """`run_efficiency` rows of the selected jobs, in start order (with `cost` when priced)."""
     where, params = _where(job, team)
-    return _query(client, f"SELECT * FROM run_efficiency{where} ORDER BY job_id, started", params)
+    rows = _query(client, f"SELECT * FROM run_efficiency{where} ORDER BY job_id, started", params)
+    if prices is not None:
+        for row in rows:
+            row["cost"] = _cost(row, prices)
+    return rows
+
+
+def _cost(row: Mapping[str, Any], prices: PriceList) -> float | None:
+    # Allocated GPU-hours times the class's price: a job's or a run's cost alike.
+    price = prices.price(row["gpu_class"])
+    return None if price is None else row["allocated_gpu_h"] * price
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:

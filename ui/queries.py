@@ -20,6 +20,8 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from sinks.efficiency import PriceList, job_rows, run_rows
+from sinks.errors import QueryError
 from ui.errors import NotFoundError
 
 __all__ = [
@@ -27,7 +29,9 @@ __all__ = [
     "TARGET_BUCKETS",
     "alert_page",
     "bucket_ms",
+    "efficiency",
     "fleet",
+    "fleet_goodput",
     "job_page",
     "latest_version",
     "to_json",
@@ -169,8 +173,12 @@ def _alerts(client: Client, where: str = "1", **params: Any) -> list[dict[str, A
 # --- fleet -------------------------------------------------------------------------------------------
 
 
-def fleet(client: Client) -> dict[str, Any]:
-    """Every job with its health, and the alerts firing and recently resolved (routed teams included)."""
+def fleet(client: Client, goodput: bool = True) -> dict[str, Any]:
+    """Every job with its health, and the alerts firing and recently resolved (routed teams included).
+
+    `goodput=False` leaves `goodput_pct` unset (None): the efficiency views scan every step row, so
+    the server answers them apart (`fleet_goodput`, cached) and the page fills the column in after.
+    """
     jobs: dict[str, dict[str, Any]] = {}
     for row in _rows(
         client,
@@ -193,6 +201,7 @@ def fleet(client: Client) -> dict[str, Any]:
             "last_step": None,
             "step_rate": None,
             "progress_time_frac": None,
+            "goodput_pct": None,
             "firing": {s: 0 for s in _SEVERITIES},
         }
     for job_id, state, reason in _rows(
@@ -234,6 +243,10 @@ def fleet(client: Client) -> dict[str, Any]:
         ):
             jobs[job_id]["last_progress_ms"] = int(last_ms)
             jobs[job_id]["last_step"] = int(last_step)
+    if goodput:
+        for job_id, pct in fleet_goodput(client).items():
+            if job_id in jobs:
+                jobs[job_id]["goodput_pct"] = pct
     alerts = _alerts(client)
     data_now = max(
         [a["updated_ms"] for a in alerts] + [j["last_progress_ms"] or 0 for j in jobs.values()] + [0]
@@ -278,8 +291,90 @@ def _unknown_job(job_id: str) -> dict[str, Any]:
         "last_step": None,
         "step_rate": None,
         "progress_time_frac": None,
+        "goodput_pct": None,
         "firing": {s: 0 for s in _SEVERITIES},
     }
+
+
+# --- efficiency ----------------------------------------------------------------------------------
+
+# Where a job's allocated GPU-hours went, in the order the stacked bar draws them (docs/efficiency.md).
+_SPENT = ("productive", "stall", "restart", "skipped", "checkpoint", "evaluation")
+_JOB_FIGURES = (
+    "outcome",
+    "runs",
+    "gpus",
+    "gpu_class",
+    "allocated_gpu_h",
+    "goodput_pct",
+    "tokens",
+    "samples",
+    "tokens_per_gpu_h",
+    "samples_per_gpu_h",
+    "energy_kwh",
+    "kwh_per_billion_tokens",
+    "queue_s",
+    "failed_work_pct",
+    "cost",
+    "cost_per_successful_run",
+)
+_RUN_FIGURES = (
+    "run_id",
+    "outcome",
+    "gpus",
+    "allocated_gpu_h",
+    "goodput_pct",
+    "tokens_per_gpu_h",
+    "samples_per_gpu_h",
+    "energy_kwh",
+    "kwh_per_billion_tokens",
+)
+
+
+def _efficiency_rows(client: Client, prices: PriceList, job_id: str | None = None) -> list[dict[str, Any]]:
+    # A store the efficiency views are missing from answers "unknown", not an error page.
+    try:
+        return job_rows(client, prices, job=job_id)
+    except QueryError:
+        return []
+
+
+def _figure(value: Any) -> Any:
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else _num(value, 6)
+
+
+def fleet_goodput(client: Client) -> dict[str, float | None]:
+    """ML goodput per job from `job_efficiency` (docs/efficiency.md): productive / allocated GPU-hours, %."""
+    return {row["job_id"]: _num(row["goodput_pct"], 2) for row in _efficiency_rows(client, PriceList())}
+
+
+def efficiency(client: Client, job_id: str, prices: PriceList | None = None) -> dict[str, Any] | None:
+    """The job's efficiency panel: `job_efficiency` and its runs, priced by `prices` (None: unknown)."""
+    prices = prices or PriceList()
+    rows = _efficiency_rows(client, prices, job_id)
+    if not rows or rows[0]["runs"] == 0:
+        return None
+    row = rows[0]
+    out: dict[str, Any] = {k: _figure(row[k]) for k in _JOB_FIGURES}
+    out["price_per_gpu_h"] = prices.price(row["gpu_class"])
+    out["spent_gpu_h"] = {k: _num(row[f"{k}_gpu_h"], 6) for k in _SPENT}
+    out["queue_gpu_h"] = _num((row["queue_s"] or 0) * (row["gpus"] or 0) / 3600, 6)
+    runs = []
+    for run in run_rows(client, job=job_id, prices=prices):
+        item = {k: _figure(run[k]) for k in _RUN_FIGURES}
+        gpus = run["gpus"] or 0
+        item["spent_gpu_h"] = {
+            "productive": _num(gpus * run["productive_s"] / 3600, 6),
+            "stall": _num(gpus * run["stall_s"] / 3600, 6),
+            "restart": _num(gpus * run["restart_lost_s"] / 3600, 6),
+            "skipped": _num(gpus * run["skipped_s"] / 3600, 6),
+            "checkpoint": _num(gpus * run["checkpoint_s"] / 3600, 6),
+            "evaluation": _num(gpus * run["evaluation_s"] / 3600, 6),
+        }
+        item["cost"] = _num(run["cost"], 6)
+        runs.append(item)
+    out["per_run"] = runs
+    return out
 
 
 # --- job page ----------------------------------------------------------------------------------------
@@ -612,9 +707,19 @@ def _states(client: Client, job_id: str, t0: int, t1: int) -> list[dict[str, Any
 
 
 def job_page(
-    client: Client, job_id: str, t0: int | None = None, t1: int | None = None, target: int = TARGET_BUCKETS
+    client: Client,
+    job_id: str,
+    t0: int | None = None,
+    t1: int | None = None,
+    target: int = TARGET_BUCKETS,
+    prices: PriceList | None = None,
+    with_efficiency: bool = True,
 ) -> dict[str, Any]:
-    """Every panel of a job's page over [t0, t1) (default: the job's whole span), on one time axis."""
+    """Every panel of a job's page over [t0, t1) (default: the job's whole span), on one time axis.
+
+    The efficiency panel reads views that scan all the job's step rows (seconds for a big job): the
+    server leaves it out (`with_efficiency=False`, no `efficiency` key) and answers it apart, cached.
+    """
     meta = _job_meta(client, job_id)
     span = _job_span(client, job_id)
     alerts = _alerts(client, "job_id = %(job)s", job=job_id)
@@ -632,7 +737,7 @@ def job_page(
     ranks = _ranks(client, job_id)
     nodes = meta.get("nodes") or sorted({r["node"] for r in ranks})
     heatmap = _rank_heatmap(client, job_id, start, end, width)
-    return {
+    page: dict[str, Any] = {
         "job": meta,
         "range": {"from_ms": start, "to_ms": end, "bucket_ms": width, "span": list(span)},
         "ranks": ranks,
@@ -655,6 +760,9 @@ def job_page(
         "states": _states(client, job_id, start, end),
         "alerts": alerts,
     }
+    if with_efficiency:
+        page["efficiency"] = efficiency(client, job_id, prices)
+    return page
 
 
 # --- alert page --------------------------------------------------------------------------------------
@@ -687,7 +795,14 @@ def alert_page(client: Client, alert_id: str) -> dict[str, Any]:
     evidence = None
     if alert.get("job_id"):
         try:
-            evidence = job_page(client, alert["job_id"], alert["starts_ms"] - _ALERT_MARGIN_MS, window_end)
+            # The alert page shows no efficiency panel: it is not computed.
+            evidence = job_page(
+                client,
+                alert["job_id"],
+                alert["starts_ms"] - _ALERT_MARGIN_MS,
+                window_end,
+                with_efficiency=False,
+            )
         except NotFoundError:
             evidence = None
     return {"alert": alert, "evidence": evidence}

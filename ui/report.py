@@ -14,6 +14,7 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from sinks.efficiency import PriceList
 from ui import queries
 from ui.errors import UiError
 from ui.pages import report_html
@@ -36,6 +37,7 @@ def write_report(
     alert_id: str | None = None,
     t0: int | None = None,
     t1: int | None = None,
+    prices: PriceList | None = None,
 ) -> dict[str, Any]:
     """Write the report of a job (optionally a time range) or of an alert; returns what it holds."""
     if (job_id is None) == (alert_id is None):
@@ -49,7 +51,7 @@ def write_report(
         evidence = data.get("evidence") or {}
         return {"kind": "alert", "alerts": len(evidence.get("alerts", [])), "bytes": out.stat().st_size}
     assert job_id is not None
-    data = queries.job_page(client, job_id, t0, t1)
+    data = queries.job_page(client, job_id, t0, t1, prices=prices)
     _atomic_write(out, report_html("job", job_id, f"job {job_id}", data, generated))
     return {"kind": "job", "alerts": len(data["alerts"]), "bytes": out.stat().st_size}
 
@@ -62,6 +64,7 @@ def report_from_recording(
     alert_id: str | None = None,
     config: Path | None = None,
     routing: Path | None = None,
+    prices: PriceList | None = None,
 ) -> dict[str, Any]:
     """Replay recordings offline into a temporary chDB store and write the report from it."""
     from sinks.clickhouse import close, connect
@@ -88,7 +91,7 @@ def report_from_recording(
                     raise UiError(
                         f"job {job_id!r} is not in the recording (it holds: {', '.join(jobs) or 'none'})"
                     )
-            result = write_report(client, out, job_id=job_id, alert_id=alert_id)
+            result = write_report(client, out, job_id=job_id, alert_id=alert_id, prices=prices)
         finally:
             close(dsn)
     return {**result, **loaded}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -19,6 +20,7 @@ from aiohttp import web
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError as _DriverError
 
+from sinks.efficiency import PriceList
 from ui import queries
 from ui.errors import NotFoundError, UiError
 from ui.pages import ASSETS, asset_text, page_html
@@ -26,6 +28,9 @@ from ui.pages import ASSETS, asset_text, page_html
 __all__ = ["UiServer", "make_app"]
 
 log = logging.getLogger(__name__)
+
+# The efficiency views scan every step row (seconds on a big store): their answers are kept this long.
+EFFICIENCY_CACHE_S = 60.0
 
 _CONTENT_TYPES = {".js": "application/javascript", ".css": "text/css"}
 
@@ -53,13 +58,26 @@ def _int_param(request: web.Request, name: str) -> int | None:
         raise web.HTTPBadRequest(text=f"{name} must be UTC milliseconds") from None
 
 
-def make_app(client: Client) -> web.Application:
-    """The aiohttp application of the UI over a ClickHouse client."""
+def make_app(client: Client, prices: PriceList | None = None) -> web.Application:
+    """The aiohttp application of the UI over a ClickHouse client (GPU-hours priced by `prices`)."""
 
-    async def run(fn: Callable[..., Any], *args: Any) -> web.Response:
+    cache: dict[tuple[str, ...], tuple[float, Any]] = {}
+
+    def cached(key: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
+        def answer(client: Client) -> Any:
+            now = time.monotonic()
+            hit = cache.get(key)
+            if hit is None or now - hit[0] > EFFICIENCY_CACHE_S:
+                hit = (now, fn(client, *args))
+                cache[key] = hit
+            return hit[1]
+
+        return answer
+
+    async def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> web.Response:
         try:
             # Encoded on the worker thread too: a big page must not hold the event loop.
-            return _json(await asyncio.to_thread(lambda: queries.to_json(fn(client, *args))))
+            return _json(await asyncio.to_thread(lambda: queries.to_json(fn(client, *args, **kwargs))))
         except NotFoundError as exc:
             return _json({"error": str(exc)}, status=404)
         except (_DriverError, UiError) as exc:
@@ -78,7 +96,14 @@ def make_app(client: Client) -> web.Application:
         return web.Response(text=page_html("alert", alert, f"alert {alert}"), content_type="text/html")
 
     async def api_fleet(request: web.Request) -> web.Response:
-        return await run(queries.fleet)
+        return await run(queries.fleet, goodput=False)
+
+    async def api_fleet_goodput(request: web.Request) -> web.Response:
+        return await run(cached(("goodput",), queries.fleet_goodput))
+
+    async def api_job_efficiency(request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        return await run(cached(("efficiency", job_id), queries.efficiency, job_id, prices))
 
     async def api_job(request: web.Request) -> web.Response:
         return await run(
@@ -86,6 +111,7 @@ def make_app(client: Client) -> web.Application:
             request.match_info["job_id"],
             _int_param(request, "from"),
             _int_param(request, "to"),
+            with_efficiency=False,
         )
 
     async def api_alert(request: web.Request) -> web.Response:
@@ -99,8 +125,8 @@ def make_app(client: Client) -> web.Application:
         from ui.pages import report_html
 
         kind, key = request.match_info["kind"], request.match_info["key"]
-        fns: dict[str, Callable[[Client, str], dict[str, Any]]] = {
-            "jobs": queries.job_page,
+        fns: dict[str, Callable[..., dict[str, Any]]] = {
+            "jobs": lambda client, key: queries.job_page(client, key, prices=prices),
             "alerts": queries.alert_page,
         }
         fn = fns.get(kind)
@@ -140,7 +166,9 @@ def make_app(client: Client) -> web.Application:
             web.get("/jobs/{job_id}", job_page),
             web.get("/alerts/{alert_id}", alert_page),
             web.get("/api/fleet", api_fleet),
+            web.get("/api/fleet/goodput", api_fleet_goodput),
             web.get("/api/jobs/{job_id}", api_job),
+            web.get("/api/jobs/{job_id}/efficiency", api_job_efficiency),
             web.get("/api/alerts/{alert_id}", api_alert),
             web.get("/api/version", api_version),
             web.get("/reports/{kind}/{key}", report),
@@ -154,8 +182,11 @@ def make_app(client: Client) -> web.Application:
 class UiServer:
     """The UI served on host:port, in the foreground or on a background thread."""
 
-    def __init__(self, client: Client, host: str = "127.0.0.1", port: int = 8088) -> None:
+    def __init__(
+        self, client: Client, host: str = "127.0.0.1", port: int = 8088, prices: PriceList | None = None
+    ) -> None:
         self.client = client
+        self.prices = prices
         self.host = host
         self.port = port
         self._runner: web.AppRunner | None = None
@@ -170,7 +201,7 @@ class UiServer:
         return f"http://{host}:{self.port}/"
 
     async def _start(self) -> None:
-        self._runner = web.AppRunner(make_app(self.client), access_log=None)
+        self._runner = web.AppRunner(make_app(self.client, self.prices), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         try:

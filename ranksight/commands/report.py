@@ -24,6 +24,10 @@ def report(
         None, "--config", help="With files: detector config overrides (YAML)."
     ),
     routing: Path | None = typer.Option(None, "--routing", help="With files: routing rules (YAML)."),
+    price: list[str] = typer.Option(
+        [], "--price", help="GPU-hour price by class for the cost, CLASS=USD (repeatable; default=USD)."
+    ),
+    prices: Path | None = typer.Option(None, "--prices", help="YAML: GPU class -> price per GPU-hour."),
 ) -> None:
     """Write one HTML file (charts and data inlined, opens offline) for --job or --alert.
 
@@ -31,19 +35,21 @@ def report(
     ranksight report incident.avro --job J -o report.html   replay a recording through the detectors
     ranksight report --alert ALERT_ID -o report.html        from ClickHouse (CLICKHOUSE_URL or chDB)
     """
+    from sinks.efficiency import PriceList
     from ui.report import report_from_recording, write_report
 
     if (job is None) == (alert is None):
         fail("give one of --job and --alert")
     with user_errors():
+        price_list = PriceList.parse(price, PriceList.load(prices) if prices else None)
         if files:
             result = report_from_recording(
-                files, out, job_id=job, alert_id=alert, config=config, routing=routing
+                files, out, job_id=job, alert_id=alert, config=config, routing=routing, prices=price_list
             )
         else:
             from ranksight.commands.ui import open_store
 
-            result = write_report(open_store(), out, job_id=job, alert_id=alert)
+            result = write_report(open_store(), out, job_id=job, alert_id=alert, prices=price_list)
     console.print(
         f"wrote {out} ({result['bytes'] / 1e6:.1f} MB, {result['alerts']} alerts); it opens without a network",
         highlight=False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -43,14 +44,22 @@ def open_store(migrate_schema: bool = True) -> Client:
 def ui(
     host: str = typer.Option("127.0.0.1", "--host", help=HOST_HELP),
     port: int = typer.Option(8088, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
+    price: list[str] = typer.Option(
+        [],
+        "--price",
+        help="GPU-hour price by class for the job pages' cost, CLASS=USD (repeatable; default=USD).",
+    ),
+    prices: Path | None = typer.Option(None, "--prices", help="YAML: GPU class -> price per GPU-hour."),
 ) -> None:
     """Serve the web UI: fleet, job pages on one time axis, alert pages. Ctrl-C to stop."""
     from sinks.clickhouse import describe_dsn
+    from sinks.efficiency import PriceList
     from ui.server import UiServer
 
     with user_errors():
+        price_list = PriceList.parse(price, PriceList.load(prices) if prices else None)
         client = open_store()
-        server = UiServer(client, host, port)
+        server = UiServer(client, host, port, prices=price_list)
         from ranksight.settings import load_settings
 
         dsn = describe_dsn(load_settings().clickhouse_dsn())

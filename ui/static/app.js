@@ -53,6 +53,9 @@
     return `${(s / 3600).toFixed(1)} h`;
   }
   const fmtNum = (v, digits = 3) => (v === null || v === undefined ? '-' : Number(v).toPrecision(digits).replace(/\.?0+(e|$)/, '$1'));
+  const COMPACT = new Intl.NumberFormat('en', { notation: 'compact', maximumSignificantDigits: 3 });
+  const fmtCompact = (v) => (v === null || v === undefined ? '—' : COMPACT.format(v));
+  const fmtFixed = (v, digits) => (v === null || v === undefined ? '—' : Number(v).toFixed(digits));
   const alertHref = (a) => (REPORT ? `#alert-${a.alert_id}` : `/alerts/${encodeURIComponent(a.alert_id)}`);
   const jobHref = (id) => (REPORT ? '#' : `/jobs/${encodeURIComponent(id)}`);
   function where(a) {
@@ -90,6 +93,23 @@
         el('td', { class: 'summary' }, a.summary)))));
   }
 
+  function goodputCell(j) {
+    // The served page fills goodput in after the table (`/api/fleet/goodput`); a report carries it.
+    const pct = RS.goodput ? RS.goodput[j.job_id] : j.goodput_pct;
+    const text = RS.goodput || REPORT ? (pct === null || pct === undefined ? '—' : `${fmtFixed(pct, 1)} %`) : '…';
+    return el('td', { class: 'num', 'data-goodput': pct ?? '', title: 'productive GPU-hours / allocated GPU-hours over every run (job_efficiency)' }, text);
+  }
+
+  async function loadGoodput(root) {
+    try {
+      RS.goodput = await getJSON('/api/fleet/goodput');
+    } catch (err) {
+      RS.goodput = {};
+    }
+    renderFleet(root, RS.data);
+    RS.goodputReady = true;
+  }
+
   function renderFleet(root, data) {
     RS.data = data;
     const team = RS.filters?.team || '';
@@ -111,7 +131,8 @@
         el('td', { class: 'num' }, j.last_step ?? '-'),
         el('td', { class: stale ? 'stale nowrap' : 'nowrap' }, j.last_progress_ms ? `${fmtTime(j.last_progress_ms)}${stale ? ` (no progress for ${fmtDuration(data.now_ms - j.last_progress_ms)})` : ''}` : '-'),
         el('td', { class: 'num' }, j.step_rate === null ? '-' : `${fmtNum(j.step_rate)} /s`),
-        el('td', { class: 'num', title: 'share of the minutes since the first step with steps (not ML goodput)' }, j.progress_time_frac === null ? '-' : `${Math.round(j.progress_time_frac * 100)} %`),
+        goodputCell(j),
+        el('td', { class: 'num', title: 'proxy, not goodput: share of the minutes since the first step that have steps (a stalled job falls behind)' }, j.progress_time_frac === null ? '-' : `${Math.round(j.progress_time_frac * 100)} %`),
         el('td', {}, j.model));
     });
     root.replaceChildren(
@@ -120,7 +141,7 @@
       el('h2', {}, `Firing (${data.firing.filter(keep).length})`), alertTable(data.firing.filter(keep), false),
       el('h2', {}, `Jobs (${jobs.length})`),
       el('table', { class: 'grid jobs' },
-        el('thead', {}, el('tr', {}, ['job', 'health', 'state', 'team', 'cluster', 'owner', 'ranks', 'step', 'last progress', 'step rate', 'time with progress', 'model'].map((h) => el('th', {}, h)))),
+        el('thead', {}, el('tr', {}, ['job', 'health', 'state', 'team', 'cluster', 'owner', 'ranks', 'step', 'last progress', 'step rate', 'goodput', 'minutes with steps (proxy)', 'model'].map((h) => el('th', {}, h)))),
         el('tbody', {}, rows)),
       el('h2', {}, `Recently resolved (${data.resolved.filter(keep).length})`), alertTable(data.resolved.filter(keep), true));
     RS.ready = true;
@@ -498,6 +519,71 @@
       REPORT ? null : el('p', {}, el('a', { href: `/reports/jobs/${encodeURIComponent(j.job_id)}` }, 'download a self-contained report of this job')));
   }
 
+  // Where the allocated GPU-hours went (docs/efficiency.md), then the queue wait (GPUs asked for, not allocated).
+  const SPENT = [['productive', '#54a24b'], ['stall', '#e45756'], ['restart', '#b279a2'], ['skipped', '#9d755d'], ['checkpoint', '#4c78a8'], ['evaluation', '#72b7b2']];
+
+  function spentBar(spent, allocated, queue) {
+    const known = SPENT.reduce((sum, [k]) => sum + (spent[k] || 0), 0);
+    const parts = [...SPENT.map(([k, color]) => [k, spent[k] || 0, color]), ['other', allocated - known > 1e-3 * allocated ? allocated - known : 0, '#c7c7c7']];
+    const total = Math.max(allocated, known) + (queue || 0);
+    const seg = (name, value, color, cls) => (value > 0 && total > 0
+      ? el('span', { class: `seg ${cls || ''}`, 'data-part': name, style: `width:${(100 * value / total).toFixed(3)}%;background:${color}`, title: `${name}: ${fmtNum(value)} GPU-h (${fmtFixed(100 * value / (allocated || 1), 1)} % of allocated)` })
+      : null);
+    return [
+      el('div', { class: 'stack' }, parts.map(([k, v, c]) => seg(k, v, c)), seg('queue', queue || 0, '#fff', 'queue')),
+      el('div', { class: 'legend' }, [...parts, ['queue (waited, not allocated)', queue || 0, '#fff']].filter(([, v]) => v > 0)
+        .map(([k, v, c]) => el('span', {}, el('i', { style: `background:${c}`, class: k.startsWith('queue') ? 'queue' : '' }), `${k} ${fmtNum(v)} GPU-h`))),
+    ];
+  }
+
+  async function loadEfficiency(jobId) {
+    // The served job page gets its efficiency panel apart (`/api/jobs/<job>/efficiency`, cached by the server).
+    try {
+      RS.efficiency = { job: jobId, data: await getJSON(`/api/jobs/${encodeURIComponent(jobId)}/efficiency`) };
+    } catch (err) {
+      RS.efficiency = { job: jobId, error: err.message };
+    }
+    const old = document.getElementById('efficiency');
+    if (old && RS.data && RS.data.job && RS.data.job.job_id === jobId) old.replaceWith(efficiencyPanel(RS.data));
+    RS.efficiencyReady = true;
+  }
+
+  function efficiencyPanel(data) {
+    let e = data.efficiency;
+    if (e === undefined) {
+      const known = RS.efficiency && RS.efficiency.job === data.job.job_id ? RS.efficiency : null;
+      if (!known) return el('p', { class: 'muted', id: 'efficiency' }, 'Efficiency: computing…');
+      if (known.error) return el('p', { class: 'muted', id: 'efficiency' }, `Efficiency: ${known.error}`);
+      e = known.data;
+    }
+    if (!e) return el('p', { class: 'muted', id: 'efficiency' }, 'No run of this job is recorded yet: no efficiency figures.');
+    const money = (v) => (v === null || v === undefined ? 'no price configured' : `$${fmtFixed(v, 2)}`);
+    const figure = (key, label, text, title) => [el('dt', { title }, label), el('dd', { 'data-figure': key, 'data-value': e[key] ?? '' }, text)];
+    const perBillion = (v) => (v === null || v === undefined ? '—' : fmtNum(v));
+    return el('section', { class: 'panel efficiency', id: 'efficiency' },
+      el('h3', {}, `Efficiency: ${e.runs} run${e.runs === 1 ? '' : 's'}, ${e.gpus} × ${e.gpu_class || 'GPU'}, ${e.outcome}${e.outcome === 'running' ? ' (figures move until the run ends)' : ''}`),
+      spentBar(e.spent_gpu_h, e.allocated_gpu_h, e.queue_gpu_h),
+      el('dl', { class: 'facts' },
+        ...figure('allocated_gpu_h', 'allocated GPU-hours', fmtFixed(e.allocated_gpu_h, 2)),
+        ...figure('goodput_pct', 'goodput', `${fmtFixed(e.goodput_pct, 1)} %`, 'productive GPU-hours / allocated GPU-hours'),
+        ...figure('tokens_per_gpu_h', 'tokens per GPU-hour', fmtCompact(e.tokens_per_gpu_h)),
+        ...figure('samples_per_gpu_h', 'samples per GPU-hour', fmtCompact(e.samples_per_gpu_h)),
+        ...figure('energy_kwh', 'energy', `${fmtNum(e.energy_kwh)} kWh`),
+        ...figure('kwh_per_billion_tokens', 'kWh per billion tokens', perBillion(e.kwh_per_billion_tokens)),
+        ...figure('queue_s', 'queue wait', e.queue_s === null ? 'unknown' : fmtDuration(e.queue_s * 1000)),
+        ...figure('failed_work_pct', 'failed work', `${fmtFixed(e.failed_work_pct, 1)} %`, 'GPU-hours of failed runs after their last verified checkpoint, of allocated'),
+        ...figure('cost', 'cost', e.cost === null ? money(null) : `${money(e.cost)} at $${fmtFixed(e.price_per_gpu_h, 2)}/GPU-h`),
+        ...figure('cost_per_successful_run', 'cost per successful run', e.cost === null ? money(null) : e.cost_per_successful_run === null ? '— (no run completed)' : money(e.cost_per_successful_run))),
+      e.per_run.length > 1 ? el('table', { class: 'grid runs' },
+        el('thead', {}, el('tr', {}, ['run', 'outcome', 'GPUs', 'GPU-h', 'where they went', 'goodput', 'tokens/GPU-h', 'kWh', 'kWh/Btok', 'cost'].map((h) => el('th', {}, h)))),
+        el('tbody', {}, e.per_run.map((r) => el('tr', { 'data-run': r.run_id },
+          el('td', {}, r.run_id), el('td', {}, r.outcome), el('td', { class: 'num' }, r.gpus), el('td', { class: 'num' }, fmtFixed(r.allocated_gpu_h, 2)),
+          el('td', { class: 'bar' }, spentBar(r.spent_gpu_h, r.allocated_gpu_h, 0)[0]),
+          el('td', { class: 'num' }, `${fmtFixed(r.goodput_pct, 1)} %`), el('td', { class: 'num' }, fmtCompact(r.tokens_per_gpu_h)),
+          el('td', { class: 'num' }, fmtNum(r.energy_kwh)), el('td', { class: 'num' }, perBillion(r.kwh_per_billion_tokens)),
+          el('td', { class: 'num' }, r.cost === null ? '—' : money(r.cost)))))) : null);
+  }
+
   function alertList(data) {
     if (!data.alerts.length) return el('p', { class: 'muted' }, 'No alerts in this range.');
     const sorted = [...data.alerts].sort((a, b) => (a.status === b.status ? 0 : a.status === 'firing' ? -1 : 1) || SEVERITY_ORDER[a.severity] - SEVERITY_ORDER[b.severity] || a.starts_ms - b.starts_ms);
@@ -522,8 +608,9 @@
 
   function renderJob(root, data) {
     RS.data = data;
-    root.replaceChildren(jobHeader(data), el('h2', {}, 'Alerts'), alertList(data), toolbar(data), el('div', { id: 'charts' }));
+    root.replaceChildren(jobHeader(data), efficiencyPanel(data), el('h2', {}, 'Alerts'), alertList(data), toolbar(data), el('div', { id: 'charts' }));
     renderJobCharts(document.getElementById('charts'), data);
+    if (data.efficiency === undefined && !REPORT) loadEfficiency(data.job.job_id);
     RS.ready = true;
   }
 
@@ -577,7 +664,7 @@
       try {
         const v = JSON.stringify(await getJSON('/api/version'));
         if (v !== version) {
-          if (page.kind === 'fleet') renderFleet(root, await getJSON('/api/fleet'));
+          if (page.kind === 'fleet') { renderFleet(root, await getJSON('/api/fleet')); loadGoodput(root); }
           else if (page.kind === 'job' && !RS.window) renderJob(root, await getJSON(`/api/jobs/${encodeURIComponent(page.id)}${location.search}`));
           else if (page.kind === 'alert') renderAlert(root, await getJSON(`/api/alerts/${encodeURIComponent(page.id)}`));
         }
@@ -599,6 +686,7 @@
     try {
       if (page.kind === 'fleet') {
         renderFleet(root, REPORT ? REPORT.data : await getJSON('/api/fleet'));
+        if (!REPORT) loadGoodput(root);
       } else if (page.kind === 'job') {
         renderJob(root, REPORT ? REPORT.data : await getJSON(`/api/jobs/${encodeURIComponent(page.id)}${location.search}`));
       } else if (page.kind === 'alert') {

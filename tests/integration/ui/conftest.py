@@ -7,9 +7,11 @@ a live deployment would hold. chDB opens one directory per process, hence one st
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from clickhouse_connect.driver.client import Client
@@ -26,6 +28,8 @@ DURATION_S = 14 * 60
 STRAGGLER_JOB = "pretrain-13b-0301"
 STRAGGLER_RANK = 13
 FAULT_START_S, FAULT_END_S = 6 * 60, 12 * 60
+# The GPU-hour price the UI tests configure (`--price default=...` for the command).
+PRICE_PER_GPU_H = 2.5
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class UiStore:
     """The filled store and what the tests need to know about its content."""
 
     client: Client
+    dsn: str
     recording: Path
     start_ms: int
     jobs: tuple[str, ...]
@@ -50,6 +55,35 @@ def ui_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiStore]:
     try:
         migrate(client, ttl_days=None)  # simulated time is in the past: no retention may drop it
         load_recording(client, [recording])
-        yield UiStore(client, recording, scenario.start_ms, tuple(job.id for job in scenario.jobs))
+        yield UiStore(client, dsn, recording, scenario.start_ms, tuple(job.id for job in scenario.jobs))
     finally:
         close(dsn)
+
+
+def efficiency_json(store: UiStore, monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
+    """`ranksight efficiency --json --runs --price default=PRICE` over the store: rows by job id and by run id.
+
+    The command runs in this process (chDB opens a directory once per process) and gets the store's
+    cached client. Its migration sets the retention: ten years here (a century would overflow DateTime), removed again after, so nothing
+    of the simulated (past) data is dropped for the tests that follow.
+    """
+    from typer.testing import CliRunner
+
+    from ranksight.cli import app
+    from sinks.ddl import migrate
+
+    monkeypatch.setenv("CLICKHOUSE_URL", store.dsn)
+    monkeypatch.setenv("RANKSIGHT_TTL_DAYS", "3650")
+    try:
+        result = CliRunner().invoke(
+            app, ["efficiency", "--json", "--runs", "--price", f"default={PRICE_PER_GPU_H}"]
+        )
+    finally:
+        migrate(store.client, ttl_days=None)
+    assert result.exit_code == 0, result.output
+    rows: dict[str, dict[str, Any]] = {}
+    for line in result.stdout.splitlines():
+        row = json.loads(line)
+        # Job rows carry `runs`; run rows a `run_id`.
+        rows[row["run_id"] if "run_id" in row else row["job_id"]] = row
+    return rows

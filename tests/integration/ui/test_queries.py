@@ -8,7 +8,16 @@ from typing import Any
 import pytest
 
 from schemas.records import Event
-from tests.integration.ui.conftest import FAULT_END_S, FAULT_START_S, STRAGGLER_JOB, STRAGGLER_RANK, UiStore
+from sinks.efficiency import PriceList
+from tests.integration.ui.conftest import (
+    FAULT_END_S,
+    FAULT_START_S,
+    PRICE_PER_GPU_H,
+    STRAGGLER_JOB,
+    STRAGGLER_RANK,
+    UiStore,
+    efficiency_json,
+)
 from ui import queries
 from ui.errors import NotFoundError
 from ui.store import load_events
@@ -96,3 +105,42 @@ def test_unknown_jobs_and_alerts_are_not_found(ui_store: UiStore) -> None:
         queries.job_page(ui_store.client, "no-such-job")
     with pytest.raises(NotFoundError):
         queries.alert_page(ui_store.client, "no-such-alert")
+
+
+def test_fleet_goodput_and_the_job_efficiency_panel_are_what_the_efficiency_command_says(
+    ui_store: UiStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fleet goodput per job, and the job panel's figures and runs, equal `ranksight efficiency --json`."""
+    expected = efficiency_json(ui_store, monkeypatch)
+    prices = PriceList.parse([f"default={PRICE_PER_GPU_H}"])
+    fleet = {j["job_id"]: j for j in queries.fleet(ui_store.client)["jobs"]}
+    for job_id in ui_store.jobs:
+        assert fleet[job_id]["goodput_pct"] == pytest.approx(expected[job_id]["goodput_pct"], abs=0.01)
+        panel = queries.job_page(ui_store.client, job_id, prices=prices)["efficiency"]
+        row = expected[job_id]
+        for key in (
+            "allocated_gpu_h",
+            "goodput_pct",
+            "tokens_per_gpu_h",
+            "samples_per_gpu_h",
+            "energy_kwh",
+            "kwh_per_billion_tokens",
+            "queue_s",
+            "failed_work_pct",
+            "cost",
+        ):
+            assert panel[key] == pytest.approx(row[key], rel=1e-5), key
+        for part in ("productive", "stall", "restart", "checkpoint", "evaluation"):
+            assert panel["spent_gpu_h"][part] == pytest.approx(row[f"{part}_gpu_h"], rel=1e-5, abs=1e-6), part
+        assert panel["cost"] == pytest.approx(row["allocated_gpu_h"] * PRICE_PER_GPU_H, rel=1e-5)
+        assert [r["run_id"] for r in panel["per_run"]] == [
+            k for k, v in expected.items() if v["job_id"] == job_id and "run_id" in v
+        ]
+        for run in panel["per_run"]:
+            assert run["goodput_pct"] == pytest.approx(expected[run["run_id"]]["goodput_pct"], rel=1e-5)
+            assert run["allocated_gpu_h"] == pytest.approx(
+                expected[run["run_id"]]["allocated_gpu_h"], rel=1e-5
+            )
+    # Unpriced, the panel says so rather than showing a cost of zero.
+    unpriced = queries.job_page(ui_store.client, STRAGGLER_JOB)["efficiency"]
+    assert unpriced["cost"] is None and unpriced["price_per_gpu_h"] is None

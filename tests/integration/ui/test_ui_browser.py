@@ -15,12 +15,15 @@ from typing import Any
 
 import pytest
 
+from sinks.efficiency import PriceList
 from tests.integration.ui.conftest import (
     FAULT_END_S,
     FAULT_START_S,
+    PRICE_PER_GPU_H,
     STRAGGLER_JOB,
     STRAGGLER_RANK,
     UiStore,
+    efficiency_json,
 )
 from ui.report import write_report
 from ui.server import UiServer
@@ -52,8 +55,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def ui_url(ui_store: UiStore) -> Iterator[str]:
-    """The UI served on a free port of 127.0.0.1 over the package's store."""
-    server = UiServer(ui_store.client, "127.0.0.1", 0)
+    """The UI served on a free port of 127.0.0.1 over the package's store, GPU-hours priced."""
+    server = UiServer(ui_store.client, "127.0.0.1", 0, prices=PriceList.parse([f"default={PRICE_PER_GPU_H}"]))
     url = server.start()
     yield url
     server.stop()
@@ -116,6 +119,60 @@ def test_fleet_lists_every_job_with_health_and_filters_by_team(
     page.screenshot(path=str(shots / "fleet.png"), full_page=True)
     page.select_option("select[name=team]", "vision")
     assert page.eval_on_selector_all("tr[data-job]", "rows => rows.map(r => r.dataset.job)") == ["vit-h-0302"]
+
+
+def test_fleet_goodput_and_the_job_efficiency_panel_show_what_the_efficiency_command_says(
+    page: Any, ui_url: str, ui_store: UiStore, shots: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fleet's goodput cells and the job panel's figures are `ranksight efficiency --json`'s, rounded."""
+    expected = efficiency_json(ui_store, monkeypatch)
+    _open(page, ui_url)
+    # Goodput comes after the table, from its own (cached) endpoint.
+    page.wait_for_function("window.ranksight.goodputReady === true", timeout=60_000)
+    shown = page.eval_on_selector_all(
+        "tr[data-job]",
+        "rows => rows.map(r => [r.dataset.job, r.querySelector('td[data-goodput]').textContent])",
+    )
+    assert {job: text for job, text in shown} == {
+        job: f"{expected[job]['goodput_pct']:.1f} %" for job in ui_store.jobs
+    }
+    _open(page, f"{ui_url}jobs/{STRAGGLER_JOB}")
+    page.wait_for_function("window.ranksight.efficiencyReady === true", timeout=60_000)
+    row = expected[STRAGGLER_JOB]
+    figures = dict(
+        page.eval_on_selector_all(
+            "#efficiency dd[data-figure]", "dds => dds.map(d => [d.dataset.figure, d.textContent])"
+        )
+    )
+    assert figures["allocated_gpu_h"] == f"{row['allocated_gpu_h']:.2f}"
+    assert figures["goodput_pct"] == f"{row['goodput_pct']:.1f} %"
+    assert figures["failed_work_pct"] == f"{row['failed_work_pct']:.1f} %"
+    assert figures["cost"] == f"${row['cost']:.2f} at ${PRICE_PER_GPU_H:.2f}/GPU-h"
+    values = dict(
+        page.eval_on_selector_all(
+            "#efficiency dd[data-figure]", "dds => dds.map(d => [d.dataset.figure, d.dataset.value])"
+        )
+    )
+    for key in ("tokens_per_gpu_h", "samples_per_gpu_h", "energy_kwh", "kwh_per_billion_tokens", "queue_s"):
+        assert float(values[key]) == pytest.approx(row[key], rel=1e-5), key
+    compact = "v => new Intl.NumberFormat('en', {notation: 'compact', maximumSignificantDigits: 3}).format(v)"
+    assert figures["tokens_per_gpu_h"] == page.evaluate(compact, row["tokens_per_gpu_h"])  # e.g. 228M
+    # The stacked bar: each part's width is its share of allocated GPU-hours plus the queue wait
+    # (of the parts' sum when they overlap and add up to more, as an evaluation during steps does).
+    widths = dict(
+        page.eval_on_selector_all(
+            "#efficiency .stack .seg", "segs => segs.map(s => [s.dataset.part, parseFloat(s.style.width)])"
+        )
+    )
+    queue_gpu_h = row["queue_s"] * row["gpus"] / 3600
+    parts = sum(
+        row[f"{p}_gpu_h"] for p in ("productive", "stall", "restart", "skipped", "checkpoint", "evaluation")
+    )
+    total = max(row["allocated_gpu_h"], parts) + queue_gpu_h
+    assert widths["productive"] == pytest.approx(100 * row["productive_gpu_h"] / total, abs=0.01)
+    assert widths["checkpoint"] == pytest.approx(100 * row["checkpoint_gpu_h"] / total, abs=0.01)
+    assert widths["queue"] == pytest.approx(100 * queue_gpu_h / total, abs=0.01)
+    page.locator("#efficiency").screenshot(path=str(shots / "efficiency.png"))
 
 
 def test_job_heatmap_shows_the_stragglers_stripe_at_its_rank(
@@ -186,7 +243,9 @@ def test_report_file_opens_with_no_network(
 ) -> None:
     """A job report renders the same panels from file:// with every other request blocked."""
     out = tmp_path / "report.html"
-    result = write_report(ui_store.client, out, job_id=STRAGGLER_JOB)
+    result = write_report(
+        ui_store.client, out, job_id=STRAGGLER_JOB, prices=PriceList.parse([f"default={PRICE_PER_GPU_H}"])
+    )
     assert result["alerts"] >= 1
     context = browser.new_context(viewport={"width": 1400, "height": 900}, offline=True)
     blocked: list[str] = []
@@ -207,6 +266,7 @@ def test_report_file_opens_with_no_network(
     assert page.evaluate("window.ranksight.error") is None and not errors
     assert blocked == []
     assert len(page.evaluate("window.ranksight.charts.heatmap.getOption().series[0].data")) > 100
+    assert page.text_content("#efficiency dd[data-figure=cost]").endswith(f"at ${PRICE_PER_GPU_H:.2f}/GPU-h")
     alert = _straggler_alert(page)
     page.click(f"tr[data-alert='{alert['alert_id']}']")
     assert page.evaluate("window.ranksight.focus.rank") == STRAGGLER_RANK
@@ -219,11 +279,15 @@ def test_report_command_replays_a_recording_offline(ui_store: UiStore, tmp_path:
     out = tmp_path / "r.html"
     cli = [sys.executable, "-m", "ranksight.cli", "report", str(ui_store.recording)]
     done = subprocess.run(
-        [*cli, "--job", STRAGGLER_JOB, "-o", str(out)], capture_output=True, text=True, timeout=600
+        [*cli, "--job", STRAGGLER_JOB, "-o", str(out), "--price", f"default={PRICE_PER_GPU_H}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     html = out.read_text()
     assert "window.RANKSIGHT_REPORT" in html and '"rule":"straggler"' in html
+    assert f'"price_per_gpu_h":{PRICE_PER_GPU_H}' in html  # --price reaches the efficiency panel
     assert "<script src=" not in html and "http://" not in html.split("window.RANKSIGHT_REPORT")[0]
     missing = subprocess.run(
         [*cli, "--job", "no-such-job", "-o", str(tmp_path / "x.html")],
