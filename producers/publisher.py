@@ -27,6 +27,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -352,12 +353,17 @@ class KafkaPublisher(Publisher):
         return out
 
     def _produce(self, event: Event, value: bytes) -> None:
+        messages = self._messages(event)
+        # An event with job-keyed copies is re-spooled once however many of its messages fail
+        # (the spool re-sends all of them): one flag shared by its delivery callbacks.
+        failed = [False] if len(messages) > 1 else None
         try:
-            for topic, key, callback in self._messages(event):
-                if callback is None:
+            for topic, key, callback in messages:
+                if failed is None:
                     self._producer.produce(topic, value, key)
                 else:
-                    self._producer.produce(topic, value, key, on_delivery=callback)
+                    on_delivery = partial(callback or self._on_delivery, failed=failed)
+                    self._producer.produce(topic, value, key, on_delivery=on_delivery)
                 self._produced()
         except BufferError:
             self._counts["queue_full"] += 1
@@ -476,14 +482,14 @@ class KafkaPublisher(Publisher):
                 self._spool.directory,
             )
 
-    def _on_copy_delivery(self, err: Any, msg: Any) -> None:
+    def _on_copy_delivery(self, err: Any, msg: Any, failed: list[bool] | None = None) -> None:
         # A job-keyed copy: settles like any message; a failure re-sends the whole event.
         if err is None:
             self._settled()
             return
-        self._on_delivery(err, msg)
+        self._on_delivery(err, msg, failed)
 
-    def _on_delivery(self, err: Any, msg: Any) -> None:
+    def _on_delivery(self, err: Any, msg: Any, failed: list[bool] | None = None) -> None:
         self._settled()
         if err is None:
             self._counts["delivered"] += 1
@@ -508,6 +514,10 @@ class KafkaPublisher(Publisher):
                 logging.ERROR, f"rejected-{code}", "Kafka rejected an event on %s: %s", msg.topic(), err.str()
             )
             return
+        if failed is not None:
+            if failed[0]:
+                return  # another message of the same event already sent it back to the spool
+            failed[0] = True
         try:
             event = self._codec.decode(msg.value())
         except RanksightError as exc:  # cannot happen for bytes we encoded; never lose silently
