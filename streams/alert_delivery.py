@@ -18,13 +18,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from schemas.errors import DecodeError
 from schemas.records import Event
 from streams.alertmanager import AlertForwarder, AlertmanagerError
 from streams.errors import StreamsError
+
+T = TypeVar("T")
 
 __all__ = ["DeliveryStats", "forward_file", "forward_topic", "read_alert_file"]
 
@@ -80,12 +83,18 @@ def forward_topic(
         since: dict[int, int] = {}
         if lookback_s is not None:
             at = int((time.time() - lookback_s) * 1000)
-            found = consumer.offsets_for_times([TopicPartition(topic, p, at) for p in parts], timeout=10)
+            found = _retrying(
+                lambda: consumer.offsets_for_times([TopicPartition(topic, p, at) for p in parts], timeout=10),
+                "look up offsets by time",
+            )
             since = {tp.partition: tp.offset for tp in found}
         boundary: dict[int, int] = {}
         assign = []
         for p in parts:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            tp = TopicPartition(topic, p)
+            low, high = _retrying(
+                partial(consumer.get_watermark_offsets, tp, timeout=10), f"read the offsets of {topic}[{p}]"
+            )
             boundary[p] = committed[p] if committed[p] >= 0 else high
             start = low if lookback_s is None else since.get(p, -1)
             if start < 0 or start > boundary[p]:
@@ -178,6 +187,27 @@ def _partitions(consumer: Any, topic: str, wait_s: float = 10.0) -> list[int]:
                 f"no topic {topic!r}: create topics with `ranksight kafka topics` (check RANKSIGHT_TOPIC_PREFIX)"
             )
         time.sleep(0.5)  # metadata of a new topic reaches the broker's cache shortly
+
+
+def _retrying(call: Callable[[], T], what: str, wait_s: float = 60.0) -> T:
+    """`call()`, asked again while a just-created topic's partitions have no leader yet."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    electing = {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._TIMED_OUT,
+    }
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (error.retriable() or error.code() in electing) or time.monotonic() > deadline:
+                raise StreamsError(f"cannot {what} ({error.str()})") from None
+            time.sleep(0.5)
 
 
 def _committed(consumer: Any, partitions: list[Any], wait_s: float = 60.0) -> dict[int, int]:
