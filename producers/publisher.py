@@ -40,7 +40,7 @@ from producers.spool import DEFAULT_MAX_BYTES, DEFAULT_SEGMENT_BYTES, Spool, lis
 from schemas.codec import Codec
 from schemas.errors import EncodeError, RanksightError
 from schemas.records import NAMESPACE, Event, default_schemas
-from schemas.topics import TELEMETRY_JOB, job_keys, key_for, topic_for
+from schemas.topics import key_for, telemetry_copies, topic_for
 
 __all__ = [
     "DEFAULT_PRODUCER_CONF",
@@ -341,15 +341,17 @@ class KafkaPublisher(Publisher):
     def _messages(self, event: Event) -> list[tuple[str, bytes | None, Any]]:
         """(topic, key, delivery callback) of each record an event becomes.
 
-        Telemetry attributed to jobs goes node-keyed to its own topic (the sink stores that one) and
-        once per job, keyed by job, to `rs.telemetry.job`, which the worker's detect path reads
-        directly (no re-key hop). The copies do not count as delivered events in `stats()`.
+        Telemetry goes node-keyed to its own topic (the sink stores that one) and again for the
+        worker, which reads only these copies: once per job keyed by job to `rs.telemetry.job` (its
+        detect path, no re-key hop), or, attributed to no job, keyed by node to
+        `rs.telemetry.unattributed` (its node-level side path). Copies do not count as delivered
+        events in `stats()`.
         """
         out: list[tuple[str, bytes | None, Any]] = [
             (self._topic(event.type), key_for(topic_for(event.type), event.record), None)
         ]
-        for job in job_keys(event.type, event.record):
-            out.append((self._prefix + TELEMETRY_JOB, job.encode(), self._on_copy_delivery))
+        for topic, key in telemetry_copies(event.type, event.record):
+            out.append((self._prefix + topic, key, self._on_copy_delivery))
         return out
 
     def _produce(self, event: Event, value: bytes) -> None:

@@ -14,6 +14,7 @@ __all__ = [
     "TELEMETRY_GPU",
     "TELEMETRY_HOST",
     "TELEMETRY_JOB",
+    "TELEMETRY_UNATTRIBUTED",
     "TOPICS",
     "TRAINING_EVENTS",
     "TRAINING_STEPS",
@@ -22,6 +23,7 @@ __all__ = [
     "job_keys",
     "key_for",
     "off_topic_reason",
+    "telemetry_copies",
     "topic_for",
 ]
 
@@ -30,6 +32,9 @@ TELEMETRY_HOST = "rs.telemetry.host"
 # Job-attributed telemetry again, keyed by job: the worker's detect path reads it directly
 # (co-partitioned with rs.training.*). The sink stores telemetry once, from the node-keyed topics.
 TELEMETRY_JOB = "rs.telemetry.job"
+# Telemetry attributed to no job (an idle GPU, an agent that knows no jobs), again, keyed by node:
+# the worker's side path for node-level rules reads it, so it never reads the node-keyed topics.
+TELEMETRY_UNATTRIBUTED = "rs.telemetry.unattributed"
 TRAINING_STEPS = "rs.training.steps"
 TRAINING_EVENTS = "rs.training.events"
 ALERTS = "rs.alerts"
@@ -42,6 +47,7 @@ TOPICS: tuple[str, ...] = (
     TELEMETRY_GPU,
     TELEMETRY_HOST,
     TELEMETRY_JOB,
+    TELEMETRY_UNATTRIBUTED,
     TRAINING_STEPS,
     TRAINING_EVENTS,
     ALERTS,
@@ -75,6 +81,7 @@ _KEY_FIELD: dict[str, str] = {
     TELEMETRY_GPU: "node",
     TELEMETRY_HOST: "node",
     TELEMETRY_JOB: "job_id",
+    TELEMETRY_UNATTRIBUTED: "node",
     TRAINING_STEPS: "job_id",
     TRAINING_EVENTS: "job_id",
     ALERTS: "team",
@@ -111,7 +118,7 @@ def off_topic_reason(record_type: str, topic: str) -> str | None:
     name = canonical_topic(topic)
     if name is None:
         return None
-    if name == TELEMETRY_JOB:
+    if name in (TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED):
         allowed = TELEMETRY_GPU if record_type == "GpuSample" else TELEMETRY_HOST
     else:
         allowed = ALERTS if name == ALERTS_REPLAY else name
@@ -133,7 +140,8 @@ def job_keys(record_type: str, record: dict) -> list[str]:
     """The jobs a telemetry record is attributed to, one `rs.telemetry.job` copy each (empty: unattributed).
 
     A GpuSample names the job its GPU runs (`job_id`); a HostSample every job on its node (`job_ids`).
-    Unattributed telemetry (an idle GPU, an agent that knows no jobs) travels only node-keyed.
+    Unattributed telemetry (an idle GPU, an agent that knows no jobs) gets one node-keyed copy on
+    `rs.telemetry.unattributed` instead (see `telemetry_copies`).
     """
     if record_type == "GpuSample":
         job = record.get("job_id")
@@ -141,6 +149,20 @@ def job_keys(record_type: str, record: dict) -> list[str]:
     if record_type == "HostSample":
         return sorted({str(j) for j in record.get("job_ids") or () if j})
     return []
+
+
+def telemetry_copies(record_type: str, record: dict) -> list[tuple[str, bytes]]:
+    """(topic, key) of the copies the worker reads of a telemetry record, besides its node-keyed original.
+
+    One per job on `rs.telemetry.job` keyed by job when attributed; else one on
+    `rs.telemetry.unattributed` keyed by node. Training records have none.
+    """
+    if record_type not in ("GpuSample", "HostSample"):
+        return []
+    jobs = job_keys(record_type, record)
+    if jobs:
+        return [(TELEMETRY_JOB, job.encode()) for job in jobs]
+    return [(TELEMETRY_UNATTRIBUTED, str(record["node"]).encode())]
 
 
 def deadletter_headers(

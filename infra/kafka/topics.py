@@ -20,6 +20,7 @@ from schemas.topics import (
     TELEMETRY_GPU,
     TELEMETRY_HOST,
     TELEMETRY_JOB,
+    TELEMETRY_UNATTRIBUTED,
     TOPICS,
     TRAINING_EVENTS,
     TRAINING_STEPS,
@@ -67,6 +68,7 @@ DEFAULT_TOPIC_SPECS: tuple[TopicSpec, ...] = (
     _spec(TELEMETRY_GPU, 6, 3),
     _spec(TELEMETRY_HOST, 6, 3),
     _spec(TELEMETRY_JOB, 6, 3),
+    _spec(TELEMETRY_UNATTRIBUTED, 6, 3),
     _spec(TRAINING_STEPS, 6, 7),
     _spec(TRAINING_EVENTS, 6, 7),
     _spec(ALERTS, 3, 30),
@@ -80,9 +82,8 @@ DEFAULT_TOPIC_SPECS: tuple[TopicSpec, ...] = (
 # The worker joins these by key (a job's steps, events and telemetry meet in one engine): they must
 # have the same partition count as its internal topics (`--partitions`), whoever created them.
 COPARTITIONED: tuple[str, ...] = (
-    TELEMETRY_GPU,
-    TELEMETRY_HOST,
     TELEMETRY_JOB,
+    TELEMETRY_UNATTRIBUTED,
     TRAINING_STEPS,
     TRAINING_EVENTS,
 )

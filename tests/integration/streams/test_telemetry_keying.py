@@ -1,4 +1,5 @@
-"""Attributed telemetry is published once node-keyed (for the sink) and once per job on rs.telemetry.job."""
+"""Telemetry is published node-keyed (for the sink) and once more for the worker: per job on
+rs.telemetry.job when attributed, node-keyed on rs.telemetry.unattributed when not."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from confluent_kafka import Consumer
 from producers.publisher import open_publisher
 from schemas.codec import Codec
 from schemas.records import Event
-from schemas.topics import TELEMETRY_GPU, TELEMETRY_HOST, TELEMETRY_JOB
+from schemas.topics import TELEMETRY_GPU, TELEMETRY_HOST, TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED
 from streams.rekey import partition_for
 from tests.unit.streams.builders import gpu_sample, host_sample
 
@@ -41,7 +42,7 @@ def _read_all(bootstrap: str, topic: str, group: str, expected: int) -> list[tup
     return out
 
 
-def test_each_job_gets_one_job_keyed_copy_and_the_node_topics_get_each_sample_once(
+def test_each_sample_gets_one_worker_copy_per_job_or_one_unattributed_and_the_node_topics_each_once(
     kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, group_id: str
 ) -> None:
     samples = [
@@ -72,3 +73,11 @@ def test_each_job_gets_one_job_keyed_copy_and_the_node_topics_get_each_sample_on
     for name in (TELEMETRY_GPU, TELEMETRY_HOST):
         node_keyed = _read_all(kafka_bootstrap, topics[name], f"{group_id}-{name}", 2)
         assert sorted(key for key, _, _ in node_keyed) == [b"node-01", b"node-02"], name
+
+    unattributed = _read_all(kafka_bootstrap, topics[TELEMETRY_UNATTRIBUTED], group_id + "-unattributed", 2)
+    assert sorted((key, e.type) for key, _, e in unattributed) == [
+        (b"node-02", "GpuSample"),
+        (b"node-02", "HostSample"),
+    ]
+    for key, partition, _ in unattributed:
+        assert partition == partition_for(key, 6)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -128,27 +126,6 @@ def test_guard_never_advances_historical_event_time_or_an_empty_engine() -> None
     assert WallClockGuard(guard_s=0).watermark(clock.now_ms, 1e9, clock.now_ms, None) is None
 
 
-def test_telemetry_front_waits_for_every_forwarder_and_is_held_back_by_one_catching_up(
-    tmp_path: Path,
-) -> None:
-    from streams.app import WorkerOptions, WorkerRuntime
-    from streams.config import EngineConfig
-    from streams.routing import load_router
-
-    rt = WorkerRuntime(
-        EngineConfig.default(), load_router(), WorkerOptions(bootstrap="x:1", workdir=tmp_path, partitions=3)
-    )
-    rt.marker_ts = {"@route:0": 50_000, "@route:1": 90_000}
-    rt.marker_backlog = {"@route:0": 0, "@route:1": 0}
-    assert rt.telemetry_front() is None  # forwarder of partition 2 not heard from yet
-    rt.marker_ts["@route:2"], rt.marker_backlog["@route:2"] = None, 0  # no telemetry there at all
-    assert rt.telemetry_front() == 90_000  # idle forwarders do not hold time back
-    rt.marker_backlog["@route:0"] = 1_200  # ... one still catching up does
-    assert rt.telemetry_front() == 50_000
-    rt.marker_ts["@route:2"], rt.marker_backlog["@route:2"] = None, 7  # backlog, nothing forwarded yet
-    assert rt.telemetry_front() is None
-
-
 def test_attributed_telemetry_has_one_job_key_per_job_and_unattributed_none() -> None:
     """A GpuSample goes to its GPU's job, a HostSample to each job on the node once; idle ones to none."""
     from schemas.topics import job_keys
@@ -172,3 +149,19 @@ def test_the_job_keyed_telemetry_topic_carries_telemetry_only() -> None:
     assert off_topic_reason("HostSample", TELEMETRY_JOB) is None
     assert off_topic_reason("StepCompleted", TELEMETRY_JOB) is not None
     assert key_for(TELEMETRY_JOB, {"job_id": "job-a", "node": "n1"}) == b"job-a"
+
+
+def test_every_sample_has_exactly_one_kind_of_worker_copy() -> None:
+    """Attributed: one per job on rs.telemetry.job; unattributed: one node-keyed on rs.telemetry.unattributed."""
+    from schemas.topics import TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED, off_topic_reason, telemetry_copies
+
+    assert telemetry_copies("GpuSample", {"node": "n1", "job_id": "job-a"}) == [(TELEMETRY_JOB, b"job-a")]
+    assert telemetry_copies("HostSample", {"node": "n1", "job_ids": ["job-b", "job-a"]}) == [
+        (TELEMETRY_JOB, b"job-a"),
+        (TELEMETRY_JOB, b"job-b"),
+    ]
+    assert telemetry_copies("GpuSample", {"node": "n1", "job_id": None}) == [(TELEMETRY_UNATTRIBUTED, b"n1")]
+    assert telemetry_copies("HostSample", {"node": "n2", "job_ids": []}) == [(TELEMETRY_UNATTRIBUTED, b"n2")]
+    assert telemetry_copies("StepCompleted", {"job_id": "job-a", "node": "n1"}) == []
+    assert off_topic_reason("HostSample", "t1." + TELEMETRY_UNATTRIBUTED) is None
+    assert off_topic_reason("StepCompleted", TELEMETRY_UNATTRIBUTED) is not None
