@@ -26,7 +26,7 @@ def worker(
         10_000,
         "--checkpoint-interval-ms",
         min=100,
-        help="Snapshot the engine at least every N ms of event time.",
+        help="Snapshot each partition's engine at least every N ms of processing (wall clock).",
     ),
     checkpoint_events: int = typer.Option(
         5_000, "--checkpoint-events", min=1, help="... and every N events."

@@ -1,9 +1,10 @@
 """Every kind of bad record mixed into a fault scenario: the worker and the sink both finish, once each.
 
-Real broker, real chDB, the real `ranksight worker` subprocess. Bad records go to each source
-topic (among the good ones and as the last record of busy partitions, which used to stall the
-worker); the sink, which owns the source topics, dead-letters each of them exactly once, and the
-worker's alerts equal those of the offline replay of the good events.
+Real broker, real chDB, the real `ranksight worker` subprocess. Bad records go to each topic the
+sink stores (among the good ones and as the last record of busy partitions, which used to stall
+the worker) and to each topic only the worker reads; the owner of each topic (the sink for what it
+stores, the worker for the rest) dead-letters each of them exactly once, and the worker's alerts
+equal those of the offline replay of the good events.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from schemas.topics import (
     DEADLETTER,
     TELEMETRY_GPU,
     TELEMETRY_HOST,
+    TELEMETRY_JOB,
+    TELEMETRY_UNATTRIBUTED,
     TRAINING_EVENTS,
     TRAINING_STEPS,
     key_for,
@@ -75,6 +78,8 @@ TOPIC_TYPE = {
     TRAINING_STEPS: "StepCompleted",
     TRAINING_EVENTS: "RankBound",
 }
+# The topics the sink stores (and dead-letters the bad records of); the worker reads only two of them.
+SINK_SOURCES = (TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_STEPS, TRAINING_EVENTS)
 RUN_LIMIT_S = 420
 _STUCK = "the producer is stuck"  # a bound for failure only: the waits below end on progress
 
@@ -185,7 +190,7 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
     rng = random.Random(13)
     bad = BadProducer(kafka_bootstrap)
     # Every kind on every source topic, spread through the run, on the partitions the scenario uses.
-    mixes = [(kind, topic) for kind in KINDS for topic in SOURCE_TOPICS]
+    mixes = [(kind, topic) for kind in KINDS for topic in SINK_SOURCES]
     step = len(events) // (len(mixes) + 1)
     last_key: dict[str, bytes] = {}
     for i, (kind, topic) in enumerate(mixes):
@@ -196,10 +201,10 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
         bad.send(topics[topic], last_key.get(topic, b"k"), _bad_value(kind, topic, samples, rng), kind)
     _publish(kafka_bootstrap, topic_prefix, events[len(mixes) * step :])
     # The last record of a busy partition of each topic is bad too (this stalled the worker).
-    for j, topic in enumerate(SOURCE_TOPICS):
+    for j, topic in enumerate(SINK_SOURCES):
         kind = KINDS[j % len(KINDS)]
         bad.send(topics[topic], last_key[topic], _bad_value(kind, topic, samples, rng), kind)
-    assert len(bad.positions) == len(KINDS) * len(SOURCE_TOPICS) + len(SOURCE_TOPICS)
+    assert len(bad.positions) == len(KINDS) * len(SINK_SOURCES) + len(SINK_SOURCES)
 
     worker = Worker(kafka_bootstrap, topic_prefix, tmp_path)
     worker.start()
@@ -212,7 +217,7 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
         sink = SinkConsumer(
             {"bootstrap.servers": kafka_bootstrap},
             client,
-            [topics[t] for t in SOURCE_TOPICS],
+            [topics[t] for t in SINK_SOURCES],
             group_id,
             deadletter_topic=topics[DEADLETTER],
             batch_interval_s=0.5,
@@ -221,7 +226,7 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
         )
         stats = sink.run(idle_exit_s=3)
         sink_health = sink_metrics(sink.health(), topic_prefix)
-        assert group_lag(kafka_bootstrap, group_id, [topics[t] for t in SOURCE_TOPICS]) == 0
+        assert group_lag(kafka_bootstrap, group_id, [topics[t] for t in SINK_SOURCES]) == 0
         # The worker: wait until its group has committed every source record (progress, not time).
         group = topic_prefix + DEFAULT_APP_ID
         deadline = time.monotonic() + RUN_LIMIT_S
@@ -242,6 +247,9 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
         internal.send(topic_prefix + BINDINGS, b"node-01", b"\x7fnot a binding", "random bytes")
         wrong = Codec().encode(samples["StepCompleted"])
         internal.send(topic_prefix + TELEMETRY_BY_JOB, b"pretrain-7b-0009", wrong, "wrong record type")
+        internal.send(topics[TELEMETRY_JOB], b"pretrain-7b-0009", wrong, "wrong record type")
+        truncated = Codec().encode(samples["GpuSample"])[:20]
+        internal.send(topics[TELEMETRY_UNATTRIBUTED], b"node-02", truncated, "truncated Avro")
         alerts = [Codec().decode(m.value()).record for m in _read_all(kafka_bootstrap, topics[ALERTS])]
         # The sink's dead letters are in; the worker's may still be on their way.
         letters = _read_all(kafka_bootstrap, topics[DEADLETTER], len(bad.positions) + len(internal.positions))
@@ -251,7 +259,10 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
         close_all()
     log = worker.log()
     assert "Traceback" not in log, log
-    internal_topics = {(topic_prefix + BINDINGS).encode(), (topic_prefix + TELEMETRY_BY_JOB).encode()}
+    internal_topics = {
+        (topic_prefix + t).encode()
+        for t in (BINDINGS, TELEMETRY_BY_JOB, TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED)
+    }
     assert {(a["fingerprint"], a["status"]) for a in alerts} == expected, log
     assert stored == len(events)
     # Each bad record dead-lettered exactly once, by the sink, with where it came from.

@@ -23,22 +23,27 @@ from schemas.codec import SINGLE_OBJECT_MAGIC, Codec
 from schemas.errors import DecodeError
 from schemas.files import write_container
 from schemas.records import Event
-from schemas.topics import TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS
+from schemas.topics import (
+    TELEMETRY_GPU,
+    TELEMETRY_HOST,
+    TELEMETRY_JOB,
+    TELEMETRY_UNATTRIBUTED,
+    TRAINING_EVENTS,
+    TRAINING_STEPS,
+)
+from streams.aligner import Aligner
 from streams.app import (
     BINDINGS,
     TELEMETRY_BY_JOB,
-    Aligner,
     WorkerOptions,
     align_ts,
     broker_credentials,
     check_record,
-    decode_snapshot,
-    encode_snapshot,
-    pick_latest_snapshot,
     reference_ms,
 )
 from streams.errors import StreamsError
 from streams.kafka_replay import KafkaReplayError, publish_file
+from streams.partition import decode_snapshot, encode_snapshot, pick_latest_snapshot
 from tests.unit.streams.builders import gpu_sample, host_sample, job_started, rank_bound
 
 
@@ -65,6 +70,22 @@ def test_aligner_releases_when_the_slow_partition_is_at_its_end() -> None:
         return 0  # everything read
 
     assert [i for _, _, i in al.pop_ready(0.1, lag)] == ["z", "x", "y"]
+
+
+def test_a_partition_at_its_end_holds_the_others_for_its_grace_after_its_last_record() -> None:
+    """Producers send each partition's batch separately: "at its end" may be a few ms early."""
+    al = Aligner(idle_s=60.0, end_grace_s=0.5)
+    al.expect(["steps:0", "gpu:0"], now=0.0)
+    al.push("steps:0", 0, 14_000, "step at 14 s", now=0.0)
+    al.push("gpu:0", 0, 9_000, "gpu at 9 s", now=0.0)
+
+    def lag(tp: str, last: int | None) -> int:
+        return 0  # both read to their end, for now
+
+    assert [i for _, _, i in al.pop_ready(0.1, lag)] == ["gpu at 9 s"]  # the step waits for gpu:0
+    al.push("gpu:0", 1, 10_000, "gpu at 10 s", now=0.2)  # ... whose next record was in flight
+    assert [i for _, _, i in al.pop_ready(0.2, lag)] == ["gpu at 10 s"]
+    assert [i for _, _, i in al.pop_ready(0.8, lag)] == ["step at 14 s"]  # gpu:0 quiet past its grace
 
 
 def test_aligner_keeps_waiting_for_a_partition_with_backlog_despite_wall_time() -> None:
@@ -213,8 +234,9 @@ def test_publish_file_speed_zero_never_sleeps_and_negative_is_refused(tmp_path: 
 
 
 def test_runtime_snapshot_never_claims_offsets_still_held_and_restores_them(tmp_path: Path) -> None:
-    from streams.app import WorkerOptions, WorkerRuntime
+    from streams.app import WorkerOptions
     from streams.config import EngineConfig
+    from streams.partition import WorkerRuntime
     from streams.routing import load_router
 
     rt = WorkerRuntime(
@@ -238,9 +260,10 @@ def test_runtime_snapshot_never_claims_offsets_still_held_and_restores_them(tmp_
     assert again.seq == 1
 
 
-def test_runtime_checkpoints_on_alerts_event_time_and_event_count(tmp_path: Path) -> None:
-    from streams.app import WorkerOptions, WorkerRuntime
+def test_runtime_checkpoints_on_alerts_processing_time_and_event_count(tmp_path: Path) -> None:
+    from streams.app import WorkerOptions
     from streams.config import EngineConfig
+    from streams.partition import WorkerRuntime
     from streams.routing import load_router
 
     opts = WorkerOptions(
@@ -249,16 +272,16 @@ def test_runtime_checkpoints_on_alerts_event_time_and_event_count(tmp_path: Path
     rt = WorkerRuntime(EngineConfig.default(), load_router(), opts)
     rt.restore([])
     assert rt.engine is not None
-    assert rt.checkpoint_due([Event("Alert", {})])
-    rt.engine.max_ts = 1_000
-    assert not rt.checkpoint_due([])  # first look: remembers the time
-    rt.engine.max_ts = 10_999
-    assert not rt.checkpoint_due([])
-    rt.engine.max_ts = 11_000
-    assert rt.checkpoint_due([])
+    assert rt.checkpoint_due([Event("Alert", {})], now=0.0)
+    rt.pending = [object()]
+    assert not rt.checkpoint_due([], now=100.0)  # first look: remembers the time
+    assert not rt.checkpoint_due([], now=109.9)
+    assert rt.checkpoint_due([], now=110.0)  # 10 s of processing since
+    rt.pending = []
+    assert not rt.checkpoint_due([], now=500.0)  # nothing to commit: no snapshot
     rt.snapshot_value()
     rt.pending = [object(), object(), object()]
-    assert rt.checkpoint_due([])
+    assert rt.checkpoint_due([], now=0.0)  # checkpoint_events records
 
 
 # --- bad input: every kind of bad record is one DecodeError, whichever agent reads it ------------
@@ -292,6 +315,8 @@ _GOOD_AND_WRONG: dict[str, tuple[Event, Event]] = {
     TRAINING_EVENTS: (rank_bound("j", 0, 1_000), step_event(1_000)),
     BINDINGS: (rank_bound("j", 0, 1_000), job_started("j", 1_000)),
     TELEMETRY_BY_JOB: (host_sample("n1", 1_000), step_event(1_000)),
+    TELEMETRY_UNATTRIBUTED: (gpu_sample("n1", 0, 1_000), step_event(1_000)),
+    TELEMETRY_JOB: (host_sample("n1", 1_000), rank_bound("j", 0, 1_000)),
 }
 
 
@@ -434,16 +459,15 @@ class _Stream:
         return True
 
 
-# Agent -> the raw topics it reads (the sink owns their dead letters, so no broker is needed).
+# Agent -> the raw topics it reads whose dead letters the sink owns, so no broker is needed. `route`
+# reads only topics the worker dead-letters itself (through Kafka: test_worker_bad_input.py).
 _AGENT_TOPICS = {
-    "bind": [TRAINING_EVENTS],
-    "route": [TELEMETRY_GPU, TELEMETRY_HOST],
     "detect": [TRAINING_STEPS, TRAINING_EVENTS],
 }
 
 
 def test_bad_input_on_each_topic_never_raises_out_of_an_agent_and_counts_as_read(tmp_path: Path) -> None:
-    """Every kind of bad record through the real `bind`, `route` and `detect` agent functions."""
+    """Every kind of bad record through the real `detect` agent function."""
     from streams.app import WorkerOptions, build_app
 
     app = build_app(WorkerOptions(bootstrap="127.0.0.1:1", workdir=tmp_path, store="memory://"))

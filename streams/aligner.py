@@ -1,0 +1,251 @@
+"""Event-time alignment of the partitions one engine reads (its watermark is global to them).
+
+Pure: no Kafka or Faust here. The worker feeds it records with their partition and offset and
+asks, now and then, which may go to the engine; `lag` callbacks say how many records a partition
+still has unread (the consumer's view of the broker), so a partition at its end stops holding the
+others back at once instead of after a timeout.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Aligner", "LagFn", "tp_key"]
+
+# How long a computed frontier is reused while the partition that sets it delivers nothing new:
+# the backlogs it depends on change only with fetches, so recomputing it per record (every
+# partition's lag, per record) cost the worker a tenth of its time.
+FRONTIER_REUSE_S = 0.05
+
+
+def tp_key(topic: str, partition: int) -> str:
+    """The name the aligner knows a partition by: "topic:n"."""
+    return f"{topic}:{partition}"
+
+
+# (partition "topic:n", last offset delivered or None) -> records left to read, None if unknown.
+LagFn = Callable[[str, int | None], int | None]
+
+
+@dataclass(order=True)
+class _Held:
+    ts: int
+    seq: int
+    tp: str = field(compare=False)
+    offset: int = field(compare=False)
+    arrived: float = field(compare=False)
+    item: Any = field(compare=False)
+
+
+class Aligner:
+    """Event-time alignment of many partitions before the engine (whose watermark is global).
+
+    A consumer reads partitions at different event-time speeds (a backlog of GPU samples and
+    one of steps are not drained at the same rate), and the engine drops events older than
+    max event time - allowed lateness. So events wait here and leave in event-time order once
+    every partition that still has unread records has delivered something at least as new
+    (`frontier`); a partition at its end (or, backlog unknown, silent for `idle_s`) stops
+    holding the others back. `max_buffer` bounds
+    memory during a large catch-up (past it the oldest events leave, possibly too early).
+    """
+
+    def __init__(
+        self,
+        idle_s: float = 2.0,
+        max_buffer: int = 200_000,
+        stall_s: float = 30.0,
+        idle_by_topic: dict[str, float] | None = None,
+        end_grace_s: float = 0.0,
+    ) -> None:
+        self.idle_s = idle_s
+        self.end_grace_s = end_grace_s
+        self.idle_by_topic = dict(idle_by_topic or {})
+        self.stall_s = stall_s
+        self.max_buffer = max_buffer
+        self._heap: list[_Held] = []
+        self._seq = 0
+        self._last_ts: dict[str, int] = {}
+        self._last_seen: dict[str, float] = {}
+        self._last_offset: dict[str, int] = {}
+        self._held_offsets: dict[str, list[int]] = {}
+        self._released: dict[str, set[int]] = {}  # lazy deletion from `_held_offsets`
+        self.moved_at: float | None = None  # when events last left (or nothing was held)
+        # The last frontier computed, the partition that set it, and when (None: recompute).
+        self._front: int | None = None
+        self._front_tp: str | None = None
+        self._front_at: float | None = None
+        self._front_lag: LagFn | None = None
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, tp: str, offset: int, ts: int, item: Any, now: float) -> None:
+        """Hold one decoded event of partition `tp`."""
+        self._seq += 1
+        heapq.heappush(self._heap, _Held(ts, self._seq, tp, offset, now, item))
+        if ts > self._last_ts.get(tp, ts - 1):
+            self._last_ts[tp] = ts
+        self._last_seen[tp] = now
+        if offset > self._last_offset.get(tp, -1):
+            self._last_offset[tp] = offset
+        heapq.heappush(self._held_offsets.setdefault(tp, []), offset)
+        self._touched(tp)
+
+    def note(self, tp: str, offset: int | None, ts: int | None, now: float) -> None:
+        """Progress of an input that holds no event here: a forwarder's progress marker, or a
+        record that was rejected or skipped. Every consumed offset must reach `push` or `note`,
+        or the partition's backlog never reads 0 and it holds the others back."""
+        if ts is not None and ts > self._last_ts.get(tp, ts - 1):
+            self._last_ts[tp] = ts
+        self._last_seen[tp] = now
+        if offset is not None and offset > self._last_offset.get(tp, -1):
+            self._last_offset[tp] = offset
+        self._touched(tp)
+
+    def _touched(self, tp: str) -> None:
+        """`tp` delivered: the frontier moves if it was the partition setting it (or none did)."""
+        if tp == self._front_tp or self._front_tp is None:
+            self._front_at = None
+
+    def forget(self, tp: str) -> None:
+        """Stop waiting for `tp` (an input that went away)."""
+        self._last_seen.pop(tp, None)
+        self._last_ts.pop(tp, None)
+        self._last_offset.pop(tp, None)
+        self._front_at = None
+
+    def expect(self, tps: list[str], now: float) -> None:
+        """Newly assigned partitions: hold everything back until each delivers or stays silent `idle_s`."""
+        for tp in tps:
+            self._last_seen.setdefault(tp, now)
+        self._front_at = None
+
+    def frontier(self, now: float, lag: LagFn | None = None) -> int | None:
+        """Event time every partition still delivering has reached (None: no partition holds back).
+
+        A partition holds the others back while it has unread records (`lag(tp, last_offset)`
+        says how many), for at most `stall_s` without a delivery; when its backlog is unknown,
+        while it delivered (or was assigned) within `idle_s`; at its end, while it delivered
+        within `end_grace_s`.
+        """
+        front, _ = self._frontier_of(self._holding(now, lag))
+        return front
+
+    @staticmethod
+    def _frontier_of(
+        holding: list[tuple[str, int | None, int | None, float]],
+    ) -> tuple[int | None, str | None]:
+        """(frontier, the partition setting it) of the holding partitions."""
+        if not holding:
+            return None, None
+        # One that has not delivered yet (no event time) holds everything back.
+        tp, ts, _, _ = min(holding, key=lambda h: -(2**63) if h[1] is None else h[1])
+        return (-(2**63) if ts is None else ts), tp
+
+    def _reused_frontier(self, now: float, lag: LagFn | None) -> int | None:
+        """`frontier`, recomputed only when the partition that set it delivered, or every
+        `FRONTIER_REUSE_S` (backlogs change with fetches, not per record)."""
+        if self._front_at is None or now - self._front_at >= FRONTIER_REUSE_S or lag is not self._front_lag:
+            self._front, self._front_tp = self._frontier_of(self._holding(now, lag))
+            self._front_at, self._front_lag = now, lag
+        return self._front
+
+    def _holding(self, now: float, lag: LagFn | None) -> list[tuple[str, int | None, int | None, float]]:
+        """The partitions that hold the others back: (tp, event time, backlog, seconds silent)."""
+        out = []
+        for tp, seen in self._last_seen.items():
+            quiet = now - seen
+            backlog = lag(tp, self._last_offset.get(tp)) if lag is not None else None
+            idle = self.idle_by_topic.get(tp.rpartition(":")[0], self.idle_s)
+            if backlog is None:
+                holds = quiet < idle
+            elif backlog > 0:
+                holds = quiet < self.stall_s
+            else:
+                # At its end, but it delivered just now: a producer publishing a backlog sends each
+                # partition's batch separately, so its next records may be a few ms from landing.
+                holds = quiet < self.end_grace_s
+            if holds:
+                out.append((tp, self._last_ts.get(tp), backlog, quiet))
+        return out
+
+    def pop_ready(self, now: float, lag: LagFn | None = None) -> list[tuple[str, int, Any]]:
+        """Events that may go to the engine now, oldest first, as (tp, offset, item)."""
+        if not self._heap:
+            self.moved_at = now  # nothing held: no frontier to compute
+            return []
+        out: list[tuple[str, int, Any]] = []
+        frontier = self._reused_frontier(now, lag)
+        heap = self._heap
+        while heap:
+            top = heap[0]
+            if not (
+                len(heap) > self.max_buffer
+                or (frontier is not None and top.ts <= frontier)
+                or frontier is None
+            ):
+                break
+            heapq.heappop(heap)
+            self._released.setdefault(top.tp, set()).add(top.offset)
+            out.append((top.tp, top.offset, top.item))
+        if out or not heap or self.moved_at is None:
+            self.moved_at = now
+        return out
+
+    def stuck_for(self, now: float) -> float:
+        """Seconds events have been held without any leaving (0 when nothing is held)."""
+        if not self._heap or self.moved_at is None:
+            return 0.0
+        return now - self.moved_at
+
+    def blocker(self, now: float, lag: LagFn | None = None) -> str:
+        """Which partition holds the held events back, and why (for a log line)."""
+        holding = self._holding(now, lag)
+        oldest = self._heap[0].ts if self._heap else None
+        if not holding:
+            return f"nothing (oldest held event time {oldest})"
+        # The one furthest behind in event time (one that delivered nothing yet comes first).
+        tp, ts, backlog, quiet = min(holding, key=lambda h: -(2**63) if h[1] is None else h[1])
+        left = "unknown" if backlog is None else str(backlog)
+        return (
+            f"{tp} (event time {ts}, last offset {self._last_offset.get(tp)}, {left} records left,"
+            f" silent {quiet:.0f} s; oldest held event time {oldest})"
+        )
+
+    def last_offset(self, tp: str) -> int | None:
+        """The newest offset of `tp` delivered here (held, released or noted)."""
+        return self._last_offset.get(tp)
+
+    def lowest_held(self, tp: str) -> int | None:
+        """The smallest offset of `tp` still waiting here (not yet in the engine state)."""
+        offsets = self._held_offsets.get(tp)
+        released = self._released.get(tp, set())
+        while offsets and offsets[0] in released:
+            released.discard(heapq.heappop(offsets))
+        return offsets[0] if offsets else None
+
+    def describe(self, now: float, lag: LagFn | None = None) -> dict[str, Any]:
+        """Per partition: last event time, last offset, backlog, seconds since the last delivery."""
+        return {
+            tp: (
+                self._last_ts.get(tp),
+                self._last_offset.get(tp),
+                lag(tp, self._last_offset.get(tp)) if lag else None,
+                round(now - seen, 1),
+            )
+            for tp, seen in sorted(self._last_seen.items())
+        }
+
+    def clear(self) -> None:
+        """Forget everything held (the partitions were revoked; they will be redelivered)."""
+        self._heap.clear()
+        self._held_offsets.clear()
+        self._released.clear()
+        self._last_ts.clear()
+        self._last_seen.clear()
+        self._last_offset.clear()
+        self.moved_at = None
+        self._front_at = None
