@@ -1,9 +1,10 @@
 """Events/s of `ranksight worker` through Kafka, of a bare consumer loop + engine, and of the offline engine.
 
-All three on the same events in the same run: the worker (publish start -> every source event
-handled), then a bare `confluent_kafka` consumer loop that decodes the same topics and feeds one
-`DetectionEngine` (what the worker wraps), their ratio (issue 9.1 target: >= 50 %), and the
-offline engine on the events in memory (the limit).
+All three on the same events in the same run. The events are published first (a backlog an hour
+old); then a bare `confluent_kafka` consumer loop that decodes them and feeds one `DetectionEngine`
+(what the worker wraps) drains them, then `ranksight worker` (one or `--workers N` in a group)
+drains them again; each is timed from its partition assignment to its last event. Printed: both
+rates, their ratio (issue 9.1 target: >= 50 %), and the offline engine on the events in memory.
 
 Usage: KAFKA_BOOTSTRAP=127.0.0.1:9092 python bench/bench_worker.py [--scenario nan_loss] [--workers 2]
        [--profile prof.raw]   # the (first) worker under py-spy: its top frames are printed
@@ -23,21 +24,30 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 from infra.kafka.topics import create_topics, delete_topics, prefixed
 from producers.publisher import open_publisher
 from producers.simulator import load_scenario, simulate
 from schemas.codec import Codec
-from streams.app import SOURCE_TOPICS, reference_ms
+from schemas.topics import TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS
+from streams.app import reference_ms
 from streams.engine import DetectionEngine
 
-_DONE = re.compile(r"worker: ([\d,]+) source events handled")
+_DONE = re.compile(r"^\[([\d-]+ [\d:,]+)\].*worker: ([\d,]+) source events handled", re.M)
+_ASSIGNED_AT = re.compile(r"^\[([\d-]+ [\d:,]+)\].*assigned partitions \[", re.M)
+# What the producers wrote, node-keyed: the bare loop reads every event once from these.
+NODE_KEYED_SOURCES = (TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_STEPS, TRAINING_EVENTS)
 _ASSIGNED = re.compile(r"assigned partitions \[([\d, ]*)\]")
 
 
 def _bare_loop(bootstrap: str, prefix: str, expected: int, timeout_s: float) -> float:
-    """Events/s of a plain consumer loop: poll, decode, `engine.process`, as the worker does per record."""
+    """Events/s of a plain consumer loop: poll, decode, `engine.process`, as the worker does per record.
+
+    Timed from its partition assignment (the group join is excluded, as for the worker) to the
+    last event processed.
+    """
     from confluent_kafka import Consumer
 
     consumer = Consumer(
@@ -48,24 +58,28 @@ def _bare_loop(bootstrap: str, prefix: str, expected: int, timeout_s: float) -> 
             "enable.auto.commit": False,
         }
     )
-    consumer.subscribe([prefix + t for t in SOURCE_TOPICS])
+    assigned_at: list[float] = []
+    consumer.subscribe(
+        [prefix + t for t in NODE_KEYED_SOURCES],
+        on_assign=lambda c, p: assigned_at.append(time.perf_counter()),
+    )
     codec, engine = Codec(), DetectionEngine()
     done = 0
-    t0 = time.perf_counter()
+    start = time.perf_counter()
     try:
-        while done < expected and time.perf_counter() - t0 < timeout_s:
+        while done < expected and time.perf_counter() - start < timeout_s:
             for msg in consumer.consume(5_000, 0.5):
                 if msg.error() is not None:
                     continue
                 event = codec.decode(msg.value() or b"")
                 engine.process(event, received_ts=reference_ms(msg.timestamp()[1], int(time.time() * 1000)))
                 done += 1
-        elapsed = time.perf_counter() - t0
+        elapsed = time.perf_counter() - (assigned_at[0] if assigned_at else start)
     finally:
         consumer.close()
     print(
         f"bare consumer loop + engine: {done} events in {elapsed:.2f} s = {done / elapsed:,.0f} events/s"
-        " (no alignment, no state, no outputs sent)"
+        " (one consumer, no alignment, no state, no outputs sent)"
     )
     return done / elapsed
 
@@ -98,11 +112,16 @@ def _top_frames(raw: Path, n: int = 15) -> None:
         print(f"    {100 * count / samples:5.1f} %  {frame}")
 
 
+def _log_time(stamp: str) -> float:
+    """Seconds since the epoch of a worker log timestamp ("2026-12-01 06:16:13,168", local time)."""
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
 def _bench(
     bootstrap: str, scenario: str, timeout_s: float, workers: int, profile: Path | None = None
 ) -> None:
     sc = load_scenario(scenario)
-    # Ending an hour ago: the worker rejects records more than a week behind their Kafka time.
+    # Ending an hour ago: the events are a backlog, as after an outage or for a replay.
     sc = sc.with_overrides(start_ms=int(time.time() * 1000) - int(sc.duration * 1000) - 3_600_000)
     events = list(simulate(sc, seed=0).events())
     t0 = time.perf_counter()
@@ -110,15 +129,24 @@ def _bench(
     offline_s = time.perf_counter() - t0
     print(
         f"offline engine: {len(events)} events in {offline_s:.2f} s = {len(events) / offline_s:,.0f} events/s"
+        " (no Kafka, no decoding: the limit)"
     )
 
     prefix = f"bench{uuid.uuid4().hex[:6]}."
     create_topics(bootstrap, prefix=prefix)
     procs: list[subprocess.Popen[bytes]] = []
     try:
+        # Everything is on the broker before either reader starts: both drain the same backlog.
+        pub = open_publisher("kafka", kafka_conf={"bootstrap.servers": bootstrap}, topic_prefix=prefix)
+        t0 = time.perf_counter()
+        for e in events:
+            pub.publish(e)
+        pub.flush(120)
+        pub.close()
+        print(f"publish: {len(events) / (time.perf_counter() - t0):,.0f} events/s")
+        bare_rate = _bare_loop(bootstrap, prefix, len(events), timeout_s)
         with tempfile.TemporaryDirectory() as home:
             logs = []
-            start = time.perf_counter()
             for i in range(workers):
                 env = {
                     **os.environ,
@@ -133,6 +161,8 @@ def _bench(
                     # Spawned under py-spy (attaching to a running process does not work everywhere).
                     spy = [str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw"]
                     spy += ["--rate", "50", "-o", str(profile), "--"]
+                    if not Path(spy[0]).exists():
+                        raise SystemExit("--profile needs py-spy: pip install py-spy")
                 with open(log_path, "wb") as log:
                     procs.append(
                         subprocess.Popen(
@@ -141,9 +171,9 @@ def _bench(
                                 str(Path(sys.executable).parent / "ranksight"),
                                 "worker",
                                 "--log-level",
-                                "info",
+                                os.environ.get("BENCH_WORKER_LOG_LEVEL", "info"),
                                 "--stats-interval",
-                                "1",
+                                "0.5",
                             ],
                             env=env,
                             stdout=log,
@@ -151,55 +181,42 @@ def _bench(
                         )
                     )
 
-            def held() -> list[set[int]]:
-                out = []
-                for path in logs:
-                    found = _ASSIGNED.findall(path.read_text(errors="replace")) if path.exists() else []
-                    out.append({int(p) for p in found[-1].split(",") if p.strip()} if found else set())
-                return out
+            def texts() -> list[str]:
+                return [p.read_text(errors="replace") if p.exists() else "" for p in logs]
 
-            # Wait until the group is settled: every partition held by exactly one worker.
-            while time.perf_counter() - start < timeout_s:
-                parts = held()
-                if all(parts) and sum(len(p) for p in parts) == 6 and len(set().union(*parts)) == 6:
-                    break
-                time.sleep(0.5)
-            joined = time.perf_counter() - start
-            print(f"{workers} worker(s): group settled {joined:.1f} s after start; partitions {held()}")
-            pub = open_publisher("kafka", kafka_conf={"bootstrap.servers": bootstrap}, topic_prefix=prefix)
-            t0 = time.perf_counter()
-            for e in events:
-                pub.publish(e)
-            pub.flush(120)
-            pub.close()
-            print(f"publish: {len(events) / (time.perf_counter() - t0):,.0f} events/s")
+            def handled(text: str) -> list[tuple[float, int]]:
+                return [(_log_time(t), int(c.replace(",", ""))) for t, c in _DONE.findall(text)]
+
+            start = time.perf_counter()
             done = 0
-            while time.perf_counter() - t0 < timeout_s:
+            while time.perf_counter() - start < timeout_s:
                 time.sleep(0.5)
-                done = 0
-                for path in logs:
-                    counts = [
-                        int(m.replace(",", "")) for m in _DONE.findall(path.read_text(errors="replace"))
-                    ]
-                    done += counts[-1] if counts else 0
-                if done >= len(events):
+                done = sum(h[-1][1] if (h := handled(t)) else 0 for t in texts())
+                if done >= len(events) or any(proc.poll() is not None for proc in procs):
                     break
-            end = time.perf_counter()
             if done < len(events):
                 print(f"workers did not finish in {timeout_s:.0f} s ({done} of {len(events)} handled)")
+                print("worker 0 log ends:", *texts()[0].splitlines()[-15:], sep="\n  ")
                 return
-            # Progress lines come once a second: the timings are +-1 s.
-            lines = [line for line in logs[0].read_text(errors="replace").splitlines() if "worker: " in line]
+            logs_now = texts()
+            if os.environ.get("BENCH_KEEP_LOGS"):
+                for i, text in enumerate(logs_now):
+                    Path(os.environ["BENCH_KEEP_LOGS"], f"worker-{i}.log").write_text(text)
+            parts = [_ASSIGNED.findall(t)[-1] for t in logs_now]
+            # From the moment the last worker got its partitions (the group settled) to the moment the
+            # last one had handled its final count (progress lines every 0.5 s: +-0.5 s).
+            settled = max(_log_time(_ASSIGNED_AT.findall(t)[-1]) for t in logs_now)
+            finished = max(next(ts for ts, c in handled(t) if c == handled(t)[-1][1]) for t in logs_now)
+            lines = [line for line in logs_now[0].splitlines() if "worker: " in line]
             print("last progress line of worker 0:", lines[-1].split("] ", 3)[-1] if lines else "none")
-            worker_rate = len(events) / (end - t0)
+            worker_rate = len(events) / (finished - settled)
             print(
-                f"{workers} worker(s): {len(events)} events handled {end - t0:.1f} s after publishing started"
-                f" = {worker_rate:,.0f} events/s"
+                f"{workers} worker(s) (partitions {', '.join(f'[{p}]' for p in parts)}): {len(events)} events"
+                f" in {finished - settled:.2f} s after the group settled = {worker_rate:,.0f} events/s"
             )
             for proc in procs:
                 _stop(proc)
             procs = []
-            bare_rate = _bare_loop(bootstrap, prefix, len(events), timeout_s)
             print(f"worker / bare loop: {100 * worker_rate / bare_rate:.0f} % (issue 9.1 target: >= 50 %)")
             if profile is not None and profile.exists():
                 _top_frames(profile)
