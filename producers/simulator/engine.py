@@ -282,6 +282,10 @@ class _Engine:
             if job.start < self.sc.duration:
                 _JobRun(self, job).run()
         self._telemetry()
+        # The recording ends at the scenario's end: a pause that began before it (an evaluation,
+        # a checkpoint) does not report past it while every other stream has stopped.
+        end_ms = self._ms(self.sc.duration)
+        self.out = [item for item in self.out if item[0] <= end_ms]
         self.out.sort(key=lambda item: (item[0], item[1]))
         if self.progress is not None:
             self.progress(len(self.out), self.sc.duration)

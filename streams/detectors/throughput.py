@@ -37,7 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "windows": 2,  # deviating windows in a row before throughput_drop fires
     "severe_ratio": 1.5,  # one window this many times the normal step time fires at once (short episodes)...
     "severe_min_steps": 5,  # ...when its ranks made this many steps (median) in it...
-    "severe_min_score": 0.9,  # ...and every rank slowed alike (no rank or node scores below this)
+    "even_min_score": 0.9,  # ...and every rank slowed alike (none scores below this); uneven: one window more
     "node_share": 0.34,  # data wait grown on one node, other nodes' growth below this share of it: name the node
     "history_windows": 10,  # normal windows kept as the run's reference
     "min_history": 4,  # normal windows needed before the run is judged
@@ -92,7 +92,7 @@ class ThroughputDetector(Detector):
         self.windows = int(p["windows"])
         self.severe = float(p["severe_ratio"])
         self.severe_min_steps = int(p["severe_min_steps"])
-        self.severe_min_score = float(p["severe_min_score"])
+        self.even_min_score = float(p["even_min_score"])
         self.node_share = float(p["node_share"])
         self.history = int(p["history_windows"])
         self.min_history = int(p["min_history"])
@@ -214,30 +214,34 @@ class ThroughputDetector(Detector):
         job["high"] += 1
         if job["high"] == 1:
             job["first"] = start
-        if job["high"] < self.windows and not self._severe(step, ref_step, ranks):
+        even = self._even(ranks)
+        # An uneven slowdown (some rank or node behind the rest) is the rank-level rules' to name:
+        # they judge windows of rank scores, which trip a window after the job's median step time
+        # at the onset; one window more lets the root cause fire first and mute this symptom.
+        needed = self.windows if even else self.windows + 1
+        if job["high"] < needed and not (even and self._severe(step, ref_step, ranks)):
             return []
         if job["active"] is None:
             job["active"] = [job["first"] if job["first"] is not None else start]
         return [self._finding(job_id, job, row, ref_step, ref_tps, end, True, job["active"][0])]
 
+    def _even(self, ranks: list[dict[str, Any]]) -> bool:
+        """Every scored rank of the window kept pace with the job median (no rank or node behind)."""
+        scores = finite(r.get("straggler_score") for r in ranks)
+        return not scores or min(scores) >= self.even_min_score
+
     def _severe(self, step: float | None, ref_step: float | None, ranks: list[dict[str, Any]]) -> bool:
-        """One window is enough: a large, job-wide slowdown over a window of ordinary steps.
+        """One window is enough: a large slowdown of every rank alike over a window of ordinary steps.
 
         A 75 s episode covers one 60 s window whole and its neighbours only in part (their
-        median step stays normal), so waiting for a second window would miss it. Only a slowdown
-        of every rank alike goes this fast: when some rank or node is slower than the rest, the
-        rank-level rules judge it (and their root cause mutes this alert), at their own pace.
+        median step stays normal), so waiting for a second window would miss it. The caller
+        takes this path only for an even slowdown: when some rank or node is behind the rest,
+        the rank-level rules judge it (and their root cause mutes this alert), at their own pace.
         """
         if step is None or ref_step is None or step < self.severe * ref_step:
             return False
         steps = median(finite(r.get("steps") for r in ranks))
-        scores = finite(r.get("straggler_score") for r in ranks)
-        return (
-            steps is not None
-            and steps >= self.severe_min_steps
-            and bool(scores)
-            and (min(scores) >= self.severe_min_score)
-        )
+        return steps is not None and steps >= self.severe_min_steps
 
     def _host_cpu(self, job_id: str, start: int, end: int) -> float | None:
         nodes = {b.node for b in self.topology.ranks_of(job_id)}
