@@ -24,8 +24,8 @@ Legitimate long operations never count as stalls:
   is blocked in a collective, and the job's GPUs keep computing (median activity at least
   `eval_busy_util_pct`, at `eval_power_ratio` of their power while training, which a hung
   collective's spinning kernels do not draw) -- is allowed `eval_first_grace_s` (default 600 s;
-  0: off); a silence on idle or cold GPUs, with a rank behind, or without current GPU telemetry
-  keeps the usual allowance.
+  0: off); a silence on idle or cold GPUs, with a rank behind, or without GPU telemetry from
+  both training and the silence keeps the usual allowance.
 
 `rank_hang` names the rank that stopped first while the job is stalled: a rank whose last step
 is behind the others; failing that, the rank that has been out of the collective in every
@@ -86,7 +86,8 @@ def _blank_job() -> dict[str, Any]:
         "paused": False,  # a checkpoint or evaluation closed since the last step: its gap is no interval
         "coll": {},  # str(rank) -> [[ts, time_s / interval_s], ...] recent samples
         "gpu": {},  # str(rank) -> [[ts, gpu_util_pct, power_w], ...] recent samples
-        "power_train": [],  # recent GPU power readings taken while the job was stepping
+        "power_train": [],  # recent GPU power readings taken between two ordinary steps
+        "power_pending": [],  # GPU power readings since the last step advance (training once the next lands)
         "timeouts": [],  # ranks that reported a collective timeout (they were waiting)
         "pid_seen": None,  # last time a bound pid was seen on a GPU of the job
         "stall": None,  # since-ts of an active stall
@@ -224,17 +225,10 @@ class ProgressDetector(Detector):
             key = str(binding.rank)
             row = [r["ts"], float(r["gpu_util_pct"]), None if power is None else float(power)]
             job["gpu"][key] = [*job["gpu"].get(key, []), row][-_GPU_HISTORY:]
-        if power is not None and self._stepping(job, int(r["ts"])):
-            job["power_train"] = [*job["power_train"], round(float(power), 1)][-_POWER_HISTORY:]
+        if power is not None and job["last_step_ts"] is not None and r["ts"] >= job["last_step_ts"]:
+            job["power_pending"] = [*job["power_pending"], round(float(power), 1)][-_POWER_HISTORY:]
         if binding.pid in (r.get("pids") or ()):
             job["pid_seen"] = max(job["pid_seen"] or 0, r["ts"])
-
-    def _stepping(self, job: dict[str, Any], ts: int) -> bool:
-        """The job stepped within the last couple of intervals, with no pause open."""
-        if job["last_step_ts"] is None or job["ckpt_open"] or job["eval_open"]:
-            return False
-        interval = self._interval_ms(job) or 0
-        return 0 <= ts - job["last_step_ts"] <= max(5000, 2 * interval)
 
     def _step(self, r: dict[str, Any]) -> list[Finding]:
         job = self.jobs.setdefault(r["job_id"], _blank_job())
@@ -250,6 +244,10 @@ class ProgressDetector(Detector):
                     self._learn_eval_gap(job, gap)
                 elif gap > 0 and not job["paused"]:
                     job["gaps"] = [*job["gaps"], gap][-self.interval_history :]
+                    if gap <= max(5000, 3 * (self._interval_ms(job) or 0)):
+                        # Readings between two ordinary steps: what the GPUs draw while training.
+                        job["power_train"] = [*job["power_train"], *job["power_pending"]][-_POWER_HISTORY:]
+            job["power_pending"] = []
             job["eval_gap"] = job["paused"] = False
             job["max_step"] = step
             job["last_step_ts"] = max(job["last_step_ts"] or 0, ts)
@@ -361,8 +359,9 @@ class ProgressDetector(Detector):
         and nothing has taught the detector its period or length yet. An evaluation runs after
         a step every rank finished, on GPUs that keep computing (forward passes over the
         validation set). A stall does not look like that: a rank behind its peers or out of line
-        with them (a hang), peers blocked in a collective, or GPUs gone idle (a hung loader, a dead process, a lost node) -- or
-        no current GPU telemetry to tell -- keep the usual allowance.
+        with them (a hang), peers blocked in a collective, or GPUs gone idle (a hung loader, a
+        dead process, a lost node) -- or no GPU telemetry from training and from now to tell --
+        keep the usual allowance.
         """
         since = job["last_activity"]
         steps = [s for s, _ in job["ranks"].values()]
@@ -389,9 +388,10 @@ class ProgressDetector(Detector):
             return False
         # Activity alone cannot tell computing from spinning: NCCL kernels waiting in a hung
         # collective show 100% activity at a fraction of the power the job drew while training.
+        # Without that comparison (no power readings from training or from now) nothing excuses.
         reference = median(job["power_train"]) if len(job["power_train"]) >= self.hang_min_samples else None
         drawn = median(powers)
-        return reference is None or drawn is None or drawn >= self.eval_power_ratio * reference
+        return reference is not None and drawn is not None and drawn >= self.eval_power_ratio * reference
 
     def _eval_due(self, job: dict[str, Any]) -> bool:
         steps = job["val_steps"]

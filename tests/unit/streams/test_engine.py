@@ -25,11 +25,9 @@ def _engine(**engine_knobs: object) -> DetectionEngine:
 
 def _stalled_job() -> list[Event]:
     events = training_job(seconds=100)
-    # telemetry keeps flowing (pids present, GPUs idle) while the steps have stopped
+    # telemetry keeps flowing (pids present) while the steps have stopped
     events += [
-        gpu_sample("node-01", i, T0 + s * 1000, pids=[1000 + i], util=0.0, power=90.0)
-        for s in range(101, 400, 5)
-        for i in range(4)
+        gpu_sample("node-01", i, T0 + s * 1000, pids=[1000 + i]) for s in range(101, 400, 5) for i in range(4)
     ]
     return sorted(events, key=lambda e: e.record["ts"])
 

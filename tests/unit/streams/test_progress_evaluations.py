@@ -172,6 +172,14 @@ def test_the_same_silence_without_gpu_telemetry_is_a_stall() -> None:
     assert "job_stall" in _rules(out)
 
 
+def test_without_gpu_power_from_training_to_compare_nothing_excuses_the_silence() -> None:
+    events = [
+        e for e in _first_evaluation(util=92.0) if e.type != "GpuSample" or e.record["ts"] > T0 + 100_000
+    ]
+    _, out = _run(events, until_s=256)
+    assert "job_stall" in _rules(out)
+
+
 def test_the_first_evaluation_grace_can_be_turned_off() -> None:
     _, out = _run(_first_evaluation(util=92.0), until_s=256, params={"eval_first_grace_s": 0.0})
     assert "job_stall" in _rules(out)
