@@ -12,7 +12,11 @@ watermark passes their end. For each closed window:
   `streams.detectors.changepoint`: 1.2-1.3x slowdowns are caught in two or three windows, long
   before they cross the threshold). Suspected layer:
   `data` when its data wait grew more than its compute, else `gpu` (the finding quotes its GPU's
-  SM clock, throttle reasons and power next to its peers').
+  SM clock, throttle reasons and power next to its peers'). A node of two ranks or more whose
+  *fastest* rank scores below the threshold against the ranks on the job's other nodes, in
+  `straggler_windows` windows, is one straggler for the node (slow storage, host or NIC under it:
+  half a job's ranks slow drag the job median along, so their own scores stay near 0.8); no new
+  per-rank straggler is raised on its ranks while it lasts.
 - every GPU bound to the job is compared with its peers on activity and power (robust z-score
   with a relative floor); one out of line for `imbalance_windows` windows is `gpu_imbalance`.
   Only windows where the job made progress count (a stalled job idles unevenly by nature).

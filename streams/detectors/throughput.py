@@ -13,11 +13,17 @@ derives) against the job's own recent normal:
   is below `1 / (1 + drop_ratio)` of it) deviates; `windows` deviating windows in a row raise ONE
   alert for the job; the first window back to normal resolves it. Deviating windows never enter
   the reference, so a sustained drop does not become the new normal while it lasts;
+- one window of at least `severe_ratio x` the reference is enough when every rank slowed alike
+  (a 75 s episode covers one 60 s window whole and its neighbours only in part); an *uneven*
+  slowdown (a rank's straggler score below `even_min_score`: some rank or node is behind) needs
+  one window more than `windows`, so the straggler that explains it fires first and mutes this;
 - the alert says which step segment expanded most against the reference windows (compute,
   data wait, communication, or the rest of the step: host-side work) and which infrastructure
   signal changed at the same time: the SM clock, GPU activity or power of the job's GPUs, a
   foreign process on one of its GPUs (GpuSample pids that are not the job's), the host CPU of its
-  nodes. The suspected layer follows the expanded segment.
+  nodes. The suspected layer follows the expanded segment. When the data wait expanded and grew
+  on one node's ranks alone, the alert names that node: slow storage under a node shows there,
+  and a job wholly on that node has no faster peer to be a straggler against.
 
 Pure and deterministic: the state is a few numbers per job and window.
 """
