@@ -184,7 +184,8 @@ def test_one_slow_window_of_a_mild_slowdown_is_not_enough() -> None:
 
 
 def test_one_slow_window_with_one_slow_rank_waits_for_the_rank_level_rules() -> None:
-    """When a rank is slower than its peers the straggler rule judges it: no one-window drop."""
+    """When a rank is slower than its peers the straggler rule judges it (its change detector
+    names the rank on that one window): no one-window drop."""
     events = _run_job(900, slow=(418, 480), factor=2.0)
     assert len([a for a in _alerts(events) if a["status"] == "firing"]) == 1  # every rank slow: caught
     for e in events:
@@ -194,3 +195,5 @@ def test_one_slow_window_with_one_slow_rank_waits_for_the_rank_level_rules() -> 
             r["comm_s"] += r["forward_s"] + r["backward_s"] + r["optimizer_s"] - 0.85
             r["forward_s"], r["backward_s"], r["optimizer_s"] = 0.85 / 3, 0.85 / 2, 0.85 / 6
     assert _alerts(events) == []
+    stragglers = [a for a in _alerts(events, "straggler") if a["status"] == "firing"]
+    assert [(a["rank"], a["suspected_layer"]) for a in stragglers] == [(0, "gpu")]
