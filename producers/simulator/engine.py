@@ -1262,8 +1262,13 @@ class _JobRun:
         for r in self.layout:
             e._spread(r.node, r.gpu_index, _EVAL, t, dur)
         loss, *_ = self._model(t, self.step)
+        # An evaluation still running when the job's recording ends reports no end: its result
+        # would come minutes after every other stream stopped (a co-located job looks stalled).
+        finished = t + dur <= self.limit
         if e.sc.telemetry.evaluation_events:
-            self._evaluation_events(t, dur)
+            self._evaluation_events(t, dur, finished)
+        if not finished:
+            return t + dur
         val = loss * 1.03 if math.isfinite(loss) else loss
         val = self._validation_faults(t, val)
         e.emit(
@@ -1277,7 +1282,7 @@ class _JobRun:
         )
         return t + dur
 
-    def _evaluation_events(self, t: float, dur: float) -> None:
+    def _evaluation_events(self, t: float, dur: float, finished: bool = True) -> None:
         """EvaluationEvent started/completed around one evaluation pause (the SDK's evaluation context)."""
         common = {
             "job_id": self.job.id,
@@ -1290,7 +1295,10 @@ class _JobRun:
         # The producer expects the pass to take as long as the previous one (the configured length first).
         expected = self.last_eval_s if self.last_eval_s is not None else self.job.evaluation.duration
         self.e.emit(t, "EvaluationEvent", **common, phase="started", expected_duration_s=round(expected, 3))
-        self.e.emit(t + dur - 0.001, "EvaluationEvent", **common, phase="completed", duration_s=round(dur, 3))
+        if finished:
+            self.e.emit(
+                t + dur - 0.001, "EvaluationEvent", **common, phase="completed", duration_s=round(dur, 3)
+            )
         self.last_eval_s = dur
 
     def _checkpoint(

@@ -12,7 +12,11 @@ watermark passes their end. For each closed window:
   `streams.detectors.changepoint`: 1.2-1.3x slowdowns are caught in two or three windows, long
   before they cross the threshold). Suspected layer:
   `data` when its data wait grew more than its compute, else `gpu` (the finding quotes its GPU's
-  SM clock, throttle reasons and power next to its peers').
+  SM clock, throttle reasons and power next to its peers'). A node of two ranks or more whose
+  *fastest* rank scores below the threshold against the ranks on the job's other nodes, in
+  `straggler_windows` windows, is one straggler for the node (slow storage, host or NIC under it:
+  half a job's ranks slow drag the job median along, so their own scores stay near 0.8); no new
+  per-rank straggler is raised on its ranks while it lasts.
 - every GPU bound to the job is compared with its peers on activity and power (robust z-score
   with a relative floor); one out of line for `imbalance_windows` windows is `gpu_imbalance`.
   Only windows where the job made progress count (a stalled job idles unevenly by nature).
@@ -300,6 +304,7 @@ class ImbalanceDetector(Detector):
 
         out: list[Finding] = []
         if len(scored) >= 2:
+            out.extend(self._node_stragglers(job_id, job, rank_stats, end))
             out.extend(self._stragglers(job_id, job, rank_stats, end))
             out.extend(self._network(job_id, job, rank_stats, info, start, end))
         if scored:
@@ -316,6 +321,7 @@ class ImbalanceDetector(Detector):
         job_wait = median(finite(v["wait"] for v in stats.values()))
         job_clock = median(finite(v["clock"] for v in stats.values()))
         job_power = median(finite(v["power"] for v in stats.values()))
+        slow_nodes = set(job.get("node_straggler", {}))
         for rank in sorted(stats):
             v = stats[rank]
             key = str(rank)
@@ -339,6 +345,8 @@ class ImbalanceDetector(Detector):
                 continue
             if job["low"].get(key, 0) < self.straggler_windows and not drift:
                 continue
+            if key not in job["straggler"] and self._node_of(job_id, rank) in slow_nodes:
+                continue  # one incident: the node-level straggler already names this rank's node
             d_wait = (v["wait"] or 0.0) - (job_wait or 0.0)
             d_compute = (
                 (v["compute"] - job_compute) if v["compute"] is not None and job_compute is not None else None
@@ -362,6 +370,115 @@ class ImbalanceDetector(Detector):
                 )
             )
         return out
+
+    def _node_of(self, job_id: str, rank: int) -> str | None:
+        b = self.topology.bindings.get((job_id, rank))
+        return b.node if b else None
+
+    def _node_stragglers(
+        self, job_id: str, job: dict[str, Any], stats: dict[int, dict[str, Any]], end: int
+    ) -> list[Finding]:
+        """A node whose every rank is slow (its storage, host, NIC): one straggler for the node.
+
+        A per-rank score is judged against the job median, which a node holding half the job's
+        ranks drags along (8 slow ranks of 16 score ~0.8, not 0.5). Here each node's *fastest*
+        rank is compared with the median of the ranks on the job's other nodes: only when even
+        that rank is slow is the fault the node's, not one GPU's (a node needs two ranks or more).
+        """
+        by_node: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        for rank in sorted(stats):
+            v = stats[rank]
+            node = self._node_of(job_id, rank)
+            if v["score"] is not None and node is not None:
+                by_node.setdefault(node, []).append((rank, v))
+        active: dict[str, int] = job.setdefault("node_straggler", {})
+        low: dict[str, int] = job.setdefault("node_low", {})
+        out: list[Finding] = []
+        if len(by_node) < 2:
+            return out
+        for node in sorted(by_node):
+            own = by_node[node]
+            peers = [v for n in sorted(by_node) if n != node for _, v in by_node[n]]
+            ref = median([v["busy"] for v in peers])
+            if len(own) < 2 or not ref:
+                continue  # one rank is the rank's straggler, not its node's; no peers, no verdict
+            fastest = min(v["busy"] for _, v in own)
+            score = ref / fastest
+            if score < self.threshold:
+                low[node] = low.get(node, 0) + 1
+            else:
+                low.pop(node, None)
+                if node in active:
+                    out.append(
+                        self._node_finding(job_id, node, own, peers, score, end, False, active.pop(node))
+                    )
+                continue
+            if low[node] < self.straggler_windows:
+                continue
+            if node not in active:
+                active[node] = end - self.straggler_windows * self.hop_ms - (self.window_ms - self.hop_ms)
+            out.append(self._node_finding(job_id, node, own, peers, score, end, True, active[node]))
+        return out
+
+    def _node_finding(
+        self,
+        job_id: str,
+        node: str,
+        own: list[tuple[int, dict[str, Any]]],
+        peers: list[dict[str, Any]],
+        score: float,
+        end: int,
+        active: bool,
+        since: int,
+    ) -> Finding:
+        ranks = [r for r, _ in own]
+        if active:
+            d_wait = (median(finite(v["wait"] for _, v in own)) or 0.0) - (
+                median(finite(v["wait"] for v in peers)) or 0.0
+            )
+            own_compute = median(finite(v["compute"] for _, v in own))
+            peer_compute = median(finite(v["compute"] for v in peers))
+            d_compute = (
+                own_compute - peer_compute if own_compute is not None and peer_compute is not None else None
+            )
+            if d_compute is None:
+                layer = "data" if d_wait > 0 else "unknown"
+            else:
+                layer = "data" if d_wait > d_compute else "gpu"
+            what = {
+                "data": f"its data path (the node's storage, cache or loader host): data wait "
+                f"{d_wait:+.3f} s per step against the ranks on the job's other nodes",
+                "gpu": f"the node's GPUs or host: compute {d_compute or 0.0:+.3f} s per step against the "
+                "ranks on the job's other nodes",
+            }.get(layer, "an unknown layer")
+            summary = (
+                f"node {node} of job {job_id} is a straggler: all its {len(ranks)} ranks "
+                f"({_rank_list(ranks)}) run slower than the job's ranks on its other nodes "
+                f"(score {score:.2f}); suspect {what}"
+            )
+        else:
+            layer = "unknown"
+            summary = f"node {node} of job {job_id} keeps pace again (score {score:.2f})"
+        return Finding(
+            rule="straggler",
+            key=(job_id, f"node:{node}"),
+            active=active,
+            ts=end,
+            category="data" if layer == "data" else "platform",
+            severity="warning",
+            job_id=job_id,
+            node=node,
+            since=since,
+            invariant=(
+                "every node's fastest rank scores >= "
+                f"{self.threshold} against the median rank on the job's other nodes"
+            ),
+            observed=score,
+            expected=self.threshold,
+            summary=summary,
+            suspected_layer=layer,
+            history_metric="straggler_score",
+        )
 
     def _gpu_detail(self, v: dict[str, Any], job_clock: float | None, job_power: float | None) -> str:
         parts = []
@@ -721,6 +838,13 @@ def _or_all(values: Any) -> int:
     for v in values:
         mask |= int(v or 0)
     return mask
+
+
+def _rank_list(ranks: list[int]) -> str:
+    """`ranks 8-15`, or the ranks themselves when they are not one run."""
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(str(r) for r in ranks)
 
 
 def _group(steps: list[list[Any]]) -> dict[int, list[list[Any]]]:

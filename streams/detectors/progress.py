@@ -20,8 +20,12 @@ Legitimate long operations never count as stalls:
   longest evaluation (the result's `duration_s`, or the pause between the steps around it). When
   the job's last step is one at which an evaluation is due, the allowed pause grows to
   `eval_factor x longest evaluation`, capped at `eval_timeout_s`. Before any evaluation of the run
-  has been seen, `eval_first_grace_s` (0: off) is the allowance, so a first evaluation longer than
-  `stall_floor_s` is not a stall when the operator says so.
+  has been seen, a silence with an evaluation's shape -- every rank finished the same step, none
+  is blocked in a collective, and the job's GPUs keep computing (median activity at least
+  `eval_busy_util_pct`, at `eval_power_ratio` of their power while training, which a hung
+  collective's spinning kernels do not draw) -- is allowed `eval_first_grace_s` (default 600 s;
+  0: off); a silence on idle or cold GPUs, with a rank behind, or without GPU telemetry from
+  both training and the silence keeps the usual allowance.
 
 `rank_hang` names the rank that stopped first while the job is stalled: a rank whose last step
 is behind the others; failing that, the rank that has been out of the collective in every
@@ -50,7 +54,9 @@ DEFAULTS: dict[str, Any] = {
     "interval_history": 64,  # job-level step gaps kept to learn the interval
     "eval_factor": 2.0,  # allowed evaluation pause = factor x longest evaluation seen
     "eval_timeout_s": 1800.0,  # an evaluation pause never excuses more than this (default evaluation limit)
-    "eval_first_grace_s": 0.0,  # silence allowed before the run's first evaluation is seen (0: off)
+    "eval_first_grace_s": 600.0,  # silence allowed before the run's first evaluation, when it looks like one (0: off)
+    "eval_busy_util_pct": 50.0,  # ...i.e. the job's GPUs keep computing (median activity at least this)
+    "eval_power_ratio": 0.6,  # ...at this fraction of their power while training (a hung collective spins cold)
     "hang_collective_frac": 0.5,  # peers blocked in the collective: >= this fraction of the interval
     "hang_gpu_util_gap_pct": 40.0,  # a hung rank's GPU activity differs from its peers by this much
     "hang_min_samples": 2,  # GPU samples of a rank since the stall began before its activity can name it
@@ -61,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
 
 
 _GPU_HISTORY = 8  # recent GPU samples kept per rank
+_POWER_HISTORY = 64  # GPU power readings while training kept per job (its reference level)
 
 
 def _blank_job() -> dict[str, Any]:
@@ -78,7 +85,9 @@ def _blank_job() -> dict[str, Any]:
         "eval_gap": False,  # a ValidationResult arrived: the next step's gap measures the evaluation
         "paused": False,  # a checkpoint or evaluation closed since the last step: its gap is no interval
         "coll": {},  # str(rank) -> [[ts, time_s / interval_s], ...] recent samples
-        "gpu": {},  # str(rank) -> [[ts, gpu_util_pct], ...] recent samples
+        "gpu": {},  # str(rank) -> [[ts, gpu_util_pct, power_w], ...] recent samples
+        "power_train": [],  # recent GPU power readings taken between two ordinary steps
+        "power_pending": [],  # GPU power readings since the last step advance (training once the next lands)
         "timeouts": [],  # ranks that reported a collective timeout (they were waiting)
         "pid_seen": None,  # last time a bound pid was seen on a GPU of the job
         "stall": None,  # since-ts of an active stall
@@ -101,6 +110,8 @@ class ProgressDetector(Detector):
         self.eval_factor = float(p["eval_factor"])
         self.eval_timeout_ms = int(float(p["eval_timeout_s"]) * 1000)
         self.eval_first_grace_ms = int(float(p["eval_first_grace_s"]) * 1000)
+        self.eval_busy_util = float(p["eval_busy_util_pct"])
+        self.eval_power_ratio = float(p["eval_power_ratio"])
         self.hang_min_samples = int(p["hang_min_samples"])
         self.hang_coll_frac = float(p["hang_collective_frac"])
         self.hang_gpu_gap = float(p["hang_gpu_util_gap_pct"])
@@ -209,9 +220,13 @@ class ProgressDetector(Detector):
         job = self.jobs.get(binding.job_id)
         if job is None:
             return
+        power = r.get("power_w")
         if r.get("gpu_util_pct") is not None:
             key = str(binding.rank)
-            job["gpu"][key] = [*job["gpu"].get(key, []), [r["ts"], float(r["gpu_util_pct"])]][-_GPU_HISTORY:]
+            row = [r["ts"], float(r["gpu_util_pct"]), None if power is None else float(power)]
+            job["gpu"][key] = [*job["gpu"].get(key, []), row][-_GPU_HISTORY:]
+        if power is not None and job["last_step_ts"] is not None and r["ts"] >= job["last_step_ts"]:
+            job["power_pending"] = [*job["power_pending"], round(float(power), 1)][-_POWER_HISTORY:]
         if binding.pid in (r.get("pids") or ()):
             job["pid_seen"] = max(job["pid_seen"] or 0, r["ts"])
 
@@ -229,6 +244,10 @@ class ProgressDetector(Detector):
                     self._learn_eval_gap(job, gap)
                 elif gap > 0 and not job["paused"]:
                     job["gaps"] = [*job["gaps"], gap][-self.interval_history :]
+                    if gap <= max(5000, 3 * (self._interval_ms(job) or 0)):
+                        # Readings between two ordinary steps: what the GPUs draw while training.
+                        job["power_train"] = [*job["power_train"], *job["power_pending"]][-_POWER_HISTORY:]
+            job["power_pending"] = []
             job["eval_gap"] = job["paused"] = False
             job["max_step"] = step
             job["last_step_ts"] = max(job["last_step_ts"] or 0, ts)
@@ -276,7 +295,7 @@ class ProgressDetector(Detector):
                 out.extend(self._check_eval(job_id, job, watermark))
                 continue  # so is an evaluation, within its own timeout
             silent = watermark - job["last_activity"]
-            allowed = self._allowed_ms(job)
+            allowed = self._allowed_ms(job, watermark)
             if silent <= allowed:
                 continue
             out.append(self._stall_finding(job_id, job, watermark, True, allowed))
@@ -317,16 +336,62 @@ class ProgressDetector(Detector):
     def _interval_ms(self, job: dict[str, Any]) -> float | None:
         return median(job["gaps"]) if len(job["gaps"]) >= 3 else None
 
-    def _allowed_ms(self, job: dict[str, Any]) -> int:
+    def _allowed_ms(self, job: dict[str, Any], watermark: int) -> int:
         interval = self._interval_ms(job)
         allowed = self.floor_ms
         if interval is not None:
             allowed = max(allowed, int(self.interval_factor * interval))
         if job["eval_ms"] and self._eval_due(job):
             allowed = max(allowed, min(self.eval_timeout_ms, int(self.eval_factor * max(job["eval_ms"]))))
-        elif not job["eval_ms"] and not job["val_steps"]:
-            allowed = max(allowed, self.eval_first_grace_ms)
+        elif (
+            not job["eval_ms"]
+            and not job["val_steps"]
+            and self.eval_first_grace_ms > allowed
+            and self._looks_like_evaluation(job, watermark)
+        ):
+            allowed = self.eval_first_grace_ms
         return allowed
+
+    def _looks_like_evaluation(self, job: dict[str, Any], watermark: int) -> bool:
+        """Before the run's first evaluation: does this silence have an evaluation's shape?
+
+        A producer that sends only ValidationResult says nothing until the evaluation is over,
+        and nothing has taught the detector its period or length yet. An evaluation runs after
+        a step every rank finished, on GPUs that keep computing (forward passes over the
+        validation set). A stall does not look like that: a rank behind its peers or out of line
+        with them (a hang), peers blocked in a collective, or GPUs gone idle (a hung loader, a
+        dead process, a lost node) -- or no GPU telemetry from training and from now to tell --
+        keep the usual allowance.
+        """
+        since = job["last_activity"]
+        steps = [s for s, _ in job["ranks"].values()]
+        if not steps or min(steps) < max(steps) or self._hung_rank(job, watermark) is not None:
+            return False
+        for samples in job["coll"].values():
+            recent = [f for t, f in samples if t > since]
+            if recent and recent[-1] >= self.hang_coll_frac:
+                return False
+        fresh = watermark - self.pid_recent_ms
+        utils: list[float] = []
+        powers: list[float] = []
+        for samples in job["gpu"].values():
+            recent = [x for x in samples if x[0] > since]
+            if len(recent) >= self.hang_min_samples and samples[-1][0] >= fresh:
+                utils.append(median([x[1] for x in recent]) or 0.0)
+                watts = [x[2] for x in recent if len(x) > 2 and x[2] is not None]
+                if watts:
+                    powers.append(median(watts) or 0.0)
+        if not utils or 2 * len(utils) < len(job["ranks"]):
+            return False
+        busy = median(utils)
+        if busy is None or busy < self.eval_busy_util:
+            return False
+        # Activity alone cannot tell computing from spinning: NCCL kernels waiting in a hung
+        # collective show 100% activity at a fraction of the power the job drew while training.
+        # Without that comparison (no power readings from training or from now) nothing excuses.
+        reference = median(job["power_train"]) if len(job["power_train"]) >= self.hang_min_samples else None
+        drawn = median(powers)
+        return reference is not None and drawn is not None and drawn >= self.eval_power_ratio * reference
 
     def _eval_due(self, job: dict[str, Any]) -> bool:
         steps = job["val_steps"]
@@ -364,7 +429,7 @@ class ProgressDetector(Detector):
         # GPU activity since the stall began: a hung rank is out of line in *every* sample (its
         # lowest and highest reading on the same side of its peers); a GPU that only just came
         # back (a stalled job resuming) is not.
-        spans = {int(k): [u for t, u in v if t > since] for k, v in job["gpu"].items()}
+        spans = {int(k): [x[1] for x in v if x[0] > since] for k, v in job["gpu"].items()}
         spans = {k: v for k, v in spans.items() if len(v) >= self.hang_min_samples}
         if len(spans) >= 3:
             mid = median([median(v) or 0.0 for v in spans.values()])

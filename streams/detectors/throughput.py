@@ -13,11 +13,17 @@ derives) against the job's own recent normal:
   is below `1 / (1 + drop_ratio)` of it) deviates; `windows` deviating windows in a row raise ONE
   alert for the job; the first window back to normal resolves it. Deviating windows never enter
   the reference, so a sustained drop does not become the new normal while it lasts;
+- one window of at least `severe_ratio x` the reference is enough when every rank slowed alike
+  (a 75 s episode covers one 60 s window whole and its neighbours only in part); an *uneven*
+  slowdown (a rank's straggler score below `even_min_score`: some rank or node is behind) needs
+  one window more than `windows`, so the straggler that explains it fires first and mutes this;
 - the alert says which step segment expanded most against the reference windows (compute,
   data wait, communication, or the rest of the step: host-side work) and which infrastructure
   signal changed at the same time: the SM clock, GPU activity or power of the job's GPUs, a
   foreign process on one of its GPUs (GpuSample pids that are not the job's), the host CPU of its
-  nodes. The suspected layer follows the expanded segment.
+  nodes. The suspected layer follows the expanded segment. When the data wait expanded and grew
+  on one node's ranks alone, the alert names that node: slow storage under a node shows there,
+  and a job wholly on that node has no faster peer to be a straggler against.
 
 Pure and deterministic: the state is a few numbers per job and window.
 """
@@ -35,6 +41,10 @@ __all__ = ["DEFAULTS", "ThroughputDetector"]
 DEFAULTS: dict[str, Any] = {
     "drop_ratio": 0.3,  # step time this fraction above the run's own recent normal is a drop
     "windows": 2,  # deviating windows in a row before throughput_drop fires
+    "severe_ratio": 1.5,  # one window this many times the normal step time fires at once (short episodes)...
+    "severe_min_steps": 5,  # ...when its ranks made this many steps (median) in it...
+    "even_min_score": 0.9,  # ...and every rank slowed alike (none scores below this); uneven: one window more
+    "node_share": 0.34,  # data wait grown on one node, other nodes' growth below this share of it: name the node
     "history_windows": 10,  # normal windows kept as the run's reference
     "min_history": 4,  # normal windows needed before the run is judged
     "skip_windows": 2,  # first windows of a run (warm-up) never enter the reference
@@ -53,8 +63,8 @@ _SEGMENTS = (
 _KEEP_MS = 180_000  # raw GPU/host signals kept this long (a window plus slack)
 
 
-def _window_profile(ranks: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Median segments and mean GPU signals over a window's ranks."""
+def _window_profile(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median segments and mean GPU signals over a window's ranks, and the data wait per node."""
     step = median(finite(r.get("step_time_s") for r in ranks))
     compute = median(finite(r.get("compute_s") for r in ranks))
     wait = median(finite(r.get("data_wait_s") for r in ranks))
@@ -69,6 +79,10 @@ def _window_profile(ranks: list[dict[str, Any]]) -> dict[str, float | None]:
         "clock": mean(finite(r.get("sm_clock_mhz") for r in ranks)),
         "util": mean(finite(r.get("gpu_util_pct") for r in ranks)),
         "power": mean(finite(r.get("power_w") for r in ranks)),
+        "node_wait": {
+            node: median(finite(r.get("data_wait_s") for r in ranks if r.get("node") == node))
+            for node in sorted({str(r["node"]) for r in ranks if r.get("node")})
+        },
     }
 
 
@@ -82,6 +96,10 @@ class ThroughputDetector(Detector):
         p = {**DEFAULTS, **self.params}
         self.ratio = 1.0 + float(p["drop_ratio"])
         self.windows = int(p["windows"])
+        self.severe = float(p["severe_ratio"])
+        self.severe_min_steps = int(p["severe_min_steps"])
+        self.even_min_score = float(p["even_min_score"])
+        self.node_share = float(p["node_share"])
         self.history = int(p["history_windows"])
         self.min_history = int(p["min_history"])
         self.skip = int(p["skip_windows"])
@@ -124,6 +142,9 @@ class ThroughputDetector(Detector):
                         "sm_clock_mhz",
                         "gpu_util_pct",
                         "power_w",
+                        "node",
+                        "steps",
+                        "straggler_score",
                     )
                 }
             )
@@ -199,11 +220,34 @@ class ThroughputDetector(Detector):
         job["high"] += 1
         if job["high"] == 1:
             job["first"] = start
-        if job["high"] < self.windows:
+        even = self._even(ranks)
+        # An uneven slowdown (some rank or node behind the rest) is the rank-level rules' to name:
+        # they judge windows of rank scores, which trip a window after the job's median step time
+        # at the onset; one window more lets the root cause fire first and mute this symptom.
+        needed = self.windows if even else self.windows + 1
+        if job["high"] < needed and not (even and self._severe(step, ref_step, ranks)):
             return []
         if job["active"] is None:
             job["active"] = [job["first"] if job["first"] is not None else start]
         return [self._finding(job_id, job, row, ref_step, ref_tps, end, True, job["active"][0])]
+
+    def _even(self, ranks: list[dict[str, Any]]) -> bool:
+        """Every scored rank of the window kept pace with the job median (no rank or node behind)."""
+        scores = finite(r.get("straggler_score") for r in ranks)
+        return not scores or min(scores) >= self.even_min_score
+
+    def _severe(self, step: float | None, ref_step: float | None, ranks: list[dict[str, Any]]) -> bool:
+        """One window is enough: a large slowdown of every rank alike over a window of ordinary steps.
+
+        A 75 s episode covers one 60 s window whole and its neighbours only in part (their
+        median step stays normal), so waiting for a second window would miss it. The caller
+        takes this path only for an even slowdown: when some rank or node is behind the rest,
+        the rank-level rules judge it (and their root cause mutes this alert), at their own pace.
+        """
+        if step is None or ref_step is None or step < self.severe * ref_step:
+            return False
+        steps = median(finite(r.get("steps") for r in ranks))
+        return steps is not None and steps >= self.severe_min_steps
 
     def _host_cpu(self, job_id: str, start: int, end: int) -> float | None:
         nodes = {b.node for b in self.topology.ranks_of(job_id)}
@@ -218,8 +262,26 @@ class ThroughputDetector(Detector):
         return [int(seen[0][1]), int(seen[0][2])] if seen else None
 
     # -- the alert ---------------------------------------------------------------------
-    def _explain(self, job: dict[str, Any], row: list[Any]) -> tuple[str, str, str]:
-        """(segment clause, signals clause, suspected layer) of a deviating window."""
+    def _data_node(self, job: dict[str, Any], prof: dict[str, Any]) -> tuple[str | None, float]:
+        """The node whose ranks' data wait grew, when the growth sits on that node alone.
+
+        Storage, page cache and loader workers are per node: slow storage under one node makes
+        that node's ranks wait for data while the ranks elsewhere wait for them in collectives.
+        """
+        grown: dict[str, float] = {}
+        for node, now in sorted((prof.get("node_wait") or {}).items()):
+            base = median(finite((x[3].get("node_wait") or {}).get(node) for x in job["ref"]))
+            if now is not None and base is not None:
+                grown[node] = now - base
+        if not grown:
+            return None, 0.0
+        top = max(sorted(grown), key=lambda n: grown[n])
+        if grown[top] <= 0 or any(d > self.node_share * grown[top] for n, d in grown.items() if n != top):
+            return None, 0.0
+        return top, grown[top]
+
+    def _explain(self, job: dict[str, Any], row: list[Any]) -> tuple[str, str, str, str | None]:
+        """(segment clause, signals clause, suspected layer, node) of a deviating window."""
         ref = job["ref"]
         prof = row[3]
         grown: list[tuple[float, str, str]] = []
@@ -228,9 +290,17 @@ class ThroughputDetector(Detector):
             now = prof.get(key)
             if base is not None and now is not None and now - base > 0:
                 grown.append((now - base, name, layer))
+        node = None
         if grown:
             delta, name, layer = max(grown, key=lambda g: (g[0], g[1]))
             segment = f"{name} expanded most (+{1000 * delta:.1f} ms per step)"
+            if layer == "data":
+                node, node_delta = self._data_node(job, prof)
+                if node is not None:
+                    segment += (
+                        f", on the ranks of node {node} (+{1000 * node_delta:.1f} ms): suspect that node's "
+                        "data path (its storage mount, page cache or loader host)"
+                    )
         else:
             segment, layer = "no step segment is reported (step time only)", "unknown"
         signals: list[str] = []
@@ -260,7 +330,7 @@ class ThroughputDetector(Detector):
             if signals
             else "no infrastructure signal changed with it"
         )
-        return segment, clause, layer
+        return segment, clause, layer, node
 
     def _finding(
         self,
@@ -277,8 +347,12 @@ class ThroughputDetector(Detector):
         use_step = step is not None and ref_step is not None
         observed = step if use_step else tps
         expected = ref_step if use_step else ref_tps
+        node = None
         if active:
-            segment, signals, layer = self._explain(job, row)
+            segment, signals, layer, node = self._explain(job, row)
+            if len(job["active"]) < 2:
+                job["active"].append(node)  # the node named when it fired stays the alert's
+            node = job["active"][1]
             if step is not None and ref_step is not None:
                 what = f"step time {1000 * step:.1f} ms vs {1000 * ref_step:.1f} ms ({step / ref_step:.2f}x)"
             else:
@@ -303,6 +377,7 @@ class ThroughputDetector(Detector):
             category="platform",
             severity="warning",
             job_id=job_id,
+            node=node,
             since=since,
             invariant=f"a run's step time stays within {self.ratio:.2f}x of its own recent windows",
             observed=observed,

@@ -24,13 +24,7 @@ SCENARIOS = builtin_scenarios()
 # detector gap. strict: the detector work that closes a gap must remove its entry.
 _MISSED = "test_labelled_alerts_fire_for_the_right_identity_and_team_in_time"
 _UNEXPLAINED = "test_no_alert_fires_without_a_label_explaining_it"
-DETECTOR_GAPS: dict[tuple[str, str], str] = {
-    (
-        _UNEXPLAINED,
-        "long_evaluation_legacy",
-    ): "issue 10.2: with ValidationResult only, the first evaluation is indistinguishable from a stall "
-    "(its period and length are learned from the second on; `progress.eval_first_grace_s` is off)",
-}
+DETECTOR_GAPS: dict[tuple[str, str], str] = {}
 
 
 def _cases(test: str) -> list[object]:

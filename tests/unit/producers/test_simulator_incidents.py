@@ -151,6 +151,16 @@ def test_evaluations_send_start_and_completion_events_unless_switched_off(with_e
     assert not [t for t in steps if started["ts"] < t < completed["ts"]]
 
 
+def test_an_evaluation_running_at_the_end_of_the_recording_reports_no_end() -> None:
+    """Its result would come minutes after every other stream stopped: the recording ends first."""
+    sc = _scenario([_job(evaluation={"every_steps": 100, "duration": "150s"}, step_time=1.0)], duration="3m")
+    events, _ = _events(sc)
+    phases = [e.record["phase"] for e in events if e.type == "EvaluationEvent"]
+    assert phases == ["started"]
+    assert not [e for e in events if e.type == "ValidationResult"]
+    assert max(e.record["ts"] for e in events) <= T0 + 180_000 + 10_000  # the last step and sample
+
+
 def test_unverified_checkpoints_complete_without_a_verification_and_are_labelled_stale() -> None:
     sc = _scenario(
         [_job(checkpoint={"every": "1m", "duration": "5s", "max_age": "3m"})],

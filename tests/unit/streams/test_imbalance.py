@@ -183,3 +183,49 @@ def test_state_round_trips_and_continues_identically() -> None:
     a = [f for e in rest for f in det.observe(e)] + det.advance(T0 + 200_000)
     b = [f for e in rest for f in clone.observe(e)] + clone.advance(T0 + 200_000)
     assert a == b and clone.drain_derived() == det.drain_derived()
+
+
+def _two_node_job(seconds: int, slow_ranks: set[int], *, from_s: int = 60, wait: float = 1.0) -> list[Event]:
+    """8 ranks on two nodes (4 each) stepping once a second; from `from_s` the `slow_ranks` wait
+    `wait` s longer for data per step and every other rank waits for them in the collective."""
+    events = [job_started("job-1", T0, world_size=8, nodes=2), job_state("job-1", T0, "running")]
+    events += [rank_bound("job-1", r, T0, gpus_per_node=4) for r in range(8)]
+    for i in range(1, seconds + 1):
+        faulty = i >= from_s
+        for r in range(8):
+            if faulty and r in slow_ranks:
+                kw: dict[str, Any] = {"data_wait": 0.03 + wait, "step_time": 1.0 + wait}
+            else:
+                kw = {"comm": 0.12 + (wait if faulty else 0.0), "step_time": 1.0 + (wait if faulty else 0.0)}
+            events.append(step("job-1", r, i, T0 + i * 1000, **kw))
+    return events
+
+
+def test_slow_storage_under_one_node_is_one_straggler_naming_the_node_not_one_per_rank() -> None:
+    """Half the job's ranks slow score ~0.8 against the job median; against the other node they are slow."""
+    _, findings, _ = _run(_two_node_job(240, {0, 1, 2, 3}))
+    flagged = _active(findings, "straggler")
+    assert flagged and {(f.node, f.rank) for f in flagged} == {("node-01", None)}
+    first = min(flagged, key=lambda f: f.ts)
+    assert first.ts <= T0 + 60_000 + 90_000  # two low windows after the fault starts
+    assert first.suspected_layer == "data" and first.category == "data"
+    assert "ranks 0-3" in first.summary and "data path" in first.summary
+
+
+def test_one_slow_gpu_on_a_node_is_that_rank_s_straggler_not_its_node_s() -> None:
+    _, findings, _ = _run(_two_node_job(240, {2}))
+    flagged = _active(findings, "straggler")
+    assert flagged and {(f.node, f.rank) for f in flagged} == {("node-01", 2)}
+
+
+def test_a_node_straggler_resolves_when_its_ranks_keep_pace_again() -> None:
+    events = [
+        e
+        for e in _two_node_job(400, {4, 5, 6, 7})
+        if not (e.type == "StepCompleted" and e.record["ts"] >= T0 + 200_000)
+    ]
+    events += [step("job-1", r, i, T0 + i * 1000) for i in range(200, 400) for r in range(8)]
+    _, findings, _ = _run(events)
+    node = [f for f in findings if f.rule == "straggler" and f.node == "node-02"]
+    assert node[0].active and not node[-1].active and node[-1].ts > T0 + 200_000
+    assert all(f.rank is None for f in node)

@@ -142,13 +142,85 @@ def test_the_evaluation_length_is_learned_from_the_steps_around_a_result() -> No
     assert _rules(out) == set()
 
 
-def test_a_first_evaluation_grace_covers_a_long_first_evaluation_only_when_configured() -> None:
+def _first_evaluation(util: float, *, gpus: int = 4) -> list[Event]:
+    """A ValidationResult-only producer: training stops at 100 s for a 150 s first evaluation
+    (the result comes at its end), GPU samples every 5 s (600 W while training, 500 W at `util`
+    meanwhile; idle GPUs draw 80 W), then steps resume."""
     events = [*training_job(seconds=100), validation("job-1", T0 + 250_000, 100, duration_s=150.0)]
-    events += _steps(251, 101, 5)
+    for s in range(5, 100, 5):
+        events += [gpu_sample("node-01", i, T0 + s * 1000) for i in range(gpus)]
+    for s in range(105, 250, 5):
+        power = 500.0 if util > 5 else 80.0
+        events += [gpu_sample("node-01", i, T0 + s * 1000, util=util, power=power) for i in range(gpus)]
+    return events + _steps(251, 101, 5)
+
+
+def test_a_long_first_evaluation_on_busy_gpus_is_no_stall() -> None:
+    """Every rank finished the same step and every GPU keeps computing: the first-evaluation grace."""
+    _, out = _run(_first_evaluation(util=92.0), until_s=256)
+    assert _rules(out) == set()
+
+
+def test_the_same_silence_on_idle_gpus_is_a_stall_at_the_usual_floor() -> None:
+    _, out = _run(_first_evaluation(util=0.0), until_s=256)
+    stall = _first(out, "job_stall")
+    assert stall is not None and stall.ts <= T0 + 100_000 + 62_000
+
+
+def test_the_same_silence_without_gpu_telemetry_is_a_stall() -> None:
+    _, out = _run(_first_evaluation(util=92.0, gpus=0), until_s=256)
+    assert "job_stall" in _rules(out)
+
+
+def test_without_gpu_power_from_training_to_compare_nothing_excuses_the_silence() -> None:
+    events = [
+        e for e in _first_evaluation(util=92.0) if e.type != "GpuSample" or e.record["ts"] > T0 + 100_000
+    ]
     _, out = _run(events, until_s=256)
     assert "job_stall" in _rules(out)
-    _, out = _run(events, until_s=256, params={"eval_first_grace_s": 300.0})
-    assert _rules(out) == set()
+
+
+def test_the_first_evaluation_grace_can_be_turned_off() -> None:
+    _, out = _run(_first_evaluation(util=92.0), until_s=256, params={"eval_first_grace_s": 0.0})
+    assert "job_stall" in _rules(out)
+
+
+def test_the_first_evaluation_grace_is_bounded() -> None:
+    """A job that never reports back after its 'evaluation' is stalled once the grace is spent."""
+    events = [e for e in _first_evaluation(util=92.0) if e.record["ts"] < T0 + 250_000]
+    for s in range(250, 800, 5):
+        events += [gpu_sample("node-01", i, T0 + s * 1000, util=92.0) for i in range(4)]
+    _, out = _run(events, until_s=760)
+    stall = _first(out, "job_stall")
+    assert stall is not None and T0 + 100_000 + 600_000 <= stall.ts <= T0 + 100_000 + 602_000
+
+
+def test_gpus_spinning_at_full_activity_but_a_fraction_of_their_training_power_are_no_evaluation() -> None:
+    """A hung collective: NCCL kernels keep every GPU 100% active, drawing far less than training did."""
+    events = [e for e in _first_evaluation(util=100.0) if e.type != "GpuSample"]
+    for s in range(5, 250, 5):
+        training = s <= 100
+        events += [
+            gpu_sample(
+                "node-01",
+                i,
+                T0 + s * 1000,
+                util=95.0 if training else 100.0,
+                power=600.0 if training else 250.0,
+            )
+            for i in range(4)
+        ]
+    _, out = _run(events, until_s=256)
+    stall = _first(out, "job_stall")
+    assert stall is not None and stall.ts <= T0 + 100_000 + 62_000
+
+
+def test_peers_blocked_in_a_collective_are_no_evaluation() -> None:
+    events = _first_evaluation(util=100.0)
+    for s in range(110, 250, 10):
+        events += [collective("job-1", r, T0 + s * 1000, 1.0) for r in range(4)]
+    _, out = _run(events, until_s=256)
+    assert "job_stall" in _rules(out)
 
 
 # -- recovery -------------------------------------------------------------------------------

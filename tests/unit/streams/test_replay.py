@@ -16,8 +16,13 @@ from tests.unit.streams.builders import T0, gpu_sample, training_job
 
 def _files(tmp_path: Path) -> list[Path]:
     training = training_job(seconds=100)
+    # The GPUs go idle when the steps stop at 100 s: a stall, not an evaluation (GPUs computing).
     telemetry = [
-        gpu_sample("node-01", i, T0 + s * 1000, pids=[1000 + i]) for s in range(0, 400, 5) for i in range(4)
+        gpu_sample(
+            "node-01", i, T0 + s * 1000, pids=[1000 + i], **({} if s <= 100 else {"util": 0.0, "power": 80.0})
+        )
+        for s in range(0, 400, 5)
+        for i in range(4)
     ]
     a, b = tmp_path / "training.avro", tmp_path / "telemetry.avro"
     write_container(a, training)
