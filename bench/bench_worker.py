@@ -31,7 +31,8 @@ from infra.kafka.topics import create_topics, delete_topics, prefixed
 from producers.publisher import open_publisher
 from producers.simulator import load_scenario, simulate
 from schemas.codec import Codec
-from schemas.topics import TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS
+from schemas.records import Event
+from schemas.topics import TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS, telemetry_copies
 from streams.app import reference_ms
 from streams.engine import DetectionEngine
 
@@ -84,6 +85,38 @@ def _bare_loop(bootstrap: str, prefix: str, expected: int, timeout_s: float) -> 
     return done / elapsed
 
 
+def _faust_read(bootstrap: str, prefix: str, events: list[Event], timeout_s: float) -> float | None:
+    """Events/s of a do-nothing Faust agent on the worker's topics (bench/faust_read.py): the
+    ceiling of any worker built on Faust agents, on this machine and broker."""
+    # The records on the worker's topics: one per training event, one copy per job (or one
+    # unattributed copy) per telemetry sample.
+    records = sum(len(telemetry_copies(e.type, e.record)) or 1 for e in events)
+    env = {**os.environ, "KAFKA_BOOTSTRAP": bootstrap, "RANKSIGHT_TOPIC_PREFIX": prefix}
+    script = Path(__file__).with_name("faust_read.py")
+    try:
+        out = subprocess.run(
+            [sys.executable, str(script), str(records)],
+            env={**env, "PYTHONPATH": str(script.parent.parent)},
+            capture_output=True,
+            timeout=timeout_s,
+            text=True,
+        )
+    except subprocess.TimeoutExpired:
+        print(f"do-nothing Faust agent: did not read {records} records in {timeout_s:.0f} s")
+        return None
+    found = re.search(r"faust read: (\d+) ([\d.]+)", out.stdout + out.stderr)
+    if not found:
+        print("do-nothing Faust agent failed:", (out.stdout + out.stderr)[-2000:])
+        return None
+    n, seconds = int(found[1]), float(found[2])
+    rate = len(events) / seconds
+    print(
+        f"do-nothing Faust agent: {n} records ({len(events)} events) in {seconds:.2f} s = {rate:,.0f} events/s"
+        " (same app settings and topics as the worker, nothing done per record: the Faust limit)"
+    )
+    return rate
+
+
 def _top_frames(raw: Path, n: int = 15) -> None:
     """Print the frames where the profiled worker spent its samples (self and inclusive)."""
     own: collections.Counter[str] = collections.Counter()
@@ -100,16 +133,16 @@ def _top_frames(raw: Path, n: int = 15) -> None:
             total[function] += int(count)
     print(f"py-spy: {samples} samples of the worker (active threads)")
     print("  self time:")
-    for frame, count in own.most_common(n):
-        print(f"    {100 * count / samples:5.1f} %  {frame}")
+    for frame, hits in own.most_common(n):
+        print(f"    {100 * hits / samples:5.1f} %  {frame}")
     print("  inclusive, frames of streams/ schemas/ faust/ aiokafka/:")
     shown = [
         (f, c)
         for f, c in total.most_common()
         if any(k in f for k in ("streams/", "schemas/", "faust/", "aiokafka/"))
     ]
-    for frame, count in shown[:n]:
-        print(f"    {100 * count / samples:5.1f} %  {frame}")
+    for frame, hits in shown[:n]:
+        print(f"    {100 * hits / samples:5.1f} %  {frame}")
 
 
 def _log_time(stamp: str) -> float:
@@ -145,6 +178,7 @@ def _bench(
         pub.close()
         print(f"publish: {len(events) / (time.perf_counter() - t0):,.0f} events/s")
         bare_rate = _bare_loop(bootstrap, prefix, len(events), timeout_s)
+        faust_rate = _faust_read(bootstrap, prefix, events, timeout_s)
         with tempfile.TemporaryDirectory() as home:
             logs = []
             for i in range(workers):
@@ -218,6 +252,8 @@ def _bench(
                 _stop(proc)
             procs = []
             print(f"worker / bare loop: {100 * worker_rate / bare_rate:.0f} % (issue 9.1 target: >= 50 %)")
+            if faust_rate:
+                print(f"worker / do-nothing Faust agent: {100 * worker_rate / faust_rate:.0f} %")
             if profile is not None and profile.exists():
                 _top_frames(profile)
     finally:

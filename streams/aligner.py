@@ -59,9 +59,13 @@ class Aligner:
         stall_s: float = 30.0,
         idle_by_topic: dict[str, float] | None = None,
         end_grace_s: float = 0.0,
+        passive_topics: frozenset[str] = frozenset(),
     ) -> None:
         self.idle_s = idle_s
         self.end_grace_s = end_grace_s
+        # Partitions of these topics never hold the others back: their records join the event-time
+        # order when they come, and are late for the engine if they come after it moved on.
+        self.passive_topics = passive_topics
         self.idle_by_topic = dict(idle_by_topic or {})
         self.stall_s = stall_s
         self.max_buffer = max_buffer
@@ -157,6 +161,8 @@ class Aligner:
         """The partitions that hold the others back: (tp, event time, backlog, seconds silent)."""
         out = []
         for tp, seen in self._last_seen.items():
+            if self.passive_topics and tp.rpartition(":")[0] in self.passive_topics:
+                continue
             quiet = now - seen
             backlog = lag(tp, self._last_offset.get(tp)) if lag is not None else None
             idle = self.idle_by_topic.get(tp.rpartition(":")[0], self.idle_s)

@@ -114,7 +114,7 @@ _INTERNAL_TYPES: dict[str, frozenset[str]] = {
     TELEMETRY_JOB: frozenset({"GpuSample", "HostSample"}),
     TELEMETRY_UNATTRIBUTED: frozenset({"GpuSample", "HostSample"}),
 }
-_ASK_ENDS_S = 2.0  # how often the end offsets of partitions without a fetch answer are asked for
+_ASK_ENDS_S = 0.5  # how often the end offsets of partitions without a fetch answer are asked for
 _BAD_LOG_S = 10.0  # bad input: one warning per this many seconds, with a count
 _METRICS_S = 2.0  # how often the /metrics snapshot is refreshed
 # Sends Kafka has not acknowledged after this long mean a stuck producer (its own requests time
@@ -584,7 +584,8 @@ def build_app(options: WorkerOptions) -> faust.App:
     def _runtime(p: int) -> WorkerRuntime:
         rt = runtimes.get(p)
         if rt is None:
-            rt = WorkerRuntime(config, router, options, p)
+            # Unattributed telemetry re-keyed by `route` never holds the job's own records back.
+            rt = WorkerRuntime(config, router, options, p, passive_topics=frozenset({TELEMETRY_BY_JOB}))
             value = snapshots.get(f"engine@{p}")
             rt.restore([bytes(value)] if value else [])
             rt.aligner.expect([tp_key(t, p) for t in JOB_TOPICS], time.monotonic())
@@ -753,7 +754,7 @@ def build_app(options: WorkerOptions) -> faust.App:
     async def _ends_tick() -> None:
         await _ask_ends()
 
-    @app.timer(options.align_idle_s / 4)
+    @app.timer(min(0.25, options.align_idle_s / 4))
     async def _tick() -> None:
         async with lock:
             if "route" in streams:

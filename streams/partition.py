@@ -113,7 +113,12 @@ class WorkerRuntime:
     COUNTS = RUNTIME_COUNTS
 
     def __init__(
-        self, config: EngineConfig, router: Router, options: WorkerOptions, partition: int = 0
+        self,
+        config: EngineConfig,
+        router: Router,
+        options: WorkerOptions,
+        partition: int = 0,
+        passive_topics: frozenset[str] = frozenset(),
     ) -> None:
         self.config = config
         self.router = router
@@ -121,7 +126,10 @@ class WorkerRuntime:
         self.partition = partition
         self.engine: DetectionEngine | None = None
         self.aligner = Aligner(
-            options.align_idle_s, options.align_max_buffer, end_grace_s=options.align_end_grace_s
+            options.align_idle_s,
+            options.align_max_buffer,
+            end_grace_s=options.align_end_grace_s,
+            passive_topics=passive_topics,
         )
         self.seq = 0
         self.offsets: dict[str, int] = {}  # next offset per source partition already in the engine
