@@ -37,7 +37,15 @@ from schemas.codec import Codec
 from schemas.errors import RanksightError
 from schemas.files import format_ts
 from schemas.records import Event
-from schemas.topics import ALERTS, DEADLETTER, TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS
+from schemas.topics import (
+    ALERTS,
+    DEADLETTER,
+    TELEMETRY_GPU,
+    TELEMETRY_HOST,
+    TRAINING_EVENTS,
+    TRAINING_STEPS,
+    WORKER_SOURCES,
+)
 from sinks.clickhouse import close as close_client
 from sinks.clickhouse import connect
 from sinks.consumer import SINK_TOPICS, SinkConsumer
@@ -390,9 +398,10 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
                 tick()
                 live.update(_render(board, options))
 
+            worker_source = [prefix + t for t in WORKER_SOURCES]
             _wait(
                 "the worker to process everything",
-                lambda: _group_lag(bootstrap, prefix + "ranksight-detect", source) == 0,
+                lambda: _group_lag(bootstrap, prefix + "ranksight-detect", worker_source) == 0,
                 options.timeout_s,
                 board,
                 refresh,

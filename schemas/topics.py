@@ -18,6 +18,7 @@ __all__ = [
     "TOPICS",
     "TRAINING_EVENTS",
     "TRAINING_STEPS",
+    "WORKER_SOURCES",
     "canonical_topic",
     "deadletter_headers",
     "job_keys",
@@ -56,6 +57,10 @@ TOPICS: tuple[str, ...] = (
     DERIVED_JOB,
     DEADLETTER,
 )
+
+# What producers write that the stream worker reads (every record once): training records, and the
+# worker's copy of each telemetry sample (`telemetry_copies`). It never reads rs.telemetry.gpu/host.
+WORKER_SOURCES: tuple[str, ...] = (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED)
 
 # Record short name -> topic. Telemetry is keyed by node, training by job, alerts by team.
 RECORD_TOPIC: dict[str, str] = {

@@ -55,6 +55,7 @@ from schemas.topics import (
     TELEMETRY_UNATTRIBUTED,
     TRAINING_EVENTS,
     TRAINING_STEPS,
+    WORKER_SOURCES,
     deadletter_headers,
     job_keys,
     key_for,
@@ -94,9 +95,7 @@ log = logging.getLogger("ranksight.worker")
 DEFAULT_APP_ID = "ranksight-detect"
 BINDINGS = "rs.internal.bindings"
 TELEMETRY_BY_JOB = "rs.internal.telemetry-by-job"
-# What producers write that the worker reads (it never reads the node-keyed rs.telemetry.gpu/host:
-# the publisher gives it a copy of every sample on one of the two telemetry topics here).
-SOURCE_TOPICS: tuple[str, ...] = (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED)
+SOURCE_TOPICS: tuple[str, ...] = WORKER_SOURCES  # what producers write that the worker reads
 NODE_TOPICS: tuple[str, ...] = (TELEMETRY_UNATTRIBUTED, BINDINGS)
 JOB_TOPICS: tuple[str, ...] = (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_JOB, TELEMETRY_BY_JOB)
 _SNAPSHOT_TABLE = "engine-snapshot"
