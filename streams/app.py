@@ -62,7 +62,7 @@ from schemas.topics import (
     off_topic_reason,
     topic_for,
 )
-from streams.aligner import Aligner, tp_key
+from streams.aligner import Aligner, LagFn, tp_key
 from streams.config import load_config
 from streams.engine import MAX_EVENT_TS, MIN_EVENT_TS, event_ts
 from streams.errors import StreamsError
@@ -311,6 +311,165 @@ def _current(fevent: Any) -> Any:
     return _Ctx()
 
 
+class _Backlogs:
+    """How many records each input partition has left unread: the consumer's high watermark from
+    its fetch answers, or, for a partition without one yet (an empty partition may have none for
+    long), its end offset asked of the broker. An unknown backlog holds the other inputs back for
+    `align_idle_s`, so the worker asks every `_ASK_ENDS_S`."""
+
+    def __init__(self, app: Any, prefix: str) -> None:
+        self.app = app
+        self.prefix = prefix
+        self.asked: dict[TP, int] = {}
+
+    def _fetched(self, ktp: TP) -> int | None:
+        try:
+            hw = self.app.consumer.highwater(ktp)
+        except Exception:  # not known yet (no fetch answered for this partition)
+            return None
+        return None if hw is None or hw < 0 else int(hw)
+
+    async def ask_ends(self, partitions: set[int]) -> None:
+        """Ask the broker for the end offsets of the assigned partitions no fetch has answered for."""
+        tps = [TP(self.prefix + t, p) for t in (*NODE_TOPICS, *JOB_TOPICS) for p in sorted(partitions)]
+        unknown = [tp for tp in tps if self._fetched(tp) is None]
+        if not unknown:
+            return
+        try:
+            ends = await self.app.consumer.highwaters(*unknown)
+        except Exception as exc:  # the broker will answer a later tick
+            log.debug("end offsets of %d partitions not known yet: %s", len(unknown), exc)
+            return
+        self.asked.update({tp: int(end) for tp, end in ends.items() if end is not None})
+
+    def lag(self, tp: str, last_offset: int | None) -> int | None:
+        """Records of partition `tp` ("topic:n", unprefixed) after `last_offset` (None: unknown yet)."""
+        topic, _, partition = tp.rpartition(":")
+        ktp = TP(self.prefix + topic, int(partition))
+        hw = self._fetched(ktp)
+        if hw is None:
+            hw = self.asked.get(ktp)
+        if hw is None:
+            return None
+        if last_offset is None:
+            # Nothing delivered yet: the backlog starts at the committed offset.
+            committed = getattr(self.app.consumer, "_committed_offset", {}).get(ktp)
+            last_offset = -1 if committed is None else int(committed) - 1
+        return max(0, hw - (last_offset + 1))
+
+
+class _Health:
+    """The worker's own health: its counters, the progress line and the `/metrics` snapshot."""
+
+    TOTALS = (
+        "telemetry_in",
+        "training_in",
+        "forwarded",
+        "unbound_thinned",
+        "bindings",
+        "bad_input",
+        "deadletter",
+    )
+
+    def __init__(
+        self,
+        runtimes: dict[int, WorkerRuntime],
+        node_aligner: Aligner,
+        assigned: set[int],
+        lag: LagFn,
+        metrics_port: int,
+    ) -> None:
+        self.runtimes = runtimes
+        self.node_aligner = node_aligner
+        self.assigned = assigned
+        self.lag = lag
+        self.totals = dict.fromkeys(self.TOTALS, 0)
+        # Per topic (unprefixed): read by route/detect, produced; dead letters per reason.
+        self.consumed: collections.Counter[str] = collections.Counter()
+        self.produced: collections.Counter[str] = collections.Counter()
+        self.dead_letters: collections.Counter[str] = collections.Counter()
+        self.metrics_server = MetricsServer(metrics_port) if metrics_port else None
+        self._last_line = (time.monotonic(), 0)  # when the last progress line went out, events then
+
+    def counters(self) -> dict[str, int]:
+        """The worker's totals plus every partition runtime's counters, summed."""
+        # Every counter present even before any partition's engine exists (the first progress line).
+        out = {**dict.fromkeys(WorkerRuntime.COUNTS, 0), **self.totals}
+        for rt in self.runtimes.values():
+            for k, v in rt.counts.items():
+                out[k] = out.get(k, 0) + v if k != "snapshot_bytes" else max(out.get(k, 0), v)
+        # Source records (telemetry + training) this worker has fully handled: the bench's progress.
+        out["source_events"] = out["telemetry_in"] + out["training_in"]
+        return out
+
+    def source_lag(self) -> dict[str, int | None]:
+        """Per source topic: records of the assigned partitions not read yet (None while unknown)."""
+        left: dict[str, int | None] = dict.fromkeys(SOURCE_TOPICS, 0)
+        for p in sorted(self.assigned):
+            rt = self.runtimes.get(p)
+            read = [(TELEMETRY_UNATTRIBUTED, self.node_aligner)]
+            read += [(t, rt.aligner) for t in (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_JOB)] if rt else []
+            for topic, aligner in read:
+                tp = tp_key(topic, p)
+                lag, so_far = self.lag(tp, aligner.last_offset(tp)), left[topic]
+                left[topic] = None if lag is None or so_far is None else so_far + lag
+        return left
+
+    def watermark_delay_s(self) -> float | None:
+        """Wall clock minus the oldest engine watermark."""
+        marks = [rt.engine.watermark for rt in self.runtimes.values() if rt.engine and rt.engine.watermark]
+        return (time.time() * 1000 - min(marks)) / 1000 if marks else None
+
+    def publish_metrics(self) -> None:
+        if self.metrics_server is None:
+            return
+        firing: collections.Counter[str] = collections.Counter()
+        for rt in self.runtimes.values():
+            if rt.engine is not None:
+                firing.update(fp.split("/", 1)[0] for fp in rt.engine.tracker.firing())
+        self.metrics_server.publish(
+            worker_metrics(
+                consumed=self.consumed,
+                produced=self.produced,
+                totals=self.counters(),
+                dead_letters=self.dead_letters,
+                lag={t: n for t, n in self.source_lag().items() if n is not None},
+                watermark_delay_s=self.watermark_delay_s(),
+                firing_by_rule=firing,
+            )
+        )
+
+    def log_progress(self) -> None:
+        """One readable line: events, rate, alerts, dead letters, lag, watermark delay, held, partitions."""
+        t = self.counters()
+        now = time.monotonic()
+        rate = (t["source_events"] - self._last_line[1]) / max(now - self._last_line[0], 1e-9)
+        self._last_line = (now, t["source_events"])
+        lags = list(self.source_lag().values())
+        lag = None if None in lags else sum(n or 0 for n in lags)
+        delay_s = self.watermark_delay_s()
+        delay = "none yet" if delay_s is None else f"{delay_s:,.1f} s"
+        log.info(
+            "worker: %s source events handled (%s/s), %s alerts, %s dead letters (%s clock-rejected),"
+            " %s bad input; lag %s records; watermark delay %s (oldest partition); held %s + %s;"
+            " partitions %s",
+            f"{t['source_events']:,}",
+            f"{rate:,.0f}",
+            f"{t['alerts']:,}",
+            f"{t['deadletter']:,}",
+            f"{t['clock_rejected']:,}",
+            f"{t['bad_input']:,}",
+            "unknown" if lag is None else f"{lag:,}",
+            delay,
+            f"{sum(len(rt.aligner) for rt in self.runtimes.values()):,}",
+            f"{len(self.node_aligner):,}",
+            sorted(self.runtimes),
+        )
+        log.debug("worker counters: %s", t)
+        for p, rt in sorted(self.runtimes.items()):
+            log.debug("partition %d: %s", p, rt.aligner.describe(time.monotonic(), self.lag))
+
+
 def build_app(options: WorkerOptions) -> faust.App:
     """A Faust app: `detect` (one engine per assigned partition) and the unattributed-telemetry side path."""
     config = load_config(options.config_path)
@@ -386,72 +545,22 @@ def build_app(options: WorkerOptions) -> faust.App:
         options.align_idle_s, options.align_max_buffer, end_grace_s=options.align_end_grace_s
     )
     route_fw = _Forwarder()
-    totals = dict.fromkeys(
-        (
-            "telemetry_in",
-            "training_in",
-            "forwarded",
-            "unbound_thinned",
-            "bindings",
-            "bad_input",
-            "deadletter",
-        ),
-        0,
+    backlogs = _Backlogs(app, prefix)
+    _lag = backlogs.lag  # one bound method: the aligners reuse their frontier while it is the same
+    health = _Health(runtimes, node_aligner, assigned, _lag, options.metrics_port)
+    totals, consumed, produced, dead_letters = (
+        health.totals,
+        health.consumed,
+        health.produced,
+        health.dead_letters,
     )
     bad_log = [0.0, 0]  # when a bad record was last logged, how many since
-    # Per topic (unprefixed) for /metrics: read by route/detect, produced; dead letters per reason.
-    consumed: collections.Counter[str] = collections.Counter()
-    produced: collections.Counter[str] = collections.Counter()
-    dead_letters: collections.Counter[str] = collections.Counter()
-    metrics_server = MetricsServer(options.metrics_port) if options.metrics_port else None
     lock = asyncio.Lock()
     streams: dict[str, Any] = {}
     app.ranksight_runtimes = runtimes  # type: ignore[attr-defined]
 
     def unprefix(topic: str) -> str:
         return topic[len(prefix) :] if prefix and topic.startswith(prefix) else topic
-
-    # -- backlogs: how many records a partition still has unread ------------------------------
-    # End offsets asked of the broker for partitions the consumer has no fetch answer for yet (an
-    # empty partition may have none for long): without them their backlog reads "unknown", and an
-    # unknown backlog holds the other inputs back for `align_idle_s`.
-    asked_ends: dict[TP, int] = {}
-
-    def _fetched_highwater(ktp: TP) -> int | None:
-        try:
-            hw = app.consumer.highwater(ktp)
-        except Exception:  # not known yet (no fetch answered for this partition)
-            return None
-        return None if hw is None or hw < 0 else int(hw)
-
-    async def _ask_ends() -> None:
-        if not assigned:
-            return
-        tps = [TP(prefix + t, p) for t in (*NODE_TOPICS, *JOB_TOPICS) for p in sorted(assigned)]
-        unknown = [tp for tp in tps if _fetched_highwater(tp) is None]
-        if not unknown:
-            return
-        try:
-            ends = await app.consumer.highwaters(*unknown)
-        except Exception as exc:  # the broker will answer a later tick
-            log.debug("end offsets of %d partitions not known yet: %s", len(unknown), exc)
-            return
-        asked_ends.update({tp: int(end) for tp, end in ends.items() if end is not None})
-
-    def _lag(tp: str, last_offset: int | None) -> int | None:
-        """Records of partition `tp` ("topic:n") after `last_offset` (None: unknown yet)."""
-        topic, _, partition = tp.rpartition(":")
-        ktp = TP(prefix + topic, int(partition))
-        hw = _fetched_highwater(ktp)
-        if hw is None:
-            hw = asked_ends.get(ktp)
-        if hw is None:
-            return None
-        if last_offset is None:
-            # Nothing delivered yet: the backlog starts at the committed offset.
-            committed = getattr(app.consumer, "_committed_offset", {}).get(ktp)
-            last_offset = -1 if committed is None else int(committed) - 1
-        return max(0, hw - (last_offset + 1))
 
     # Event time counts for alignment only up to the record's Kafka timestamp plus the engine's
     # clock-skew bound: one record from a node whose clock jumped ahead cannot drag every other
@@ -751,7 +860,8 @@ def build_app(options: WorkerOptions) -> faust.App:
     # -- timers: release held records, move event time when input stops, flush forwarders ----
     @app.timer(_ASK_ENDS_S)
     async def _ends_tick() -> None:
-        await _ask_ends()
+        if assigned:
+            await backlogs.ask_ends(assigned)
 
     @app.timer(min(0.25, options.align_idle_s / 4))
     async def _tick() -> None:
@@ -819,84 +929,13 @@ def build_app(options: WorkerOptions) -> faust.App:
         )
 
     # -- the pipeline's own health: progress line and /metrics ---------------------------------
-    def _totals() -> dict[str, int]:
-        # Every counter present even before any partition's engine exists (the first progress line).
-        out = {**dict.fromkeys(WorkerRuntime.COUNTS, 0), **totals}
-        for rt in runtimes.values():
-            for k, v in rt.counts.items():
-                out[k] = out.get(k, 0) + v if k != "snapshot_bytes" else max(out.get(k, 0), v)
-        # Source records (telemetry + training) this worker has fully handled: the bench's progress.
-        out["source_events"] = out["telemetry_in"] + out["training_in"]
-        return out
-
-    def _source_lag() -> dict[str, int | None]:
-        """Per source topic: records of the assigned partitions not read yet (None while unknown)."""
-        left: dict[str, int | None] = dict.fromkeys(SOURCE_TOPICS, 0)
-        for p in sorted(assigned):
-            rt = runtimes.get(p)
-            read = [(TELEMETRY_UNATTRIBUTED, node_aligner)]
-            read += [(t, rt.aligner) for t in (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_JOB)] if rt else []
-            for topic, aligner in read:
-                tp = tp_key(topic, p)
-                lag, so_far = _lag(tp, aligner.last_offset(tp)), left[topic]
-                left[topic] = None if lag is None or so_far is None else so_far + lag
-        return left
-
-    def _watermark_delay_s() -> float | None:
-        marks = [rt.engine.watermark for rt in runtimes.values() if rt.engine and rt.engine.watermark]
-        return (time.time() * 1000 - min(marks)) / 1000 if marks else None
-
     @app.timer(_METRICS_S)
     async def _metrics() -> None:
-        if metrics_server is None:
-            return
-        firing: collections.Counter[str] = collections.Counter()
-        for rt in runtimes.values():
-            if rt.engine is not None:
-                firing.update(fp.split("/", 1)[0] for fp in rt.engine.tracker.firing())
-        metrics_server.publish(
-            worker_metrics(
-                consumed=consumed,
-                produced=produced,
-                totals=_totals(),
-                dead_letters=dead_letters,
-                lag={t: n for t, n in _source_lag().items() if n is not None},
-                watermark_delay_s=_watermark_delay_s(),
-                firing_by_rule=firing,
-            )
-        )
-
-    last_stats: list[Any] = [time.monotonic(), 0]  # when the last progress line went out, events then
+        health.publish_metrics()
 
     @app.timer(options.stats_interval_s)
     async def _stats() -> None:
-        t = _totals()
-        now = time.monotonic()
-        rate = (t["source_events"] - last_stats[1]) / max(now - last_stats[0], 1e-9)
-        last_stats[0], last_stats[1] = now, t["source_events"]
-        lags = list(_source_lag().values())
-        lag = None if None in lags else sum(n or 0 for n in lags)
-        delay_s = _watermark_delay_s()
-        delay = "none yet" if delay_s is None else f"{delay_s:,.1f} s"
-        log.info(
-            "worker: %s source events handled (%s/s), %s alerts, %s dead letters (%s clock-rejected),"
-            " %s bad input; lag %s records; watermark delay %s (oldest partition); held %s + %s;"
-            " partitions %s",
-            f"{t['source_events']:,}",
-            f"{rate:,.0f}",
-            f"{t['alerts']:,}",
-            f"{t['deadletter']:,}",
-            f"{t['clock_rejected']:,}",
-            f"{t['bad_input']:,}",
-            "unknown" if lag is None else f"{lag:,}",
-            delay,
-            f"{sum(len(rt.aligner) for rt in runtimes.values()):,}",
-            f"{len(node_aligner):,}",
-            sorted(runtimes),
-        )
-        log.debug("worker counters: %s", t)
-        for p, rt in sorted(runtimes.items()):
-            log.debug("partition %d: %s", p, rt.aligner.describe(time.monotonic(), _lag))
+        health.log_progress()
 
     # -- rebalances ------------------------------------------------------------------------------
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
@@ -905,7 +944,7 @@ def build_app(options: WorkerOptions) -> faust.App:
         parts = {tp.partition for tp in assigned_tps if tp.topic in names}
         assigned.clear()
         assigned.update(parts)
-        asked_ends.clear()
+        backlogs.asked.clear()
         node_aligner.expect(sorted(tp_key(t, p) for t in NODE_TOPICS for p in parts), time.monotonic())
         log.info("assigned partitions %s", sorted(parts))
 
