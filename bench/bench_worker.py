@@ -26,6 +26,7 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from infra.kafka.topics import create_topics, delete_topics, prefixed
 from producers.publisher import open_publisher
@@ -51,26 +52,31 @@ NODE_KEYED_SOURCES = (TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_STEPS, TRAINING_EV
 _ASSIGNED = re.compile(r"assigned partitions \[([\d, ]*)\]")
 
 
+def _subscribed(bootstrap: str, group: str, topics: list[str], assigned_at: list[float]) -> Any:
+    """A consumer of `topics` from the earliest offset, noting in `assigned_at` when it got partitions."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe(topics, on_assign=lambda c, p: assigned_at.append(time.perf_counter()))
+    return consumer
+
+
 def _bare_loop(bootstrap: str, prefix: str, expected: int, timeout_s: float) -> float:
     """Events/s of a plain consumer loop: poll, decode, `engine.process`, as the worker does per record.
 
     Timed from its partition assignment (the group join is excluded, as for the worker) to the
     last event processed.
     """
-    from confluent_kafka import Consumer
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"{prefix}bare-loop",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
     assigned_at: list[float] = []
-    consumer.subscribe(
-        [prefix + t for t in NODE_KEYED_SOURCES],
-        on_assign=lambda c, p: assigned_at.append(time.perf_counter()),
+    consumer = _subscribed(
+        bootstrap, f"{prefix}bare-loop", [prefix + t for t in NODE_KEYED_SOURCES], assigned_at
     )
     codec, engine = Codec(), DetectionEngine()
     done = 0
@@ -99,19 +105,11 @@ def _aligned_loop(bootstrap: str, prefix: str, records: int, timeout_s: float) -
     """Events/s of a bare loop that does the worker's work without Faust: the worker's topics, one
     `Aligner` and one `DetectionEngine` per partition (so the engine gets event-time order and
     drops nothing as late), no state, no outputs sent. Timed from assignment to the last record."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"{prefix}aligned-loop",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
     assigned_at: list[float] = []
-    consumer.subscribe(
-        [prefix + t for t in WORKER_SOURCES], on_assign=lambda c, p: assigned_at.append(time.perf_counter())
+    consumer = _subscribed(
+        bootstrap, f"{prefix}aligned-loop", [prefix + t for t in WORKER_SOURCES], assigned_at
     )
 
     def lag(tp: str, last: int | None) -> int | None:
