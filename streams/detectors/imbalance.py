@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, JobInfo
 from streams.detectors.changepoint import RelativeSpeedCusum
-from streams.detectors.stats import finite, mean, median, robust_z
+from streams.detectors.stats import finite, mean, median, robust_scorer
 
 __all__ = ["DEFAULTS", "ImbalanceDetector", "baseline_key"]
 
@@ -553,10 +553,12 @@ class ImbalanceDetector(Detector):
             mid = median(peers)
             assert mid is not None
             floor = max(abs(mid) * self.imb_rel / 3.0, 1e-9)
+            z_of = robust_scorer(peers, min_scale=floor)
+            assert z_of is not None
             for rank in sorted(values):
                 x = values[rank]
-                z = robust_z(x, peers, min_scale=floor)
-                if z is None or abs(z) < self.imb_z or abs(x - mid) < self.imb_rel * abs(mid):
+                z = z_of(x)
+                if abs(z) < self.imb_z or abs(x - mid) < self.imb_rel * abs(mid):
                     continue
                 b = bound.get(rank)
                 uuid = b.gpu_uuid if b and b.gpu_uuid else f"rank{rank}"

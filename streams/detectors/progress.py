@@ -129,7 +129,7 @@ class ProgressDetector(Detector):
         if t == "StepCompleted":
             return self._step(r)
         if t == "CheckpointEvent":
-            job = self.jobs.setdefault(r["job_id"], _blank_job())
+            job = self._job_of(r["job_id"])
             if r["phase"] == "started":
                 job["ckpt_open"][r["checkpoint_id"]] = r["ts"]
             elif (
@@ -141,7 +141,7 @@ class ProgressDetector(Detector):
         elif t == "EvaluationEvent":
             return self._evaluation(r)
         elif t == "ValidationResult":
-            job = self.jobs.setdefault(r["job_id"], _blank_job())
+            job = self._job_of(r["job_id"])
             job["val_steps"] = [*job["val_steps"], int(r["step"])][-4:]
             dur = r.get("duration_s")
             if dur is None and job["last_step_ts"] is not None:
@@ -169,7 +169,7 @@ class ProgressDetector(Detector):
 
     def _evaluation(self, r: dict[str, Any]) -> list[Finding]:
         """EvaluationEvent: an open evaluation is a legitimate pause with its own timeout."""
-        job = self.jobs.setdefault(r["job_id"], _blank_job())
+        job = self._job_of(r["job_id"])
         eid, ts = str(r["evaluation_id"]), int(r["ts"])
         if r["phase"] == "started":
             expected = r.get("expected_duration_s")
@@ -230,8 +230,15 @@ class ProgressDetector(Detector):
         if binding.pid in (r.get("pids") or ()):
             job["pid_seen"] = max(job["pid_seen"] or 0, r["ts"])
 
+    def _job_of(self, job_id: str) -> dict[str, Any]:
+        """The job's state, created on first sight (not a blank dict built per event)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            job = self.jobs[job_id] = _blank_job()
+        return job
+
     def _step(self, r: dict[str, Any]) -> list[Finding]:
-        job = self.jobs.setdefault(r["job_id"], _blank_job())
+        job = self._job_of(r["job_id"])
         ts, step = int(r["ts"]), int(r["step"])
         rank = str(r["rank"])
         prev = job["ranks"].get(rank)

@@ -7,9 +7,9 @@ keeps results bit-identical across platforms (determinism under replay).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-__all__ = ["MAD_TO_SIGMA", "finite", "mad", "mean", "median", "quantile", "robust_z"]
+__all__ = ["MAD_TO_SIGMA", "finite", "mad", "mean", "median", "quantile", "robust_scorer", "robust_z"]
 
 # MAD of a normal distribution times this is its standard deviation.
 MAD_TO_SIGMA = 1.4826
@@ -62,11 +62,22 @@ def quantile(values: Sequence[float], q: float) -> float | None:
 
 def robust_z(value: float, values: Sequence[float], min_scale: float = 0.0) -> float | None:
     """(value - median) / (1.4826 * MAD), with the scale floored at `min_scale`; None when empty."""
+    z_of = robust_scorer(values, min_scale)
+    return None if z_of is None else z_of(value)
+
+
+def robust_scorer(values: Sequence[float], min_scale: float = 0.0) -> Callable[[float], float] | None:
+    """`robust_z` against `values` for many values: the median and MAD are computed once (scoring
+    every rank of a job against its peers per window was quadratic in the ranks)."""
     m = median(values)
     d = mad(values, m)
     if m is None or d is None:
         return None
     scale = max(MAD_TO_SIGMA * d, min_scale)
-    if scale <= 0.0:
-        return 0.0 if value == m else math.copysign(math.inf, value - m)
-    return (value - m) / scale
+
+    def z_of(value: float) -> float:
+        if scale <= 0.0:
+            return 0.0 if value == m else math.copysign(math.inf, value - m)
+        return (value - m) / scale
+
+    return z_of
