@@ -63,9 +63,12 @@ class Aligner:
     ) -> None:
         self.idle_s = idle_s
         self.end_grace_s = end_grace_s
-        # Partitions of these topics never hold the others back: their records join the event-time
+        # Partitions of these topics hold the others back only while they have unread records, or
+        # up to `upstream_front`: their records come from another stage of this process (the
+        # unattributed side path), which says how far it got; otherwise they join the event-time
         # order when they come, and are late for the engine if they come after it moved on.
         self.passive_topics = passive_topics
+        self.upstream_front: int | None = None
         self.idle_by_topic = dict(idle_by_topic or {})
         self.stall_s = stall_s
         self.max_buffer = max_buffer
@@ -159,9 +162,14 @@ class Aligner:
 
     def _holding(self, now: float, lag: LagFn | None) -> list[tuple[str, int | None, int | None, float]]:
         """The partitions that hold the others back: (tp, event time, backlog, seconds silent)."""
-        out = []
+        out: list[tuple[str, int | None, int | None, float]] = []
+        if self.upstream_front is not None:
+            out.append(("@upstream", self.upstream_front, None, 0.0))
         for tp, seen in self._last_seen.items():
             if self.passive_topics and tp.rpartition(":")[0] in self.passive_topics:
+                backlog = lag(tp, self._last_offset.get(tp)) if lag is not None else None
+                if backlog:  # records already forwarded, not read yet
+                    out.append((tp, self._last_ts.get(tp), backlog, now - seen))
                 continue
             quiet = now - seen
             backlog = lag(tp, self._last_offset.get(tp)) if lag is not None else None
@@ -220,6 +228,20 @@ class Aligner:
             f"{tp} (event time {ts}, last offset {self._last_offset.get(tp)}, {left} records left,"
             f" silent {quiet:.0f} s; oldest held event time {oldest})"
         )
+
+    def set_upstream_front(self, ts: int | None) -> None:
+        """How far the stage feeding the passive topics got (None: it has nothing pending)."""
+        if ts != self.upstream_front:
+            self.upstream_front = ts
+            self._front_at = None
+
+    def oldest_held(self) -> int | None:
+        """The event time of the oldest record held here."""
+        return self._heap[0].ts if self._heap else None
+
+    def last_ts(self, tp: str) -> int | None:
+        """The newest event time `tp` delivered."""
+        return self._last_ts.get(tp)
 
     def last_offset(self, tp: str) -> int | None:
         """The newest offset of `tp` delivered here (held, released or noted)."""

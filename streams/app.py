@@ -101,6 +101,8 @@ JOB_TOPICS: tuple[str, ...] = (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_JOB, T
 _SNAPSHOT_TABLE = "engine-snapshot"
 _ROUTES_TABLE = "node-routes"
 _FORWARD_BATCH = 500  # forwarded records acked together once delivered
+_SIDE_FRONT_S = 0.05  # how often route recomputes how far it has forwarded (it looks at every partition)
+_FORWARD_HOP_S = 0.5  # a forwarded sample counts as pending this long after it was sent (to detect)
 # The `x-component` header of what the worker dead-letters. It owns only the topics no sink reads
 # (its internal ones); bad records of the source topics are the sink's to dead-letter (once).
 COMPONENT = "worker"
@@ -470,6 +472,13 @@ class _Health:
             log.debug("partition %d: %s", p, rt.aligner.describe(time.monotonic(), self.lag))
 
 
+def _recent(sent: collections.deque[tuple[float, int]], now: float) -> collections.deque[tuple[float, int]]:
+    """`sent` without the entries older than `_FORWARD_HOP_S` (dropped from it)."""
+    while sent and now - sent[0][0] > _FORWARD_HOP_S:
+        sent.popleft()
+    return sent
+
+
 def build_app(options: WorkerOptions) -> faust.App:
     """A Faust app: `detect` (one engine per assigned partition) and the unattributed-telemetry side path."""
     config = load_config(options.config_path)
@@ -545,6 +554,12 @@ def build_app(options: WorkerOptions) -> faust.App:
         options.align_idle_s, options.align_max_buffer, end_grace_s=options.align_end_grace_s
     )
     route_fw = _Forwarder()
+    # Event time through which this worker's side path has forwarded every unattributed sample (None:
+    # nothing pending); `detect` holds its engines there, so in a catch-up a re-keyed sample is not
+    # late for its job. Held (MIN) until first computed.
+    side_front: list[Any] = [MIN_EVENT_TS, 0.0]  # [front, monotonic time computed]
+    recent_forwards: collections.deque[tuple[float, int]] = collections.deque()  # (sent at, event time)
+    recent_bindings: collections.deque[tuple[float, int]] = collections.deque()  # the same, of bindings
     backlogs = _Backlogs(app, prefix)
     _lag = backlogs.lag  # one bound method: the aligners reuse their frontier while it is the same
     health = _Health(runtimes, node_aligner, assigned, _lag, options.metrics_port)
@@ -660,6 +675,8 @@ def build_app(options: WorkerOptions) -> faust.App:
             totals["telemetry_in"] += 1
             if not parts:
                 totals["unbound_thinned"] += 1
+            if parts:
+                recent_forwards.append((time.monotonic(), _held_ts(fevent, event)))
             for part, key in sorted(parts.items()):
                 route_fw.futures.append(
                     await by_job_out.send(
@@ -674,6 +691,38 @@ def build_app(options: WorkerOptions) -> faust.App:
                 produced[TELEMETRY_BY_JOB] += 1
         if len(route_fw.pending) >= _FORWARD_BATCH:
             await route_fw.flush(stream, app)
+        if time.monotonic() - side_front[1] >= _SIDE_FRONT_S:
+            _update_side_front()
+
+    def _update_side_front() -> None:
+        """How far each stage of this worker got, for the other to wait on (none waits when the other
+        has nothing pending, as live):
+
+        - the side path has not forwarded yet: records held in its aligner, unread unattributed
+          partitions, and forwards sent within `_FORWARD_HOP_S` (in flight to detect); `detect`
+          holds its engines there, so a re-keyed sample is not late for its job;
+        - detect has not forwarded the bindings of: unread `rs.training.events` partitions, and
+          bindings sent within `_FORWARD_HOP_S`; the side path holds there, so a sample does not
+          overtake the RankBound that names its job (it would go to the unbound key).
+        """
+        now = time.monotonic()
+        pending = [ts for _, ts in _recent(recent_forwards, now)]
+        held = node_aligner.oldest_held()
+        if held is not None:
+            pending.append(held)
+        bindings = [ts for _, ts in _recent(recent_bindings, now)]
+        for p in assigned:
+            tp = tp_key(TELEMETRY_UNATTRIBUTED, p)
+            left = _lag(tp, node_aligner.last_offset(tp))
+            if left is None or left > 0:
+                pending.append(node_aligner.last_ts(tp) or MIN_EVENT_TS)
+            rt = runtimes.get(p)
+            tp = tp_key(TRAINING_EVENTS, p)
+            left = _lag(tp, rt.aligner.last_offset(tp) if rt else None)
+            if left is None or left > 0:
+                bindings.append((rt.aligner.last_ts(tp) if rt else None) or MIN_EVENT_TS)
+        side_front[0], side_front[1] = (min(pending) if pending else None), now
+        node_aligner.set_upstream_front(min(bindings) if bindings else None)
 
     def _apply_binding(fevent: Any, event: Event) -> None:
         """A binding read on partition p: update (and persist) the routes of p's nodes it changes."""
@@ -753,6 +802,7 @@ def build_app(options: WorkerOptions) -> faust.App:
             rt.futures.append(
                 await bindings_out.send(key=key, value=fevent.value, partition=part, force=True)
             )
+            recent_bindings.append((time.monotonic(), _held_ts(fevent, event)))
             totals["bindings"] += 1
             produced[BINDINGS] += 1
         elif event.type == "JobStateChanged" and event.record["state"] in config.job_end_states:
@@ -768,6 +818,7 @@ def build_app(options: WorkerOptions) -> faust.App:
         engine = rt.engine
         if engine is None:
             return
+        rt.aligner.set_upstream_front(side_front[0])
         for tp, offset, (fevent, event) in rt.aligner.pop_ready(time.monotonic(), _lag):
             rt.mark(tp, offset)
             rt.pending.append(fevent)
@@ -866,6 +917,7 @@ def build_app(options: WorkerOptions) -> faust.App:
     @app.timer(min(0.25, options.align_idle_s / 4))
     async def _tick() -> None:
         async with lock:
+            _update_side_front()
             if "route" in streams:
                 if len(node_aligner):
                     await _drain_nodes(streams["route"])
@@ -956,6 +1008,9 @@ def build_app(options: WorkerOptions) -> faust.App:
         routes_loaded.clear()
         node_aligner.clear()
         route_fw.clear()
+        recent_forwards.clear()
+        recent_bindings.clear()
+        side_front[0] = MIN_EVENT_TS
 
     return app
 

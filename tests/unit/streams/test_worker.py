@@ -88,20 +88,27 @@ def test_a_partition_at_its_end_holds_the_others_for_its_grace_after_its_last_re
     assert [i for _, _, i in al.pop_ready(0.8, lag)] == ["step at 14 s"]  # gpu:0 quiet past its grace
 
 
-def test_a_passive_partition_never_holds_the_others_back_but_its_records_join_in_order() -> None:
-    """Unattributed telemetry re-keyed by `route` must not hold up a job's own records (issue 9.2)."""
+def test_a_passive_partition_holds_only_for_unread_records_or_its_upstream_front() -> None:
+    """Unattributed telemetry re-keyed by `route` holds a job's records back only while some of it is
+    known to be coming: unread on the topic, or not yet forwarded by this worker's side path."""
     al = Aligner(idle_s=60.0, passive_topics=frozenset({"by-job"}))
     al.expect(["steps:0", "by-job:0"], now=0.0)
-    backlog = {"steps:0": 0, "by-job:0": 7}  # by-job:0 has unread records, and holds nothing anyway
+    backlog = {"steps:0": 0, "by-job:0": 0}
 
     def lag(tp: str, last: int | None) -> int:
         return backlog[tp]
 
     al.push("steps:0", 0, 5_000, "step", now=0.0)
-    assert [i for _, _, i in al.pop_ready(0.1, lag)] == ["step"]
+    assert [i for _, _, i in al.pop_ready(0.1, lag)] == ["step"]  # idle and silent: no hold
     al.push("steps:0", 1, 9_000, "later step", now=0.2)
-    al.push("by-job:0", 0, 8_000, "gpu", now=0.2)  # arrives late: leaves in event-time order
-    assert [i for _, _, i in al.pop_ready(0.3, lag)] == ["gpu", "later step"]
+    al.set_upstream_front(7_000)  # the side path has forwarded everything up to 7 s only
+    assert al.pop_ready(0.3, lag) == []
+    al.set_upstream_front(None)
+    backlog["by-job:0"] = 1  # ... and its sample is now on the topic, unread
+    assert al.pop_ready(0.4, lag) == []
+    al.push("by-job:0", 0, 8_000, "gpu", now=0.5)
+    backlog["by-job:0"] = 0
+    assert [i for _, _, i in al.pop_ready(0.6, lag)] == ["gpu", "later step"]  # in event-time order
 
 
 def test_aligner_keeps_waiting_for_a_partition_with_backlog_despite_wall_time() -> None:
