@@ -19,6 +19,7 @@ __all__ = [
     "Category",
     "Detector",
     "Finding",
+    "JobAndHostDetector",
     "JobInfo",
     "PerJobDetector",
     "Severity",
@@ -290,3 +291,28 @@ class PerJobDetector(Detector):
     def forget_job(self, job_id: str) -> None:
         """Drop a finished job's state."""
         self._jobs.pop(job_id, None)
+
+
+class JobAndHostDetector(Detector):
+    """A detector whose state is `jobs` (job id -> dict) plus `hosts` (node -> rows of host samples)."""
+
+    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
+        super().__init__(topology, params)
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.hosts: dict[str, list[list[Any]]] = {}
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able state (sorted keys: deterministic bytes)."""
+        return {
+            "jobs": {k: self.jobs[k] for k in sorted(self.jobs)},
+            "hosts": {k: self.hosts[k] for k in sorted(self.hosts)},
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore from `state()`."""
+        self.jobs = {k: dict(v) for k, v in state.get("jobs", {}).items()}
+        self.hosts = {k: list(v) for k, v in state.get("hosts", {}).items()}
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop a finished job (its nodes' host rows age out with the window)."""
+        self.jobs.pop(job_id, None)

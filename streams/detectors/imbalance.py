@@ -36,7 +36,7 @@ import math
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, JobInfo
+from streams.detectors.base import Finding, JobAndHostDetector, JobInfo
 from streams.detectors.changepoint import RelativeSpeedCusum
 from streams.detectors.stats import finite, mean, median, robust_scorer
 
@@ -108,7 +108,7 @@ def _throttle_names(mask: int) -> list[str]:
     return [name for bit, name in sorted(_THROTTLE_BITS.items()) if mask & bit]
 
 
-class ImbalanceDetector(Detector):
+class ImbalanceDetector(JobAndHostDetector):
     """Per-job window statistics and the rank/GPU/network imbalance rules built on them."""
 
     rules: ClassVar[tuple[str, ...]] = ("straggler", "gpu_imbalance", "network_degradation")
@@ -144,9 +144,7 @@ class ImbalanceDetector(Detector):
         self.retrans_min = float(p["retrans_min_per_s"])
         self.ib_min_errors = float(p["ib_min_errors"])
         self.history_points = int(p["history_points"])
-        self.jobs: dict[str, dict[str, Any]] = {}
-        # node -> [[ts, tcp_retrans_segs_s, ib_errors]] (older snapshots hold [ts, retrans])
-        self.hosts: dict[str, list[list[Any]]] = {}
+        # self.hosts: node -> [[ts, tcp_retrans_segs_s, ib_errors]] (older snapshots hold [ts, retrans])
         self._derived: list[Event] = []
         # Windows looked at by `advance` (closed or jumped over): a work counter, not state.
         self.window_iterations = 0
@@ -816,23 +814,6 @@ class ImbalanceDetector(Detector):
                 },
             )
         )
-
-    # -- state -------------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        """JSON-able state (bounded: one window of raw rows per job)."""
-        return {
-            "jobs": {k: self.jobs[k] for k in sorted(self.jobs)},
-            "hosts": {k: self.hosts[k] for k in sorted(self.hosts)},
-        }
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore from `state()`."""
-        self.jobs = {k: dict(v) for k, v in state.get("jobs", {}).items()}
-        self.hosts = {k: list(v) for k, v in state.get("hosts", {}).items()}
-
-    def forget_job(self, job_id: str) -> None:
-        """Drop a finished job."""
-        self.jobs.pop(job_id, None)
 
 
 def _or_all(values: Any) -> int:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.base import Finding, JobAndHostDetector, Topology
 from streams.detectors.stats import finite, mean, median
 
 __all__ = ["DEFAULTS", "ThroughputDetector"]
@@ -86,7 +86,7 @@ def _window_profile(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-class ThroughputDetector(Detector):
+class ThroughputDetector(JobAndHostDetector):
     """A run against its own recent history: one `throughput_drop` per slowdown, with its cause."""
 
     rules: ClassVar[tuple[str, ...]] = ("throughput_drop",)
@@ -107,8 +107,7 @@ class ThroughputDetector(Detector):
         self.util_change = float(p["util_change_pct"])
         self.power_drop = float(p["power_drop_ratio"])
         self.cpu_rise = float(p["host_cpu_rise_pct"])
-        self.jobs: dict[str, dict[str, Any]] = {}
-        self.hosts: dict[str, list[list[Any]]] = {}  # node -> [[ts, cpu_util_pct]]
+        # self.hosts: node -> [[ts, cpu_util_pct]]
         self._own: dict[tuple[str, str], frozenset[int]] = {}  # (job, node) -> the job's pids there (cache)
 
     def _job(self, job_id: str) -> dict[str, Any]:
@@ -387,20 +386,3 @@ class ThroughputDetector(Detector):
             history_metric="step_time_s" if use_step else "tokens_per_s_per_gpu",
             history=(*history, (end, float(observed))) if observed is not None else history,
         )
-
-    # -- state -------------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        """JSON-able state."""
-        return {
-            "jobs": {k: self.jobs[k] for k in sorted(self.jobs)},
-            "hosts": {k: self.hosts[k] for k in sorted(self.hosts)},
-        }
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore from `state()`."""
-        self.jobs = {k: dict(v) for k, v in state.get("jobs", {}).items()}
-        self.hosts = {k: list(v) for k, v in state.get("hosts", {}).items()}
-
-    def forget_job(self, job_id: str) -> None:
-        """Drop a finished job."""
-        self.jobs.pop(job_id, None)
