@@ -57,7 +57,6 @@ class Aligner:
         idle_s: float = 2.0,
         max_buffer: int = 200_000,
         stall_s: float = 30.0,
-        idle_by_topic: dict[str, float] | None = None,
         end_grace_s: float = 0.0,
         passive_topics: frozenset[str] = frozenset(),
     ) -> None:
@@ -69,7 +68,6 @@ class Aligner:
         # order when they come, and are late for the engine if they come after it moved on.
         self.passive_topics = passive_topics
         self.upstream_front: int | None = None
-        self.idle_by_topic = dict(idle_by_topic or {})
         self.stall_s = stall_s
         self.max_buffer = max_buffer
         self._heap: list[_Held] = []
@@ -102,8 +100,8 @@ class Aligner:
         self._touched(tp)
 
     def note(self, tp: str, offset: int | None, ts: int | None, now: float) -> None:
-        """Progress of an input that holds no event here: a forwarder's progress marker, or a
-        record that was rejected or skipped. Every consumed offset must reach `push` or `note`,
+        """Progress of an input that holds no event here: a record that was rejected or
+        skipped (already in the restored state). Every consumed offset must reach `push` or `note`,
         or the partition's backlog never reads 0 and it holds the others back."""
         if ts is not None and ts > self._last_ts.get(tp, ts - 1):
             self._last_ts[tp] = ts
@@ -116,13 +114,6 @@ class Aligner:
         """`tp` delivered: the frontier moves if it was the partition setting it (or none did)."""
         if tp == self._front_tp or self._front_tp is None:
             self._front_at = None
-
-    def forget(self, tp: str) -> None:
-        """Stop waiting for `tp` (an input that went away)."""
-        self._last_seen.pop(tp, None)
-        self._last_ts.pop(tp, None)
-        self._last_offset.pop(tp, None)
-        self._front_at = None
 
     def expect(self, tps: list[str], now: float) -> None:
         """Newly assigned partitions: hold everything back until each delivers or stays silent `idle_s`."""
@@ -173,9 +164,8 @@ class Aligner:
                 continue
             quiet = now - seen
             backlog = lag(tp, self._last_offset.get(tp)) if lag is not None else None
-            idle = self.idle_by_topic.get(tp.rpartition(":")[0], self.idle_s)
             if backlog is None:
-                holds = quiet < idle
+                holds = quiet < self.idle_s
             elif backlog > 0:
                 holds = quiet < self.stall_s
             else:
