@@ -52,7 +52,7 @@
     if (s < 7200) return `${Math.round(s / 60)} min`;
     return `${(s / 3600).toFixed(1)} h`;
   }
-  const fmtNum = (v, digits = 3) => (v === null || v === undefined ? '-' : Number(v).toPrecision(digits).replace(/\.?0+(e|$)/, '$1'));
+  const fmtNum = (v, digits = 3) => (v === null || v === undefined ? '-' : Number(v).toPrecision(digits).replace(/(\.\d*?)0+(e|$)/, '$1$2').replace(/\.(e|$)/, '$1'));
   const COMPACT = new Intl.NumberFormat('en', { notation: 'compact', maximumSignificantDigits: 3 });
   const fmtCompact = (v) => (v === null || v === undefined ? '—' : COMPACT.format(v));
   const fmtFixed = (v, digits) => (v === null || v === undefined ? '—' : Number(v).toFixed(digits));
@@ -226,6 +226,10 @@
     return out;
   }
 
+  // Height per heatmap row: the 10 px row labels overlap below about 12 px (and the colour legend,
+  // 120 px plus its two labels, needs a chart of about 200 px).
+  const HEAT_ROW_PX = 12;
+
   function heatmapOption(data, buckets, rows, columns, valueIndex, name, unit, fixedRange) {
     // columns: [bucket index[], row index[], value columns...] as ClickHouse wrote them.
     const points = [];
@@ -291,7 +295,7 @@
       applyFocus();
       applyWindow();
     } }, HEATMAP_METRICS.map((m) => el('option', { value: m.key }, m.label)));
-    const heat = chartBox(container, 'heatmap', 'Per-rank time per step (ranks × time): a straggler is a stripe', Math.min(560, Math.max(200, rankLabels.length * 6 + 40)), metricSelect);
+    const heat = chartBox(container, 'heatmap', 'Per-rank time per step (ranks × time): a straggler is a stripe', Math.min(560, Math.max(200, rankLabels.length * HEAT_ROW_PX + 50)), metricSelect);
     heat.setOption(heatmapOption(data, buckets, rankLabels, data.heatmap.cells, 2, HEATMAP_METRICS[0].label, 's'));
     RS.heatmapMetric = 'compute';
     RS.rankLabels = rankLabels;
@@ -306,7 +310,7 @@
 
     const gpuLabels = data.gpus.labels;
     if (gpuLabels.length) {
-      const gpuHeat = chartBox(container, 'gpu_util', `GPU activity % per GPU (${data.gpus.source})`, Math.min(420, Math.max(160, gpuLabels.length * 6 + 40)));
+      const gpuHeat = chartBox(container, 'gpu_util', `GPU activity % per GPU (${data.gpus.source})`, Math.min(560, Math.max(200, gpuLabels.length * HEAT_ROW_PX + 50)));
       gpuHeat.setOption(heatmapOption(data, buckets, gpuLabels, data.gpus.cells, 2, 'GPU activity', '%', [0, 100]));
       for (const [key, title, unit] of [['power', 'GPU power (W): min / median / max over the job\'s GPUs', 'W'], ['sm_clock', 'SM clock (MHz)', 'MHz'], ['mem_used', 'GPU memory used (GiB)', 'GiB']]) {
         const bands = gpuBands(data, buckets, GPU_COLUMNS[key]);
