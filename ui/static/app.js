@@ -595,7 +595,7 @@
       el('thead', {}, el('tr', {}, ['', 'severity', 'status', 'rule', 'where', 'team', 'since', 'until', 'suspected layer', 'summary', ''].map((h) => el('th', {}, h)))),
       el('tbody', {}, sorted.map((a) => el('tr', { 'data-alert': a.alert_id, class: `clickable row-${a.status}`, onclick: () => focusAlert(a), title: 'zoom every panel to this alert' },
         el('td', {}, el('button', { class: 'zoom' }, 'zoom')),
-        el('td', {}, badge(a.severity)), el('td', {}, a.status), el('td', {}, a.rule), el('td', {}, where(a)), el('td', {}, el('strong', {}, a.team)),
+        el('td', {}, badge(a.severity)), el('td', {}, a.status), el('td', {}, a.rule), el('td', { class: 'nowrap' }, where(a)), el('td', { class: 'nowrap' }, el('strong', {}, a.team)),
         el('td', { class: 'nowrap' }, fmtTime(a.starts_ms)), el('td', { class: 'nowrap' }, a.status === 'resolved' ? fmtTime(a.ends_ms) : 'firing'),
         el('td', {}, a.suspected_layer), el('td', { class: 'summary' }, a.summary),
         el('td', {}, el('a', { href: alertHref(a), onclick: (e) => e.stopPropagation() }, 'details'))))));
