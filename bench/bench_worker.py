@@ -42,13 +42,15 @@ from schemas.topics import (
     telemetry_copies,
 )
 from streams.aligner import Aligner
-from streams.app import reference_ms
+from streams.app import BINDINGS, TELEMETRY_BY_JOB, reference_ms
 from streams.engine import DetectionEngine, event_ts
 
 _DONE = re.compile(r"^\[([\d-]+ [\d:,]+)\].*worker: ([\d,]+) source events handled", re.M)
 _ASSIGNED_AT = re.compile(r"^\[([\d-]+ [\d:,]+)\].*assigned partitions \[", re.M)
 # What the producers wrote, node-keyed: the bare loop reads every event once from these.
 NODE_KEYED_SOURCES = (TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_STEPS, TRAINING_EVENTS)
+# The topics a worker of group ranksight-detect creates for itself (Faust's leader topic too).
+_WORKER_OWN = ("engine-snapshot-changelog", "node-routes-changelog", "__assignor-__leader")
 _ASSIGNED = re.compile(r"assigned partitions \[([\d, ]*)\]")
 
 
@@ -218,37 +220,39 @@ def _log_time(stamp: str) -> float:
     return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def _bench(
-    bootstrap: str, scenario: str, timeout_s: float, workers: int, profile: Path | None = None
-) -> None:
-    sc = load_scenario(scenario)
-    # Ending an hour ago: the events are a backlog, as after an outage or for a replay.
-    sc = sc.with_overrides(start_ms=int(time.time() * 1000) - int(sc.duration * 1000) - 3_600_000)
-    events = list(simulate(sc, seed=0).events())
-    t0 = time.perf_counter()
-    DetectionEngine().run(events)
-    offline_s = time.perf_counter() - t0
-    print(
-        f"offline engine: {len(events)} events in {offline_s:.2f} s = {len(events) / offline_s:,.0f} events/s"
-        " (no Kafka, no decoding: the limit)"
-    )
-
+def _publish(bootstrap: str, events: list[Event]) -> str:
+    """Create a fresh set of topics and publish `events` on them; returns their prefix."""
     prefix = f"bench{uuid.uuid4().hex[:6]}."
     create_topics(bootstrap, prefix=prefix)
+    pub = open_publisher("kafka", kafka_conf={"bootstrap.servers": bootstrap}, topic_prefix=prefix)
+    t0 = time.perf_counter()
+    for e in events:
+        pub.publish(e)
+    pub.flush(120)
+    pub.close()
+    print(f"publish: {len(events) / (time.perf_counter() - t0):,.0f} events/s")
+    return prefix
+
+
+def _drop(bootstrap: str, prefix: str) -> None:
+    """Delete a run's topics: the canonical ones and what its workers created."""
+    internal = [prefix + t for t in (BINDINGS, TELEMETRY_BY_JOB)]
+    internal += [f"{prefix}ranksight-detect-{t}" for t in _WORKER_OWN]
+    delete_topics(bootstrap, [*prefixed(prefix).values(), *internal])
+
+
+def _workers_rate(
+    bootstrap: str,
+    prefix: str,
+    events: list[Event],
+    runtime: str,
+    workers: int,
+    timeout_s: float,
+    profile: Path | None,
+) -> float | None:
+    """Events/s of `workers` `ranksight worker --runtime runtime` processes draining the backlog."""
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        # Everything is on the broker before either reader starts: both drain the same backlog.
-        pub = open_publisher("kafka", kafka_conf={"bootstrap.servers": bootstrap}, topic_prefix=prefix)
-        t0 = time.perf_counter()
-        for e in events:
-            pub.publish(e)
-        pub.flush(120)
-        pub.close()
-        print(f"publish: {len(events) / (time.perf_counter() - t0):,.0f} events/s")
-        bare_rate = _bare_loop(bootstrap, prefix, len(events), timeout_s)
-        records = sum(len(telemetry_copies(e.type, e.record)) or 1 for e in events)
-        aligned_rate = _aligned_loop(bootstrap, prefix, records, timeout_s) * len(events) / records
-        faust_rate = _faust_read(bootstrap, prefix, events, timeout_s)
         with tempfile.TemporaryDirectory() as home:
             logs = []
             for i in range(workers):
@@ -274,6 +278,8 @@ def _bench(
                                 *spy,
                                 str(Path(sys.executable).parent / "ranksight"),
                                 "worker",
+                                "--runtime",
+                                runtime,
                                 "--log-level",
                                 os.environ.get("BENCH_WORKER_LOG_LEVEL", "info"),
                                 "--stats-interval",
@@ -299,13 +305,15 @@ def _bench(
                 if done >= len(events) or any(proc.poll() is not None for proc in procs):
                     break
             if done < len(events):
-                print(f"workers did not finish in {timeout_s:.0f} s ({done} of {len(events)} handled)")
+                print(
+                    f"{runtime} workers did not finish in {timeout_s:.0f} s ({done} of {len(events)} handled)"
+                )
                 print("worker 0 log ends:", *texts()[0].splitlines()[-15:], sep="\n  ")
-                return
+                return None
             logs_now = texts()
             if os.environ.get("BENCH_KEEP_LOGS"):
                 for i, text in enumerate(logs_now):
-                    Path(os.environ["BENCH_KEEP_LOGS"], f"worker-{i}.log").write_text(text)
+                    Path(os.environ["BENCH_KEEP_LOGS"], f"{runtime}-worker-{i}.log").write_text(text)
             parts = [_ASSIGNED.findall(t)[-1] for t in logs_now]
             # From the moment the last worker got its partitions (the group settled) to the moment the
             # last one had handled its final count (progress lines every 0.5 s: +-0.5 s).
@@ -313,24 +321,68 @@ def _bench(
             finished = max(next(ts for ts, c in handled(t) if c == handled(t)[-1][1]) for t in logs_now)
             lines = [line for line in logs_now[0].splitlines() if "worker: " in line]
             print("last progress line of worker 0:", lines[-1].split("] ", 3)[-1] if lines else "none")
-            worker_rate = len(events) / (finished - settled)
+            rate = len(events) / (finished - settled)
             print(
-                f"{workers} worker(s) (partitions {', '.join(f'[{p}]' for p in parts)}): {len(events)} events"
-                f" in {finished - settled:.2f} s after the group settled = {worker_rate:,.0f} events/s"
+                f"{workers} {runtime} worker(s) (partitions {', '.join(f'[{p}]' for p in parts)}):"
+                f" {len(events)} events in {finished - settled:.2f} s after the group settled"
+                f" = {rate:,.0f} events/s"
             )
             for proc in procs:
                 _stop(proc)
             procs = []
-            print(f"worker / bare loop: {100 * worker_rate / bare_rate:.0f} % (issue 9.1 target: >= 50 %)")
-            print(f"worker / bare loop with the aligner: {100 * worker_rate / aligned_rate:.0f} %")
-            if faust_rate:
-                print(f"worker / do-nothing Faust agent: {100 * worker_rate / faust_rate:.0f} %")
             if profile is not None and profile.exists():
                 _top_frames(profile)
+            return rate
     finally:
         for proc in procs:
             _stop(proc)
-        delete_topics(bootstrap, prefixed(prefix).values())
+
+
+def _bench(
+    bootstrap: str,
+    scenario: str,
+    timeout_s: float,
+    workers: int,
+    runtimes: list[str],
+    profile: Path | None = None,
+) -> None:
+    sc = load_scenario(scenario)
+    # Ending an hour ago: the events are a backlog, as after an outage or for a replay.
+    sc = sc.with_overrides(start_ms=int(time.time() * 1000) - int(sc.duration * 1000) - 3_600_000)
+    events = list(simulate(sc, seed=0).events())
+    t0 = time.perf_counter()
+    DetectionEngine().run(events)
+    offline_s = time.perf_counter() - t0
+    print(
+        f"offline engine: {len(events)} events in {offline_s:.2f} s = {len(events) / offline_s:,.0f} events/s"
+        " (no Kafka, no decoding: the limit)"
+    )
+    # Everything is on the broker before any reader starts: each drains the same backlog. Each
+    # runtime gets its own copy of the topics (the worker's internal topics are per prefix).
+    prefix = _publish(bootstrap, events)
+    rates: dict[str, float | None] = {}
+    try:
+        bare_rate = _bare_loop(bootstrap, prefix, len(events), timeout_s)
+        records = sum(len(telemetry_copies(e.type, e.record)) or 1 for e in events)
+        aligned_rate = _aligned_loop(bootstrap, prefix, records, timeout_s) * len(events) / records
+        faust_rate = _faust_read(bootstrap, prefix, events, timeout_s)
+        for i, runtime in enumerate(runtimes):
+            if i:
+                _drop(bootstrap, prefix)
+                prefix = _publish(bootstrap, events)
+            rates[runtime] = _workers_rate(
+                bootstrap, prefix, events, runtime, workers, timeout_s, profile if i == 0 else None
+            )
+    finally:
+        _drop(bootstrap, prefix)
+    for runtime, rate in rates.items():
+        if rate is None:
+            continue
+        print(
+            f"{runtime} worker / bare loop: {100 * rate / bare_rate:.0f} % (issue 9.1 target: >= 50 %);"
+            f" / bare loop with the aligner: {100 * rate / aligned_rate:.0f} %"
+            + (f"; / do-nothing Faust agent: {100 * rate / faust_rate:.0f} %" if faust_rate else "")
+        )
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -353,16 +405,22 @@ def main() -> None:
     parser.add_argument("--scenario", default="nan_loss")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--workers", type=int, default=1, help="workers in the same group")
+    parser.add_argument(
+        "--runtime",
+        default="faust,direct",
+        help="comma-separated worker runtimes to measure, each on its own copy of the backlog",
+    )
     parser.add_argument("--profile", type=Path, help="run the first worker under py-spy, raw stacks here")
     args = parser.parse_args()
+    runtimes = [r.strip() for r in args.runtime.split(",") if r.strip()]
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
     if bootstrap:
-        _bench(bootstrap, args.scenario, args.timeout, args.workers, args.profile)
+        _bench(bootstrap, args.scenario, args.timeout, args.workers, runtimes, args.profile)
         return
     from infra.kafka.local import LocalKafka, ensure_jars
 
     with tempfile.TemporaryDirectory() as tmp, LocalKafka(Path(tmp), libs=ensure_jars()) as broker:
-        _bench(broker.bootstrap, args.scenario, args.timeout, args.workers, args.profile)
+        _bench(broker.bootstrap, args.scenario, args.timeout, args.workers, runtimes, args.profile)
 
 
 if __name__ == "__main__":

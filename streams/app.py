@@ -81,12 +81,14 @@ __all__ = [
     "SOURCE_TOPICS",
     "TELEMETRY_BY_JOB",
     "ClockRejected",
+    "WorkerHealth",
     "WorkerOptions",
     "align_ts",
     "broker_credentials",
     "build_app",
     "check_record",
     "received_ms",
+    "recent_within",
     "reference_ms",
 ]
 
@@ -360,7 +362,7 @@ class _Backlogs:
         return max(0, hw - (last_offset + 1))
 
 
-class _Health:
+class WorkerHealth:
     """The worker's own health: its counters, the progress line and the `/metrics` snapshot."""
 
     TOTALS = (
@@ -472,9 +474,11 @@ class _Health:
             log.debug("partition %d: %s", p, rt.aligner.describe(time.monotonic(), self.lag))
 
 
-def _recent(sent: collections.deque[tuple[float, int]], now: float) -> collections.deque[tuple[float, int]]:
-    """`sent` without the entries older than `_FORWARD_HOP_S` (dropped from it)."""
-    while sent and now - sent[0][0] > _FORWARD_HOP_S:
+def recent_within(
+    sent: collections.deque[tuple[float, int]], now: float, window_s: float = _FORWARD_HOP_S
+) -> collections.deque[tuple[float, int]]:
+    """`sent` without the entries older than `window_s` (dropped from it)."""
+    while sent and now - sent[0][0] > window_s:
         sent.popleft()
     return sent
 
@@ -562,7 +566,7 @@ def build_app(options: WorkerOptions) -> faust.App:
     recent_bindings: collections.deque[tuple[float, int]] = collections.deque()  # the same, of bindings
     backlogs = _Backlogs(app, prefix)
     _lag = backlogs.lag  # one bound method: the aligners reuse their frontier while it is the same
-    health = _Health(runtimes, node_aligner, assigned, _lag, options.metrics_port)
+    health = WorkerHealth(runtimes, node_aligner, assigned, _lag, options.metrics_port)
     totals, consumed, produced, dead_letters = (
         health.totals,
         health.consumed,
@@ -706,11 +710,11 @@ def build_app(options: WorkerOptions) -> faust.App:
           overtake the RankBound that names its job (it would go to the unbound key).
         """
         now = time.monotonic()
-        pending = [ts for _, ts in _recent(recent_forwards, now)]
+        pending = [ts for _, ts in recent_within(recent_forwards, now)]
         held = node_aligner.oldest_held()
         if held is not None:
             pending.append(held)
-        bindings = [ts for _, ts in _recent(recent_bindings, now)]
+        bindings = [ts for _, ts in recent_within(recent_bindings, now)]
         for p in assigned:
             tp = tp_key(TELEMETRY_UNATTRIBUTED, p)
             left = _lag(tp, node_aligner.last_offset(tp))

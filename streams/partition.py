@@ -142,6 +142,7 @@ class WorkerRuntime:
         self.last_event: Any = None  # a faust event of this partition (table writes need one)
         self.last_receive = time.monotonic()  # when the agent last got an event (wall clock: idleness only)
         self.counts = dict.fromkeys(RUNTIME_COUNTS, 0)
+        self.checkpointed_offsets: dict[str, int] = {}  # the offsets of the last snapshot taken
 
     def restore(self, values: list[bytes]) -> None:
         """Load the newest snapshot among `values` (this partition's), or start an empty engine."""
@@ -218,6 +219,7 @@ class WorkerRuntime:
         for tp, nxt in self.offsets.items():
             held = self.aligner.lowest_held(tp)
             offsets[tp] = nxt if held is None else min(nxt, held)
+        self.checkpointed_offsets = offsets
         body = self.engine.snapshot()
         self.counts["checkpoints"] += 1
         self.counts["snapshot_bytes"] = len(body)

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -23,14 +24,15 @@ log = logging.getLogger("ranksight.worker")
 STOP_GRACE_S = 10.0
 
 
-def install_stop_deadline(grace_s: float = STOP_GRACE_S) -> None:
+def install_stop_deadline(grace_s: float = STOP_GRACE_S, on_stop: Callable[[], None] | None = None) -> None:
     """Make SIGTERM/SIGINT end the process within `grace_s` seconds whatever the event loop is doing.
 
     Faust handles these signals on its event loop (`loop.add_signal_handler`), so a loop busy in a
     long computation never sees them. A Python-level handler runs in the main thread between
     bytecodes even then: it starts a timer that exits the process when the clean stop has not
     finished in time. The signal still reaches Faust's handler through the loop's wakeup fd, so a
-    responsive worker stops cleanly first. A second signal exits at once.
+    responsive worker stops cleanly first. A second signal exits at once. `on_stop` (a worker
+    without an event loop) is called on the first signal to begin the clean stop.
     """
     armed: list[threading.Timer] = []
 
@@ -46,6 +48,9 @@ def install_stop_deadline(grace_s: float = STOP_GRACE_S) -> None:
         timer.daemon = True
         armed.append(timer)
         timer.start()
+        if on_stop is not None:
+            log.warning("%s: stopping (checkpointing every partition first)", signal.Signals(signum).name)
+            on_stop()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _on_signal)

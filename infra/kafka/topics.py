@@ -132,16 +132,28 @@ def create_topics(
     *,
     prefix: str = "",
     timeout: float = 30,
+    conf: Mapping[str, Any] | None = None,
+    replication_factor: int = -1,
 ) -> list[str]:
-    """Create every topic of `specs` (named `prefix + name`) unless it exists; returns all their names."""
+    """Create every topic of `specs` (named `prefix + name`) unless it exists; returns all their names.
+
+    `conf`: a librdkafka client config (security settings) instead of the plain `bootstrap`;
+    `replication_factor` -1 is the broker's default."""
     wanted = [spec.with_prefix(prefix) for spec in specs]
     if not wanted:
         return []
     new_topics = [
-        NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=-1, config=spec.config())
+        NewTopic(
+            spec.name,
+            num_partitions=spec.partitions,
+            replication_factor=replication_factor,
+            config=spec.config(),
+        )
         for spec in wanted
     ]
-    admin = _admin(bootstrap)  # kept referenced: a collected client cancels its pending futures
+    admin = (
+        AdminClient({**conf, "log_level": 0}) if conf else _admin(bootstrap)
+    )  # kept referenced: a collected client cancels its pending futures
     futures = admin.create_topics(new_topics, operation_timeout=timeout, request_timeout=timeout)
     for name, future in futures.items():
         try:
@@ -157,7 +169,9 @@ def create_topics(
     by_name = {spec.name: spec.partitions for spec in wanted}
     joined = [prefix + name for name in COPARTITIONED if prefix + name in by_name]
     if joined:
-        check_partitions({"bootstrap.servers": bootstrap}, joined, by_name[joined[0]], timeout=timeout)
+        check_partitions(
+            conf or {"bootstrap.servers": bootstrap}, joined, by_name[joined[0]], timeout=timeout
+        )
     return [spec.name for spec in wanted]
 
 
