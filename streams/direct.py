@@ -67,7 +67,6 @@ from streams.app import (
     WorkerOptions,
     align_ts,
     check_record,
-    recent_within,
     reference_ms,
 )
 from streams.config import load_config
@@ -122,6 +121,47 @@ def _kafka_ms(msg: Message) -> int | None:
     return ms if kind != 0 and ms > 0 else None
 
 
+class _InFlight:
+    """Records one stage of this worker sent to a topic that its other stage reads, until that stage
+    has read them: (event time, partition, offset once delivered). The Faust worker counts a send as
+    in flight for a fixed 0.5 s; here it is progress: delivered, and the reader's offset past it."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.sent: collections.deque[list[Any]] = collections.deque()  # [sent at, ts, partition, offset]
+
+    def add(self, ts: int, partition: int) -> Any:
+        """Note one send; returns its delivery callback (which records the offset)."""
+        entry = [time.monotonic(), ts, partition, None]
+        self.sent.append(entry)
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            entry[3] = -1 if err is not None else msg.offset()
+
+        return delivered
+
+    def pending(self, read: Any, assigned: set[int], now: float) -> list[int]:
+        """Event times of sends not read yet. `read(tp)` is the reader's last offset of a partition;
+        a partition of another worker (not in `assigned`) cannot be watched: there a send counts for
+        `_FORWARD_HOP_S`, as in the Faust worker."""
+
+        def done(entry: list[Any]) -> bool:
+            sent_at, _, part, offset = entry
+            if part not in assigned:
+                return now - sent_at > _FORWARD_HOP_S
+            if offset is None:
+                return False
+            last = read(tp_key(self.topic, part))
+            return offset < 0 or (last is not None and last >= offset)
+
+        while self.sent and done(self.sent[0]):
+            self.sent.popleft()
+        return [entry[1] for entry in self.sent if not done(entry)]
+
+    def clear(self) -> None:
+        self.sent.clear()
+
+
 class DirectWorker:
     """One process of the detection worker on librdkafka. `run()` blocks until `stop()` (or a signal)."""
 
@@ -155,8 +195,9 @@ class DirectWorker:
         self.route_unflushed = 0
         self.side_front: int | None = MIN_EVENT_TS
         self.side_front_at = 0.0
-        self.recent_forwards: collections.deque[tuple[float, int]] = collections.deque()
-        self.recent_bindings: collections.deque[tuple[float, int]] = collections.deque()
+        # Forwards detect has not read yet; bindings the side path has not read yet.
+        self.forwards_in_flight = _InFlight(TELEMETRY_BY_JOB)
+        self.bindings_in_flight = _InFlight(BINDINGS)
         # Backlogs: end offsets asked of the broker, committed offsets at assignment ("topic:p").
         self.asked: dict[str, int] = {}
         self.committed: dict[str, int] = {}
@@ -177,6 +218,9 @@ class DirectWorker:
                 **self.conf,
                 "acks": "all",
                 "enable.idempotence": True,
+                # The Java partitioner, as the publisher and the Faust worker use: a key lands on
+                # the same partition whichever runtime or producer wrote it.
+                "partitioner": "murmur2_random",
                 "linger.ms": 5,
                 "compression.type": "lz4",
                 "message.max.bytes": 16 * 1024 * 1024,
@@ -254,8 +298,17 @@ class DirectWorker:
         partition: int | None = None,
         timestamp_ms: int | None = None,
         headers: list[tuple[str, bytes]] | None = None,
+        also: Any = None,
     ) -> None:
-        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": self._on_delivery}
+        """Produce one record; `also` is called with the delivery report after the worker's own check."""
+        report = self._on_delivery
+        if also is not None:
+
+            def report(err: KafkaError | None, msg: Message) -> None:
+                self._on_delivery(err, msg)
+                also(err, msg)
+
+        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": report}
         if partition is not None:
             kwargs["partition"] = partition
         if timestamp_ms is not None:
@@ -335,17 +388,18 @@ class DirectWorker:
         )
         latest: dict[bytes, tuple[int, bytes]] = {}
         try:
-            todo: dict[int, int] = {}
+            todo: dict[int, int] = {}  # partition -> end offset
+            start: dict[int, int] = {}  # partition -> first offset kept
             for p in sorted(parts):
                 low, high = reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10.0)
                 if high > low:
-                    todo[p] = high
+                    todo[p], start[p] = high, low
             if not todo:
                 return latest
-            reader.assign([TopicPartition(topic, p, 0) for p in sorted(todo)])
+            reader.assign([TopicPartition(topic, p, start[p]) for p in sorted(todo)])
             started = time.monotonic()
             while todo:
-                for msg in reader.consume(1_000, 1.0):
+                for msg in reader.consume(1_000, 0.1):
                     p = msg.partition() or 0
                     err = msg.error()
                     if err is not None:
@@ -418,8 +472,8 @@ class DirectWorker:
         self.node_aligner.clear()
         self.route_offsets.clear()
         self.route_unflushed = 0
-        self.recent_forwards.clear()
-        self.recent_bindings.clear()
+        self.forwards_in_flight.clear()
+        self.bindings_in_flight.clear()
         self.side_front = MIN_EVENT_TS
         self.assigned.clear()
 
@@ -489,7 +543,7 @@ class DirectWorker:
             if not parts:
                 self.totals["unbound_thinned"] += 1
                 continue
-            self.recent_forwards.append((time.monotonic(), self._held_ts(msg, event)))
+            ts = self._held_ts(msg, event)
             for part, key in sorted(parts.items()):
                 self._send(
                     self.prefix + TELEMETRY_BY_JOB,
@@ -497,6 +551,7 @@ class DirectWorker:
                     key.encode(),
                     partition=part,
                     timestamp_ms=_kafka_ms(msg),
+                    also=self.forwards_in_flight.add(ts, part),
                 )
                 self.totals["forwarded"] += 1
                 self.health.produced[TELEMETRY_BY_JOB] += 1
@@ -529,14 +584,19 @@ class DirectWorker:
                 self.routes_topic, json.dumps(state).encode() if state else b"", node.encode(), partition=p
             )
 
+    def _detect_read(self, tp: str) -> int | None:
+        """The last offset of `tp` (a job-keyed partition) that detect has read, if any."""
+        rt = self.runtimes.get(int(tp.rpartition(":")[2]))
+        return rt.aligner.last_offset(tp) if rt is not None else None
+
     def _update_side_front(self) -> None:
         """How far each stage got, for the other to wait on (the Faust worker's `_update_side_front`)."""
         now = time.monotonic()
-        pending = [ts for _, ts in recent_within(self.recent_forwards, now, _FORWARD_HOP_S)]
+        pending = self.forwards_in_flight.pending(self._detect_read, self.assigned, now)
         held = self.node_aligner.oldest_held()
         if held is not None:
             pending.append(held)
-        bindings = [ts for _, ts in recent_within(self.recent_bindings, now, _FORWARD_HOP_S)]
+        bindings = self.bindings_in_flight.pending(self.node_aligner.last_offset, self.assigned, now)
         for p in self.assigned:
             tp = tp_key(TELEMETRY_UNATTRIBUTED, p)
             left = self.lag(tp, self.node_aligner.last_offset(tp))
@@ -596,8 +656,13 @@ class DirectWorker:
             part = partition_for(key, self.n)
             if part in self.assigned:
                 self.routes.bind(event.record)  # local fast path; the topic copy makes it durable
-            self._send(self.prefix + BINDINGS, msg.value(), key, partition=part)
-            self.recent_bindings.append((time.monotonic(), self._held_ts(msg, event)))
+            self._send(
+                self.prefix + BINDINGS,
+                msg.value(),
+                key,
+                partition=part,
+                also=self.bindings_in_flight.add(self._held_ts(msg, event), part),
+            )
             self.totals["bindings"] += 1
             self.health.produced[BINDINGS] += 1
         elif event.type == "JobStateChanged" and event.record["state"] in self.config.job_end_states:

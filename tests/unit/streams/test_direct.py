@@ -1,0 +1,87 @@
+"""The direct runtime's pure pieces: settings, state keys shared with Faust, in-flight tracking."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streams.app import WorkerOptions
+from streams.direct import _InFlight, _table_key, _table_name, changelog_topic, kafka_config
+
+
+class _Msg:
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def offset(self) -> int:
+        return self._offset
+
+
+def test_state_keys_are_written_as_the_faust_worker_writes_them(tmp_path: Path) -> None:
+    # Faust JSON-encodes str table keys: the same bytes let a group switch runtimes.
+    assert _table_key("engine@3") == json.dumps("engine@3").encode() == b'"engine@3"'
+    assert _table_name(b'"engine@3"') == "engine@3"
+    assert _table_name(b'"gpu-node-07"') == "gpu-node-07"
+    # A key some other writer left raw still reads as its text.
+    assert _table_name(b"engine@3") == "engine@3"
+    options = WorkerOptions(bootstrap="b:9092", workdir=tmp_path, topic_prefix="t1.", app_id="g")
+    assert changelog_topic(options, "engine-snapshot") == "t1.g-engine-snapshot-changelog"
+
+
+def test_kafka_config_carries_the_security_settings(tmp_path: Path) -> None:
+    plain = kafka_config(WorkerOptions(bootstrap="b:9092", workdir=tmp_path))
+    assert plain == {"bootstrap.servers": "b:9092", "security.protocol": "PLAINTEXT"}
+    sasl = kafka_config(
+        WorkerOptions(
+            bootstrap="b:9093",
+            workdir=tmp_path,
+            security_protocol="SASL_SSL",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_username="rs",
+            sasl_password="pw",
+        )
+    )
+    assert sasl["security.protocol"] == "SASL_SSL"
+    assert (sasl["sasl.mechanism"], sasl["sasl.username"], sasl["sasl.password"]) == (
+        "SCRAM-SHA-512",
+        "rs",
+        "pw",
+    )
+
+
+def test_a_send_stays_in_flight_until_delivered_and_read_past(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("streams.direct.time.monotonic", lambda: clock[0])
+    flight = _InFlight("rs.internal.telemetry-by-job")
+    read: dict[str, int] = {}
+    first = flight.add(1_000, 2)
+    second = flight.add(2_000, 2)
+    assert flight.pending(read.get, {2}, clock[0]) == [1_000, 2_000]  # not delivered yet
+    first(None, _Msg(10))
+    second(None, _Msg(11))
+    clock[0] += 60  # time alone does not end it on a partition this worker reads
+    assert flight.pending(read.get, {2}, clock[0]) == [1_000, 2_000]
+    read["rs.internal.telemetry-by-job:2"] = 10
+    assert flight.pending(read.get, {2}, clock[0]) == [2_000]
+    read["rs.internal.telemetry-by-job:2"] = 11
+    assert flight.pending(read.get, {2}, clock[0]) == []
+    assert not flight.sent  # done sends are dropped
+
+
+def test_a_failed_send_or_another_workers_partition_does_not_hold_forever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("streams.direct.time.monotonic", lambda: clock[0])
+    flight = _InFlight("rs.internal.bindings")
+    failed = flight.add(1_000, 0)
+    elsewhere = flight.add(3_000, 5)  # partition 5 is read by another worker: a time bound
+    failed(object(), _Msg(-1))
+    del elsewhere
+    none: dict[str, Any] = {}
+    assert flight.pending(none.get, {0}, clock[0]) == [3_000]
+    clock[0] += 1.0
+    assert flight.pending(none.get, {0}, clock[0]) == []
