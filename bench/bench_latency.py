@@ -1,6 +1,6 @@
 """Publish -> alert latency of `ranksight worker` at a steady input rate, and the highest rate it sustains (issue 9.3).
 
-Usage: KAFKA_BOOTSTRAP=127.0.0.1:9092 python bench/bench_latency.py [--nodes 16] [--seconds 90]
+Usage: KAFKA_BOOTSTRAP=127.0.0.1:9092 python bench/bench_latency.py [--nodes 16] [--seconds 90] [--runtime direct]
        python bench/bench_latency.py --sweep 8,16,32,64 --seconds 120   # the bounded-lag search
 (without KAFKA_BOOTSTRAP a local broker is started in a temporary directory and stopped after).
 
@@ -249,7 +249,11 @@ def main() -> None:
     parser.add_argument("--sweep", help="comma-separated node counts, run one after another")
     parser.add_argument("--seconds", type=int, default=90)
     parser.add_argument("--timeout", type=float, default=120)
+    parser.add_argument("--runtime", default="faust", choices=("faust", "direct"), help="worker runtime")
     args = parser.parse_args()
+    # The worker processes the bench starts read it (`ranksight worker --runtime`).
+    os.environ["RANKSIGHT_WORKER_RUNTIME"] = args.runtime
+    print(f"worker runtime: {args.runtime}")
     sizes = [int(n) for n in args.sweep.split(",")] if args.sweep else [args.nodes]
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
     if bootstrap:

@@ -41,7 +41,7 @@ from sinks.ddl import migrate
 from streams.app import BINDINGS, DEFAULT_APP_ID, SOURCE_TOPICS, TELEMETRY_BY_JOB
 from streams.metrics import sink_metrics
 from streams.replay import replay_offline
-from tests.integration.streams.test_worker_kafka import Worker, _publish, group_lag, recent
+from tests.integration.streams.test_worker_kafka import RUNTIMES, Worker, _publish, group_lag, recent
 
 # 8 minutes, 2 nodes x 4 GPUs, one job: a NaN loss (training path) and an XID (telemetry path).
 SCENARIO = """
@@ -176,7 +176,9 @@ def _headers(msg: Message) -> dict[str, bytes]:
     return {str(k): v if isinstance(v, bytes) else str(v).encode() for k, v in msg.headers() or []}
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
+    runtime: str,
     kafka_bootstrap: str,
     topics: dict[str, str],
     topic_prefix: str,
@@ -206,7 +208,7 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
         bad.send(topics[topic], last_key[topic], _bad_value(kind, topic, samples, rng), kind)
     assert len(bad.positions) == len(KINDS) * len(SINK_SOURCES) + len(SINK_SOURCES)
 
-    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path)
+    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, runtime)
     worker.start()
     client = connect(f"chdb://{tmp_path / 'chdb'}")
     healths: list[dict[str, Any]] = []
@@ -292,7 +294,9 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
     assert sum(metric["ranksight_sink_rows_inserted"].values()) == len(events)
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_worker_stops_within_seconds_of_sigterm_while_processing(
+    runtime: str,
     kafka_bootstrap: str,
     topics: dict[str, str],
     topic_prefix: str,
@@ -301,7 +305,7 @@ def test_worker_stops_within_seconds_of_sigterm_while_processing(
 ) -> None:
     events, _ = scenario
     _publish(kafka_bootstrap, topic_prefix, events)
-    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path)
+    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, runtime)
     worker.start()
     group = topic_prefix + DEFAULT_APP_ID
     names = [topics[t] for t in SOURCE_TOPICS]

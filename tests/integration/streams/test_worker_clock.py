@@ -12,6 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from producers.simulator import load_scenario, simulate
 from schemas.codec import Codec
 from schemas.files import write_container
@@ -26,13 +28,14 @@ from tests.integration.streams.test_worker_bad_input import (
     _read_all,
     _supervise,
 )
-from tests.integration.streams.test_worker_kafka import Worker, _publish, group_lag, recent
+from tests.integration.streams.test_worker_kafka import RUNTIMES, Worker, _publish, group_lag, recent
 
 YEAR_2199_MS = 7_226_582_400_000  # 2199-01-01T00:00:00Z, inside the sink's 2000..2200 range
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_record_from_2199_is_dead_lettered_by_the_worker_and_raises_clock_skew(
-    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, tmp_path: Path
+    runtime: str, kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, tmp_path: Path
 ) -> None:
     (tmp_path / "scenario.yaml").write_text(SCENARIO)
     events = list(simulate(recent(load_scenario(tmp_path / "scenario.yaml")), seed=0).events())
@@ -56,7 +59,7 @@ def test_a_record_from_2199_is_dead_lettered_by_the_worker_and_raises_clock_skew
     future = Event("GpuSample", {**events[at].record, "ts": YEAR_2199_MS})
     _publish(kafka_bootstrap, topic_prefix, [*events[: at + 1], future, *events[at + 1 :]])
 
-    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path)
+    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, runtime)
     port = _free_port()
     worker.start("--metrics-port", str(port))
     try:

@@ -70,7 +70,8 @@ def _publish(bootstrap: str, prefix: str, events: list[Event]) -> None:
 class Worker:
     """`ranksight worker` as a child process with its own log file."""
 
-    def __init__(self, bootstrap: str, prefix: str, home: Path) -> None:
+    def __init__(self, bootstrap: str, prefix: str, home: Path, runtime: str = "faust") -> None:
+        self.runtime = runtime  # `--runtime`: faust or direct
         self.env = {
             **os.environ,
             "KAFKA_BOOTSTRAP": bootstrap,
@@ -81,11 +82,21 @@ class Worker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs = 0
 
-    def start(self, *options: str) -> None:
+    def start(self, *options: str, runtime: str | None = None) -> None:
         self.runs += 1
         log = open(self.home / f"worker-{self.runs}.log", "wb")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(
-            [RANKSIGHT, "worker", "--log-level", "info", "--checkpoint-interval-ms", "30000", *options],
+            [
+                RANKSIGHT,
+                "worker",
+                "--runtime",
+                runtime or self.runtime,
+                "--log-level",
+                "info",
+                "--checkpoint-interval-ms",
+                "30000",
+                *options,
+            ],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -118,11 +129,18 @@ class Worker:
         return "\n".join(notable[:80] + [text[-3000:] for text in texts])
 
 
-@pytest.fixture
+RUNTIMES = ("faust", "direct")  # `ranksight worker --runtime`: every worker test runs on both
+
+
+@pytest.fixture(params=RUNTIMES)
 def worker(
-    kafka_bootstrap: str, topic_prefix: str, topics: dict[str, str], tmp_path: Path
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    topics: dict[str, str],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> Iterator[Worker]:
-    w = Worker(kafka_bootstrap, topic_prefix, tmp_path)
+    w = Worker(kafka_bootstrap, topic_prefix, tmp_path, request.param)
     try:
         yield w
     finally:
@@ -268,3 +286,36 @@ def test_worker_killed_mid_run_loses_and_duplicates_no_alert(
         close_all()
     assert {(fp, st) for fp, st in rows} == expected
     assert len(rows) == len(expected)
+
+
+def test_a_group_moves_from_faust_to_direct_keeping_its_state(
+    kafka_bootstrap: str,
+    topics: dict[str, str],
+    topic_prefix: str,
+    tmp_path: Path,
+    scenario_events: tuple[list[Event], list[dict[str, Any]]],
+    offline_alerts: list[dict[str, Any]],
+) -> None:
+    """Both runtimes keep the same state in the same changelog topics: a group stopped on one resumes
+    on the other from its checkpoints (a crashed member must first leave: the two runtimes' group
+    protocols cannot share a group, so its session must time out)."""
+    expected = _pairs(offline_alerts)
+    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, "faust")
+    _publish(kafka_bootstrap, topic_prefix, scenario_events[0])
+    worker.start()
+    reader = AlertReader(kafka_bootstrap, topics[ALERTS])
+    try:
+        assert reader.poll_until(lambda rs: len(rs) >= 1, 150), worker.log()
+        worker.stop()  # SIGTERM: Faust commits what it acked and leaves the group
+        worker.start(runtime="direct")
+        assert reader.poll_until(lambda rs: _pairs(rs) >= expected, 150), (
+            expected - _pairs(reader.records),
+            worker.log(),
+        )
+        reader.poll_until(lambda rs: False, 5)
+    finally:
+        worker.stop()
+        reader.close()
+    assert _pairs(reader.records) == expected
+    assert len({(r["alert_id"], r["status"]) for r in reader.records}) == len(expected)
+    assert "restored engine snapshot" in (worker.home / "worker-2.log").read_text()

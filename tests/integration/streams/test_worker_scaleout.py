@@ -23,7 +23,14 @@ from schemas.topics import ALERTS
 from streams.app import SOURCE_TOPICS
 from streams.rekey import partition_for
 from streams.replay import replay_offline
-from tests.integration.streams.test_worker_kafka import AlertReader, Worker, _publish, group_lag, recent
+from tests.integration.streams.test_worker_kafka import (
+    RUNTIMES,
+    AlertReader,
+    Worker,
+    _publish,
+    group_lag,
+    recent,
+)
 
 SCENARIO = "mixed"  # three jobs of three teams on four nodes, six labelled faults
 _ASSIGNED = re.compile(r"assigned partitions \[([\d, ]*)\]")
@@ -46,10 +53,10 @@ def mixed_offline(
 class TwoWorkers:
     """Two workers of the same group (same prefix, same group id), each with its own state dir."""
 
-    def __init__(self, bootstrap: str, prefix: str, home: Path) -> None:
+    def __init__(self, bootstrap: str, prefix: str, home: Path, runtime: str) -> None:
         (home / "a").mkdir()
         (home / "b").mkdir()
-        self.workers = [Worker(bootstrap, prefix, home / "a"), Worker(bootstrap, prefix, home / "b")]
+        self.workers = [Worker(bootstrap, prefix, home / d, runtime) for d in ("a", "b")]
 
     def partitions(self, w: Worker) -> set[int] | None:
         """The partitions `w` says it holds now (its last assignment line), None before the first."""
@@ -63,11 +70,15 @@ class TwoWorkers:
             w.stop()
 
 
-@pytest.fixture
+@pytest.fixture(params=RUNTIMES)
 def two_workers(
-    kafka_bootstrap: str, topic_prefix: str, topics: dict[str, str], tmp_path: Path
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    topics: dict[str, str],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> Iterator[TwoWorkers]:
-    pair = TwoWorkers(kafka_bootstrap, topic_prefix, tmp_path)
+    pair = TwoWorkers(kafka_bootstrap, topic_prefix, tmp_path, request.param)
     try:
         yield pair
     finally:

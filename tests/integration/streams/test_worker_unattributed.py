@@ -21,7 +21,14 @@ from schemas.records import Event
 from schemas.topics import ALERTS, WORKER_SOURCES
 from streams.app import DEFAULT_APP_ID
 from streams.replay import replay_offline
-from tests.integration.streams.test_worker_kafka import AlertReader, Worker, _publish, group_lag, recent
+from tests.integration.streams.test_worker_kafka import (
+    RUNTIMES,
+    AlertReader,
+    Worker,
+    _publish,
+    group_lag,
+    recent,
+)
 
 
 def _unattributed(event: Event) -> Event:
@@ -32,6 +39,7 @@ def _unattributed(event: Event) -> Event:
     return event
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.xfail(
     strict=False,
     reason=(
@@ -41,9 +49,9 @@ def _unattributed(event: Event) -> Event:
     ),
 )
 def test_a_backlog_of_unattributed_telemetry_raises_the_offline_replays_alerts(
-    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, tmp_path: Path
+    runtime: str, kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, tmp_path: Path
 ) -> None:
-    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path)
+    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, runtime)
     events = [_unattributed(e) for e in simulate(recent(load_scenario("mixed")), seed=0).events()]
     write_container(tmp_path / "events.avro", events)
     offline = [e.record for e in replay_offline([tmp_path / "events.avro"]) if e.type == "Alert"]
