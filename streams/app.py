@@ -87,6 +87,7 @@ __all__ = [
     "broker_credentials",
     "build_app",
     "check_record",
+    "feed_engine",
     "received_ms",
     "recent_within",
     "reference_ms",
@@ -252,6 +253,51 @@ class ClockRejected(StreamsError):
             f"{reason}: event time {event_ts} ms is {(event_ts - reference_ts) / 1000:+.0f} s from the"
             f" record's reference time {reference_ts} ms (its Kafka timestamp, capped at the worker's clock)"
         )
+
+
+def feed_engine(
+    rt: WorkerRuntime,
+    tp: str,
+    offset: int,
+    event: Event,
+    key: bytes | None,
+    kafka_ms: int | None,
+    totals: dict[str, int],
+) -> tuple[list[Event], ClockRejected | None]:
+    """One record the aligner released into its partition's engine: marked as part of the state,
+    counted, deduplicated, processed. Returns the engine's outputs, and for a record the engine
+    rejected for its time the error to dead-letter it with (the worker owns that dead letter)."""
+    rt.mark(tp, offset)
+    if tp.startswith(TELEMETRY_JOB):
+        # One source record, one count: a HostSample of N jobs has N copies; count the first.
+        keys = job_keys(event.type, event.record)
+        if keys and bytes(key or b"") == keys[0].encode():
+            totals["telemetry_in"] += 1
+    elif not tp.startswith(TELEMETRY_BY_JOB):
+        totals["training_in"] += 1
+    if rt.duplicate(event):
+        rt.counts["duplicates"] += 1
+        return [], None
+    engine = rt.engine
+    assert engine is not None
+    reference = reference_ms(kafka_ms, int(time.time() * 1000))
+    try:
+        outputs = engine.process(event, received_ts=reference)
+    except Exception:
+        # A record that breaks a detector must not crash-loop the worker (it would be redelivered
+        # forever): log it with the traceback and go on without it.
+        rt.remember(event)
+        rt.counts["engine_errors"] += 1
+        log.exception("the engine failed on %s at %s@%d; skipped", event.type, tp, offset)
+        return [], None
+    if engine.rejection is not None:
+        # Valid for the sink (it stores the record), wrong in time for detection: the engine raises
+        # clock_skew, the worker dead-letters the record.
+        rt.counts["clock_rejected"] += 1
+        return [], ClockRejected(engine.rejection, event_ts(event), reference)
+    rt.remember(event)
+    rt.counts["processed"] += 1
+    return outputs, None
 
 
 class _Forwarder:
@@ -824,38 +870,11 @@ def build_app(options: WorkerOptions) -> faust.App:
             return
         rt.aligner.set_upstream_front(side_front[0])
         for tp, offset, (fevent, event) in rt.aligner.pop_ready(time.monotonic(), _lag):
-            rt.mark(tp, offset)
             rt.pending.append(fevent)
-            if tp.startswith(TELEMETRY_JOB):
-                # One source record, one count: a HostSample of N jobs has N copies; count the first.
-                keys = job_keys(event.type, event.record)
-                if keys and bytes(fevent.key or b"") == keys[0].encode():
-                    totals["telemetry_in"] += 1
-            elif not tp.startswith(TELEMETRY_BY_JOB):
-                totals["training_in"] += 1
-            if rt.duplicate(event):
-                rt.counts["duplicates"] += 1
+            outputs, rejected = feed_engine(rt, tp, offset, event, fevent.key, received_ms(fevent), totals)
+            if rejected is not None:
+                rt.futures.append(await _dead_letter(fevent, rejected))
                 continue
-            reference = reference_ms(received_ms(fevent), int(time.time() * 1000))
-            try:
-                outputs = engine.process(event, received_ts=reference)
-            except Exception:
-                # A record that breaks a detector must not crash-loop the agent (it would be
-                # redelivered forever): log it with the traceback and go on without it.
-                rt.remember(event)
-                rt.counts["engine_errors"] += 1
-                log.exception("the engine failed on %s at %s@%d; skipped", event.type, tp, offset)
-                continue
-            if engine.rejection is not None:
-                # Valid for the sink (it stores the record), wrong in time for detection: the engine
-                # raises clock_skew, the worker owns the dead letter.
-                rt.counts["clock_rejected"] += 1
-                rt.futures.append(
-                    await _dead_letter(fevent, ClockRejected(engine.rejection, event_ts(event), reference))
-                )
-                continue
-            rt.remember(event)
-            rt.counts["processed"] += 1
             await _send_outputs(rt, outputs)
             if rt.checkpoint_due(outputs):
                 await _checkpoint(stream, rt)

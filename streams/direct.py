@@ -38,11 +38,9 @@ from schemas.errors import DecodeError, EncodeError
 from schemas.records import Event
 from schemas.topics import (
     DEADLETTER,
-    TELEMETRY_JOB,
     TELEMETRY_UNATTRIBUTED,
     TRAINING_EVENTS,
     deadletter_headers,
-    job_keys,
     key_for,
     topic_for,
 )
@@ -67,7 +65,7 @@ from streams.app import (
     WorkerOptions,
     align_ts,
     check_record,
-    reference_ms,
+    feed_engine,
 )
 from streams.config import load_config
 from streams.engine import MIN_EVENT_TS, event_ts
@@ -676,31 +674,11 @@ class DirectWorker:
         assert engine is not None
         rt.aligner.set_upstream_front(self.side_front)
         for tp, offset, (msg, event) in rt.aligner.pop_ready(time.monotonic(), self.lag):
-            rt.mark(tp, offset)
             rt.pending.append(None)
-            if tp.startswith(TELEMETRY_JOB):
-                keys = job_keys(event.type, event.record)  # one source record, one count
-                if keys and (msg.key() or b"") == keys[0].encode():
-                    self.totals["telemetry_in"] += 1
-            elif not tp.startswith(TELEMETRY_BY_JOB):
-                self.totals["training_in"] += 1
-            if rt.duplicate(event):
-                rt.counts["duplicates"] += 1
+            outputs, rejected = feed_engine(rt, tp, offset, event, msg.key(), _kafka_ms(msg), self.totals)
+            if rejected is not None:
+                self._dead_letter(msg, rejected)
                 continue
-            reference = reference_ms(_kafka_ms(msg), int(time.time() * 1000))
-            try:
-                outputs = engine.process(event, received_ts=reference)
-            except Exception:
-                rt.remember(event)
-                rt.counts["engine_errors"] += 1
-                log.exception("the engine failed on %s at %s@%d; skipped", event.type, tp, offset)
-                continue
-            if engine.rejection is not None:
-                rt.counts["clock_rejected"] += 1
-                self._dead_letter(msg, ClockRejected(engine.rejection, event_ts(event), reference))
-                continue
-            rt.remember(event)
-            rt.counts["processed"] += 1
             self._send_outputs(rt, outputs)
             if rt.checkpoint_due(outputs):
                 self._checkpoint(rt)
