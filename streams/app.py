@@ -38,6 +38,7 @@ import os
 import signal
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,7 @@ __all__ = [
     "SOURCE_TOPICS",
     "TELEMETRY_BY_JOB",
     "ClockRejected",
+    "InFlight",
     "WorkerHealth",
     "WorkerOptions",
     "align_ts",
@@ -89,8 +91,8 @@ __all__ = [
     "check_record",
     "feed_engine",
     "received_ms",
-    "recent_within",
     "reference_ms",
+    "side_fronts",
 ]
 
 log = logging.getLogger("ranksight.worker")
@@ -520,13 +522,102 @@ class WorkerHealth:
             log.debug("partition %d: %s", p, rt.aligner.describe(time.monotonic(), self.lag))
 
 
-def recent_within(
-    sent: collections.deque[tuple[float, int]], now: float, window_s: float = _FORWARD_HOP_S
-) -> collections.deque[tuple[float, int]]:
-    """`sent` without the entries older than `window_s` (dropped from it)."""
-    while sent and now - sent[0][0] > window_s:
-        sent.popleft()
-    return sent
+class InFlight:
+    """Records one stage of a worker sent to a topic its other stage reads, until that stage has
+    read them: [sent at, event time, partition, offset once delivered]. Progress, not time: a send
+    is pending until delivered and the reader's last offset of its partition is past it. Only a
+    partition this worker does not hold (another worker reads it) falls back to a time bound,
+    `_FORWARD_HOP_S`."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.sent: collections.deque[list[Any]] = collections.deque()
+
+    def add(self, ts: int, partition: int) -> list[Any]:
+        """Note one send; pass the entry to `delivered` when Kafka acknowledged it."""
+        entry = [time.monotonic(), ts, partition, None]
+        self.sent.append(entry)
+        return entry
+
+    @staticmethod
+    def delivered(entry: list[Any], offset: int | None) -> None:
+        """The send's offset (None: it failed; the worker stops on failed sends anyway)."""
+        entry[3] = -1 if offset is None else offset
+
+    def pending(self, read: Callable[[str], int | None], assigned: set[int], now: float) -> list[int]:
+        """Event times of the sends not read yet; `read(tp)` is the reader's last offset of a partition."""
+
+        def done(entry: list[Any]) -> bool:
+            sent_at, _, part, offset = entry
+            if part not in assigned:
+                return now - sent_at > _FORWARD_HOP_S
+            if offset is None:
+                return False
+            last = read(tp_key(self.topic, part))
+            return offset < 0 or (last is not None and last >= offset)
+
+        while self.sent and done(self.sent[0]):
+            self.sent.popleft()
+        return [entry[1] for entry in self.sent if not done(entry)]
+
+    def clear(self) -> None:
+        self.sent.clear()
+
+
+def side_fronts(
+    forwards: InFlight,
+    bindings: InFlight,
+    node_aligner: Aligner,
+    runtimes: dict[int, WorkerRuntime],
+    assigned: set[int],
+    lag: LagFn,
+) -> int | None:
+    """How far each stage of a worker got, for the other to wait on (neither waits when the other
+    has nothing pending, as live). Sets the side path's upstream front and returns detect's:
+
+    - detect holds its engines at the oldest event time the side path has not forwarded yet and
+      detect has not read: records held in the side path's aligner, unread unattributed partitions,
+      forwards not read back (`forwards`); so a re-keyed sample is not late for its job;
+    - the side path holds at the oldest event time whose bindings it may not have yet: unread
+      `rs.training.events` partitions, bindings it has not read back (`bindings`); so a sample does
+      not overtake the RankBound that names its job (it would go to the unbound key).
+    """
+    now = time.monotonic()
+
+    def detect_read(tp: str) -> int | None:
+        rt = runtimes.get(int(tp.rpartition(":")[2]))
+        return rt.aligner.last_offset(tp) if rt is not None else None
+
+    pending = forwards.pending(detect_read, assigned, now)
+    held = node_aligner.oldest_held()
+    if held is not None:
+        pending.append(held)
+    waiting = bindings.pending(node_aligner.last_offset, assigned, now)
+    for p in assigned:
+        tp = tp_key(TELEMETRY_UNATTRIBUTED, p)
+        left = lag(tp, node_aligner.last_offset(tp))
+        if left is None or left > 0:
+            pending.append(node_aligner.last_ts(tp) or MIN_EVENT_TS)
+        rt = runtimes.get(p)
+        tp = tp_key(TRAINING_EVENTS, p)
+        left = lag(tp, rt.aligner.last_offset(tp) if rt else None)
+        if left is None or left > 0:
+            waiting.append((rt.aligner.last_ts(tp) if rt else None) or MIN_EVENT_TS)
+    node_aligner.set_upstream_front(min(waiting) if waiting else None)
+    return min(pending) if pending else None
+
+
+def _track(flight: InFlight, ts: int, partition: int, fut: Any) -> None:
+    """Tell `flight` the offset of a Faust send once it is delivered."""
+    entry = flight.add(ts, partition)
+
+    def done(f: Any) -> None:
+        try:
+            InFlight.delivered(entry, int(f.result().offset))
+        except BaseException:  # failed or cancelled: `_delivered` stops the worker on it
+            InFlight.delivered(entry, None)
+
+    fut.add_done_callback(done)
 
 
 def build_app(options: WorkerOptions) -> faust.App:
@@ -608,8 +699,8 @@ def build_app(options: WorkerOptions) -> faust.App:
     # nothing pending); `detect` holds its engines there, so in a catch-up a re-keyed sample is not
     # late for its job. Held (MIN) until first computed.
     side_front: list[Any] = [MIN_EVENT_TS, 0.0]  # [front, monotonic time computed]
-    recent_forwards: collections.deque[tuple[float, int]] = collections.deque()  # (sent at, event time)
-    recent_bindings: collections.deque[tuple[float, int]] = collections.deque()  # the same, of bindings
+    forwards_in_flight = InFlight(TELEMETRY_BY_JOB)  # forwards detect has not read yet
+    bindings_in_flight = InFlight(BINDINGS)  # bindings route has not read yet
     backlogs = _Backlogs(app, prefix)
     _lag = backlogs.lag  # one bound method: the aligners reuse their frontier while it is the same
     health = WorkerHealth(runtimes, node_aligner, assigned, _lag, options.metrics_port)
@@ -725,18 +816,16 @@ def build_app(options: WorkerOptions) -> faust.App:
             totals["telemetry_in"] += 1
             if not parts:
                 totals["unbound_thinned"] += 1
-            if parts:
-                recent_forwards.append((time.monotonic(), _held_ts(fevent, event)))
             for part, key in sorted(parts.items()):
-                route_fw.futures.append(
-                    await by_job_out.send(
-                        key=key.encode(),
-                        value=fevent.value,
-                        partition=part,
-                        timestamp=fevent.message.timestamp,
-                        force=True,
-                    )
+                fut = await by_job_out.send(
+                    key=key.encode(),
+                    value=fevent.value,
+                    partition=part,
+                    timestamp=fevent.message.timestamp,
+                    force=True,
                 )
+                _track(forwards_in_flight, _held_ts(fevent, event), part, fut)
+                route_fw.futures.append(fut)
                 totals["forwarded"] += 1
                 produced[TELEMETRY_BY_JOB] += 1
         if len(route_fw.pending) >= _FORWARD_BATCH:
@@ -745,34 +834,10 @@ def build_app(options: WorkerOptions) -> faust.App:
             _update_side_front()
 
     def _update_side_front() -> None:
-        """How far each stage of this worker got, for the other to wait on (none waits when the other
-        has nothing pending, as live):
-
-        - the side path has not forwarded yet: records held in its aligner, unread unattributed
-          partitions, and forwards sent within `_FORWARD_HOP_S` (in flight to detect); `detect`
-          holds its engines there, so a re-keyed sample is not late for its job;
-        - detect has not forwarded the bindings of: unread `rs.training.events` partitions, and
-          bindings sent within `_FORWARD_HOP_S`; the side path holds there, so a sample does not
-          overtake the RankBound that names its job (it would go to the unbound key).
-        """
-        now = time.monotonic()
-        pending = [ts for _, ts in recent_within(recent_forwards, now)]
-        held = node_aligner.oldest_held()
-        if held is not None:
-            pending.append(held)
-        bindings = [ts for _, ts in recent_within(recent_bindings, now)]
-        for p in assigned:
-            tp = tp_key(TELEMETRY_UNATTRIBUTED, p)
-            left = _lag(tp, node_aligner.last_offset(tp))
-            if left is None or left > 0:
-                pending.append(node_aligner.last_ts(tp) or MIN_EVENT_TS)
-            rt = runtimes.get(p)
-            tp = tp_key(TRAINING_EVENTS, p)
-            left = _lag(tp, rt.aligner.last_offset(tp) if rt else None)
-            if left is None or left > 0:
-                bindings.append((rt.aligner.last_ts(tp) if rt else None) or MIN_EVENT_TS)
-        side_front[0], side_front[1] = (min(pending) if pending else None), now
-        node_aligner.set_upstream_front(min(bindings) if bindings else None)
+        side_front[0], side_front[1] = (
+            side_fronts(forwards_in_flight, bindings_in_flight, node_aligner, runtimes, assigned, _lag),
+            time.monotonic(),
+        )
 
     def _apply_binding(fevent: Any, event: Event) -> None:
         """A binding read on partition p: update (and persist) the routes of p's nodes it changes."""
@@ -849,10 +914,9 @@ def build_app(options: WorkerOptions) -> faust.App:
                 # Local fast path: the node's routes are here; the topic copy makes it durable.
                 _load_routes(part)
                 routes.bind(event.record)
-            rt.futures.append(
-                await bindings_out.send(key=key, value=fevent.value, partition=part, force=True)
-            )
-            recent_bindings.append((time.monotonic(), _held_ts(fevent, event)))
+            fut = await bindings_out.send(key=key, value=fevent.value, partition=part, force=True)
+            _track(bindings_in_flight, _held_ts(fevent, event), part, fut)
+            rt.futures.append(fut)
             totals["bindings"] += 1
             produced[BINDINGS] += 1
         elif event.type == "JobStateChanged" and event.record["state"] in config.job_end_states:
@@ -1031,8 +1095,8 @@ def build_app(options: WorkerOptions) -> faust.App:
         routes_loaded.clear()
         node_aligner.clear()
         route_fw.clear()
-        recent_forwards.clear()
-        recent_bindings.clear()
+        forwards_in_flight.clear()
+        bindings_in_flight.clear()
         side_front[0] = MIN_EVENT_TS
 
     return app

@@ -24,7 +24,6 @@ due, event time without input) is the Faust worker's, one synchronous loop inste
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import time
@@ -38,7 +37,6 @@ from schemas.errors import DecodeError, EncodeError
 from schemas.records import Event
 from schemas.topics import (
     DEADLETTER,
-    TELEMETRY_UNATTRIBUTED,
     TRAINING_EVENTS,
     deadletter_headers,
     key_for,
@@ -49,7 +47,6 @@ from streams.app import (
     _ASK_ENDS_S,
     _BAD_LOG_S,
     _DELIVERY_TIMEOUT_S,
-    _FORWARD_HOP_S,
     _INTERNAL_TYPES,
     _METRICS_S,
     _ROUTES_TABLE,
@@ -61,11 +58,13 @@ from streams.app import (
     NODE_TOPICS,
     TELEMETRY_BY_JOB,
     ClockRejected,
+    InFlight,
     WorkerHealth,
     WorkerOptions,
     align_ts,
     check_record,
     feed_engine,
+    side_fronts,
 )
 from streams.config import load_config
 from streams.engine import MIN_EVENT_TS, event_ts
@@ -119,47 +118,6 @@ def _kafka_ms(msg: Message) -> int | None:
     return ms if kind != 0 and ms > 0 else None
 
 
-class _InFlight:
-    """Records one stage of this worker sent to a topic that its other stage reads, until that stage
-    has read them: (event time, partition, offset once delivered). The Faust worker counts a send as
-    in flight for a fixed 0.5 s; here it is progress: delivered, and the reader's offset past it."""
-
-    def __init__(self, topic: str) -> None:
-        self.topic = topic
-        self.sent: collections.deque[list[Any]] = collections.deque()  # [sent at, ts, partition, offset]
-
-    def add(self, ts: int, partition: int) -> Any:
-        """Note one send; returns its delivery callback (which records the offset)."""
-        entry = [time.monotonic(), ts, partition, None]
-        self.sent.append(entry)
-
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            entry[3] = -1 if err is not None else msg.offset()
-
-        return delivered
-
-    def pending(self, read: Any, assigned: set[int], now: float) -> list[int]:
-        """Event times of sends not read yet. `read(tp)` is the reader's last offset of a partition;
-        a partition of another worker (not in `assigned`) cannot be watched: there a send counts for
-        `_FORWARD_HOP_S`, as in the Faust worker."""
-
-        def done(entry: list[Any]) -> bool:
-            sent_at, _, part, offset = entry
-            if part not in assigned:
-                return now - sent_at > _FORWARD_HOP_S
-            if offset is None:
-                return False
-            last = read(tp_key(self.topic, part))
-            return offset < 0 or (last is not None and last >= offset)
-
-        while self.sent and done(self.sent[0]):
-            self.sent.popleft()
-        return [entry[1] for entry in self.sent if not done(entry)]
-
-    def clear(self) -> None:
-        self.sent.clear()
-
-
 class DirectWorker:
     """One process of the detection worker on librdkafka. `run()` blocks until `stop()` (or a signal)."""
 
@@ -194,8 +152,8 @@ class DirectWorker:
         self.side_front: int | None = MIN_EVENT_TS
         self.side_front_at = 0.0
         # Forwards detect has not read yet; bindings the side path has not read yet.
-        self.forwards_in_flight = _InFlight(TELEMETRY_BY_JOB)
-        self.bindings_in_flight = _InFlight(BINDINGS)
+        self.forwards_in_flight = InFlight(TELEMETRY_BY_JOB)
+        self.bindings_in_flight = InFlight(BINDINGS)
         # Backlogs: end offsets asked of the broker, committed offsets at assignment ("topic:p").
         self.asked: dict[str, int] = {}
         self.committed: dict[str, int] = {}
@@ -296,15 +254,15 @@ class DirectWorker:
         partition: int | None = None,
         timestamp_ms: int | None = None,
         headers: list[tuple[str, bytes]] | None = None,
-        also: Any = None,
+        also: list[Any] | None = None,
     ) -> None:
-        """Produce one record; `also` is called with the delivery report after the worker's own check."""
+        """Produce one record; `also`: an `InFlight` entry told the record's offset once delivered."""
         report = self._on_delivery
         if also is not None:
 
             def report(err: KafkaError | None, msg: Message) -> None:
                 self._on_delivery(err, msg)
-                also(err, msg)
+                InFlight.delivered(also, None if err is not None else msg.offset())
 
         kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": report}
         if partition is not None:
@@ -582,31 +540,17 @@ class DirectWorker:
                 self.routes_topic, json.dumps(state).encode() if state else b"", node.encode(), partition=p
             )
 
-    def _detect_read(self, tp: str) -> int | None:
-        """The last offset of `tp` (a job-keyed partition) that detect has read, if any."""
-        rt = self.runtimes.get(int(tp.rpartition(":")[2]))
-        return rt.aligner.last_offset(tp) if rt is not None else None
-
     def _update_side_front(self) -> None:
-        """How far each stage got, for the other to wait on (the Faust worker's `_update_side_front`)."""
-        now = time.monotonic()
-        pending = self.forwards_in_flight.pending(self._detect_read, self.assigned, now)
-        held = self.node_aligner.oldest_held()
-        if held is not None:
-            pending.append(held)
-        bindings = self.bindings_in_flight.pending(self.node_aligner.last_offset, self.assigned, now)
-        for p in self.assigned:
-            tp = tp_key(TELEMETRY_UNATTRIBUTED, p)
-            left = self.lag(tp, self.node_aligner.last_offset(tp))
-            if left is None or left > 0:
-                pending.append(self.node_aligner.last_ts(tp) or MIN_EVENT_TS)
-            rt = self.runtimes.get(p)
-            tp = tp_key(TRAINING_EVENTS, p)
-            left = self.lag(tp, rt.aligner.last_offset(tp) if rt else None)
-            if left is None or left > 0:
-                bindings.append((rt.aligner.last_ts(tp) if rt else None) or MIN_EVENT_TS)
-        self.side_front, self.side_front_at = (min(pending) if pending else None), now
-        self.node_aligner.set_upstream_front(min(bindings) if bindings else None)
+        """How far each stage got, for the other to wait on (`streams.app.side_fronts`)."""
+        self.side_front = side_fronts(
+            self.forwards_in_flight,
+            self.bindings_in_flight,
+            self.node_aligner,
+            self.runtimes,
+            self.assigned,
+            self.lag,
+        )
+        self.side_front_at = time.monotonic()
 
     # -- detect: job-keyed records -> one engine per partition ----------------------------------
     def _runtime(self, p: int) -> WorkerRuntime:

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 EFFICIENCY_CACHE_S = 60.0
 
 _CONTENT_TYPES = {".js": "application/javascript", ".css": "text/css"}
+_SHUTDOWN_TIMEOUT_S = 5.0  # how long a stopping server waits for requests in flight
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -201,7 +202,10 @@ class UiServer:
         return f"http://{host}:{self.port}/"
 
     async def _start(self) -> None:
-        self._runner = web.AppRunner(make_app(self.client, self.prices), access_log=None)
+        # Ctrl-C gives requests in flight (and idle keep-alive connections) 5 s, not aiohttp's 60.
+        self._runner = web.AppRunner(
+            make_app(self.client, self.prices), access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         try:

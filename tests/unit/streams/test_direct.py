@@ -1,4 +1,4 @@
-"""The direct runtime's pure pieces: settings, state keys shared with Faust, in-flight tracking."""
+"""The direct runtime's pure pieces (settings, state keys shared with Faust) and both runtimes' in-flight tracking."""
 
 from __future__ import annotations
 
@@ -8,16 +8,8 @@ from typing import Any
 
 import pytest
 
-from streams.app import WorkerOptions
-from streams.direct import _InFlight, _table_key, _table_name, changelog_topic, kafka_config
-
-
-class _Msg:
-    def __init__(self, offset: int) -> None:
-        self._offset = offset
-
-    def offset(self) -> int:
-        return self._offset
+from streams.app import InFlight, WorkerOptions
+from streams.direct import _table_key, _table_name, changelog_topic, kafka_config
 
 
 def test_state_keys_are_written_as_the_faust_worker_writes_them(tmp_path: Path) -> None:
@@ -54,14 +46,14 @@ def test_kafka_config_carries_the_security_settings(tmp_path: Path) -> None:
 
 def test_a_send_stays_in_flight_until_delivered_and_read_past(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [100.0]
-    monkeypatch.setattr("streams.direct.time.monotonic", lambda: clock[0])
-    flight = _InFlight("rs.internal.telemetry-by-job")
+    monkeypatch.setattr("streams.app.time.monotonic", lambda: clock[0])
+    flight = InFlight("rs.internal.telemetry-by-job")
     read: dict[str, int] = {}
     first = flight.add(1_000, 2)
     second = flight.add(2_000, 2)
     assert flight.pending(read.get, {2}, clock[0]) == [1_000, 2_000]  # not delivered yet
-    first(None, _Msg(10))
-    second(None, _Msg(11))
+    InFlight.delivered(first, 10)
+    InFlight.delivered(second, 11)
     clock[0] += 60  # time alone does not end it on a partition this worker reads
     assert flight.pending(read.get, {2}, clock[0]) == [1_000, 2_000]
     read["rs.internal.telemetry-by-job:2"] = 10
@@ -75,11 +67,11 @@ def test_a_failed_send_or_another_workers_partition_does_not_hold_forever(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = [100.0]
-    monkeypatch.setattr("streams.direct.time.monotonic", lambda: clock[0])
-    flight = _InFlight("rs.internal.bindings")
+    monkeypatch.setattr("streams.app.time.monotonic", lambda: clock[0])
+    flight = InFlight("rs.internal.bindings")
     failed = flight.add(1_000, 0)
     elsewhere = flight.add(3_000, 5)  # partition 5 is read by another worker: a time bound
-    failed(object(), _Msg(-1))
+    InFlight.delivered(failed, None)
     del elsewhere
     none: dict[str, Any] = {}
     assert flight.pending(none.get, {0}, clock[0]) == [3_000]
