@@ -22,6 +22,7 @@ from schemas.topics import ALERTS, WORKER_SOURCES
 from streams.app import DEFAULT_APP_ID
 from streams.replay import replay_offline
 from tests.integration.streams.test_worker_kafka import (
+    RUNTIMES,
     AlertReader,
     Worker,
     _publish,
@@ -38,17 +39,7 @@ def _unattributed(event: Event) -> Event:
     return event
 
 
-_FAUST_FLAKY = pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "flaky on the Faust runtime, about 1 run in 6 on a busy machine: an unattributed XID sample "
-        "can still reach its job's engine after it moved on (its side path counts a forward as in "
-        "flight for 0.5 s, a time bound; the direct runtime waits until detect has read it)"
-    ),
-)
-
-
-@pytest.mark.parametrize("runtime", [pytest.param("faust", marks=_FAUST_FLAKY), "direct"])
+@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_backlog_of_unattributed_telemetry_raises_the_offline_replays_alerts(
     runtime: str, kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, tmp_path: Path
 ) -> None:
