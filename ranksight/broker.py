@@ -13,7 +13,17 @@ from infra.kafka.local import running_bootstrap
 from ranksight.errors import KafkaNotFoundError, KafkaUnreachableError
 from ranksight.settings import Settings, load_settings
 
-__all__ = ["BootstrapSource", "check_broker", "kafka_settings", "resolve_bootstrap"]
+__all__ = [
+    "WORKER_ASSIGNORS",
+    "BootstrapSource",
+    "check_broker",
+    "check_group_runtime",
+    "kafka_settings",
+    "resolve_bootstrap",
+]
+
+# The partition assignor each worker runtime joins its group with (`ranksight worker --runtime`).
+WORKER_ASSIGNORS = {"faust": "faust", "direct": "range"}
 
 BootstrapSource = Literal["env", "local"]
 
@@ -80,3 +90,33 @@ def check_broker(settings: Settings, timeout: float = 10.0) -> None:
             if errors:
                 reason = errors[0].str()
             raise KafkaUnreachableError(bootstrap, source, reason) from None
+
+
+def check_group_runtime(conf: dict[str, Any], group: str, runtime: str, timeout: float = 10.0) -> None:
+    """Raise `KafkaSetupError` when live members of `group` run the other worker runtime.
+
+    The two runtimes join with different partition assignors, which Kafka refuses to mix in one
+    group (a Faust worker would wait in its join forever). A group without members, or one whose
+    assignor is not known yet (rebalancing), passes."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from infra.errors import KafkaSetupError
+
+    admin = AdminClient({**conf, "log_level": 0})
+    try:
+        desc = admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout + 5)
+    except (KafkaException, TimeoutError):
+        return  # an older broker or no answer: the join itself will tell
+    assignor = desc.partition_assignor or ""
+    wanted = WORKER_ASSIGNORS[runtime]
+    if not desc.members or not assignor or assignor == wanted:
+        return
+    other = next((name for name, a in WORKER_ASSIGNORS.items() if a == assignor), None)
+    running = f"the {other} runtime" if other else f"partition assignor {assignor!r}"
+    fix = f"stop them first, or start this worker with --runtime {other}" if other else "stop them first"
+    raise KafkaSetupError(
+        f"consumer group {group} has {len(desc.members)} member(s) running {running}; the worker"
+        f" runtimes cannot share a group: {fix} (a member that crashed leaves when its session"
+        " times out, 10 s)"
+    )

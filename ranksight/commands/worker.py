@@ -85,7 +85,7 @@ def worker(
     ),
 ) -> None:
     """Consume telemetry and training events, detect, publish alerts to rs.alerts and stats to rs.derived.*."""
-    from ranksight.broker import check_broker, kafka_settings
+    from ranksight.broker import check_broker, check_group_runtime, kafka_settings
 
     if runtime not in ("faust", "direct"):
         console.print(f"[red]error:[/] unknown --runtime {runtime!r}: use faust or direct")
@@ -101,6 +101,7 @@ def worker(
         joined = [prefix + t for t in (*COPARTITIONED, BINDINGS, TELEMETRY_BY_JOB)]
         joined += [f"{prefix}{group}-{table}-changelog" for table in ("engine-snapshot", "node-routes")]
         check_partitions(settings.kafka_config(), joined, partitions)
+        check_group_runtime(settings.kafka_config(), prefix + group, runtime)
     assert settings.kafka_bootstrap is not None
 
     from streams.app import WorkerOptions

@@ -319,3 +319,29 @@ def test_a_group_moves_from_faust_to_direct_keeping_its_state(
     assert _pairs(reader.records) == expected
     assert len({(r["alert_id"], r["status"]) for r in reader.records}) == len(expected)
     assert "restored engine snapshot" in (worker.home / "worker-2.log").read_text()
+
+
+def test_a_worker_of_the_other_runtime_is_refused_while_the_group_runs(
+    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, tmp_path: Path
+) -> None:
+    """Kafka cannot mix the runtimes' assignors in one group (a Faust worker would wait in its join
+    forever): the second worker says so in one sentence and exits."""
+    running = Worker(kafka_bootstrap, topic_prefix, tmp_path / "direct", "direct")
+    (tmp_path / "direct").mkdir()
+    running.start()
+    try:
+        deadline = time.monotonic() + 60
+        log = running.home / "worker-1.log"
+        while time.monotonic() < deadline and "assigned partitions" not in log.read_text(errors="replace"):
+            time.sleep(0.2)  # until the group has its first member
+        assert "assigned partitions" in log.read_text(errors="replace"), running.log()
+        env = {**running.env, "RANKSIGHT_HOME": str(tmp_path / "faust")}
+        second = subprocess.run(
+            [RANKSIGHT, "worker", "--runtime", "faust"], env=env, capture_output=True, text=True, timeout=120
+        )
+    finally:
+        running.stop()
+    assert second.returncode != 0, second.stdout + second.stderr
+    message = " ".join(second.stderr.split())
+    assert "running the direct runtime" in message and "--runtime direct" in message, message
+    assert "Traceback" not in second.stderr
