@@ -283,7 +283,7 @@ def _workers_rate(
                                 "--log-level",
                                 os.environ.get("BENCH_WORKER_LOG_LEVEL", "info"),
                                 "--stats-interval",
-                                "0.5",
+                                "0.1",
                             ],
                             env=env,
                             stdout=log,
@@ -316,7 +316,7 @@ def _workers_rate(
                     Path(os.environ["BENCH_KEEP_LOGS"], f"{runtime}-worker-{i}.log").write_text(text)
             parts = [_ASSIGNED.findall(t)[-1] for t in logs_now]
             # From the moment the last worker got its partitions (the group settled) to the moment the
-            # last one had handled its final count (progress lines every 0.5 s: +-0.5 s).
+            # last one had handled its final count (progress lines every 0.1 s: +-0.1 s).
             settled = max(_log_time(_ASSIGNED_AT.findall(t)[-1]) for t in logs_now)
             finished = max(next(ts for ts, c in handled(t) if c == handled(t)[-1][1]) for t in logs_now)
             lines = [line for line in logs_now[0].splitlines() if "worker: " in line]

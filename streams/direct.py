@@ -80,6 +80,15 @@ log = logging.getLogger("ranksight.worker")
 _BATCH = 2_000  # records taken from librdkafka's queue per call
 _POLL_S = 0.05  # how long one call waits when nothing is queued
 _DAY_MS = 24 * 60 * 60 * 1000
+# Answers of a partition whose leader is not elected yet (a topic created a moment ago).
+_NO_LEADER_YET = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._TIMED_OUT,
+    }
+)
 
 
 def kafka_config(options: WorkerOptions) -> dict[str, Any]:
@@ -347,7 +356,7 @@ class DirectWorker:
             todo: dict[int, int] = {}  # partition -> end offset
             start: dict[int, int] = {}  # partition -> first offset kept
             for p in sorted(parts):
-                low, high = reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10.0)
+                low, high = self._ends(reader, TopicPartition(topic, p))
                 if high > low:
                     todo[p], start[p] = high, low
             if not todo:
@@ -371,6 +380,23 @@ class DirectWorker:
         finally:
             reader.close()
         return latest
+
+    @staticmethod
+    def _ends(reader: Consumer, ktp: TopicPartition, timeout_s: float = 60.0) -> tuple[int, int]:
+        """First and end offset of a partition, asked until its leader answers: a changelog the
+        worker has just created may have no leader for a moment (NOT_LEADER_FOR_PARTITION)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                low, high = reader.get_watermark_offsets(ktp, timeout=10.0)
+                return int(low), int(high)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                retriable = error is not None and (error.retriable() or error.code() in _NO_LEADER_YET)
+                if not retriable or time.monotonic() > deadline:
+                    raise StreamsError(f"cannot read the offsets of {ktp.topic}[{ktp.partition}]: {exc}") from exc
+                log.info("%s[%d] not ready yet (%s); asking again", ktp.topic, ktp.partition, exc)
+                time.sleep(0.5)
 
     def _restore(self, parts: set[int]) -> None:
         started = time.monotonic()

@@ -41,7 +41,7 @@ def worker(
         "warning", "--log-level", help="Faust/worker log level (info: progress lines)."
     ),
     stats_interval_s: float = typer.Option(
-        30.0, "--stats-interval", min=0.5, help="Progress line every N seconds (info)."
+        30.0, "--stats-interval", min=0.1, help="Progress line every N seconds (info)."
     ),
     align_idle_s: float = typer.Option(
         2.0,
