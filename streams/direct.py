@@ -394,7 +394,9 @@ class DirectWorker:
                 error = exc.args[0] if exc.args else None
                 retriable = error is not None and (error.retriable() or error.code() in _NO_LEADER_YET)
                 if not retriable or time.monotonic() > deadline:
-                    raise StreamsError(f"cannot read the offsets of {ktp.topic}[{ktp.partition}]: {exc}") from exc
+                    raise StreamsError(
+                        f"cannot read the offsets of {ktp.topic}[{ktp.partition}]: {exc}"
+                    ) from exc
                 log.info("%s[%d] not ready yet (%s); asking again", ktp.topic, ktp.partition, exc)
                 time.sleep(0.5)
 
@@ -426,7 +428,12 @@ class DirectWorker:
         self.asked.clear()
         self.committed.clear()
         self.committed_by_us.clear()
-        for ktp in consumer.committed(partitions, timeout=30.0):
+        try:
+            committed = consumer.committed(partitions, timeout=30.0)
+        except KafkaException as exc:  # backlogs read as unknown until the first fetch answers
+            log.warning("committed offsets not known at assignment (%s)", exc)
+            committed = []
+        for ktp in committed:
             if ktp.offset >= 0:
                 tp = tp_key(self._unprefix(ktp.topic), ktp.partition)
                 self.committed[tp] = self.committed_by_us[tp] = ktp.offset

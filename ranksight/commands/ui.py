@@ -52,10 +52,15 @@ def ui(
     prices: Path | None = typer.Option(None, "--prices", help="YAML: GPU class -> price per GPU-hour."),
 ) -> None:
     """Serve the web UI: fleet, job pages on one time axis, alert pages. Ctrl-C to stop."""
+    import faulthandler
+    import signal
+
     from sinks.clickhouse import describe_dsn
     from sinks.efficiency import PriceList
     from ui.server import UiServer
 
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: for a UI that does not answer or stop.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     with user_errors():
         price_list = PriceList.parse(price, PriceList.load(prices) if prices else None)
         client = open_store()

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -29,7 +30,16 @@ def test_a_second_process_on_the_same_chdb_store_is_told_to_use_serve(tmp_path: 
         assert "ranksight serve" in second.stderr and "Traceback" not in second.stderr
         assert len(second.stderr.strip().splitlines()) <= 2  # one sentence (the console may wrap it)
         first.send_signal(signal.SIGINT)
-        out, err = first.communicate(timeout=60)
+        try:
+            out, err = first.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            first.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack on stderr
+            time.sleep(2)  # for the dump to be written; the process does not stop by itself
+            first.kill()
+            _, err = first.communicate(timeout=10)
+            raise AssertionError(
+                f"the UI did not stop within 60 s of SIGINT; its threads:\n{err[-6000:]}"
+            ) from None
         assert "UI stopped" in out
         assert first.returncode == 0 and "Traceback" not in err
     finally:
