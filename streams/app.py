@@ -544,21 +544,25 @@ class InFlight:
         """The send's offset (None: it failed; the worker stops on failed sends anyway)."""
         entry[3] = -1 if offset is None else offset
 
-    def pending(self, read: Callable[[str], int | None], assigned: set[int], now: float) -> list[int]:
-        """Event times of the sends not read yet; `read(tp)` is the reader's last offset of a partition."""
+    def oldest(self, read: Callable[[str], int | None], assigned: set[int], now: float) -> int | None:
+        """The oldest event time among the sends not read yet (None: all read); `read(tp)` is the
+        reader's last offset of a partition, asked once per partition."""
+        last: dict[int, int | None] = {}
 
         def done(entry: list[Any]) -> bool:
             sent_at, _, part, offset = entry
             if part not in assigned:
-                return now - sent_at > _FORWARD_HOP_S
+                return bool(now - sent_at > _FORWARD_HOP_S)
             if offset is None:
                 return False
-            last = read(tp_key(self.topic, part))
-            return offset < 0 or (last is not None and last >= offset)
+            if part not in last:
+                last[part] = read(tp_key(self.topic, part))
+            seen = last[part]
+            return offset < 0 or (seen is not None and seen >= offset)
 
         while self.sent and done(self.sent[0]):
             self.sent.popleft()
-        return [entry[1] for entry in self.sent if not done(entry)]
+        return min((entry[1] for entry in self.sent if not done(entry)), default=None)
 
     def clear(self) -> None:
         self.sent.clear()
@@ -588,11 +592,12 @@ def side_fronts(
         rt = runtimes.get(int(tp.rpartition(":")[2]))
         return rt.aligner.last_offset(tp) if rt is not None else None
 
-    pending = forwards.pending(detect_read, assigned, now)
-    held = node_aligner.oldest_held()
-    if held is not None:
-        pending.append(held)
-    waiting = bindings.pending(node_aligner.last_offset, assigned, now)
+    pending = [
+        ts
+        for ts in (forwards.oldest(detect_read, assigned, now), node_aligner.oldest_held())
+        if ts is not None
+    ]
+    waiting = [ts for ts in (bindings.oldest(node_aligner.last_offset, assigned, now),) if ts is not None]
     for p in assigned:
         tp = tp_key(TELEMETRY_UNATTRIBUTED, p)
         left = lag(tp, node_aligner.last_offset(tp))

@@ -51,15 +51,15 @@ def test_a_send_stays_in_flight_until_delivered_and_read_past(monkeypatch: pytes
     read: dict[str, int] = {}
     first = flight.add(1_000, 2)
     second = flight.add(2_000, 2)
-    assert flight.pending(read.get, {2}, clock[0]) == [1_000, 2_000]  # not delivered yet
+    assert flight.oldest(read.get, {2}, clock[0]) == 1_000  # not delivered yet
     InFlight.delivered(first, 10)
     InFlight.delivered(second, 11)
     clock[0] += 60  # time alone does not end it on a partition this worker reads
-    assert flight.pending(read.get, {2}, clock[0]) == [1_000, 2_000]
+    assert flight.oldest(read.get, {2}, clock[0]) == 1_000
     read["rs.internal.telemetry-by-job:2"] = 10
-    assert flight.pending(read.get, {2}, clock[0]) == [2_000]
+    assert flight.oldest(read.get, {2}, clock[0]) == 2_000
     read["rs.internal.telemetry-by-job:2"] = 11
-    assert flight.pending(read.get, {2}, clock[0]) == []
+    assert flight.oldest(read.get, {2}, clock[0]) is None
     assert not flight.sent  # done sends are dropped
 
 
@@ -74,6 +74,6 @@ def test_a_failed_send_or_another_workers_partition_does_not_hold_forever(
     InFlight.delivered(failed, None)
     del elsewhere
     none: dict[str, Any] = {}
-    assert flight.pending(none.get, {0}, clock[0]) == [3_000]
+    assert flight.oldest(none.get, {0}, clock[0]) == 3_000
     clock[0] += 1.0
-    assert flight.pending(none.get, {0}, clock[0]) == []
+    assert flight.oldest(none.get, {0}, clock[0]) is None
