@@ -52,7 +52,8 @@
     if (s < 7200) return `${Math.round(s / 60)} min`;
     return `${(s / 3600).toFixed(1)} h`;
   }
-  const fmtNum = (v, digits = 3) => (v === null || v === undefined ? '-' : Number(v).toPrecision(digits).replace(/(\.\d*?)0+(e|$)/, '$1$2').replace(/\.(e|$)/, '$1'));
+  // toPrecision rounds; Number() drops its trailing zeros and exponent ('1.50' -> 1.5, '1.00e+3' -> 1000).
+  const fmtNum = (v, digits = 3) => (v === null || v === undefined ? '-' : String(Number(Number(v).toPrecision(digits))));
   const COMPACT = new Intl.NumberFormat('en', { notation: 'compact', maximumSignificantDigits: 3 });
   const fmtCompact = (v) => (v === null || v === undefined ? '—' : COMPACT.format(v));
   const fmtFixed = (v, digits) => (v === null || v === undefined ? '—' : Number(v).toFixed(digits));
@@ -262,7 +263,7 @@
       grid: { ...GRID, top: 10 },
       tooltip: { formatter: (p) => `${rows[p.value[1]]}<br>${fmtTime(buckets[p.value[0]])}: <b>${fmtNum(p.value[2], 4)} ${unit}</b>` },
       xAxis: { type: 'category', data: buckets, axisLabel: { formatter: (v) => (data.range.bucket_ms < 60000 ? fmtTime(Number(v)) : fmtTime(Number(v)).slice(0, 5)), hideOverlap: true }, splitArea: { show: false } },
-      yAxis: { type: 'category', data: rows, inverse: true, axisLabel: { fontSize: 10, hideOverlap: true, formatter: (v) => (RS.focusRows && RS.focusRows.has(v) ? `{focus|${v}}` : v), rich: { focus: { color: '#fff', backgroundColor: '#d62728', fontWeight: 'bold', padding: [1, 3] } } } },
+      yAxis: { type: 'category', data: rows, inverse: true, axisLabel: { fontSize: 10, hideOverlap: true, formatter: (v) => (RS.focusRows && RS.focusRows.has(v) ? `{focus|${v}}` : v), rich: { focus: { color: '#d62728', fontWeight: 'bold', fontSize: 10 } } } },
       visualMap: { type: 'continuous', min: lo, max: hi, calculable: true, orient: 'vertical', right: 0, top: 'middle', itemHeight: 120, text: [`${fmtNum(hi)} ${unit}`, fmtNum(lo)], inRange: { color: fixedRange ? IDLE_IS_HOT : SLOW_IS_HOT } },
       dataZoom: [{ type: 'inside', xAxisIndex: 0, filterMode: 'none' }],
       series: [{ name, type: 'heatmap', data: points, progressive: 0, emphasis: { itemStyle: { borderColor: '#000', borderWidth: 1 } } }],
