@@ -22,10 +22,10 @@ from pathlib import Path
 from producers.simulator import load_scenario, simulate
 from schemas.files import iter_container, write_container
 from schemas.records import Event
+from streams.alerting.routing import load_router
 from streams.config import load_config
 from streams.engine import DetectionEngine
-from streams.replay import replay_offline
-from streams.routing import load_router
+from streams.offline.replay import replay_offline
 
 Y2199 = 7_226_582_400_000  # 2199-01-01T00:00:00Z
 # Before the event-time guard (e28cc68), mixed seed 0, median of 7 runs on the shared machine.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from schemas.errors import RanksightError
 
-__all__ = ["KafkaSetupError"]
+__all__ = ["KafkaSetupError", "MetricsError"]
 
 
 class KafkaSetupError(RanksightError):
@@ -25,3 +25,7 @@ class KafkaSetupError(RanksightError):
         if self.log_tail:
             text += "\n" + self.log_tail
         return text
+
+
+class MetricsError(RanksightError):
+    """The `/metrics` endpoint cannot be served (prometheus_client missing, port taken)."""

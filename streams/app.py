@@ -47,6 +47,7 @@ import faust
 from faust.streams import _current_event
 from faust.types import TP
 
+from infra.metrics import MetricsServer
 from schemas.codec import Codec
 from schemas.errors import DecodeError, EncodeError
 from schemas.records import Event
@@ -63,14 +64,14 @@ from schemas.topics import (
     off_topic_reason,
     topic_for,
 )
+from streams.alerting.routing import load_router
 from streams.aligner import Aligner, LagFn, tp_key
 from streams.config import load_config
 from streams.engine import MAX_EVENT_TS, MIN_EVENT_TS, event_ts
 from streams.errors import StreamsError
-from streams.metrics import MetricsServer, worker_metrics
 from streams.partition import WorkerRuntime
 from streams.rekey import NodeRoutes, WallClockGuard, partition_for
-from streams.routing import load_router
+from streams.runtime.health import worker_metrics
 from streams.transport import App
 
 __all__ = [

@@ -42,6 +42,7 @@ from schemas.topics import (
     key_for,
     topic_for,
 )
+from streams.alerting.routing import load_router
 from streams.aligner import Aligner, tp_key
 from streams.app import (
     _ASK_ENDS_S,
@@ -71,7 +72,6 @@ from streams.engine import MIN_EVENT_TS, event_ts
 from streams.errors import StreamsError
 from streams.partition import WorkerRuntime
 from streams.rekey import NodeRoutes, WallClockGuard, partition_for
-from streams.routing import load_router
 
 __all__ = ["DirectWorker", "changelog_topic", "kafka_config", "run_direct"]
 

@@ -23,15 +23,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from schemas.records import Event
+from streams.alerting.grouping import AlertGrouper
+from streams.alerting.lifecycle import AlertTracker, JobProgress
+from streams.alerting.routing import Router, load_router
 from streams.config import EngineConfig, detector_section
 from streams.detectors import ALL_DETECTORS
-from streams.detectors.alerts import AlertTracker, JobProgress
 from streams.detectors.base import Detector, Finding, Topology, dumps_state, loads_state
 from streams.detectors.clock import ClockDetector, source_of
-from streams.detectors.grouping import AlertGrouper
 from streams.detectors.validate import clean
 from streams.errors import StreamsError
-from streams.routing import Router, load_router
 
 __all__ = [
     "JUMP_RECORDS",

@@ -14,11 +14,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from schemas.records import Event
+from streams.alerting.routing import Router
 from streams.aligner import Aligner
 from streams.config import EngineConfig
 from streams.engine import DetectionEngine
 from streams.errors import StreamsError
-from streams.routing import Router
 
 if TYPE_CHECKING:
     from streams.app import WorkerOptions

@@ -1,7 +1,7 @@
 """Filling a ClickHouse store without Kafka: events (a recording, a simulation) through the sink's writer.
 
 Reports of an Avro recording and the UI tests use it: the recording is replayed through the
-detectors offline (`streams.replay`), and the source events plus the alerts and derived windows
+detectors offline (`streams.offline.replay`), and the source events plus the alerts and derived windows
 they produce are written by the same `ClickHouseSink` the Kafka sink uses, so the tables and
 roll-ups are exactly those of a live deployment.
 """
@@ -52,10 +52,10 @@ def load_recording(
     client: Client, paths: list[Path], *, config: Path | None = None, routing: Path | None = None
 ) -> dict[str, int]:
     """Replay recordings through the detectors offline and store events, alerts and derived windows."""
+    from streams.alerting.routing import load_router
     from streams.config import load_config
     from streams.engine import DetectionEngine
-    from streams.replay import merged_events
-    from streams.routing import load_router
+    from streams.offline.replay import merged_events
 
     engine = DetectionEngine(load_config(config), load_router(routing))
     found: list[Event] = []

@@ -119,7 +119,7 @@ def agent(
 
     def _report(stats: Any) -> None:
         if metrics is not None:
-            from streams.metrics import agent_metrics
+            from producers.agent.metrics import agent_metrics
 
             metrics.publish(agent_metrics(stats, publisher.stats))
         if stats.ticks % report_every == 0:
@@ -166,7 +166,7 @@ def _agent_metrics_server(port: int) -> Any:
             " the agent runs without /metrics"
         )
         return None
-    from streams.metrics import MetricsServer
+    from infra.metrics import MetricsServer
 
     with user_errors():
         return MetricsServer(port)

@@ -210,8 +210,8 @@ def forward(
     from ranksight.broker import kafka_settings
     from ranksight.settings import load_settings
     from schemas.codec import codec_from_settings
-    from streams.alert_delivery import DeliveryStats, forward_file, forward_topic
-    from streams.alertmanager import AlertForwarder, AlertmanagerClient, AlertmanagerError
+    from streams.alerting.alertmanager import AlertForwarder, AlertmanagerClient, AlertmanagerError
+    from streams.alerting.delivery import DeliveryStats, forward_file, forward_topic
 
     settings = load_settings()
     with user_errors():
@@ -289,7 +289,8 @@ def _serve_forward_metrics(port: int, forwarder: Any, run_stats: list[Any]) -> N
     import collections
     import threading
 
-    from streams.metrics import MetricsServer, forwarder_metrics
+    from infra.metrics import MetricsServer
+    from streams.alerting.delivery import forwarder_metrics
 
     server = MetricsServer(port)
 

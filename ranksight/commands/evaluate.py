@@ -10,7 +10,7 @@ import typer
 from ranksight.console import console, err_console, fail, user_errors
 
 if TYPE_CHECKING:
-    from streams.evaluate import EvaluationReport, ScenarioResult
+    from streams.offline.evaluate import EvaluationReport, ScenarioResult
 
 __all__ = ["register"]
 
@@ -83,7 +83,7 @@ def evaluate(
     config: Path | None = typer.Option(None, "--config", help="Detector config overrides (YAML)."),
     routing: Path | None = typer.Option(None, "--routing", help="Routing rules (YAML)."),
     deadline: float = typer.Option(
-        120.0,  # streams.evaluate.DEFAULT_DEADLINE_S, not imported: `ranksight --help` stays fast
+        120.0,  # streams.offline.evaluate.DEFAULT_DEADLINE_S, not imported: `ranksight --help` stays fast
         "--deadline",
         help="Seconds after a fault's start an alert counts as timely (plus the rule's inherent delay).",
     ),
@@ -102,9 +102,9 @@ def evaluate(
     workers: int = typer.Option(1, "--workers", min=1, help="Processes for --generated cases."),
 ) -> None:
     """Simulate every scenario, replay it offline, and print recall, precision and time to detect."""
+    from streams.alerting.routing import load_router
     from streams.config import load_config
-    from streams.evaluate import evaluate_scenarios, scenario_files
-    from streams.routing import load_router
+    from streams.offline.evaluate import evaluate_scenarios, scenario_files
 
     with user_errors():
         cfg = load_config(config)
@@ -135,7 +135,7 @@ def _evaluate_generated(
     """`--generated N`: score generated cases; print the summary and only the cases that went wrong."""
     import time
 
-    from streams.evaluate import EvaluationReport, evaluate_generated
+    from streams.offline.evaluate import EvaluationReport, evaluate_generated
 
     began = time.monotonic()
     done = [0]

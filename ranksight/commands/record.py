@@ -69,7 +69,7 @@ def record(
 ) -> None:
     """Write the events of a time range of Kafka topics to a file, sorted by event time."""
     from schemas.files import format_ts
-    from streams.kafka_replay import record_range
+    from streams.offline.kafka_replay import record_range
 
     conf, prefix = _kafka()
     start_ms, end_ms = parse_time(start), parse_time(end)
@@ -104,10 +104,10 @@ def replay_kafka(
     """Re-run detection over a time range of Kafka history with a separate engine; alerts to rs.alerts.replay."""
     from ranksight.commands.alerts import alert_line
     from schemas.files import format_ts
+    from streams.alerting.routing import load_router
     from streams.config import load_config
     from streams.engine import DetectionEngine
-    from streams.kafka_replay import replay_kafka as run
-    from streams.routing import load_router
+    from streams.offline.kafka_replay import replay_kafka as run
 
     conf, prefix = _kafka()
     start_ms, end_ms = parse_time(start), parse_time(end)
@@ -148,7 +148,7 @@ def publish(
         progress_verb,
         settle,
     )
-    from streams.kafka_replay import publish_file
+    from streams.offline.kafka_replay import publish_file
 
     with user_errors():
         settings = kafka_settings()

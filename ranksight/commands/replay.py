@@ -69,7 +69,7 @@ def replay(
         None, "--config", help="Detector config overrides (YAML, deep-merged over streams/detectors.yaml)."
     ),
     routing: Path | None = typer.Option(
-        None, "--routing", help="Routing rules (YAML); default: streams/routing.yaml."
+        None, "--routing", help="Routing rules (YAML); default: streams/alerting/routing.yaml."
     ),
     baselines_out: Path | None = typer.Option(
         None, "--baselines-out", help="Write the learned baselines here (JSON)."
@@ -122,10 +122,10 @@ def _replay_offline(
 ) -> None:
     """Run the detectors over files in this process and write the alerts they raise."""
     from schemas.files import JsonlFormat, format_ts
+    from streams.alerting.routing import load_router
     from streams.config import load_config
     from streams.engine import DetectionEngine
-    from streams.replay import replay_offline
-    from streams.routing import load_router
+    from streams.offline.replay import replay_offline
 
     fmt = JsonlFormat()
     counts: Counter[tuple[str, str]] = Counter()

@@ -143,7 +143,8 @@ def _metrics_publisher(port: int, prefix: str) -> Any:
     """`on_health` for the sink: serve its health on /metrics (None when `port` is 0)."""
     if not port:
         return None
-    from streams.metrics import MetricsServer, sink_metrics
+    from infra.metrics import MetricsServer
+    from sinks.metrics import sink_metrics
 
     server = MetricsServer(port)
     return lambda health: server.publish(sink_metrics(health, prefix))

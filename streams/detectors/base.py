@@ -2,7 +2,7 @@
 
 Detectors are pure: no Kafka, Faust or ClickHouse. Time is event time (UTC milliseconds).
 A detector reports *conditions* (`Finding.active` true or false for an identity); the alert
-state machine in `streams.detectors.alerts` turns conditions into pending -> firing ->
+state machine in `streams.alerting.lifecycle` turns conditions into pending -> firing ->
 resolved alerts, so no detector re-implements sustain periods or de-duplication.
 """
 

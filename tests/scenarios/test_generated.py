@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 
+from streams.alerting.routing import load_router
 from streams.config import load_config
-from streams.evaluate import evaluate_generated
-from streams.routing import load_router
+from streams.offline.evaluate import evaluate_generated
 
 CASES = 300
 SEED = 0

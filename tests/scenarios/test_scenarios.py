@@ -1,7 +1,7 @@
 """Every shipped scenario, simulated (seed 0) and replayed offline, raises exactly its labelled alerts.
 
 A label is detected when its rule fires for the right job, rank/GPU/node and team within 120 s
-(two windows) of the fault's start, plus the rule's inherent delay (`streams.evaluate.rule_delay_ms`:
+(two windows) of the fault's start, plus the rule's inherent delay (`streams.offline.evaluate.rule_delay_ms`:
 a zombie only after its grace period, a stuck checkpoint only after its timeout). A transient
 fault's alert resolves after the fault ends. No alert matches no label; healthy and
 long_checkpoint raise nothing.
@@ -14,9 +14,9 @@ from functools import cache
 import pytest
 
 from producers.simulator import builtin_scenarios
+from streams.alerting.routing import load_router
 from streams.config import load_config
-from streams.evaluate import ScenarioResult, ScenarioRun, evaluate_alerts, run_scenario
-from streams.routing import load_router
+from streams.offline.evaluate import ScenarioResult, ScenarioRun, evaluate_alerts, run_scenario
 
 SCENARIOS = builtin_scenarios()
 

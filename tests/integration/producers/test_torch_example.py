@@ -166,7 +166,7 @@ def test_each_example_fault_raises_its_alert_in_offline_replay(
     pytest.importorskip("torch")
     from streams.config import load_config
     from streams.engine import DetectionEngine
-    from streams.replay import merged_events
+    from streams.offline.replay import merged_events
 
     out = tmp_path / "events.avro"
     env = {**os.environ, "PYTHONPATH": str(_EXAMPLE.parents[1]), "RANKSIGHT_JOB_ID": f"example-{fault}"}

@@ -17,8 +17,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from schemas.codec import Codec
 from schemas.records import Event, default_schemas
 from schemas.topics import ALERTS, ALERTS_REPLAY
-from streams.alert_delivery import DeliveryStats, forward_topic
-from streams.alertmanager import AlertForwarder, AlertmanagerClient
+from streams.alerting.alertmanager import AlertForwarder, AlertmanagerClient
+from streams.alerting.delivery import DeliveryStats, forward_topic
 
 CODEC = Codec()
 T0 = 1_767_225_600_000

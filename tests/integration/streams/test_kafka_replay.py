@@ -18,7 +18,7 @@ from schemas.files import iter_container, write_container
 from schemas.records import Event
 from schemas.topics import ALERTS_REPLAY, TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS
 from streams.engine import DetectionEngine, event_ts
-from streams.kafka_replay import KafkaReplayError, read_range, record_range, replay_kafka
+from streams.offline.kafka_replay import KafkaReplayError, read_range, record_range, replay_kafka
 
 RANKSIGHT = str(Path(sys.executable).parent / "ranksight")
 SOURCES = (TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_STEPS, TRAINING_EVENTS)

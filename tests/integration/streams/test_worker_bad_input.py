@@ -38,9 +38,9 @@ from schemas.topics import (
 from sinks.clickhouse import close_all, connect
 from sinks.consumer import SinkConsumer
 from sinks.ddl import migrate
+from sinks.metrics import sink_metrics
 from streams.app import BINDINGS, DEFAULT_APP_ID, SOURCE_TOPICS, TELEMETRY_BY_JOB
-from streams.metrics import sink_metrics
-from streams.replay import replay_offline
+from streams.offline.replay import replay_offline
 from tests.integration.streams.test_worker_kafka import RUNTIMES, Worker, _publish, group_lag, recent
 
 # 8 minutes, 2 nodes x 4 GPUs, one job: a NaN loss (training path) and an XID (telemetry path).

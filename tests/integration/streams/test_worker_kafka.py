@@ -23,7 +23,7 @@ from schemas.topics import ALERTS
 from sinks.clickhouse import close_all, connect
 from sinks.consumer import SinkConsumer
 from sinks.ddl import migrate
-from streams.replay import replay_offline
+from streams.offline.replay import replay_offline
 
 SCENARIO = "nan_loss"
 RANKSIGHT = str(Path(sys.executable).parent / "ranksight")

@@ -21,8 +21,8 @@ from schemas.files import write_container
 from schemas.records import Event
 from schemas.topics import ALERTS
 from streams.app import SOURCE_TOPICS
+from streams.offline.replay import replay_offline
 from streams.rekey import partition_for
-from streams.replay import replay_offline
 from tests.integration.streams.test_worker_kafka import (
     RUNTIMES,
     AlertReader,

@@ -20,7 +20,7 @@ from schemas.files import write_container
 from schemas.records import Event
 from schemas.topics import ALERTS, WORKER_SOURCES
 from streams.app import DEFAULT_APP_ID
-from streams.replay import replay_offline
+from streams.offline.replay import replay_offline
 from tests.integration.streams.test_worker_kafka import (
     RUNTIMES,
     AlertReader,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from streams.alertmanager import (
+from streams.alerting.alertmanager import (
     AlertForwarder,
     AlertmanagerClient,
     AlertmanagerError,
@@ -263,7 +263,7 @@ def test_a_file_of_alerts_is_forwarded_as_the_last_state_of_each(tmp_path: Any) 
     """`alerts forward --file`: a replay's alerts, coalesced; the resolved one goes out as a resolution."""
     from schemas.files import write_container
     from schemas.records import Event, default_schemas
-    from streams.alert_delivery import forward_file
+    from streams.alerting.delivery import forward_file
 
     def full(record: dict[str, Any]) -> dict[str, Any]:
         out = {

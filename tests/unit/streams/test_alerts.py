@@ -6,7 +6,7 @@ from typing import Any
 
 from schemas.codec import Codec
 from schemas.records import Event
-from streams.detectors.alerts import AlertTracker, JobProgress, alert_id
+from streams.alerting.lifecycle import AlertTracker, JobProgress, alert_id
 from streams.detectors.base import Finding, Topology
 from tests.unit.streams.builders import T0, job_started
 

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from ranksight.cli import app
 from schemas.files import format_ts
 from streams.config import load_config
-from streams.evaluate import evaluate_alerts, rule_delay_ms
+from streams.offline.evaluate import evaluate_alerts, rule_delay_ms
 from tests.unit.streams.builders import T0
 
 CFG = load_config(None)

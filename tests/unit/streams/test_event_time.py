@@ -9,7 +9,7 @@ from schemas.files import write_container
 from schemas.records import Event
 from streams.config import load_config
 from streams.engine import JUMP_RECORDS, MIN_EVENT_TS, DetectionEngine
-from streams.replay import replay_offline
+from streams.offline.replay import replay_offline
 from tests.unit.streams.builders import T0, gpu_sample, job_state, step, training_job
 
 Y2199 = 7_226_582_400_000  # 2199-01-01T00:00:00Z

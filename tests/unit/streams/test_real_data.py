@@ -17,7 +17,7 @@ from schemas.files import write_container
 from schemas.records import Event
 from streams.detectors.base import Finding, Topology
 from streams.detectors.numerical import NumericalDetector
-from streams.replay import replay_offline
+from streams.offline.replay import replay_offline
 
 REPO = Path(__file__).resolve().parents[3]
 NANOGPT = [

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from ranksight.cli import app
 from schemas.files import write_container
 from streams.errors import ReplayError
-from streams.replay import merged_events, replay_offline
+from streams.offline.replay import merged_events, replay_offline
 from tests.unit.streams.builders import T0, gpu_sample, training_job
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from streams.alerting.routing import Router, load_router
 from streams.errors import RoutingError
-from streams.routing import Router, load_router
 
 ALERT = {
     "rule": "xid_error",

@@ -18,6 +18,7 @@ import typer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from infra.errors import MetricsError
 from ranksight.commands.record import parse_time
 from schemas.codec import SINGLE_OBJECT_MAGIC, Codec
 from schemas.errors import DecodeError
@@ -42,7 +43,7 @@ from streams.app import (
     reference_ms,
 )
 from streams.errors import StreamsError
-from streams.kafka_replay import KafkaReplayError, publish_file
+from streams.offline.kafka_replay import KafkaReplayError, publish_file
 from streams.partition import decode_snapshot, encode_snapshot, pick_latest_snapshot
 from tests.unit.streams.builders import gpu_sample, host_sample, job_started, rank_bound
 
@@ -257,10 +258,10 @@ def test_publish_file_speed_zero_never_sleeps_and_negative_is_refused(tmp_path: 
 
 
 def test_runtime_snapshot_never_claims_offsets_still_held_and_restores_them(tmp_path: Path) -> None:
+    from streams.alerting.routing import load_router
     from streams.app import WorkerOptions
     from streams.config import EngineConfig
     from streams.partition import WorkerRuntime
-    from streams.routing import load_router
 
     rt = WorkerRuntime(
         EngineConfig.default(), load_router(), WorkerOptions(bootstrap="x:1", workdir=tmp_path)
@@ -284,10 +285,10 @@ def test_runtime_snapshot_never_claims_offsets_still_held_and_restores_them(tmp_
 
 
 def test_runtime_checkpoints_on_alerts_processing_time_and_event_count(tmp_path: Path) -> None:
+    from streams.alerting.routing import load_router
     from streams.app import WorkerOptions
     from streams.config import EngineConfig
     from streams.partition import WorkerRuntime
-    from streams.routing import load_router
 
     opts = WorkerOptions(
         bootstrap="x:1", workdir=tmp_path, checkpoint_interval_ms=10_000, checkpoint_events=3
@@ -576,13 +577,14 @@ def test_worker_credentials_follow_the_kafka_security_settings(tmp_path: Path) -
 
 # --- /metrics -------------------------------------------------------------------------------------
 def test_worker_metrics_are_served_as_published_and_a_busy_port_is_one_sentence() -> None:
-    """A scrape sees the last published snapshot; a port in use fails with a StreamsError."""
+    """A scrape sees the last published snapshot; a port in use fails with a MetricsError."""
     import socket
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from streams.metrics import MetricsServer, worker_metrics
+    from infra.metrics import MetricsServer
+    from streams.runtime.health import worker_metrics
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -611,5 +613,5 @@ def test_worker_metrics_are_served_as_published_and_a_busy_port_is_one_sentence(
     assert samples[("ranksight_worker_consumer_lag", (("topic", "rs.training.steps"),))] == 3
     assert samples[("ranksight_worker_alerts_firing", (("rule", "xid_error"),))] == 2
     assert samples[("ranksight_worker_watermark_delay_seconds", ())] == 4.5
-    with pytest.raises(StreamsError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+    with pytest.raises(MetricsError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
         MetricsServer(port, addr="127.0.0.1")

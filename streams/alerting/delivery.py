@@ -16,20 +16,27 @@ would be one more thing to create, retain and keep consistent with the first.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from infra.metrics import Metric
 from schemas.errors import DecodeError
 from schemas.records import Event
-from streams.alertmanager import AlertForwarder, AlertmanagerError
+from streams.alerting.alertmanager import AlertForwarder, AlertmanagerError
 from streams.errors import StreamsError
 
 T = TypeVar("T")
 
-__all__ = ["DeliveryStats", "forward_file", "forward_topic", "read_alert_file"]
+__all__ = [
+    "DeliveryStats",
+    "forward_file",
+    "forward_topic",
+    "forwarder_metrics",
+    "read_alert_file",
+]
 
 _BATCH = 500
 _POLL_S = 0.5
@@ -254,3 +261,30 @@ def forward_file(path: str | Path, forwarder: AlertForwarder) -> int:
     resolves them by itself unless something keeps sending them.
     """
     return forwarder.handle_batch(list(read_alert_file(path)))
+
+
+def forwarder_metrics(*, received: int, sent: int, firing_by_rule: Mapping[str, int]) -> list[Metric]:
+    """`ranksight alerts forward`'s health as metric families."""
+    return [
+        Metric(
+            "ranksight_forward_alerts_in",
+            "counter",
+            "Alert records read from the alert topic (after the rebuild).",
+            (),
+            {(): float(received)},
+        ),
+        Metric(
+            "ranksight_forward_alerts_sent",
+            "counter",
+            "Alert states Alertmanager accepted (new, resolved and keep-alive re-sends).",
+            (),
+            {(): float(sent)},
+        ),
+        Metric(
+            "ranksight_forward_alerts_firing",
+            "gauge",
+            "Alerts the forwarder keeps alive in Alertmanager, per rule.",
+            ("rule",),
+            {(r,): float(n) for r, n in sorted(firing_by_rule.items())},
+        ),
+    ]

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from schemas.files import parse_ts
 from schemas.records import Event
+from streams.alerting.routing import Router
 from streams.config import EngineConfig
 from streams.engine import DetectionEngine
 from streams.errors import EvaluationError
-from streams.routing import Router
 
 if TYPE_CHECKING:
     from producers.simulator import Scenario

@@ -17,7 +17,7 @@ The first matching route decides; `continue: true` lets later routes match too (
 then delivered to every matched team). `team: "{job.team}"` means the job's own team.
 
 `inhibit_rules` (as in Alertmanager) say which firing root-cause alerts mute which symptoms; the
-engine applies them (`streams.detectors.grouping`) and marks muted alerts with `inhibited_by`:
+engine applies them (`streams.alerting.grouping`) and marks muted alerts with `inhibited_by`:
 
 ```yaml
 inhibit_rules:
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from streams.detectors.grouping import InhibitRule
+from streams.alerting.grouping import InhibitRule
 from streams.errors import RoutingError
 
 __all__ = ["DEFAULT_ROUTING_PATH", "JOB_TEAM", "Route", "Router", "load_router"]
@@ -277,7 +277,7 @@ def _parse_route(data: Any, where: str) -> Route:
 
 
 def load_router(path: str | Path | None = None) -> Router:
-    """Router from a routing YAML file (default: the shipped `streams/routing.yaml`)."""
+    """Router from a routing YAML file (default: the shipped `streams/alerting/routing.yaml`)."""
     from streams.config import read_yaml
 
     p = Path(path) if path is not None else DEFAULT_ROUTING_PATH

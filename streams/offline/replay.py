@@ -19,11 +19,11 @@ from pathlib import Path
 from schemas.errors import RanksightError
 from schemas.files import iter_container
 from schemas.records import Event
+from streams.alerting.routing import Router
 from streams.config import EngineConfig
 from streams.detectors.stats import median
 from streams.engine import DetectionEngine, event_ts
 from streams.errors import ReplayError
-from streams.routing import Router
 
 __all__ = ["PROGRESS_EVERY", "ProgressFn", "merged_events", "replay_offline"]
 

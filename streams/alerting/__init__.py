@@ -1,0 +1,1 @@
+"""Alerting: the alert state machine, grouping and inhibition, routing, Alertmanager and delivery."""

@@ -1,0 +1,1 @@
+"""The worker runtime: partition tasks, the side path, alignment, checkpoints and changelogs, the Kafka loops."""
