@@ -42,7 +42,7 @@ def _status(settings: Any, interval: float, max_alerts: int) -> None:
     from schemas.codec import codec_from_settings
     from schemas.errors import DecodeError
     from schemas.topics import ALERTS, DEADLETTER, TOPICS
-    from streams.health import firing_alerts, lag_by_topic, rates_by_topic
+    from streams.status import firing_alerts, lag_by_topic, rates_by_topic
 
     prefix = settings.topic_prefix
     conf = quiet_kafka_conf(settings.kafka_config())

@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from producers.simulator import load_scenario, simulate
 from schemas.files import write_container
 from schemas.topics import DEADLETTER, TRAINING_STEPS, key_for
-from streams.health import firing_alerts
+from streams.status import firing_alerts
 from streams.offline.replay import replay_offline
 from tests.integration.streams.test_worker_bad_input import SCENARIO
 from tests.integration.streams.test_worker_kafka import RANKSIGHT, _publish, recent
