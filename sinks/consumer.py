@@ -3,9 +3,12 @@
 `SinkConsumer` polls in batches with a plain `confluent_kafka.Consumer` (auto commit and auto
 offset store off), decodes each message with the Avro codec, hands it to `ClickHouseSink`, and
 flushes a partition's batch when it is full or old. After the inserts returned it commits exactly
-the flushed offsets. Messages that cannot be decoded or stored, and records whose type does not
-belong to their topic (`schemas.topics.off_topic_reason`), go to the dead-letter topic (with
-`x-component: sink`, `x-error*` and `x-source-*` headers), delivered before their offsets are
+the flushed offsets. Messages that cannot be decoded or stored, records whose type does not
+belong to their topic (`schemas.topics.off_topic_reason`), and records of the raw topics whose
+event time fails the pipeline's time bound (`schemas.eventtime`, the worker's
+`engine.max_clock_skew_s` / `max_record_age_s`, against the record's Kafka timestamp capped at
+the time the sink read it) go to the dead-letter topic (with `x-component: sink`, `x-error*`,
+`x-source-*` and, for a time, `x-reject-reason` headers), delivered before their offsets are
 committed. The sink owns the dead letters of the topics it stores; the worker only counts them. A failed
 insert pauses its partition, seeks back to the batch's first offset and retries with backoff;
 nothing past it is committed meanwhile.
@@ -26,8 +29,19 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from schemas.codec import Codec
 from schemas.errors import DecodeError
-from schemas.topics import DEADLETTER, deadletter_headers, off_topic_reason
+from schemas.eventtime import TimeBound, record_time, reference_ms, time_verdict
+from schemas.topics import (
+    DEADLETTER,
+    TELEMETRY_GPU,
+    TELEMETRY_HOST,
+    TRAINING_EVENTS,
+    TRAINING_STEPS,
+    canonical_topic,
+    deadletter_headers,
+    off_topic_reason,
+)
 from sinks.errors import (
+    ImplausibleTimeError,
     InvalidRecordError,
     KafkaUnavailableError,
     SinkBackpressureError,
@@ -36,7 +50,7 @@ from sinks.errors import (
 )
 from sinks.writer import ClickHouseSink
 
-__all__ = ["COMPONENT", "SINK_TOPICS", "SinkConsumer"]
+__all__ = ["COMPONENT", "SINK_TOPICS", "TIME_BOUNDED_TOPICS", "SinkConsumer"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +66,10 @@ SINK_TOPICS: tuple[str, ...] = (
     "rs.derived.job",
     "rs.alerts",
 )
+
+# Topics whose producers stamp event times from their own clocks: records there must pass the time bound.
+# (Derived windows and alerts are stamped by the worker from records that already passed it.)
+TIME_BOUNDED_TOPICS: tuple[str, ...] = (TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_STEPS, TRAINING_EVENTS)
 
 # The `x-component` header of what this consumer dead-letters: it owns the topics it stores.
 COMPONENT = "sink"
@@ -84,7 +102,11 @@ class SinkConsumer:
         clock: Callable[[], float] = time.monotonic,
         on_health: Callable[[dict[str, Any]], None] | None = None,
         health_interval_s: float = 2.0,
+        time_bound: TimeBound | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """`time_bound`: the worker's bound on event times (the CLI reads it from the detector config);
+        None checks only that times lie in 2000..2200."""
         if not topics:
             raise ValueError("no topics to consume")
         self.topics = list(topics)
@@ -95,6 +117,10 @@ class SinkConsumer:
         )
         self._codec = codec or Codec()
         self._clock = clock
+        self._wall_clock = wall_clock
+        self._time_bound = time_bound
+        self._bounded: dict[str, bool] = {}  # topic name -> does the time bound apply there
+        self.time_rejected: dict[str, int] = {}  # reason -> records dead-lettered for their time
         self._poll_batch = poll_batch
         self._poll_timeout_s = poll_timeout_s
         self._progress_interval_s = progress_interval_s
@@ -168,7 +194,10 @@ class SinkConsumer:
     def poll_once(self) -> int:
         """Poll one batch of messages, store them, flush what is due; returns how many messages were handled."""
         handled = 0
-        for msg in self._consumer.consume(num_messages=self._poll_batch, timeout=self._poll_timeout_s):
+        messages = self._consumer.consume(num_messages=self._poll_batch, timeout=self._poll_timeout_s)
+        # The arrival time of the batch: a record's time reference is never later than this.
+        now_ms = int(self._wall_clock() * 1000)
+        for msg in messages:
             error = msg.error()
             if error is not None:
                 self._on_message_error(error)
@@ -179,7 +208,7 @@ class SinkConsumer:
                 continue  # fetched before the partition was paused; it is read again after the retry
             handled += 1
             self.consumed_by_topic[topic] = self.consumed_by_topic.get(topic, 0) + 1
-            self._handle(msg, topic, partition, offset)
+            self._handle(msg, topic, partition, offset, now_ms)
             if tp not in self._retry_at and self.sink.is_full(topic, partition):
                 self._flush([tp])
         now = self._clock()
@@ -221,6 +250,7 @@ class SinkConsumer:
             "inserts": s.inserts,
             "insert_s": round(s.insert_s, 3),
             "skipped_stored": s.skipped_stored,
+            "time_rejected": dict(sorted(self.time_rejected.items())),
             "elapsed_s": round(self._clock() - self._started, 3),
         }
 
@@ -239,7 +269,7 @@ class SinkConsumer:
 
     # --- message handling --------------------------------------------------------------------------
 
-    def _handle(self, msg: Message, topic: str, partition: int, offset: int) -> None:
+    def _handle(self, msg: Message, topic: str, partition: int, offset: int, now_ms: int) -> None:
         value = msg.value()
         try:
             event = self._codec.decode(value)
@@ -247,11 +277,22 @@ class SinkConsumer:
             if wrong is not None:
                 # The topic map is the contract: a record on another type's topic is not stored.
                 raise InvalidRecordError(event.type, wrong)
+            bound = self._time_bound
+            if bound is not None and self._is_bounded(topic):
+                ts = record_time(event.record)
+                if ts is not None:
+                    kind, kafka_ms = msg.timestamp()
+                    reference = reference_ms(kafka_ms if kind else None, now_ms)
+                    verdict = time_verdict(ts, reference, bound.max_skew_ms, bound.max_age_ms)
+                    if verdict is not None:
+                        raise ImplausibleTimeError(event.type, verdict, ts, reference)
             self.sink.add(topic, partition, offset, event)
         except DecodeError as exc:
             self._deadletter(msg, exc.located(topic, partition, offset))
             self.sink.skip(topic, partition, offset)
         except InvalidRecordError as exc:
+            if isinstance(exc, ImplausibleTimeError):
+                self.time_rejected[exc.verdict] = self.time_rejected.get(exc.verdict, 0) + 1
             self._deadletter(msg, exc)
             self.sink.skip(topic, partition, offset)
         except (SinkBackpressureError, SinkWriteError) as exc:
@@ -276,6 +317,8 @@ class SinkConsumer:
         headers += deadletter_headers(
             exc, msg.topic() or "", msg.partition() or 0, msg.offset() or 0, component=COMPONENT
         )
+        if isinstance(exc, ImplausibleTimeError):
+            headers.append(("x-reject-reason", exc.verdict.encode()))
         self._producer.produce(
             self.deadletter_topic,
             key=msg.key(),
@@ -308,6 +351,12 @@ class SinkConsumer:
         if ok:
             self._unflushed_dlq.clear()
         return ok
+
+    def _is_bounded(self, topic: str) -> bool:
+        bounded = self._bounded.get(topic)
+        if bounded is None:
+            bounded = self._bounded[topic] = canonical_topic(topic) in TIME_BOUNDED_TOPICS
+        return bounded
 
     # --- flush, commit, retry ----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ __all__ = [
     "ClickHouseError",
     "ClickHouseLockedError",
     "ClickHouseUnavailableError",
+    "ImplausibleTimeError",
     "InvalidRecordError",
     "KafkaUnavailableError",
     "QueryError",
@@ -72,6 +73,21 @@ class InvalidRecordError(SinkError):
         self.record_type = record_type
         self.reason = reason
         super().__init__(f"cannot store {record_type}: {reason}")
+
+
+class ImplausibleTimeError(InvalidRecordError):
+    """A record's event time fails the pipeline's time bound (`schemas.eventtime`): dead-lettered, not stored."""
+
+    def __init__(self, record_type: str, verdict: str, event_ts: int, reference_ts: int) -> None:
+        self.verdict = verdict  # one of schemas.eventtime.REJECT_REASONS, sent as `x-reject-reason`
+        self.event_ts = event_ts
+        self.reference_ts = reference_ts
+        super().__init__(
+            record_type,
+            f"{verdict}: event time {event_ts} ms is {(event_ts - reference_ts) / 1000:+.0f} s from the "
+            f"record's reference time {reference_ts} ms (its Kafka timestamp, capped at the sink's clock; "
+            "bounds: engine.max_clock_skew_s, engine.max_record_age_s, years 2000..2200)",
+        )
 
 
 class SinkBackpressureError(SinkError):

@@ -39,6 +39,13 @@ def sink_metrics(health: Mapping[str, Any], strip_prefix: str = "") -> list[Metr
             {(): float(health.get("deadlettered", 0))},
         ),
         Metric(
+            "ranksight_sink_time_rejected",
+            "counter",
+            "Records of the raw topics dead-lettered for their event time (out_of_range, clock_ahead, clock_behind).",
+            ("reason",),
+            {(r,): float(n) for r, n in sorted(health.get("time_rejected", {}).items())},
+        ),
+        Metric(
             "ranksight_sink_inserts",
             "counter",
             "ClickHouse inserts (one per table per batch).",

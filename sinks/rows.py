@@ -10,16 +10,18 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from schemas.eventtime import MAX_EVENT_TS, MIN_EVENT_TS
 from schemas.records import Event
 from sinks.ddl import TableSpec, table_specs
 from sinks.errors import InvalidRecordError
 
 __all__ = ["MAX_TS_MS", "MIN_TS_MS", "event_row", "row_converter"]
 
-# Rows outside 2000-01-01 .. 2200-01-01 are producer bugs (seconds for milliseconds, zero); storing
-# them would also create a partition per bogus day.
-MIN_TS_MS = 946_684_800_000
-MAX_TS_MS = 7_258_118_400_000
+# Every timestamp field outside 2000-01-01 .. 2200-01-01 is a producer bug (seconds for milliseconds,
+# zero); storing it would also create a partition per bogus day. The same range as the worker's
+# (`schemas.eventtime`); the record's event time is further bounded by its arrival (`sinks.consumer`).
+MIN_TS_MS = MIN_EVENT_TS
+MAX_TS_MS = MAX_EVENT_TS
 
 RowConverter = Callable[[dict[str, Any]], list[Any]]
 
@@ -52,7 +54,7 @@ def row_converter(record_type: str) -> RowConverter:
                 raise InvalidRecordError(
                     record_type, f"field {name!r}: expected int milliseconds, got {value!r}"
                 )
-            if not MIN_TS_MS <= value <= MAX_TS_MS:
+            if not MIN_TS_MS <= value < MAX_TS_MS:
                 raise InvalidRecordError(
                     record_type, f"field {name!r}: {value} ms is outside 2000..2200 (seconds instead of ms?)"
                 )

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -16,14 +17,24 @@ from clickhouse_connect.driver.client import Client
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
 from schemas.codec import Codec
+from schemas.eventtime import TimeBound
 from schemas.records import RECORD_TYPES, Event
-from schemas.topics import DEADLETTER, TRAINING_STEPS, key_for, topic_for
+from schemas.topics import (
+    DEADLETTER,
+    TELEMETRY_GPU,
+    TELEMETRY_HOST,
+    TRAINING_EVENTS,
+    TRAINING_STEPS,
+    key_for,
+    topic_for,
+)
 from sinks.clickhouse import close, connect
 from sinks.consumer import SINK_TOPICS, SinkConsumer
 from sinks.ddl import TABLE_NAMES, migrate
 from sinks.errors import KafkaUnavailableError, SinkWriteError
 from sinks.samples import sample_event, sample_events
 from sinks.writer import ClickHouseSink
+from streams.config import load_config
 
 N = 300  # events per record type
 RANKSIGHT = str(Path(sys.executable).with_name("ranksight"))
@@ -193,6 +204,102 @@ def test_undecodable_and_invalid_messages_go_to_the_dead_letter_topic_with_heade
     assert b"unexpected byte" in _headers(by_offset[11])["x-error"]
     committed, end = _committed_and_end(kafka_bootstrap, group_id, [steps])
     assert committed == end == len(sequence)
+
+
+YEAR_2199_MS = 7_226_582_400_000  # 2199-01-01T00:00:00Z: inside 2000..2200, far beyond any clock skew
+YEAR_1970_MS = 86_400_000  # 1970-01-02: a clock reset to the epoch
+
+
+def _read_letters(bootstrap: str, topic: str, group: str, expected: int) -> list[Message]:
+    """The dead letters, read until `expected` arrived or 30 s passed (progress, not a sleep)."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
+    reader.subscribe([topic])
+    letters: list[Message] = []
+    deadline = time.monotonic() + 30
+    while len(letters) < expected and time.monotonic() < deadline:
+        letters += [m for m in reader.consume(100, 0.5) if m.error() is None]
+    # A little longer: a dead letter sent twice would arrive right behind the others.
+    letters += [m for m in reader.consume(100, 1.0) if m.error() is None]
+    reader.close()
+    return letters
+
+
+def test_records_stamped_2199_or_1970_on_each_raw_topic_are_dead_lettered_once_by_the_sink(
+    kafka_bootstrap: str, topics: dict[str, str], group_id: str, chdb: Client
+) -> None:
+    """The worker's time bound (`engine.max_clock_skew_s` of the shipped config) applies in the sink too."""
+    engine = load_config(None)  # the shipped streams/detectors.yaml, as `ranksight sink` reads it
+    bound = TimeBound(engine.max_clock_skew_ms, engine.max_record_age_ms)
+    now = int(time.time() * 1000)
+    raw_types = {"GpuSample": TELEMETRY_GPU, "HostSample": TELEMETRY_HOST, "StepCompleted": TRAINING_STEPS,
+                 "CheckpointEvent": TRAINING_EVENTS}  # fmt: skip
+    good = [e for record_type in raw_types for e in sample_events(record_type, 20, now)]
+    bad = [
+        Event(record_type, sample_event(record_type, 100 + i, now).record | {"ts": ts})
+        for record_type in raw_types
+        for i, ts in enumerate((YEAR_2199_MS, YEAR_1970_MS))
+    ]
+    # Bad records between good ones, on the partitions the good ones use.
+    produced = _produce(kafka_bootstrap, topics, good[::2] + bad + good[1::2])
+    sink = _sink(kafka_bootstrap, chdb, topics, group_id, batch_interval_s=0.3, time_bound=bound)
+    stats = sink.run(idle_exit_s=2.0)
+
+    assert stats["deadlettered"] == len(bad) == 8
+    assert stats["time_rejected"] == {"clock_ahead": 4, "out_of_range": 4}
+    assert stats["inserted_rows"] == len(good) == produced - len(bad)
+    counts = _counts(chdb)
+    for record_type in raw_types:
+        table = TABLE_NAMES[record_type]
+        assert counts[table] == 20, table
+        # Nothing from 2199 or 1970 reached a table (no year-2199 partition, no job page spanning it).
+        first, last = chdb.query(
+            f"SELECT min(toUnixTimestamp64Milli(ts)), max(toUnixTimestamp64Milli(ts)) FROM {table}"
+        ).result_rows[0]
+        assert now - 1000 <= first and last <= now + 120_000, table
+    letters = _read_letters(kafka_bootstrap, topics[DEADLETTER], group_id + "-dlq", len(bad))
+    where = Counter((_headers(m)["x-source-topic"], int(_headers(m)["x-source-offset"])) for m in letters)
+    assert len(letters) == len(bad) and set(where.values()) == {1}  # each exactly once
+    codec = Codec()
+    reasons: Counter[tuple[str, bytes]] = Counter()
+    for msg in letters:
+        headers = _headers(msg)
+        assert headers["x-component"] == b"sink"
+        assert headers["x-error-type"] == b"ImplausibleTimeError"
+        event = codec.decode(msg.value())
+        assert headers["x-source-topic"].decode() == topics[raw_types[event.type]]
+        assert (event.record["ts"], headers["x-reject-reason"]) in (
+            (YEAR_2199_MS, b"clock_ahead"),
+            (YEAR_1970_MS, b"out_of_range"),
+        )
+        assert b"engine.max_clock_skew_s" in headers["x-error"]
+        reasons[(event.type, headers["x-reject-reason"])] += 1
+    assert reasons == {(t, r): 1 for t in raw_types for r in (b"clock_ahead", b"out_of_range")}
+    committed, end = _committed_and_end(
+        kafka_bootstrap, group_id, [topics[t] for t in set(raw_types.values())]
+    )
+    assert committed == end == produced
+
+
+def test_a_record_ahead_of_its_own_kafka_time_is_judged_by_that_time_not_by_its_arrival(
+    kafka_bootstrap: str, topics: dict[str, str], group_id: str, chdb: Client
+) -> None:
+    """A backlog read late: the reference is the record's Kafka timestamp, not the sink's clock."""
+    now = int(time.time() * 1000)
+    produced_at = now - 3_600_000  # produced an hour ago (CreateTime set by the producer)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    codec = Codec()
+    steps = topics[TRAINING_STEPS]
+    ahead = sample_event("StepCompleted", 1, now).record | {"ts": produced_at + 600_000}  # 10 min ahead
+    within = sample_event("StepCompleted", 2, now).record | {"ts": produced_at + 60_000}  # 1 min ahead
+    for record in (ahead, within):
+        producer.produce(steps, key=b"j", value=codec.encode(Event("StepCompleted", record)), partition=0,
+                         timestamp=produced_at)  # fmt: skip
+    assert producer.flush(30) == 0
+    stats = _sink(
+        kafka_bootstrap, chdb, topics, group_id, batch_interval_s=0.3, time_bound=TimeBound(300_000)
+    ).run(idle_exit_s=2.0)
+    assert stats["time_rejected"] == {"clock_ahead": 1} and stats["inserted_rows"] == 1
+    assert chdb.query("SELECT step FROM steps").result_rows == [(within["step"],)]
 
 
 def _sink_process(home: Path, bootstrap: str, prefix: str, *extra: str) -> subprocess.Popen[str]:
