@@ -64,6 +64,12 @@ class RanksightCallback(TrainerCallback):
             world_size=int(getattr(args, "world_size", 1)),
             local_rank=int(getattr(args, "local_process_index", 0)),
             is_zero=bool(state.is_world_process_zero),
+            targets={
+                # The Trainer sets state.max_steps (from max_steps or epochs x batches) before this hook.
+                "target_steps": getattr(state, "max_steps", None),
+                "target_epochs": getattr(state, "num_train_epochs", None)
+                or getattr(args, "num_train_epochs", None),
+            },
         )
         if int(getattr(state, "global_step", 0) or 0) > 0:
             self._resumed(args, state)
@@ -91,7 +97,8 @@ class RanksightCallback(TrainerCallback):
         self.hooks.checkpoint_loaded(step, restored=restored, loss_before=logged[-1] if logged else None)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.hooks.batch_start(int(state.global_step))
+        epoch = getattr(state, "epoch", None)  # a float: 1.25 is a quarter into the second epoch
+        self.hooks.batch_start(int(state.global_step), None if epoch is None else int(epoch))
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.hooks.segment("optimizer")
@@ -111,7 +118,10 @@ class RanksightCallback(TrainerCallback):
         self._eval_due = bool(control.should_evaluate)
         if control.should_save and state.is_world_process_zero:
             path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-            self.hooks.checkpoint_started(int(state.global_step), f"file://{path}")
+            keep = getattr(args, "save_total_limit", None)
+            self.hooks.checkpoint_started(
+                int(state.global_step), f"file://{path}", keep=keep if isinstance(keep, int) else None
+            )
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any

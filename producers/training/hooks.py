@@ -10,6 +10,12 @@ StepCompleted per training batch:
   its `Trainer` runs in one call without a hook in between);
 - loss, lr, grad norm, samples, tokens as the framework exposes them.
 
+The run's target (max steps, max epochs) goes into JobStarted and each batch carries its epoch,
+as the framework counts them. A checkpoint carries the framework's retention (`keep`); saved
+checkpoints whose files are gone when a later one completes are reported as `deleted` by it.
+An exception that ends the loop is a RankFault of its kind (CUDA out of memory, a collective or
+storage timeout, or another exception).
+
 After a resume from a checkpoint (`checkpoint_loaded`), the first `restore_test_steps` batches
 are a restore test: rank 0 reports a RestoreTest with what the framework actually loaded, the
 loss saved with the checkpoint (`checkpoint_metadata`) against the first resumed loss, and the
@@ -95,17 +101,31 @@ class LoopHooks:
         self._pending: Step | None = None  # ended on the clock, published when its values arrive
         self._evaluation: EvaluationReport | None = None
         self._checkpoint: tuple[CheckpointReport, str | None] | None = None
+        self._saved: dict[str, str] = {}  # checkpoint id -> local path, to notice what retention deletes
         self._owns_reporter = False
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def train_start(self, *, rank: int, world_size: int, local_rank: int | None, is_zero: bool) -> None:
-        """Create the reporter (identity from the framework, job from the environment); rank 0 describes the job."""
+    def train_start(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        local_rank: int | None,
+        is_zero: bool,
+        targets: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Create the reporter (identity from the framework, job from the environment); rank 0 describes the job.
+
+        `targets` (target_steps, target_epochs, target_tokens) come from the framework's trainer;
+        values the user passed in `job_info` win.
+        """
         if self.reporter is None:
             self.reporter = self._factory(rank=rank, world_size=world_size, local_rank=local_rank)
             self._owns_reporter = True
         if is_zero:
-            self.reporter.job_started(**self.job_info)
+            known = {k: v for k, v in (targets or {}).items() if v is not None}
+            self.reporter.job_started(**{**known, **self.job_info})
             self.reporter.state("running")
         resumed = self._resumed
         if resumed is not None and not resumed["announced"]:
@@ -136,17 +156,19 @@ class LoopHooks:
             return
         self._step = None
         self._drop_waiting()
-        r.fault("exception", f"{type(exc).__name__}: {exc}"[:2000])
+        r.exception(exc)
         if is_zero:
             r.state("failed", reason=f"{type(exc).__name__}: {exc}"[:500])
 
     # -- steps ----------------------------------------------------------------------------------
 
-    def batch_start(self, step: int) -> None:
-        """A training batch begins (after the data loader delivered it)."""
+    def batch_start(self, step: int, epoch: int | None = None) -> None:
+        """A training batch begins (after the data loader delivered it); `epoch` as the framework counts it."""
         r = self.reporter
         if r is None:
             return
+        if epoch is not None:
+            r.set_epoch(epoch)
         self.flush_pending()
         self.checkpoint_finished()
         current = self._waiting
@@ -320,13 +342,13 @@ class LoopHooks:
         if numbers:
             r.validation(step, numbers)
 
-    def checkpoint_started(self, step: int, uri: str | None = None) -> None:
-        """A checkpoint is being written (a previous one still open is completed first)."""
+    def checkpoint_started(self, step: int, uri: str | None = None, *, keep: int | None = None) -> None:
+        """A checkpoint is being written (a previous one still open is completed first); `keep`: retention."""
         r = self.reporter
         if r is None:
             return
         self.checkpoint_finished()
-        ck = r.checkpoint(step, uri)
+        ck = r.checkpoint(step, uri, keep=keep if keep is not None and keep > 0 else None)
         ck.__enter__()
         self._checkpoint = (ck, uri)
 
@@ -338,4 +360,11 @@ class LoopHooks:
         ck, uri = entry
         where = path or (uri[len("file://") :] if uri and uri.startswith("file://") else uri)
         ck.bytes = path_bytes(where)
+        # Retention runs when a checkpoint is saved: earlier ones whose files are gone were deleted.
+        gone = [cid for cid, p in self._saved.items() if not os.path.exists(p)]
+        for cid in gone:
+            del self._saved[cid]
+        ck.deleted = gone
+        if where and "://" not in str(where) and os.path.exists(where):
+            self._saved[ck.checkpoint_id] = str(where)
         ck.__exit__(None, None, None)

@@ -8,7 +8,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["RankIdentity", "kubeflow_job_name", "resolve_identity"]
+__all__ = ["RankIdentity", "expand_hostlist", "job_nodes", "kubeflow_job_name", "resolve_identity"]
 
 
 @dataclass(frozen=True)
@@ -90,3 +90,69 @@ def resolve_identity(
     )
     the_cluster = cluster or env.get("RANKSIGHT_CLUSTER") or env.get("SLURM_CLUSTER_NAME") or "local"
     return RankIdentity(job, run, the_rank, the_local, the_world, the_node, the_cluster)
+
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def _split_top(text: str) -> list[str]:
+    """Split a Slurm host list at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def expand_hostlist(text: str, limit: int = 100_000) -> list[str]:
+    """Slurm's compressed host list -> host names: `gpu-[01-03,07],login1` -> gpu-01, gpu-02, gpu-03, gpu-07, login1.
+
+    A malformed list gives what could be read (a name with a bracket it cannot expand is kept as is).
+    """
+    hosts: list[str] = []
+    for part in _split_top(text):
+        expanded = [""]
+        rest = part
+        while rest and len(expanded) <= limit:
+            open_at = rest.find("[")
+            close_at = rest.find("]", open_at + 1)
+            if open_at < 0 or close_at < 0:
+                expanded = [e + rest for e in expanded]
+                break
+            prefix, body, rest = rest[:open_at], rest[open_at + 1 : close_at], rest[close_at + 1 :]
+            values: list[str] = []
+            for item in body.split(","):
+                match = _RANGE.match(item.strip())
+                if match is None:
+                    values = [f"[{body}]"]
+                    break
+                lo, hi = match.group(1), match.group(2) or match.group(1)
+                width = len(lo)
+                values += [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
+            expanded = [e + prefix + v for e in expanded for v in values]
+        hosts.extend(expanded)
+        if len(hosts) >= limit:
+            break
+    return hosts[:limit]
+
+
+def job_nodes(ident: RankIdentity, env: Mapping[str, str] | None = None) -> list[str]:
+    """The nodes of the job as the launcher knows them: Slurm's node list, else this node for a one-node job.
+
+    Empty when a multi-node job's nodes are unknown here (torchrun on several hosts): a wrong list
+    would make every rank elsewhere look misplaced.
+    """
+    env = os.environ if env is None else env
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if nodelist:
+        return expand_hostlist(nodelist)
+    local_world = _int(env, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE")
+    if ident.world_size <= 1 or (local_world is not None and local_world >= ident.world_size):
+        return [ident.node]
+    return []

@@ -30,6 +30,27 @@ except ImportError:  # the older package name
 __all__ = ["RanksightCallback"]
 
 
+def _targets(trainer: Any) -> dict[str, Any]:
+    """max_steps / max_epochs of a Trainer (-1 and None are unset), else its estimated stepping batches."""
+    steps = getattr(trainer, "max_steps", None)
+    epochs = getattr(trainer, "max_epochs", None)
+    if steps is None or steps < 0:
+        try:
+            steps = trainer.estimated_stepping_batches  # inf for an unbounded loop
+        except Exception:  # needs the data loaders; not every trainer can answer at train start
+            steps = None
+    return {
+        "target_steps": steps,
+        "target_epochs": epochs if epochs is not None and epochs > 0 else None,
+    }
+
+
+def _keep(trainer: Any) -> int | None:
+    """Checkpoints ModelCheckpoint keeps (save_top_k; -1: all, so no limit)."""
+    top_k = getattr(getattr(trainer, "checkpoint_callback", None), "save_top_k", None)
+    return top_k if isinstance(top_k, int) and top_k > 0 else None
+
+
 def _grad_norm(pl_module: Any) -> Any:
     import torch
 
@@ -74,13 +95,15 @@ class RanksightCallback(Callback):
             world_size=int(trainer.world_size),
             local_rank=int(trainer.local_rank),
             is_zero=bool(trainer.is_global_zero),
+            targets=_targets(trainer),
         )
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._grad = None
         if self.hooks._checkpoint:  # the checkpoint saved after the previous batch is on disk now
             self.hooks.checkpoint_finished(self._saved_path())
-        self.hooks.batch_start(int(trainer.global_step))
+        epoch = getattr(trainer, "current_epoch", None)
+        self.hooks.batch_start(int(trainer.global_step), None if epoch is None else int(epoch))
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         self.hooks.segment("backward")
@@ -123,7 +146,7 @@ class RanksightCallback(Callback):
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         checkpoint["ranksight"] = self.hooks.checkpoint_metadata()
         if trainer.is_global_zero:
-            self.hooks.checkpoint_started(int(trainer.global_step))
+            self.hooks.checkpoint_started(int(trainer.global_step), keep=_keep(trainer))
             self._ckpt_callback = getattr(trainer, "checkpoint_callback", None)
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:

@@ -13,26 +13,34 @@ What the loader can know, and where it comes from:
 - `batch_prep_s`: the mean time of `next()` when batches are prepared in this process (a plain
   iterable, or a PyTorch `DataLoader` with `num_workers=0`); with worker processes the wait is
   only the part the workers did not hide, so it is left null unless the dataset reports it.
-- `workers`: the loader's `num_workers`.
+- `workers`: the worker processes alive at the end of the interval (a PyTorch `DataLoader`'s
+  worker processes that are still running and not retired; 0 with `num_workers=0`), and
+  `workers_expected`: the loader's `num_workers`. A worker that died or finished its shard early
+  shows as live < expected.
+- the epoch of the batches (`sampler.epoch`, as `DistributedSampler.set_epoch` sets it, else the
+  number of times this wrapper was iterated), attached to the steps that consume them.
+- a data-loader exception (the iteration ends with it) is reported as a RankFault: a timeout as
+  `storage_timeout`, anything else as `exception`, then re-raised untouched.
 - everything else: from `loader.dataset.ranksight_stats()` (or `loader.ranksight_stats()`), a
   method returning *cumulative* counters (`read_bytes`, `reads`, `read_time_s`, `cache_hits`,
   `cache_misses`, `file_opens`, `file_open_errors`, `errors`, `batch_prep_s`, `batches_prepared`);
   the wrapper publishes their change per interval. Counters kept in worker processes must be
   shared (e.g. `multiprocessing.Value`) to be seen here.
 
-Nothing here imports torch: tensors are recognised by their methods.
+Nothing here imports torch: tensors are recognised by their methods. Nothing here imports the
+reporter either: it talks to a `LoaderSink` (the reporter is one), so the two modules do not
+import each other.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from producers.training.reporter import Reporter
+from producers.training.faults import fault_detail, fault_kind
 
-__all__ = ["STAT_KEYS", "MonitoredLoader", "batch_fingerprint"]
+__all__ = ["STAT_KEYS", "LoaderSink", "MonitoredLoader", "batch_fingerprint", "live_workers"]
 
 STAT_KEYS: tuple[str, ...] = (
     "read_bytes",
@@ -107,12 +115,59 @@ def batch_fingerprint(batch: Any) -> str:
     return h.hexdigest()[:16]
 
 
+class LoaderSink(Protocol):
+    """What a monitored loader reports to (the `Reporter`)."""
+
+    def _mono_ns(self) -> int: ...
+
+    def _internal(self, kind: str, exc: BaseException, message: str | None = None) -> None: ...
+
+    def _loader_delivered(self, wait_s: float, fingerprint: str | None, epoch: int | None = None) -> None: ...
+
+    def dataloader(
+        self,
+        *,
+        interval_s: float,
+        batches: int | None = None,
+        wait_s: float | None = None,
+        queue_depth: int | None = None,
+        workers: int | None = None,
+        workers_expected: int | None = None,
+        batch_prep_s: float | None = None,
+        read_bytes_s: float | None = None,
+        read_latency_s: float | None = None,
+        cache_hit_ratio: float | None = None,
+        file_opens_s: float | None = None,
+        errors: int | None = None,
+        file_open_errors: int | None = None,
+    ) -> None: ...
+
+    def fault(self, kind: str, detail: str | None = None, *, exit_code: int | None = None) -> None: ...
+
+
+def live_workers(iterator: Any) -> int | None:
+    """Worker processes of a PyTorch multi-process loader iterator that are alive and not retired; None if unknown."""
+    workers = getattr(iterator, "_workers", None)
+    if not isinstance(workers, list):
+        return None
+    status = getattr(iterator, "_workers_status", None)
+    active = status if isinstance(status, list) and len(status) == len(workers) else [True] * len(workers)
+    count = 0
+    for worker, running in zip(workers, active, strict=True):
+        try:
+            if running and worker.is_alive():
+                count += 1
+        except (AssertionError, ValueError, OSError):  # a process object of another parent, or closed
+            continue
+    return count
+
+
 class MonitoredLoader:
     """Iterates the wrapped loader and reports what it can measure; `len()` and attributes pass through."""
 
     def __init__(
         self,
-        reporter: Reporter,
+        reporter: LoaderSink,
         loader: Iterable[Any],
         *,
         interval_s: float = 10.0,
@@ -128,6 +183,9 @@ class MonitoredLoader:
         self._clock = clock_ns or reporter._mono_ns
         self._workers = getattr(loader, "num_workers", None)
         self._in_process = not self._workers  # batches prepared by next() itself
+        self._iterator: Any = None
+        self._live: int | None = None  # live workers at the last report while iterating
+        self._iterations = 0
         self._source = self._stats_source(loader)
         self._reset(self._clock())
         self._last_stats = self._read_stats()
@@ -162,10 +220,25 @@ class MonitoredLoader:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)
 
+    def _measure_workers(self) -> None:
+        live = live_workers(self._iterator)
+        self._live = live if live is not None else (0 if self._workers == 0 else None)
+
+    def _epoch(self) -> int:
+        """The epoch of the batches being delivered: the sampler's (DistributedSampler), else this wrapper's count."""
+        sampler = getattr(self.loader, "sampler", None)
+        epoch = getattr(sampler, "epoch", None)
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            return epoch
+        return self._iterations - 1
+
     def __iter__(self) -> Iterator[Any]:
-        it = iter(self.loader)
+        it = self._iterator = iter(self.loader)
+        self._iterations += 1
+        epoch = self._epoch()
         clock = self._clock
         reporter = self._reporter
+        first = True
         try:
             while True:
                 t0 = clock()
@@ -173,7 +246,20 @@ class MonitoredLoader:
                     batch = next(it)
                 except StopIteration:
                     return
+                except Exception as exc:
+                    # The loader failed (a storage timeout, a worker that died): the rank's fault,
+                    # reported before the exception ends the loop.
+                    if not getattr(exc, "_ranksight_reported", False):
+                        try:
+                            reporter.fault(fault_kind(exc), fault_detail(exc, "data loader"))
+                            exc._ranksight_reported = True  # type: ignore[attr-defined]  # a step around it stays quiet
+                        except Exception as internal:
+                            reporter._internal("loader_fault", internal)
+                    raise
                 t1 = clock()
+                if first:
+                    first = False
+                    self._measure_workers()
                 self._batches += 1
                 self._wait_ns += t1 - t0
                 fp = None
@@ -182,12 +268,15 @@ class MonitoredLoader:
                         fp = self._fingerprint(batch)
                     except Exception as exc:
                         reporter._internal("fingerprint", exc)
-                reporter._loader_delivered((t1 - t0) / 1e9, fp)
+                reporter._loader_delivered((t1 - t0) / 1e9, fp, epoch)
                 if t1 - self._since >= self._interval_ns:
                     self.report(t1)
                 yield batch
         finally:
-            self.report(clock())  # the end of an epoch (or an abandoned iteration) closes the interval
+            # The end of an epoch (or an abandoned iteration) closes the interval; its workers are
+            # shutting down by now, so it keeps the live count measured while they worked.
+            self._iterator = None
+            self.report(clock())
 
     def report(self, now: int | None = None) -> None:
         """Publish the DataLoaderSample of the interval so far (nothing when it saw no batch and no counter moved)."""
@@ -206,6 +295,8 @@ class MonitoredLoader:
             prep = delta["batch_prep_s"] / delta["batches_prepared"]
         elif self._in_process and self._batches:
             prep = wait_s / self._batches
+        if self._iterator is not None:
+            self._measure_workers()
         reads, read_time = delta.get("reads"), delta.get("read_time_s")
         hits, misses = delta.get("cache_hits"), delta.get("cache_misses")
         opens, errors = delta.get("file_opens"), delta.get("errors")
@@ -214,7 +305,8 @@ class MonitoredLoader:
             interval_s=interval_s,
             batches=self._batches,
             wait_s=wait_s,
-            workers=self._workers,
+            workers=self._live,
+            workers_expected=self._workers,
             batch_prep_s=prep,
             read_bytes_s=delta["read_bytes"] / interval_s if "read_bytes" in delta else None,
             read_latency_s=read_time / reads if reads and read_time is not None else None,

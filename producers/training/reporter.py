@@ -22,18 +22,17 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from time import perf_counter_ns, time_ns
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from producers.publisher import Publisher, open_publisher
 from producers.training.bindings import Binding, bindings_dir, process_start_time, write_binding
-from producers.training.identity import RankIdentity, resolve_identity
+from producers.training.faults import fault_detail, fault_kind
+from producers.training.identity import RankIdentity, job_nodes, resolve_identity
+from producers.training.loader import MonitoredLoader
 from producers.training.restore_test import DEFAULT_LOSS_TOLERANCE, restore_test_event
 from producers.training.timing import HostTimer, SegmentTimer, TimingMode, choose_timer
 from schemas.errors import RanksightError
 from schemas.records import Event
-
-if TYPE_CHECKING:
-    from producers.training.loader import MonitoredLoader
 
 __all__ = ["SEGMENTS", "CheckpointReport", "EvaluationReport", "Reporter", "Step", "visible_gpu"]
 
@@ -41,10 +40,12 @@ log = logging.getLogger(__name__)
 
 SEGMENTS: tuple[str, ...] = ("data_wait", "forward", "backward", "optimizer", "comm", "checkpoint")
 _SEGMENT_SET = frozenset(SEGMENTS)
-_RECORD_FIELDS = frozenset(("samples", "tokens", "loss", "lr", "grad_norm", "skipped", "batch_fingerprint"))
+_RECORD_FIELDS = frozenset(
+    ("samples", "tokens", "loss", "lr", "grad_norm", "skipped", "batch_fingerprint", "epoch")
+)
 _JOB_STATES = frozenset(("pending", "running", "restarting", "preempted", "failed", "completed"))
 _FLOAT_FIELDS = ("loss", "lr", "grad_norm")
-_INT_FIELDS = ("samples", "tokens")
+_INT_FIELDS = ("samples", "tokens", "epoch")
 
 
 def visible_gpu(
@@ -175,7 +176,7 @@ class Step:
             self._reporter._internal("segment", internal)
 
     def record(self, **values: Any) -> None:
-        """Attach loss, lr, grad_norm, samples, tokens (tensors are fine), `skipped` and `batch_fingerprint`."""
+        """Attach loss, lr, grad_norm, samples, tokens (tensors are fine), `skipped`, `batch_fingerprint`, `epoch`."""
         self._fields.update(values)
 
     def begin(self) -> Step:
@@ -221,17 +222,30 @@ class Step:
 
 
 class CheckpointReport:
-    """One checkpoint: started on enter, completed (with `bytes`) or failed on exit; `verified(checksum)`."""
+    """One checkpoint: started on enter, completed (with `bytes`) or failed on exit; `verified(checksum)`.
+
+    Retention: `keep` is how many checkpoints the policy keeps; set `deleted` to the checkpoint ids
+    that saving this one removed, before the block ends (they are reported with the completion).
+    A read-back that fails is `verification_failed(error)`.
+    """
 
     def __init__(
-        self, reporter: Reporter, step: int, uri: str | None, checkpoint_id: str, version: str | None
+        self,
+        reporter: Reporter,
+        step: int,
+        uri: str | None,
+        checkpoint_id: str,
+        version: str | None,
+        keep: int | None = None,
     ) -> None:
         self._reporter = reporter
         self.step = step
         self.uri = uri
         self.checkpoint_id = checkpoint_id
         self.version = version
+        self.keep = keep
         self.bytes: int | None = None
+        self.deleted: list[str] = []
         self._t0 = 0
 
     def _emit(self, phase: str, **extra: Any) -> None:
@@ -252,6 +266,8 @@ class CheckpointReport:
                 "version": self.version,
                 "checksum": extra.get("checksum"),
                 "error": extra.get("error"),
+                "retention_keep": self.keep,
+                "deleted": [str(d) for d in extra.get("deleted", ())],
             },
         )
 
@@ -269,7 +285,7 @@ class CheckpointReport:
         duration = (perf_counter_ns() - self._t0) / 1e9
         try:
             if exc is None:
-                self._emit("completed", bytes=self.bytes, duration_s=duration)
+                self._emit("completed", bytes=self.bytes, duration_s=duration, deleted=self.deleted)
             else:
                 self._emit(
                     "failed",
@@ -285,6 +301,14 @@ class CheckpointReport:
         """The checkpoint was read back and its checksum matches."""
         try:
             self._emit("verified", bytes=self.bytes, checksum=checksum)
+        except Exception as internal:
+            self._reporter._internal("checkpoint", internal)
+
+    def verification_failed(self, error: str | BaseException, checksum: str | None = None) -> None:
+        """Reading the checkpoint back failed, or its checksum does not match: it is no recovery point."""
+        try:
+            text = fault_detail(error) if isinstance(error, BaseException) else str(error)[:2000]
+            self._emit("verify_failed", bytes=self.bytes, checksum=checksum, error=text)
         except Exception as internal:
             self._reporter._internal("checkpoint", internal)
 
@@ -412,6 +436,9 @@ class Reporter:
         self._live_step: Step | None = None  # the step open on the training thread (for the heartbeat)
         self._loader_fp: str | None = None  # the last batch a wrapped loader delivered, for the next step
         self._loader_wait: float | None = None
+        self._epoch: int | None = (
+            None  # set_epoch(), or the epoch of the last batch a wrapped loader delivered
+        )
         beat = heartbeat_s if heartbeat_s is not None else float(env.get("RANKSIGHT_HEARTBEAT_S", "10"))
         self._heartbeat_ns = int(beat * 1e9) if beat > 0 else 0
         self._last_beat_ns: int | None = None
@@ -631,22 +658,15 @@ class Reporter:
 
     def _step_done(self, step: Step, exc: BaseException | None) -> None:
         if exc is not None:
-            self._job_event(
-                "RankFault",
-                {
-                    "node": self.identity.node,
-                    "kind": "exception",
-                    "detail": f"step {step.step}: {type(exc).__name__}: {exc}"[:2000],
-                    "exit_code": None,
-                },
-                per_rank=True,
-            )
+            self.exception(exc, f"step {step.step}")
             return
         # The batch a wrapped loader delivered last is the one this step consumed.
         fp, self._loader_fp = self._loader_fp, None
         wait, self._loader_wait = self._loader_wait, None
         if fp is not None:
             step._fields.setdefault("batch_fingerprint", fp)
+        if self._epoch is not None:
+            step._fields.setdefault("epoch", self._epoch)
         step._loader_wait_s = wait
         # The training thread only stamps the time and enqueues; the record is built off-thread.
         if len(self._outbox) >= self._max_pending:
@@ -697,6 +717,7 @@ class Reporter:
                 "checkpoint_s": get("checkpoint"),
                 "skipped": bool(fields.get("skipped", False)),
                 "batch_fingerprint": fields.get("batch_fingerprint"),
+                "epoch": fields.get("epoch"),
             },
         )
 
@@ -762,10 +783,14 @@ class Reporter:
         *,
         checkpoint_id: str | None = None,
         version: str | None = None,
+        keep: int | None = None,
     ) -> CheckpointReport:
-        """`with reporter.checkpoint(step, uri) as ck:` -> started, then completed or failed."""
+        """`with reporter.checkpoint(step, uri, keep=3) as ck:` -> started, then completed or failed.
+
+        `keep`: the retention policy (checkpoints kept); `ck.deleted = [...]` names what saving removed.
+        """
         return CheckpointReport(
-            self, step, uri, checkpoint_id or f"{self.identity.job_id}-step{step}", version
+            self, step, uri, checkpoint_id or f"{self.identity.job_id}-step{step}", version, keep
         )
 
     def checkpoint_restored(
@@ -797,12 +822,18 @@ class Reporter:
         checkpoint_max_age_s: float | None = None,
         checkpoint_timeout_s: float | None = None,
         restore_test_max_age_s: float | None = None,
+        target_steps: int | None = None,
+        target_tokens: int | None = None,
+        target_epochs: float | None = None,
         labels: Mapping[str, str] | None = None,
     ) -> None:
-        """Describe the job (typically from rank 0): owner, team, model, parallelism, checkpoint policy.
+        """Describe the job (typically from rank 0): owner, team, model, parallelism, checkpoint policy, target.
 
         Owner and team default to RANKSIGHT_OWNER / RANKSIGHT_TEAM, then Slurm's job user and
-        account; without them one warning says the job's alerts go to the `platform` team.
+        account; without them one warning says the job's alerts go to the `platform` team. The
+        target (steps, tokens or epochs) is what progress and the time to completion are measured
+        against. Nodes default to Slurm's node list (or this node for a one-node job); a
+        multi-node job launched otherwise should pass them.
         """
         try:
             env = self._env
@@ -833,7 +864,7 @@ class Reporter:
                     "dataset_version": dataset_version,
                     "workload_family": workload_family,
                     "world_size": world,
-                    "nodes": list(nodes) if nodes is not None else [ident.node],
+                    "nodes": list(nodes) if nodes is not None else job_nodes(ident, env),
                     "data_parallel": data_parallel or max(1, world // (tensor_parallel * pipeline_parallel)),
                     "tensor_parallel": tensor_parallel,
                     "pipeline_parallel": pipeline_parallel,
@@ -843,6 +874,11 @@ class Reporter:
                     "checkpoint_max_age_s": checkpoint_max_age_s,
                     "checkpoint_timeout_s": checkpoint_timeout_s,
                     "restore_test_max_age_s": restore_test_max_age_s,
+                    "target_steps": _positive_int(target_steps),
+                    "target_tokens": _positive_int(target_tokens),
+                    "target_epochs": None
+                    if target_epochs is None or target_epochs <= 0
+                    else float(target_epochs),
                     "labels": dict(labels or {}),
                 },
             )
@@ -864,8 +900,26 @@ class Reporter:
         except Exception as internal:
             self._internal("validation", internal)
 
+    def exception(self, exc: BaseException, where: str | None = None) -> None:
+        """The rank failed with `exc`: a RankFault of its kind (cuda_oom, collective_timeout, storage_timeout, exception).
+
+        Steps ended by an exception call this themselves; an exception already reported (by the
+        data loader's wrapper) is not reported twice.
+        """
+        if getattr(exc, "_ranksight_reported", False):
+            return
+        try:
+            self.fault(fault_kind(exc), fault_detail(exc, where))
+            exc._ranksight_reported = True  # type: ignore[attr-defined]
+        except Exception as internal:
+            self._internal("fault", internal)
+
+    def set_epoch(self, epoch: int | None) -> None:
+        """The epoch of the steps that follow (a wrapped loader sets it from its sampler by itself)."""
+        self._epoch = None if epoch is None else int(epoch)
+
     def fault(self, kind: str, detail: str | None = None, *, exit_code: int | None = None) -> None:
-        """A rank fault: OOM, exit, collective timeout, ..."""
+        """A rank fault: exception, exit, cuda_oom, oom, collective_timeout, storage_timeout, ..."""
         try:
             self._job_event(
                 "RankFault",
@@ -935,6 +989,7 @@ class Reporter:
         wait_s: float | None = None,
         queue_depth: int | None = None,
         workers: int | None = None,
+        workers_expected: int | None = None,
         batch_prep_s: float | None = None,
         read_bytes_s: float | None = None,
         read_latency_s: float | None = None,
@@ -943,7 +998,7 @@ class Reporter:
         errors: int | None = None,
         file_open_errors: int | None = None,
     ) -> None:
-        """Data-loader health of this rank over an interval (`wrap_loader` calls this for you)."""
+        """Data-loader health of this rank over an interval (`wrap_loader` calls this for you); `workers` are live ones."""
         try:
             self._job_event(
                 "DataLoaderSample",
@@ -953,6 +1008,7 @@ class Reporter:
                     "wait_s": wait_s,
                     "queue_depth": queue_depth,
                     "workers": workers,
+                    "workers_expected": workers_expected,
                     "batch_prep_s": batch_prep_s,
                     "read_bytes_s": read_bytes_s,
                     "read_latency_s": read_latency_s,
@@ -978,14 +1034,14 @@ class Reporter:
         Works with a PyTorch `DataLoader` or any iterable; see `producers.training.loader` for
         what is measured. `fingerprint=False` skips hashing batches; a callable replaces the hash.
         """
-        from producers.training.loader import MonitoredLoader
-
         return MonitoredLoader(self, loader, interval_s=interval_s, fingerprint=fingerprint)
 
-    def _loader_delivered(self, wait_s: float, fingerprint: str | None) -> None:
+    def _loader_delivered(self, wait_s: float, fingerprint: str | None, epoch: int | None = None) -> None:
         """A wrapped loader handed out a batch: the next step to end consumed it."""
         self._loader_wait = wait_s
         self._loader_fp = fingerprint
+        if epoch is not None:
+            self._epoch = epoch
 
     def restore_test(
         self,
@@ -1082,6 +1138,17 @@ def _close_at_exit(ref: weakref.ref[Reporter]) -> None:
     reporter = ref()
     if reporter is not None:
         reporter.close(timeout=5)
+
+
+def _positive_int(value: Any) -> int | None:
+    """A target count as an int; None for unknown (None, 0, negative: frameworks say -1 for unset)."""
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):  # inf: an epoch-bound loop whose length is unknown
+        return None
+    return number if number > 0 else None
 
 
 def _with_rank(path: str, rank: int) -> str:

@@ -127,9 +127,9 @@ def test_lightning_exception_is_a_rank_fault_and_a_failed_job(lightning_module: 
     trainer = SimpleNamespace(global_rank=0, world_size=1, local_rank=0, is_global_zero=True, global_step=0)
     cb.on_train_start(trainer, None)
     cb.on_train_batch_start(trainer, None, Batch(), 0)
-    cb.on_exception(trainer, None, RuntimeError("CUDA out of memory"))
+    cb.on_exception(trainer, None, RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     cb.reporter.flush(5)
-    assert [e.record["kind"] for e in publisher.events if e.type == "RankFault"] == ["exception"]
+    assert [e.record["kind"] for e in publisher.events if e.type == "RankFault"] == ["cuda_oom"]
     assert [e.record["state"] for e in publisher.events if e.type == "JobStateChanged"][-1] == "failed"
     assert not [e for e in publisher.events if e.type == "StepCompleted"]
 
@@ -199,3 +199,98 @@ def test_a_missing_framework_is_one_clear_import_error(monkeypatch: pytest.Monke
     monkeypatch.delitem(sys.modules, "producers.training.hf", raising=False)
     with pytest.raises(ImportError, match="pip install transformers"):
         importlib.import_module("producers.training.hf")
+
+
+def test_lightning_reports_the_trainers_target_epochs_and_checkpoint_retention(
+    lightning_module: Any, tmp_path: Path
+) -> None:
+    clock, publisher = FakeClock(), MemoryPublisher()
+    cb = lightning_module.RanksightCallback(_reporter(clock, publisher), owner="o", team="t", grad_norm=False)
+    saved = SimpleNamespace(save_top_k=1, _last_checkpoint_saved=None)
+    trainer = SimpleNamespace(
+        global_rank=0,
+        world_size=1,
+        local_rank=0,
+        is_global_zero=True,
+        global_step=0,
+        current_epoch=0,
+        max_steps=-1,  # unset: the estimated stepping batches stand in
+        max_epochs=3,
+        estimated_stepping_batches=600,
+        sanity_checking=False,
+        optimizers=[],
+        checkpoint_callback=saved,
+    )
+    cb.on_train_start(trainer, None)
+    paths = []
+    for n in range(4):
+        trainer.current_epoch = n // 2
+        cb.on_train_batch_start(trainer, None, Batch(), n)
+        cb.on_train_batch_end(trainer, None, {"loss": 1.0}, Batch(), n)
+        trainer.global_step += 1
+        if n in (1, 3):
+            cb.on_save_checkpoint(trainer, None, {})
+            path = tmp_path / f"step={n}.ckpt"
+            path.write_bytes(b"c")
+            if paths:
+                paths[-1].unlink()  # save_top_k=1: ModelCheckpoint removes the previous file
+            paths.append(path)
+            saved._last_checkpoint_saved = str(path)
+    cb.on_train_end(trainer, None)
+    [started] = [e.record for e in publisher.events if e.type == "JobStarted"]
+    assert (started["target_steps"], started["target_epochs"]) == (600, 3.0)
+    steps = [e.record for e in publisher.events if e.type == "StepCompleted"]
+    assert [s["epoch"] for s in steps] == [0, 0, 1, 1]
+    done = [
+        e.record for e in publisher.events if e.type == "CheckpointEvent" and e.record["phase"] == "completed"
+    ]
+    assert [c["retention_keep"] for c in done] == [1, 1]
+    assert [c["deleted"] for c in done] == [[], ["cb-job-step2"]]
+
+
+def test_hf_reports_max_steps_epochs_and_the_checkpoints_rotation_deleted(
+    hf_module: Any, tmp_path: Path
+) -> None:
+    clock, publisher = FakeClock(), MemoryPublisher()
+    cb = hf_module.RanksightCallback(_reporter(clock, publisher), owner="o", team="t")
+    args = SimpleNamespace(
+        process_index=0,
+        world_size=1,
+        local_process_index=0,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        output_dir=str(tmp_path),
+        num_train_epochs=2.0,
+        save_total_limit=1,
+    )
+    state = SimpleNamespace(
+        global_step=0, is_world_process_zero=True, max_steps=8, num_train_epochs=2, epoch=0.0
+    )
+    control = SimpleNamespace(should_log=False, should_evaluate=False, should_save=False)
+    cb.on_train_begin(args, state, control)
+    for n in range(4):
+        state.epoch = n / 2  # two steps per epoch
+        cb.on_step_begin(args, state, control)
+        state.global_step += 1
+        control.should_save = n in (1, 3)
+        cb.on_step_end(args, state, control)
+        if control.should_save:
+            ckpt = tmp_path / f"checkpoint-{state.global_step}"
+            ckpt.mkdir()
+            (ckpt / "model.safetensors").write_bytes(b"w")
+            if n == 3:  # save_total_limit=1: the Trainer rotated checkpoint-2 out before on_save
+                for f in (tmp_path / "checkpoint-2").iterdir():
+                    f.unlink()
+                (tmp_path / "checkpoint-2").rmdir()
+            cb.on_save(args, state, control)
+    cb.on_train_end(args, state, control)
+    [started] = [e.record for e in publisher.events if e.type == "JobStarted"]
+    assert (started["target_steps"], started["target_epochs"]) == (8, 2.0)
+    assert [e.record["epoch"] for e in publisher.events if e.type == "StepCompleted"] == [0, 0, 1, 1]
+    done = [
+        e.record for e in publisher.events if e.type == "CheckpointEvent" and e.record["phase"] == "completed"
+    ]
+    assert [(c["step"], c["retention_keep"], c["deleted"]) for c in done] == [
+        (2, 1, []),
+        (4, 1, ["cb-job-step2"]),
+    ]
