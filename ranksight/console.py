@@ -11,6 +11,7 @@ from typing import NoReturn
 import typer
 from rich.console import Console
 
+from ranksight.signals import StopRequested
 from schemas.errors import RanksightError
 
 __all__ = ["console", "err_console", "fail", "say_store", "user_errors"]
@@ -55,6 +56,9 @@ def user_errors() -> Iterator[None]:
         fail(f"no such file: {exc.filename}")
     except PermissionError as exc:
         fail(f"permission denied: {exc.filename}")
+    except StopRequested as exc:
+        # SIGINT/SIGTERM through ranksight.signals: the stop was announced when it began.
+        sys.exit(128 + exc.signum)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)

@@ -91,6 +91,7 @@ class StopSignals:
         self._stopped_at: float | None = None
         self._previous: dict[int, Any] = {}
         self._watchdog: threading.Timer | None = None
+        self._signalled = False
 
     # -- what the command asks --------------------------------------------------------------
 
@@ -164,7 +165,11 @@ class StopSignals:
     # -- the handler ------------------------------------------------------------------------
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.event.is_set():
+        # Python runs a handler between bytecodes, also inside another handler: a second signal
+        # may arrive while the first is being announced, so the first one marks itself at once.
+        first = not self._signalled
+        self._signalled = True
+        if not first or self.event.is_set():
             _say(f"{self.name}: second {signal.Signals(signum).name}: exiting now")
             os._exit(128 + signum)
         if self._announce:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import typer
 
 from ranksight.console import console, err_console, fail, user_errors
+from ranksight.signals import stop_signals
 
 __all__ = ["register"]
 
@@ -72,6 +72,7 @@ def agent(
     from producers.agent.attribution import KUBELET_SOCKET, Attributor
     from producers.publisher import open_publisher
     from ranksight.errors import KafkaNotFoundError
+    from ranksight.producing import finish
     from ranksight.settings import load_settings
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -130,17 +131,17 @@ def agent(
                 f"spooled {p.get('spooled', 0)}, dropped {p.get('spool_dropped', 0)}"
             )
 
-    previous = signal.signal(signal.SIGTERM, lambda *_: runner.stop())
-    try:
-        stats = runner.run(count=count, on_tick=_report)
-    except KeyboardInterrupt:
-        stats = runner.stats
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        left = publisher.flush(2 if publisher.stats.get("outage") else 10)
-        publisher.close(5)
-        if sampler is not None:
-            sampler.close()
+    # SIGINT and SIGTERM (also when started with SIGINT ignored) end the sampling loop; what was
+    # sampled is flushed within the stop budget, and what Kafka did not take stays in the spool.
+    with stop_signals(on_stop=runner.stop, name="agent") as stop:
+        try:
+            stats = runner.run(count=count, on_tick=_report)
+        except KeyboardInterrupt:
+            stats = runner.stats
+        finally:
+            left = finish(publisher, 10.0, stop)
+            if sampler is not None:
+                sampler.close()
     console.print(
         f"sampled {stats.ticks} intervals: {stats.gpu_samples} GPU samples, {stats.host_samples} host samples, "
         f"{stats.xid_events} XID/ECC events"

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ranksight.console import console, err_console, fail, user_errors
+from ranksight.signals import StopSignals, stop_signals
 from schemas.topics import ALERTS
 
 if TYPE_CHECKING:
@@ -86,7 +87,9 @@ def _consumer(from_beginning: bool, topic: str) -> Any:
     return consumer
 
 
-def _records(consumer: Any, team: str | None, idle_exit_s: float | None) -> Any:
+def _records(
+    consumer: Any, team: str | None, idle_exit_s: float | None, stop: StopSignals | None = None
+) -> Any:
     from ranksight.settings import load_settings
     from schemas.codec import codec_from_settings
     from schemas.errors import DecodeError
@@ -94,7 +97,7 @@ def _records(consumer: Any, team: str | None, idle_exit_s: float | None) -> Any:
     settings = load_settings()
     codec = codec_from_settings(settings.schema_registry_url)
     last = time.monotonic()
-    while True:
+    while stop is None or not stop.requested:
         msg = consumer.poll(0.5)
         if msg is None:
             if idle_exit_s is not None and time.monotonic() - last > idle_exit_s:
@@ -136,10 +139,10 @@ def tail(
     from ranksight.settings import load_settings
 
     settings = load_settings()
-    with user_errors():
+    with user_errors(), stop_signals(name="alerts tail", announce=False) as stop:
         consumer = _consumer(from_beginning, settings.topic_prefix + topic)
         try:
-            for record in _records(consumer, team, idle_exit_s):
+            for record in _records(consumer, team, idle_exit_s, stop):
                 if record is None:
                     continue
                 if as_json:
@@ -262,18 +265,21 @@ def forward(
             def warn(message: str) -> None:
                 err_console.print(f"[yellow]warning:[/] {message}")
 
-            stats = forward_topic(
-                quiet_kafka_conf(settings.kafka_config()),
-                full_topic,
-                group_id,
-                forwarder,
-                codec.decode,
-                lookback_s=lookback_s,
-                idle_exit_s=idle_exit_s,
-                on_record=record,
-                on_rebuilt=rebuilt,
-                warn=warn,
-            )
+            # The loop ends at the next poll after SIGINT/SIGTERM, commits what was sent and leaves.
+            with stop_signals(name="alerts forward") as stop:
+                stats = forward_topic(
+                    quiet_kafka_conf(settings.kafka_config()),
+                    full_topic,
+                    group_id,
+                    forwarder,
+                    codec.decode,
+                    lookback_s=lookback_s,
+                    idle_exit_s=idle_exit_s,
+                    stop=lambda: stop.requested,
+                    on_record=record,
+                    on_rebuilt=rebuilt,
+                    warn=warn,
+                )
         finally:
             client.close()
     console.print(f"sent {stats.sent} alerts; {forwarder.firing} firing")

@@ -13,6 +13,7 @@ from typing import Any
 import typer
 
 from ranksight.console import console, fail, user_errors
+from ranksight.signals import StopRequested, StopSignals, stop_signals
 from schemas.topics import ALERTS_REPLAY, TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS
 
 __all__ = ["SOURCES", "parse_time", "publish", "record", "register", "replay_kafka"]
@@ -143,31 +144,51 @@ def publish(
     from ranksight.broker import kafka_settings
     from ranksight.producing import (
         drain_other_spools,
+        finish,
         open_kafka_publisher,
-        outcome_line,
+        outcome_exit,
         progress_verb,
-        settle,
     )
     from streams.offline.kafka_replay import publish_file
 
-    with user_errors():
+    # SIGINT/SIGTERM stop before the next event (or pacing wait); what was handed to Kafka is
+    # flushed, or spooled, within the stop budget.
+    with user_errors(), stop_signals(name="publish") as stop:
         settings = kafka_settings()
         assert settings.kafka_bootstrap is not None
         drain_other_spools(settings, exclude=("publish",))
         publisher = open_kafka_publisher(settings, "publish")
+        stoppable = _Stoppable(publisher, stop)
         try:
-            count = publish_file(
+            publish_file(
                 src,
-                publisher,
+                stoppable,
                 speed=speed,
+                sleep=stop.sleep,
                 progress=lambda line: console.print(
                     line.replace("published", progress_verb(publisher.stats), 1)
                 ),
             )
-            settle(publisher, 60.0)
+        except StopRequested:
+            pass
         finally:
-            publisher.close()
-    console.print(f"{src}: " + outcome_line(publisher, count, settings.kafka_bootstrap), soft_wrap=True)
+            finish(publisher, 60.0, stop)
+        outcome_exit(publisher, stoppable.count, settings.kafka_bootstrap, stop=stop, what=f"{src}: ")
+
+
+class _Stoppable:
+    """A publisher that raises `StopRequested` before the next event once a stop was asked for."""
+
+    def __init__(self, publisher: Any, stop: StopSignals) -> None:
+        self._publisher = publisher
+        self._stop = stop
+        self.count = 0
+
+    def publish(self, event: Any) -> None:
+        """Publish one event, unless a signal asked the run to stop."""
+        self._stop.check()
+        self._publisher.publish(event)
+        self.count += 1
 
 
 def register(app: typer.Typer) -> None:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import signal
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from ranksight.console import console, err_console, fail, user_errors
+from ranksight.signals import StopRequested, stop_signals
 
 __all__ = ["register"]
 
@@ -41,6 +42,7 @@ def scheduler(
     """Poll the scheduler and publish every job state change once (pending, running, preempted, requeued, ended)."""
     from producers.publisher import open_publisher
     from producers.scheduler import StateTracker, TeamMap, follow
+    from ranksight.producing import finish
 
     if slurm == kubernetes:
         fail("choose one source: --slurm or --kubernetes")
@@ -62,10 +64,13 @@ def scheduler(
         kafka_conf: dict[str, Any] | None = None
         spool_dir = None
         if to == "kafka":
-            if not settings.kafka_bootstrap:
-                fail(
-                    "no Kafka bootstrap: set KAFKA_BOOTSTRAP, run `ranksight kafka up`, or use --to file:///path.avro"
-                )
+            from ranksight.broker import kafka_settings
+            from ranksight.errors import KafkaNotFoundError
+
+            try:  # KAFKA_BOOTSTRAP, else the broker `ranksight kafka up` runs
+                settings = kafka_settings()
+            except KafkaNotFoundError as exc:
+                fail(f"{exc} (or use --to file:///path.avro)")
             kafka_conf = settings.kafka_config()
             spool_dir = settings.home / "spool" / f"scheduler-{source.name}"
         publisher = open_publisher(
@@ -81,27 +86,31 @@ def scheduler(
                 f"poll {stats.polls}: {stats.jobs} jobs listed, {stats.published} state changes published so far"
             )
 
-    def _stop(*_: Any) -> None:
-        raise KeyboardInterrupt
+    last: list[Any] = []
 
-    previous = signal.signal(signal.SIGTERM, _stop)
-    stats = None
-    try:
-        with user_errors():
-            stats = follow(
-                source,
-                tracker,
-                publisher,
-                interval_s=interval,
-                count=count,
-                state_file=state_path,
-                on_poll=_report,
-            )
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        publisher.close(10)
-    if stats is not None:
-        console.print(f"{stats.polls} polls, {stats.published} state changes published")
+    def _on_poll(stats: Any) -> None:
+        last[:] = [stats]
+        _report(stats)
+
+    # SIGINT/SIGTERM (also when started with SIGINT ignored) end the wait between polls: a poll
+    # under way finishes (its states published and saved), then the publisher flushes and closes.
+    with stop_signals(name="scheduler") as stop:
+        try:
+            with user_errors(), contextlib.suppress(StopRequested):
+                follow(
+                    source,
+                    tracker,
+                    publisher,
+                    interval_s=interval,
+                    count=count,
+                    state_file=state_path,
+                    sleep=stop.sleep,
+                    on_poll=_on_poll,
+                )
+        finally:
+            finish(publisher, 10.0, stop)
+    if last:
+        console.print(f"{last[0].polls} polls, {last[0].published} state changes published")
 
 
 def register(app: typer.Typer) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 
 import typer
 
 from ranksight.commands.ui import HOST_HELP
 from ranksight.console import console, err_console, fail, user_errors
+from ranksight.signals import stop_signals
 
 __all__ = ["register"]
 
@@ -64,18 +64,18 @@ def serve(
         server = UiServer(client, host, port)
         url = server.start()
         stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        err_console.print(
-            f"serve: sink {settings.kafka_bootstrap} -> {describe_dsn(settings.clickhouse_dsn())}, "
-            f"UI on {url}; Ctrl-C to stop",
-            highlight=False,
-            soft_wrap=True,
-        )
-        try:
-            stats = consumer.run(stop=stop)
-        finally:
-            server.stop()
+        with stop_signals(on_stop=stop.set, name="serve") as signals:
+            err_console.print(
+                f"serve: sink {settings.kafka_bootstrap} -> {describe_dsn(settings.clickhouse_dsn())}, "
+                f"UI on {url}; Ctrl-C to stop",
+                highlight=False,
+                soft_wrap=True,
+            )
+            try:
+                stats = consumer.run(stop=stop)
+            finally:
+                # The sink has flushed and committed: the UI gets what is left of the stop budget.
+                server.stop(timeout=signals.remaining(floor=1.0))
     console.print(f"serve stopped: inserted {stats['inserted_rows']:,} rows", highlight=False)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import typer
 
 from ranksight.console import console, err_console, fail, user_errors
+from ranksight.signals import StopRequested, StopSignals, stop_signals
 
 __all__ = ["register"]
 
@@ -30,17 +31,28 @@ def _list() -> None:
 
 
 class _Progress:
-    """Prints a line every few seconds of wall time while events are generated; never goes backwards."""
+    """Prints a line every few seconds of wall time while events are generated; never goes backwards.
 
-    def __init__(self, total_s: float, quiet: bool, clock: Callable[[], float] = time.monotonic) -> None:
+    With `stop`, each call is also where a SIGINT/SIGTERM ends the generation (`StopRequested`)."""
+
+    def __init__(
+        self,
+        total_s: float,
+        quiet: bool,
+        clock: Callable[[], float] = time.monotonic,
+        stop: StopSignals | None = None,
+    ) -> None:
         self.total_s = total_s
         self.quiet = quiet
         self.clock = clock
+        self.stop = stop
         self.last = clock()
         # The engine generates job by job, then node by node: each pass restarts at minute 0.
         self.furthest_s = 0.0
 
     def __call__(self, events: int, sim_s: float) -> None:
+        if self.stop is not None:
+            self.stop.check()
         self.furthest_s = max(self.furthest_s, sim_s)
         now = self.clock()
         if self.quiet or now - self.last < 2.0:
@@ -63,9 +75,14 @@ def simulate_command(
     labels: Path | None = typer.Option(
         None,
         "--labels",
-        help="Where to write the fault labels (JSON Lines); default labels.jsonl next to --out.",
+        help="Where to write the fault labels (JSON Lines); default labels.jsonl next to --out "
+        "(with --to-kafka alone: none unless asked).",
     ),
-    to_kafka: bool = typer.Option(False, "--to-kafka", help="Publish to Kafka, paced by event time."),
+    to_kafka: bool = typer.Option(
+        False,
+        "--to-kafka",
+        help="Publish to Kafka, paced by event time: real time unless --speed (mixed: 25 min at 1x).",
+    ),
     speed: float = typer.Option(
         1.0, "--speed", min=0.001, help="Pace for --to-kafka: 1 = real time, 10 = 10x."
     ),
@@ -92,7 +109,9 @@ def simulate_command(
     from producers.simulator import load_scenario, parse_duration, simulate, write_labels
     from schemas.files import parse_ts, write_container
 
-    with user_errors():
+    # SIGINT/SIGTERM end the generation at its next progress point and the publishing before the
+    # next event; what was handed to Kafka is flushed (or spooled) within the stop budget.
+    with user_errors(), stop_signals(name="simulate") as stop:
         if list_:
             _list()
             return
@@ -107,7 +126,7 @@ def simulate_command(
             from ranksight.broker import kafka_settings
 
             kafka_settings()  # no Kafka known at all: say so before simulating, not after
-        sc = load_scenario(scenario)
+        sc = load_scenario(_known_scenario(scenario))
         overrides: dict[str, Any] = {}
         if duration is not None:
             try:
@@ -126,10 +145,14 @@ def simulate_command(
             # (the TTL drops it on insert) and looks like a months-old backlog to the worker.
             overrides["start_ms"] = live_start_ms(overrides.get("duration", sc.duration))
         sc = sc.with_overrides(**overrides)
-        labels_path = labels or ((out.parent if out is not None else Path(".")) / "labels.jsonl")
-        if out is not None and labels_path.resolve() == out.resolve():
+        if duration is not None:
+            _say_cut_faults(sc)
+        # Labels go next to --out, or where --labels says; a Kafka-only run writes none unless asked
+        # (it used to leave labels.jsonl in whatever directory the user stood in).
+        labels_path = labels or (out.parent / "labels.jsonl" if out is not None else None)
+        if out is not None and labels_path is not None and labels_path.resolve() == out.resolve():
             fail("--labels and --out name the same file")
-        sim = simulate(sc, seed, progress=_Progress(sc.duration, quiet))
+        sim = simulate(sc, seed, progress=_Progress(sc.duration, quiet, stop=stop))
         if not quiet:
             err_console.print(
                 f"simulating {sc.name}: {len(sc.jobs)} job(s), {sc.cluster.nodes} node(s), "
@@ -137,16 +160,55 @@ def simulate_command(
                 highlight=False,
             )
         began = time.monotonic()
-        events = list(sim.events())
+        try:
+            events = list(sim.events())
+        except StopRequested:
+            console.print(f"stopped by {stop.signal_name} while generating: nothing written or published")
+            raise typer.Exit(stop.exit_code) from None
         if out is not None:
             count = write_container(out, events)
             console.print(
                 f"wrote {count:,} events to {out} in {time.monotonic() - began:.1f}s", highlight=False
             )
-        n_labels = write_labels(labels_path, sim.labels)
-        console.print(f"wrote {n_labels} label(s) to {labels_path}", highlight=False)
+        if labels_path is not None:
+            n_labels = write_labels(labels_path, sim.labels)
+            console.print(f"wrote {n_labels} label(s) to {labels_path}", highlight=False)
         if to_kafka:
-            _publish(events, speed, topic_prefix, quiet)
+            _publish(events, speed, topic_prefix, quiet, stop)
+
+
+def _known_scenario(name: str) -> str:
+    """`name` unchanged, unless it is neither a file nor a built-in: then one sentence with the closest names."""
+    import difflib
+
+    from producers.simulator import builtin_scenarios
+
+    names = builtin_scenarios()
+    if Path(name).suffix or Path(name).exists() or name in names:
+        return name
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    fail(f"no scenario {name!r}: {hint}(`ranksight simulate --list` shows the built-ins; a file needs .yaml)")
+
+
+def _say_cut_faults(sc: Any) -> None:
+    """After `--duration`: name each fault that no longer happens, or is cut short, in the shorter run."""
+    for fault in sc.faults:
+        where = f"{fault.type} on job {fault.job}" + (f" rank {fault.rank}" if fault.rank is not None else "")
+        if fault.start >= sc.duration:
+            err_console.print(
+                f"[yellow]warning:[/] --duration {sc.duration / 60:g} min drops fault {where}: it starts at "
+                f"{fault.start / 60:g} min, so it is neither simulated nor labelled",
+                highlight=False,
+                soft_wrap=True,
+            )
+        elif fault.end is not None and fault.end > sc.duration:
+            err_console.print(
+                f"[yellow]warning:[/] --duration {sc.duration / 60:g} min cuts fault {where} short: it would "
+                f"last until {fault.end / 60:g} min",
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def live_start_ms(duration_s: float, now_ms: int | None = None) -> int:
@@ -175,16 +237,20 @@ def _write_generated(n: int, seed: int, folder: Path) -> None:
     )
 
 
-def _publish(events: list[Any], speed: float, topic_prefix: str | None, quiet: bool) -> None:
-    """Publish through the shared publisher, paced by event time; spool to <home>/spool/simulate if Kafka is away."""
+def _publish(
+    events: list[Any], speed: float, topic_prefix: str | None, quiet: bool, stop: StopSignals
+) -> None:
+    """Publish through the shared publisher, paced by event time; spool to <home>/spool/simulate if Kafka is away.
+
+    Exits non-zero when Kafka took none of the events (all spooled), or when a signal stopped it."""
     from producers.simulator import paced
     from ranksight.broker import kafka_settings
     from ranksight.producing import (
         drain_other_spools,
+        finish,
         open_kafka_publisher,
-        outcome_line,
+        outcome_exit,
         progress_verb,
-        settle,
     )
     from schemas.codec import codec_from_settings
 
@@ -205,7 +271,8 @@ def _publish(events: list[Any], speed: float, topic_prefix: str | None, quiet: b
     sent = 0
     last = time.monotonic()
     try:
-        for event in paced(events, speed):
+        for event in paced(events, speed, sleep=stop.sleep):
+            stop.check()
             pub.publish(event)
             sent += 1
             now = time.monotonic()
@@ -216,11 +283,12 @@ def _publish(events: list[Any], speed: float, topic_prefix: str | None, quiet: b
                     f"  {progress_verb(pub.stats)} {sent:,} events, event time +{lag / 60:.1f} min",
                     highlight=False,
                 )
-        # During an outage nothing is delivered: do not hold the user for the whole 30 s.
-        settle(pub, 30.0)
+    except StopRequested:
+        pass
     finally:
-        pub.close()
-    console.print(outcome_line(pub, sent, settings.kafka_bootstrap), highlight=False, soft_wrap=True)
+        # During an outage nothing is delivered: do not hold the user for the whole 30 s.
+        finish(pub, 30.0, stop)
+    outcome_exit(pub, sent, settings.kafka_bootstrap, stop=stop, total=len(events))
 
 
 def register(app: typer.Typer) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from ranksight.console import console, err_console, fail, say_store, user_errors
+from ranksight.signals import stop_signals
 
 if TYPE_CHECKING:
     from sinks.consumer import SinkConsumer
@@ -121,16 +121,16 @@ def sink(
             on_health=_metrics_publisher(metrics_port, prefix),
         )
         stop = threading.Event()
-        # Ctrl-C and SIGTERM both end the loop; run() then flushes, commits and leaves the group.
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        err_console.print(
-            f"sink: {len(names)} topics from {settings.kafka_bootstrap} -> {describe_dsn(dsn)} "
-            f"(group {_prefixed(group, prefix)}, batch {batch_size} / {batch_interval} s); Ctrl-C to stop",
-            highlight=False,
-            soft_wrap=True,
-        )
-        stats = consumer.run(stop=stop, idle_exit_s=idle_exit)
+        # Ctrl-C and SIGTERM (also when started with SIGINT ignored) end the loop; run() then
+        # flushes, commits and leaves the group.
+        with stop_signals(on_stop=stop.set, name="sink"):
+            err_console.print(
+                f"sink: {len(names)} topics from {settings.kafka_bootstrap} -> {describe_dsn(dsn)} "
+                f"(group {_prefixed(group, prefix)}, batch {batch_size} / {batch_interval} s); Ctrl-C to stop",
+                highlight=False,
+                soft_wrap=True,
+            )
+            stats = consumer.run(stop=stop, idle_exit_s=idle_exit)
     console.print(
         f"sink stopped: inserted {stats['inserted_rows']:,} rows{_expired_text(_expired(consumer))}, "
         f"skipped {stats['skipped_stored']:,} already stored, dead-lettered {stats['deadlettered']:,}",
