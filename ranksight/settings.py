@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 from typing import Any, Literal
 
@@ -10,6 +11,8 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["ENV", "Settings", "default_home", "load_settings"]
+
+_TLS = ("SSL", "SASL_SSL")
 
 # Every environment variable ranksight reads, in one place.
 ENV = {
@@ -41,6 +44,11 @@ class Settings(BaseSettings):
     kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     kafka_sasl_username: str | None = None
     kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_ca_location: Path | None = Field(
+        default=None,
+        description="PEM file of the CA that signed the brokers' certificates (SSL, SASL_SSL); "
+        "default: the system's trust store.",
+    )
     clickhouse_url: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("CLICKHOUSE_URL", "RANKSIGHT_CLICKHOUSE_URL")
     )
@@ -96,7 +104,16 @@ class Settings(BaseSettings):
             conf["sasl.password"] = (
                 self.kafka_sasl_password.get_secret_value() if self.kafka_sasl_password else ""
             )
+        if self.kafka_ssl_ca_location is not None and self.kafka_security_protocol in _TLS:
+            conf["ssl.ca.location"] = str(self.kafka_ssl_ca_location)
         return conf
+
+    def kafka_ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context for Python clients (aiokafka, Faust): None unless the protocol uses TLS."""
+        if self.kafka_security_protocol not in _TLS:
+            return None
+        cafile = str(self.kafka_ssl_ca_location) if self.kafka_ssl_ca_location is not None else None
+        return ssl.create_default_context(cafile=cafile)
 
     def as_dict(self) -> dict[str, Any]:
         """Settings for logs, secrets hidden."""

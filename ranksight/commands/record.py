@@ -78,7 +78,8 @@ def record(
     console.print(
         f"reading {', '.join(names)} from {format_ts(start_ms)} to {format_ts(end_ms)}", highlight=False
     )
-    with user_errors():
+    # A bounded read: SIGINT/SIGTERM (also when started with SIGINT ignored) end it where it is.
+    with user_errors(), stop_signals(name="record", interrupt=True):
         stats = record_range(conf, names, start_ms, end_ms, out, progress=console.print)
     console.print(
         f"wrote {stats.events} events to {out} ({stats.partitions} partitions, {stats.undecodable} undecodable skipped)"
@@ -113,7 +114,7 @@ def replay_kafka(
     conf, prefix = _kafka()
     start_ms, end_ms = parse_time(start), parse_time(end)
     names = _topics(topics, prefix)
-    with user_errors():
+    with user_errors(), stop_signals(name="replay-kafka", interrupt=True):
         engine = DetectionEngine(load_config(config), load_router(routing))
         console.print(
             f"replaying {', '.join(names)} from {format_ts(start_ms)} to {format_ts(end_ms)}", highlight=False
