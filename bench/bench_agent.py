@@ -2,13 +2,15 @@
 
     .venv/bin/python bench/bench_agent.py [--seconds 30] [--gpus 8] [--interval 1.0] [--nvml fake|h200|real]
 
-`fake` (default): the fake NVML module (answers in microseconds), `--gpus` GPUs. `h200`: one
+`fake` (default): the fake NVML module (answers in microseconds), `--gpus` GPUs (H100s: GPM
+included). `h200`: one
 fake GPU shaped like the real H200 (no NVLink, reason bits, empty pids at idle) whose
 `nvmlDeviceGetPcieThroughput` takes its real 20 ms window, so the table shows what a blocking
 call would cost if the sampler made it. `real`: the real `pynvml` on this node's GPUs. Prints
 the agent's CPU as % of one core, the NVML time per GPU per tick against the 5 ms target, and per
-NVML function: calls per GPU per tick and mean cost. Events are Avro-encoded (as for Kafka) and
-discarded.
+NVML function: calls per GPU per tick, mean cost and cost per GPU per tick, GPM's calls
+(`nvmlGpmSampleGet`, `nvmlGpmMetricsGet`) marked and summed. Events are Avro-encoded (as for
+Kafka) and discarded.
 """
 
 from __future__ import annotations
@@ -71,15 +73,25 @@ _WATCHER = ("nvmlEventSetWait", "nvmlEventSetFree")  # the XID watcher thread bl
 
 
 def print_costs(timed: TimedNvml, ticks: int, gpus: int) -> None:
-    """Per NVML function of the sampling path: calls per GPU per tick, mean and share of the cost."""
+    """Per NVML function of the sampling path: calls and cost per GPU per tick, mean, share (GPM marked)."""
     costs = {k: v for k, v in timed.costs().items() if k not in _WATCHER}
     total = sum(s for _, s in costs.values())
-    print(f"{'NVML function':45s} {'calls/GPU/tick':>14s} {'mean us':>9s} {'share':>7s}")
+    per_gpu_tick = max(1, ticks * gpus)
+    print(f"{'NVML function':45s} {'calls/GPU/tick':>14s} {'mean us':>9s} {'us/GPU/tick':>11s} {'share':>7s}")
+    gpm_us = 0.0
     for name, (calls, seconds) in costs.items():
-        per = calls / max(1, ticks * gpus)
+        per = calls / per_gpu_tick
+        cost_us = seconds / per_gpu_tick * 1e6
+        if name.startswith("nvmlGpm"):
+            gpm_us += cost_us
+        label = f"{name} (GPM)" if name.startswith("nvmlGpm") else name
         print(
-            f"{name:45s} {per:14.2f} {seconds / calls * 1e6:9.1f} {seconds / max(total, 1e-12) * 100:6.1f}%"
+            f"{label:45s} {per:14.2f} {seconds / calls * 1e6:9.1f} {cost_us:11.1f} "
+            f"{seconds / max(total, 1e-12) * 100:6.1f}%"
         )
+    all_us = total / per_gpu_tick * 1e6
+    print(f"{'all NVML calls':45s} {'':14s} {'':9s} {all_us:11.1f}")
+    print(f"{'of which GPM (SM/tensor/DRAM activity)':45s} {'':14s} {'':9s} {gpm_us:11.1f}")
 
 
 def main() -> None:

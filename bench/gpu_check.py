@@ -12,7 +12,12 @@ the step, and the node agent's NVML cost. Prints everything; without a GPU it sa
    alternating blocks (target: < 1 % of the step time).
 3. Agent. `GpuSampler` on the real `pynvml`: wall time per GPU per sample (target < 5 ms) and
    CPU for 8 GPUs at 1 Hz (target < 1 % of one core), the per-call cost of every NVML function it
-   calls, and for comparison the functions it no longer calls per tick.
+   calls (GPM's included), and for comparison the functions it no longer calls per tick.
+4. GPM. On a Hopper or newer GPU: the sampler's GPM metrics over one second of each of three
+   loads: idle, dense bf16 matmuls (tensor pipes busy) and a single spinning kernel
+   (`torch.cuda._sleep`: the GPU "busy" at ~100 % while one SM spins, the shape of a collective
+   blocked on a peer). Expected: the matmul shows tensor activity, the spin shows ~100 %
+   utilisation with almost no SM or tensor activity.
 """
 
 from __future__ import annotations
@@ -260,14 +265,65 @@ def check_agent(args: argparse.Namespace, report: dict[str, Any]) -> None:
     sampler.close()
 
 
+def check_gpm(torch: Any, args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """GPM metrics of the sampler under idle, matmul and a spinning kernel (a collective's shape)."""
+    from producers.agent import GpuSampler, load_nvml
+    from producers.agent.gpu import GPM_FIELDS
+
+    sampler = GpuSampler(load_nvml(), cluster="gpu-check", node="gpu-check")
+    index = torch.cuda.current_device()
+    print(f"\n== 4. GPM on GPU {index}: supported per GPU {sampler.gpm_supported}")
+    if not sampler.gpm_supported[index]:
+        report["gpm"] = {"supported": False}
+        print("no GPM on this GPU (before Hopper, or the driver does not offer it): fields stay null")
+        sampler.close()
+        return
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+
+    def matmuls() -> None:
+        for _ in range(args.gpm_matmuls):
+            a @ b
+
+    def spin() -> None:
+        torch.cuda._sleep(int(3.0 * 2e9))  # ~3 s of one spinning thread block at ~2 GHz
+
+    rows: dict[str, dict[str, Any]] = {}
+    for phase, work in (("idle", None), ("matmul", matmuls), ("spin", spin)):
+        torch.cuda.synchronize()
+        if work is not None:
+            work()  # queued: the GPU works through it while the host samples
+        time.sleep(0.3)
+        sampler.sample(0, time.monotonic())  # the interval starts
+        time.sleep(1.0)
+        record = sampler.sample(1, time.monotonic())[index]
+        torch.cuda.synchronize()
+        rows[phase] = {k: record[k] for k in ("gpu_util_pct", *GPM_FIELDS)}
+    print(f"{'load':8s} {'util %':>7s} {'SM act %':>9s} {'occup %':>8s} {'tensor %':>9s} {'DRAM %':>7s}")
+    for phase, r in rows.items():
+        cells = [r["gpu_util_pct"], *(r[f] for f in GPM_FIELDS)]
+        print(f"{phase:8s} " + " ".join(f"{'-' if v is None else f'{v:.1f}':>8s}" for v in cells))
+    spin_ok = (rows["spin"]["gpu_util_pct"] or 0) > 80 and (rows["spin"]["tensor_active_pct"] or 0) < 5
+    matmul_ok = (rows["matmul"]["tensor_active_pct"] or 0) > 20
+    print(
+        f"matmul shows tensor work: {'ok' if matmul_ok else 'NO'}; spinning kernel busy without tensor work: "
+        f"{'ok' if spin_ok else 'NO'}"
+    )
+    report["gpm"] = {"supported": True, "phases": rows, "matmul_ok": matmul_ok, "spin_ok": spin_ok}
+    sampler.close()
+
+
 def main() -> int:
-    """Run the three checks, or say why they cannot run."""
+    """Run the four checks, or say why they cannot run."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--agent-ticks", type=int, default=50)
+    p.add_argument(
+        "--gpm-matmuls", type=int, default=2000, help="bf16 8192^2 matmuls queued for the GPM check"
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = p.parse_args()
     try:
@@ -290,6 +346,10 @@ def main() -> int:
         check_agent(args, report)
     except Exception as exc:  # no NVML in this container: the SDK checks still count
         print(f"\n== 3. node agent: cannot read NVML here: {exc}")
+    try:
+        check_gpm(torch, args, report)
+    except Exception as exc:
+        print(f"\n== 4. GPM: cannot read NVML GPM here: {exc}")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2, default=float))
     return 0

@@ -8,6 +8,16 @@ fails on every call, a missing driver at init, XID / ECC events waiting in the e
 event reasons 0x1 (GPU idle) with no process and 0x4 (software power cap) under load, an empty
 pid list at idle. `latency_s` makes chosen functions take time (e.g. the 20 ms window of
 `nvmlDeviceGetPcieThroughput`), so benchmarks can show what a blocking call costs.
+
+GPM (GPU Performance Monitoring, Hopper and newer: the device name says H100, H200, GH200, H20,
+B100, B200 or GB200, unless `FakeDevice.gpm` says otherwise) works as NVML's does: a sample
+buffer (`nvmlGpmSampleAlloc`) takes a reading of cumulative counters (`nvmlGpmSampleGet`), and
+`nvmlGpmMetricsGet` divides the counters' growth between two readings by the time between them,
+so a metric is the interval's average. A device's `workload` sets the rates: `compute` (dense
+training: most SMs active, tensor pipes busy, heavy DRAM traffic), `collective` (a collective
+spinning while it waits for a peer: the kernel runs, so utilisation is ~100 %, but only the
+NCCL channels' few SMs are active, no tensor work, little DRAM traffic) or `idle`. Older GPUs
+answer NotSupported.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ __all__ = ["FakeDevice", "FakeNvml"]
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_DRIVER_NOT_LOADED = 9
@@ -83,6 +94,73 @@ class FakeDevice:
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
     energy_mj: int = 0
+    # What the kernels do: "compute", "collective" (spinning in a collective) or "idle" (GPM rates).
+    workload: str = "compute"
+    gpm: bool | None = None  # GPM support; None: from the name (Hopper and newer)
+
+
+# GPM metric ids (nvml.h) the fake answers.
+_GPM_SM_UTIL, _GPM_SM_OCCUPANCY, _GPM_ANY_TENSOR, _GPM_DRAM_BW = 2, 3, 5, 10
+_GPM_GENERATIONS = ("H100", "H200", "H20", "GH200", "B100", "B200", "GB200")
+
+# Per workload, each GPM metric as a fraction of the kernel activity (`util`): measured shapes of
+# dense bf16 training (SMs nearly all busy, tensor pipes about 60 %, DRAM about half) and of an
+# NCCL all-reduce blocked on a peer (its ~16-24 channel blocks keep a few SMs spinning: ~15 % SM
+# activity, ~3 % occupancy, no tensor work, a trickle of DRAM polling).
+_GPM_SHAPES: dict[str, dict[int, float]] = {
+    "compute": {_GPM_SM_UTIL: 0.93, _GPM_SM_OCCUPANCY: 0.42, _GPM_ANY_TENSOR: 0.62, _GPM_DRAM_BW: 0.48},
+    "collective": {_GPM_SM_UTIL: 0.15, _GPM_SM_OCCUPANCY: 0.03, _GPM_ANY_TENSOR: 0.0, _GPM_DRAM_BW: 0.02},
+    "idle": {_GPM_SM_UTIL: 0.0, _GPM_SM_OCCUPANCY: 0.0, _GPM_ANY_TENSOR: 0.0, _GPM_DRAM_BW: 0.0},
+}
+
+
+def gpm_supported(device: FakeDevice) -> bool:
+    """Whether a fake device answers GPM: its `gpm` flag, else Hopper or newer by name."""
+    if device.gpm is not None:
+        return device.gpm
+    return any(gen in device.name for gen in _GPM_GENERATIONS)
+
+
+class _GpmSample:
+    """A GPM sample buffer: the device it was last read from, when, and its counters then."""
+
+    def __init__(self) -> None:
+        self.device: int | None = None
+        self.t = 0.0
+        self.counters: dict[int, float] = {}
+        self.freed = False
+
+
+@dataclass
+class _GpmMetricInfo:
+    shortName: bytes = b""
+    longName: bytes = b""
+    unit: bytes = b""
+
+
+@dataclass
+class _GpmMetric:
+    metricId: int = 0
+    nvmlReturn: int = 0
+    value: float = 0.0
+    metricInfo: _GpmMetricInfo = field(default_factory=_GpmMetricInfo)
+
+
+class _GpmSupport:
+    def __init__(self, supported: bool) -> None:
+        self.version = 1
+        self.isSupportedDevice = int(supported)
+
+
+class _GpmMetricsGet:
+    """pynvml's request/answer structure of `nvmlGpmMetricsGet`: two samples in, metrics out."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: Any = None
+        self.sample2: Any = None
+        self.metrics = [_GpmMetric() for _ in range(210)]
 
 
 @dataclass
@@ -167,6 +245,13 @@ class FakeNvml:
     NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
     NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4
     NVML_VALUE_TYPE_SIGNED_INT = 5
+    NVML_ERROR_INVALID_ARGUMENT = NVML_ERROR_INVALID_ARGUMENT
+    NVML_GPM_METRICS_GET_VERSION = 1
+    NVML_GPM_METRIC_SM_UTIL = _GPM_SM_UTIL
+    NVML_GPM_METRIC_SM_OCCUPANCY = _GPM_SM_OCCUPANCY
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL = _GPM_ANY_TENSOR
+    NVML_GPM_METRIC_DRAM_BW_UTIL = _GPM_DRAM_BW
+    c_nvmlGpmMetricsGet_t = _GpmMetricsGet  # pynvml's structure name
     nvmlEventTypeSingleBitEccError = 0x1
     nvmlEventTypeDoubleBitEccError = 0x2
     nvmlEventTypeXidCriticalError = 0x8
@@ -197,6 +282,11 @@ class FakeNvml:
         self._nvlink_kib = [0] * len(self.devices)
         self._pcie_bytes = [0] * len(self.devices)
         self._pcie_replays = [0] * len(self.devices)
+        # GPM: per device, cumulative metric counters (percent x seconds) and when they were advanced.
+        self._gpm_counters: list[dict[int, float]] = [
+            dict.fromkeys(_GPM_SHAPES["idle"], 0.0) for _ in self.devices
+        ]
+        self._gpm_at: list[float | None] = [None] * len(self.devices)
 
     @classmethod
     def h200(cls, *, busy: bool = False, **kw: Any) -> FakeNvml:
@@ -417,6 +507,75 @@ class FakeNvml:
         """Processes with a compute context on the GPU."""
         dev = self._dev(handle, "processes")
         return [_Process(pid=p, usedGpuMemory=1 << 30) for p in dev.pids]
+
+    # -- GPM ------------------------------------------------------------------------------------
+
+    def _gpm_advance(self, dev: FakeDevice) -> float:
+        """Grow the device's GPM counters at its current rates up to now; returns now."""
+        now = self._clock()
+        last = self._gpm_at[dev.index]
+        if last is not None and now > last:
+            shape = _GPM_SHAPES.get(dev.workload, _GPM_SHAPES["compute"])
+            activity = max(0.0, min(100.0, dev.util + self._wave(dev, 60, 2)))
+            counters = self._gpm_counters[dev.index]
+            for metric, share in shape.items():
+                counters[metric] += activity * share * (now - last)
+        self._gpm_at[dev.index] = now
+        return now
+
+    def nvmlGpmQueryDeviceSupport(self, handle: Any) -> _GpmSupport:
+        """Whether the device has GPM (Hopper and newer)."""
+        dev = self._dev(handle, "gpm_query")
+        return _GpmSupport(gpm_supported(dev))
+
+    def nvmlGpmSampleAlloc(self) -> _GpmSample:
+        """A sample buffer."""
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        return _GpmSample()
+
+    def nvmlGpmSampleFree(self, sample: _GpmSample) -> None:
+        """Release a sample buffer."""
+        sample.freed = True
+
+    def nvmlGpmSampleGet(self, handle: Any, sample: _GpmSample) -> _GpmSample:
+        """Read the device's GPM counters into `sample`."""
+        dev = self._dev(handle, "gpm")
+        if not gpm_supported(dev):
+            raise NVMLError_NotSupported()
+        if sample.freed:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        sample.t = self._gpm_advance(dev)
+        sample.device = dev.index
+        sample.counters = dict(self._gpm_counters[dev.index])
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: _GpmMetricsGet) -> _GpmMetricsGet:
+        """Each requested metric averaged between `sample1` and `sample2` (of one device, in time order)."""
+        self.calls += 1
+        self.call_counts["nvmlGpmMetricsGet"] = self.call_counts.get("nvmlGpmMetricsGet", 0) + 1
+        delay = self.latency_s.get("nvmlGpmMetricsGet")
+        if delay:
+            time.sleep(delay)
+        s1, s2 = request.sample1, request.sample2
+        if (
+            request.version != self.NVML_GPM_METRICS_GET_VERSION
+            or not isinstance(s1, _GpmSample)
+            or not isinstance(s2, _GpmSample)
+            or s1.device is None
+            or s1.device != s2.device
+            or s2.t <= s1.t
+        ):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        span = s2.t - s1.t
+        for slot in range(request.numMetrics):
+            metric = request.metrics[slot]
+            if metric.metricId in s2.counters:
+                metric.nvmlReturn = NVML_SUCCESS
+                metric.value = (s2.counters[metric.metricId] - s1.counters[metric.metricId]) / span
+            else:
+                metric.nvmlReturn, metric.value = NVML_ERROR_NOT_SUPPORTED, 0.0
+        return request
 
     def nvmlEventSetCreate(self) -> object:
         """A new event set (the fake has one queue)."""

@@ -4,6 +4,14 @@ All NVML calls go through the module object given to `GpuSampler` (the real `pyn
 `FakeNvml` for `--simulate` and tests). Every field is read on its own: a field the GPU does not
 support, or may not be read without privileges, is null; a GPU that fails is logged once and
 the others are still sampled.
+
+On Hopper and newer GPUs the sampler also reads NVML's GPU Performance Monitoring (GPM): two
+samples per GPU (`nvmlGpmSampleAlloc`), one `nvmlGpmSampleGet` per tick into the older of the
+two, and `nvmlGpmMetricsGet` between the last two ticks gives SM activity, SM occupancy,
+tensor-pipe activity and DRAM bandwidth over the interval. `gpu_util_pct` says a kernel was
+running; these say how much of the GPU it used, so a collective spinning while it waits (100 %
+"utilisation", few SMs, no tensor work) is told apart from compute. GPUs without GPM (before
+Hopper, or a driver without it) report them as null.
 """
 
 from __future__ import annotations
@@ -18,11 +26,19 @@ from typing import Any
 
 from producers.errors import NvmlUnavailableError
 
-__all__ = ["GpuSampler", "TimedNvml", "XidWatcher", "load_nvml"]
+__all__ = ["GPM_FIELDS", "GpuSampler", "TimedNvml", "XidWatcher", "load_nvml"]
 
 log = logging.getLogger(__name__)
 
 _QUIET_CODES_NAMES = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_FUNCTION_NOT_FOUND")
+
+# GpuSample field -> (pynvml constant, its value in nvml.h): the GPM metrics the agent reads.
+GPM_FIELDS: dict[str, tuple[str, int]] = {
+    "sm_active_pct": ("NVML_GPM_METRIC_SM_UTIL", 2),
+    "sm_occupancy_pct": ("NVML_GPM_METRIC_SM_OCCUPANCY", 3),
+    "tensor_active_pct": ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", 5),
+    "dram_active_pct": ("NVML_GPM_METRIC_DRAM_BW_UTIL", 10),
+}
 _NO_DRIVER_NAMES = ("NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_DRIVER_NOT_LOADED")
 
 
@@ -96,6 +112,9 @@ class GpuSampler:
         self._slow: list[dict[str, Any]] = [{} for _ in range(self.count)]
         self._slow_at: list[float | None] = [None] * self.count
         self._static: list[dict[str, Any]] = [{} for _ in range(self.count)]
+        self._gpm_ids = [int(getattr(nvml, name, number)) for name, number in GPM_FIELDS.values()]
+        # Per GPU: [older sample, newer sample, whether the newer one holds a reading], or None without GPM.
+        self._gpm: list[list[Any] | None] = [self._gpm_start(i) for i in range(self.count)]
 
     def _read_once(self, index: int, field: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -160,6 +179,7 @@ class GpuSampler:
             pcie_tx = None if tx_kb is None else int(tx_kb) * 1024
             pcie_rx = None if rx_kb is None else int(rx_kb) * 1024
         remapped = slow.get("remapped_rows")
+        gpm = self._gpm_metrics(index)
         return {
             "ts": ts_ms,
             "cluster": self.cluster,
@@ -201,7 +221,75 @@ class GpuSampler:
             "xid": xid,
             "job_id": None,  # stamped by the runner when the GPU is attributed to a job
             "run_id": None,
+            **gpm,
         }
+
+    # -- GPM (Hopper and newer) ----------------------------------------------------------------------
+
+    @property
+    def gpm_supported(self) -> list[bool]:
+        """Per GPU: whether GPM metrics are read."""
+        return [g is not None for g in self._gpm]
+
+    def _gpm_start(self, index: int) -> list[Any] | None:
+        """Two GPM sample buffers for a GPU that supports GPM, else None (asked once)."""
+        nvml, h = self.nvml, self.handles[index]
+        query = getattr(nvml, "nvmlGpmQueryDeviceSupport", None)
+        if query is None or not hasattr(nvml, "c_nvmlGpmMetricsGet_t"):
+            return None  # an nvidia-ml-py without GPM
+        try:
+            if not int(query(h).isSupportedDevice):
+                return None
+            return [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc(), False]
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) not in self._quiet:
+                log.warning("GPU %d: GPM metrics are not available: %s", index, exc)
+            return None
+
+    def _gpm_metrics(self, index: int) -> dict[str, float | None]:
+        """GPM metrics between the previous tick and this one (null on the first tick and without GPM)."""
+        empty: dict[str, float | None] = dict.fromkeys(GPM_FIELDS)
+        state = self._gpm[index]
+        if state is None:
+            return empty
+        nvml, h = self.nvml, self.handles[index]
+        older, newer, have = state
+        # Read into the older buffer: it becomes the newer one.
+        try:
+            nvml.nvmlGpmSampleGet(h, older)
+        except nvml.NVMLError as exc:
+            state[2] = False  # no reading this tick: the next one starts a fresh interval
+            if getattr(exc, "value", None) in self._quiet:
+                self._gpm_stop(index)  # the GPU (or a MIG mode) says no: stop asking
+            else:
+                self._read(index, "gpm_sample", partial(_raise, exc))  # logged once, counted
+            return empty
+        state[0], state[1], state[2] = newer, older, True
+        if not have:
+            return empty
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = getattr(nvml, "NVML_GPM_METRICS_GET_VERSION", 1)
+        request.numMetrics = len(self._gpm_ids)
+        request.sample1 = newer  # the previous tick's reading
+        request.sample2 = older  # this tick's
+        for slot, metric_id in enumerate(self._gpm_ids):
+            request.metrics[slot].metricId = metric_id
+        got = self._read(index, "gpm_metrics", lambda: nvml.nvmlGpmMetricsGet(request))
+        if got is None:
+            return empty
+        ok = self._ok
+        out: dict[str, float | None] = {}
+        for slot, name in enumerate(GPM_FIELDS):
+            metric = got.metrics[slot]
+            value = float(metric.value)
+            out[name] = value if metric.nvmlReturn == ok and 0.0 <= value <= 100.0 else None
+        return out
+
+    def _gpm_stop(self, index: int) -> None:
+        state, self._gpm[index] = self._gpm[index], None
+        for buffer in (state or [])[:2]:
+            with contextlib.suppress(self.nvml.NVMLError, AttributeError):
+                self.nvml.nvmlGpmSampleFree(buffer)
 
     def _read_slow(self, index: int) -> None:
         """The fields read every `slow_interval_s`: counts that change rarely, and the pids on the GPU."""
@@ -312,7 +400,9 @@ class GpuSampler:
         )
 
     def close(self) -> None:
-        """Shut NVML down."""
+        """Free the GPM buffers and shut NVML down."""
+        for index in range(self.count):
+            self._gpm_stop(index)
         with contextlib.suppress(self.nvml.NVMLError):
             self.nvml.nvmlShutdown()
 
@@ -431,6 +521,10 @@ class XidWatcher:
             self._thread.join(timeout=self.wait_ms / 1000 + 2)
         with contextlib.suppress(self.sampler.nvml.NVMLError):
             self.sampler.nvml.nvmlEventSetFree(self._event_set)
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc
 
 
 def _nvml_text(fn: Callable[[Any], Any], handle: Any) -> str:
