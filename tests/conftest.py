@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,6 +90,30 @@ def topics(kafka_bootstrap: str, topic_prefix: str) -> Iterator[dict[str, str]]:
 def group_id() -> str:
     """A consumer group id unique to this test."""
     return f"g-{uuid.uuid4().hex[:8]}"
+
+
+# --- ClickHouse (chDB) -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def chdb_dsn(tmp_path: Path) -> Iterator[str]:
+    """A `chdb:///...` DSN of an empty directory; the client is closed after the test (one engine per process)."""
+    from sinks.clickhouse import close
+
+    dsn = f"chdb://{tmp_path / 'chdb'}"
+    yield dsn
+    close(dsn)
+
+
+@pytest.fixture
+def chdb(chdb_dsn: str) -> Any:
+    """A migrated chDB client."""
+    from sinks.clickhouse import connect
+    from sinks.ddl import migrate
+
+    client = connect(chdb_dsn)
+    migrate(client)
+    return client
 
 
 # --- Fixtures of other packages go below, one section per package -------------------------------
