@@ -141,6 +141,11 @@ def tail(
     settings = load_settings()
     with user_errors(), stop_signals(name="alerts tail", announce=False) as stop:
         consumer = _consumer(from_beginning, settings.topic_prefix + topic)
+        err_console.print(
+            f"[dim]following {settings.topic_prefix + topic} from "
+            f"{'the oldest alert kept' if from_beginning else 'now'}; Ctrl-C to stop[/]",
+            highlight=False,
+        )
         try:
             for record in _records(consumer, team, idle_exit_s, stop):
                 if record is None:

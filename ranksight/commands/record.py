@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from ranksight.console import console, fail, user_errors
+from ranksight.console import console, err_console, fail, user_errors
 from ranksight.signals import StopRequested, StopSignals, stop_signals
 from schemas.topics import ALERTS_REPLAY, TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS
 
@@ -160,6 +160,10 @@ def publish(
         drain_other_spools(settings, exclude=("publish",))
         publisher = open_kafka_publisher(settings, "publish")
         stoppable = _Stoppable(publisher, stop)
+        pace = f"paced at {speed:g}x event time" if speed > 0 else "as fast as Kafka takes them"
+        err_console.print(
+            f"[dim]publishing {src} to {settings.kafka_bootstrap}, {pace}; Ctrl-C to stop[/]", highlight=False
+        )
         try:
             publish_file(
                 src,
