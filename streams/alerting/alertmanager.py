@@ -12,13 +12,22 @@ does and resolves it by itself only when the forwarder is gone for longer than `
 A resolved record is sent once with its real `endsAt` and forgotten. Records are coalesced per
 alert (last state wins) within a batch, so a backlog that holds a firing and its resolution
 never pages the firing one.
+
+Runbook links: an alert whose `runbook_url` is not absolute (the engine's default base is the
+repository path `docs/runbooks/`) is sent with `<runbook base>/<rule>`, the base being
+`runbook_base_url` when given, else `<ui_url>/runbooks/` (the UI serves every runbook there).
+
+Silences are Alertmanager's acknowledgement: `read_silences` reads them (`GET /api/v2/silences`)
+and which ranksight alerts each one mutes (`GET /api/v2/alerts`), for pages that show them.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,20 +36,25 @@ import httpx
 from streams.errors import StreamsError
 
 __all__ = [
+    "LABEL_FIELDS",
     "AlertForwarder",
     "AlertmanagerClient",
     "AlertmanagerError",
+    "Silence",
+    "SilenceReport",
     "alert_key",
     "coalesce",
     "generator_url",
+    "read_silences",
     "round_observed",
+    "runbook_link",
     "to_alertmanager",
 ]
 
 # Alert fields copied into labels (identity: Alertmanager groups and deduplicates by labels).
 # `job` is the conventional Alertmanager/Prometheus name for the job identity, `job_id` stays for
 # existing routes. run_id is deliberately not a label: a restarted run is the same alert.
-_LABELS = (
+LABEL_FIELDS: tuple[str, ...] = (
     "team",
     "job_id",
     "node",
@@ -94,6 +108,22 @@ def generator_url(record: dict[str, Any], ui_url: str) -> str:
     return f"{ui_url.rstrip('/')}/alerts/{record['alert_id']}"
 
 
+def runbook_link(record: dict[str, Any], *, runbook_base_url: str = "", ui_url: str = "") -> str:
+    """The alert's runbook as an absolute URL when it can be one.
+
+    An absolute `runbook_url` (the engine was given an absolute base) is kept. A relative one is
+    rebuilt from `runbook_base_url`, else from the UI (`<ui_url>/runbooks/<rule>`); with neither
+    it stays as it is.
+    """
+    current = str(record.get("runbook_url") or "")
+    if "://" in current:
+        return current
+    base = runbook_base_url or (f"{ui_url.rstrip('/')}/runbooks/" if ui_url else "")
+    if not base:
+        return current
+    return f"{base if base.endswith('/') else base + '/'}{record['rule']}"
+
+
 def alert_key(record: dict[str, Any]) -> tuple[str, str]:
     """The identity of one alert towards Alertmanager: (fingerprint, team)."""
     return str(record["fingerprint"]), str(record.get("team") or "")
@@ -110,15 +140,16 @@ def coalesce(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def to_alertmanager(
-    record: dict[str, Any], *, ui_url: str = "", ends_at_ms: int | None = None
+    record: dict[str, Any], *, ui_url: str = "", ends_at_ms: int | None = None, runbook_base_url: str = ""
 ) -> dict[str, Any]:
     """One Alertmanager v2 alert: labels, annotations, startsAt, endsAt, generatorURL.
 
     A resolved record gets its own `ends_at`; a firing one `ends_at_ms` when given (the
-    keep-alive deadline), else no `endsAt` (Alertmanager's `resolve_timeout` applies).
+    keep-alive deadline), else no `endsAt` (Alertmanager's `resolve_timeout` applies). The
+    `runbook_url` annotation is absolute whenever a base is known (`runbook_link`).
     """
     labels = {"alertname": str(record["rule"]), "fingerprint": str(record["fingerprint"])}
-    for name in _LABELS:
+    for name in LABEL_FIELDS:
         value = record.get(name)
         if value is not None and value != "":
             labels[name] = str(value)
@@ -146,6 +177,9 @@ def to_alertmanager(
         alert["endsAt"] = _iso(int(record.get("ends_at") or record["ts"]))
     elif ends_at_ms is not None:
         alert["endsAt"] = _iso(ends_at_ms)
+    runbook = runbook_link(record, runbook_base_url=runbook_base_url, ui_url=ui_url)
+    if runbook:
+        annotations["runbook_url"] = runbook
     url = generator_url(record, ui_url)
     if url:
         alert["generatorURL"] = url
@@ -172,9 +206,127 @@ class AlertmanagerClient:
                 f"Alertmanager at {self.url} answered {response.status_code}: {response.text[:200]}"
             )
 
+    def _get(self, path: str) -> Any:
+        url = self.url.removesuffix("/api/v2/alerts") + path
+        try:
+            response = self._client.get(url)
+        except httpx.HTTPError as exc:
+            raise AlertmanagerError(f"cannot reach Alertmanager at {url}: {exc}") from None
+        if response.status_code // 100 != 2:
+            raise AlertmanagerError(
+                f"Alertmanager at {url} answered {response.status_code}: {response.text[:200]}"
+            )
+        try:
+            return response.json()
+        except ValueError:
+            raise AlertmanagerError(f"Alertmanager at {url} answered something that is not JSON") from None
+
+    def silences(self) -> list[dict[str, Any]]:
+        """Every silence Alertmanager keeps (`GET /api/v2/silences`), as it answers."""
+        data = self._get("/api/v2/silences")
+        return data if isinstance(data, list) else []
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Every alert Alertmanager holds (`GET /api/v2/alerts`), silenced and inhibited ones included."""
+        data = self._get("/api/v2/alerts")
+        return data if isinstance(data, list) else []
+
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self._client.close()
+
+
+@dataclass(frozen=True)
+class Silence:
+    """One Alertmanager silence: an acknowledgement with its author, comment and time span."""
+
+    id: str
+    state: str  # active, pending or expired
+    matchers: tuple[tuple[str, str, str], ...]  # (label, operator =, !=, =~ or !~, value)
+    created_by: str
+    comment: str
+    starts_at: str
+    ends_at: str
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        """True when every matcher holds for these labels (regexes anchored, as Alertmanager does)."""
+        for name, op, value in self.matchers:
+            have = labels.get(name, "")
+            if op in ("=~", "!~"):
+                try:
+                    hit = re.fullmatch(value, have) is not None
+                except re.error:
+                    return False
+            else:
+                hit = have == value
+            if hit != (op in ("=", "=~")):
+                return False
+        return True
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (for a UI)."""
+        return {
+            "id": self.id,
+            "state": self.state,
+            "matchers": [{"name": n, "op": o, "value": v} for n, o, v in self.matchers],
+            "created_by": self.created_by,
+            "comment": self.comment,
+            "starts_at": self.starts_at,
+            "ends_at": self.ends_at,
+        }
+
+
+@dataclass(frozen=True)
+class SilenceReport:
+    """Silences and the ranksight alerts they mute, keyed like the forwarder: (fingerprint, team)."""
+
+    silences: tuple[Silence, ...]
+    silenced: dict[tuple[str, str], tuple[str, ...]]
+
+    def active(self) -> list[Silence]:
+        """The silences in force now."""
+        return [s for s in self.silences if s.state == "active"]
+
+    def silenced_by(self, record: dict[str, Any]) -> tuple[str, ...]:
+        """Ids of the silences muting this Alert record in Alertmanager (empty: not silenced)."""
+        return self.silenced.get(alert_key(record), ())
+
+
+def _silence(data: dict[str, Any]) -> Silence:
+    matchers = []
+    for m in data.get("matchers") or []:
+        equal, regex = m.get("isEqual", True), m.get("isRegex", False)
+        op = ("=~" if equal else "!~") if regex else ("=" if equal else "!=")
+        matchers.append((str(m.get("name", "")), op, str(m.get("value", ""))))
+    return Silence(
+        id=str(data.get("id", "")),
+        state=str((data.get("status") or {}).get("state", "")),
+        matchers=tuple(matchers),
+        created_by=str(data.get("createdBy", "")),
+        comment=str(data.get("comment", "")),
+        starts_at=str(data.get("startsAt", "")),
+        ends_at=str(data.get("endsAt", "")),
+    )
+
+
+def read_silences(url: str, *, timeout_s: float = 3.0, client: httpx.Client | None = None) -> SilenceReport:
+    """The silences of the Alertmanager at `url` and which ranksight alerts they mute now.
+
+    Raises `AlertmanagerError` (one sentence) when it cannot be reached or answers nonsense.
+    """
+    am = AlertmanagerClient(url, timeout_s=timeout_s, client=client)
+    try:
+        silences = tuple(_silence(s) for s in am.silences() if isinstance(s, dict))
+        silenced: dict[tuple[str, str], tuple[str, ...]] = {}
+        for alert in am.alerts():
+            labels = alert.get("labels") or {}
+            ids = tuple((alert.get("status") or {}).get("silencedBy") or ())
+            if ids and "fingerprint" in labels:
+                silenced[(str(labels["fingerprint"]), str(labels.get("team", "")))] = ids
+    finally:
+        if client is None:
+            am.close()
+    return SilenceReport(silences=silences, silenced=silenced)
 
 
 class AlertForwarder:
@@ -192,8 +344,10 @@ class AlertForwarder:
         ui_url: str = "",
         team: str | None = None,
         clock: Callable[[], float] = time.time,
+        runbook_base_url: str = "",
     ) -> None:
         self._post = post
+        self.runbook_base_url = runbook_base_url
         self.resend_s = resend_s
         self.keepalive_s = 4 * resend_s if keepalive_s is None else keepalive_s
         if self.keepalive_s <= resend_s:
@@ -226,7 +380,9 @@ class AlertForwarder:
 
     def _payload(self, record: dict[str, Any], now: float) -> dict[str, Any]:
         ends = None if record.get("status") == "resolved" else int((now + self.keepalive_s) * 1000)
-        return to_alertmanager(record, ui_url=self.ui_url, ends_at_ms=ends)
+        return to_alertmanager(
+            record, ui_url=self.ui_url, ends_at_ms=ends, runbook_base_url=self.runbook_base_url
+        )
 
     def restore(self, record: dict[str, Any]) -> None:
         """Take one record from before the committed offset: update the firing set, send nothing."""

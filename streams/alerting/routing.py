@@ -16,6 +16,12 @@ default:
 The first matching route decides; `continue: true` lets later routes match too (the alert is
 then delivered to every matched team). `team: "{job.team}"` means the job's own team.
 
+`ownership: ownership.yaml` (a path relative to the routing file) routes by ownership instead of
+`default`: when no explicit route decides, the team that owns the alert's category (on its
+cluster) gets it at its `page` receiver, and the job's team an informational copy for the
+categories in `inform_job_team` (`streams.alerting.ownership`). `explain(record)` says which
+route or ownership key decided each copy (`ranksight routing explain`).
+
 `inhibit_rules` (as in Alertmanager) say which firing root-cause alerts mute which symptoms; the
 engine applies them (`streams.alerting.grouping`) and marks muted alerts with `inhibited_by`:
 
@@ -37,12 +43,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from streams.alerting.grouping import InhibitRule
+from streams.alerting.ownership import JOB_TEAM, Delivery, Ownership, load_ownership
 from streams.errors import RoutingError
 
-__all__ = ["DEFAULT_ROUTING_PATH", "JOB_TEAM", "Route", "Router", "load_router"]
+__all__ = ["DEFAULT_ROUTING_PATH", "JOB_TEAM", "Delivery", "Route", "Router", "load_router"]
 
 DEFAULT_ROUTING_PATH = Path(__file__).resolve().parent / "routing.yaml"
-JOB_TEAM = "{job.team}"
 
 # Alert fields a route may match on (plus `labels.<name>`).
 _MATCHABLE = (
@@ -67,7 +73,7 @@ _MATCHABLE = (
 _ROUTE_KEYS = {"match", "match_re", "team", "receiver", "continue"}
 _DEFAULT_KEYS = {"team", "fallback_team", "receiver"}
 _INHIBIT_KEYS = {"source_match", "source_match_re", "target_match", "target_match_re", "equal", "scope"}
-_TOP_KEYS = ("routes", "default", "inhibit_rules", "drop_inhibited")
+_TOP_KEYS = ("routes", "default", "inhibit_rules", "drop_inhibited", "ownership", "runbook_base_url")
 
 
 def _field(record: dict[str, Any], name: str) -> str | None:
@@ -88,6 +94,12 @@ class Route:
     match_re: dict[str, re.Pattern[str]] = field(default_factory=dict)
     cont: bool = False
 
+    def describe(self) -> str:
+        """The matchers as `field=value, field=~regex`, for explanations."""
+        parts = [f"{k}={v}" for k, v in self.match.items()]
+        parts += [f"{k}=~{p.pattern}" for k, p in self.match_re.items()]
+        return ", ".join(parts) or "matches everything"
+
     def matches(self, record: dict[str, Any]) -> bool:
         """True when every matcher holds for the alert record."""
         for name, want in self.match.items():
@@ -101,7 +113,7 @@ class Route:
 
 
 class Router:
-    """Ordered routes plus a default; `route(alert) -> (team, receiver)`."""
+    """Ordered routes, then ownership (or a default); `route_all(alert) -> [(team, receiver), ...]`."""
 
     def __init__(
         self,
@@ -111,34 +123,61 @@ class Router:
         default_receiver: str = "default",
         inhibit_rules: list[InhibitRule] | None = None,
         drop_inhibited: bool = False,
+        ownership: Ownership | None = None,
+        runbook_base_url: str = "",
     ) -> None:
         self.routes = list(routes or [])
         self.inhibit_rules = list(inhibit_rules or [])
         self.drop_inhibited = drop_inhibited
         self.default_team = default_team
-        self.fallback_team = fallback_team
+        self.fallback_team = ownership.fallback_team if ownership is not None else fallback_team
         self.default_receiver = default_receiver
+        self.ownership = ownership
+        # Where alerts' runbook links point ("" : the engine config's `runbook_base_url`).
+        self.runbook_base_url = runbook_base_url
 
     def _team(self, team: str, record: dict[str, Any]) -> str:
         if team == JOB_TEAM:
             return str(record.get("team") or "") or self.fallback_team
         return team
 
-    def route_all(self, record: dict[str, Any]) -> list[tuple[str, str]]:
-        """Every (team, receiver) the alert goes to: matched routes up to the first without `continue`."""
-        out: list[tuple[str, str]] = []
+    def explain(self, record: dict[str, Any]) -> list[Delivery]:
+        """Every copy of the alert, in order, with why it goes there (empty: dropped as inhibited).
+
+        `record["team"]` is the job's team, as the alert tracker leaves it. Explicit routes are
+        tried first, in order, up to the first without `continue`; when none decided, ownership
+        (or, without an ownership file, `default`) adds its copies.
+        """
         if self.drop_inhibited and record.get("inhibited_by"):
-            return out
-        for route in self.routes:
-            if route.matches(record):
-                target = (self._team(route.team, record), route.receiver)
-                if target not in out:
-                    out.append(target)
-                if not route.cont:
-                    return out
-        if not out:
-            out.append((self._team(self.default_team, record), self.default_receiver))
+            return []
+        out: list[Delivery] = []
+
+        def add(delivery: Delivery) -> None:
+            if all((d.team, d.receiver) != (delivery.team, delivery.receiver) for d in out):
+                out.append(delivery)
+
+        for i, route in enumerate(self.routes):
+            if not route.matches(record):
+                continue
+            team = self._team(route.team, record)
+            why = f"routes[{i}] matched ({route.describe()})"
+            if route.team == JOB_TEAM:
+                why += f"; team {JOB_TEAM} = {team}"
+            add(Delivery(team, route.receiver, "route", why + ("; continue: true" if route.cont else "")))
+            if not route.cont:
+                return out
+        if self.ownership is not None:
+            prefix = "no explicit route decided; ownership: " if self.routes else "ownership: "
+            for delivery in self.ownership.deliveries(record):
+                add(Delivery(delivery.team, delivery.receiver, delivery.kind, prefix + delivery.why))
+        elif not out:
+            team = self._team(self.default_team, record)
+            add(Delivery(team, self.default_receiver, "route", f"no route matched: default (team {team})"))
         return out
+
+    def route_all(self, record: dict[str, Any]) -> list[tuple[str, str]]:
+        """Every (team, receiver) the alert goes to (see `explain`)."""
+        return [(d.team, d.receiver) for d in self.explain(record)]
 
     def route(self, record: dict[str, Any]) -> tuple[str, str]:
         """The first (team, receiver) for an alert record (its `team` field is the job's team)."""
@@ -146,8 +185,10 @@ class Router:
         return routed[0] if routed else ("", "")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None, *, source: str = "routing") -> Router:
-        """Validate a routing mapping; errors name the bad key."""
+    def from_dict(
+        cls, data: dict[str, Any] | None, *, source: str = "routing", base_dir: Path | None = None
+    ) -> Router:
+        """Validate a routing mapping; errors name the bad key. `ownership` paths are relative to `base_dir`."""
         if data is None:
             data = {}
         if not isinstance(data, dict):
@@ -181,6 +222,18 @@ class Router:
                 raise RoutingError(f"{source}: default.{key} must be a non-empty string")
         if default.get("fallback_team") == JOB_TEAM:
             raise RoutingError(f"{source}: default.fallback_team must name a team, not {JOB_TEAM}")
+        runbook_base = data.get("runbook_base_url") or ""
+        if not isinstance(runbook_base, str):
+            raise RoutingError(f"{source}: `runbook_base_url` must be a URL string")
+        ownership = None
+        if data.get("ownership"):
+            if not isinstance(data["ownership"], str):
+                raise RoutingError(f"{source}: `ownership` must be the path of an ownership file")
+            path = Path(data["ownership"])
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+            ownership = load_ownership(path)
+            _check_route_receivers(routes, ownership, source)
         return cls(
             routes,
             default_team=default.get("team", JOB_TEAM),
@@ -188,7 +241,24 @@ class Router:
             default_receiver=default.get("receiver", "default"),
             inhibit_rules=inhibit,
             drop_inhibited=drop,
+            ownership=ownership,
+            runbook_base_url=runbook_base,
         )
+
+
+def _check_route_receivers(routes: list[Route], ownership: Ownership, source: str) -> None:
+    """With an ownership file, explicit routes name its teams and receivers (Alertmanager knows only those)."""
+    known = set(ownership.all_receivers())
+    for i, route in enumerate(routes):
+        if route.receiver not in known:
+            raise RoutingError(
+                f"{source}: routes[{i}].receiver {route.receiver!r} is not a receiver of the ownership file "
+                f"{ownership.source} (known: {', '.join(sorted(known))})"
+            )
+        if route.team != JOB_TEAM and route.team not in ownership.teams:
+            raise RoutingError(
+                f"{source}: routes[{i}].team {route.team!r} is not listed under `teams` in {ownership.source}"
+            )
 
 
 def _check_matcher_key(name: Any, where: str) -> str:
@@ -281,4 +351,4 @@ def load_router(path: str | Path | None = None) -> Router:
     from streams.config import read_yaml
 
     p = Path(path) if path is not None else DEFAULT_ROUTING_PATH
-    return Router.from_dict(read_yaml(p, "routing", RoutingError), source=str(p))
+    return Router.from_dict(read_yaml(p, "routing", RoutingError), source=str(p), base_dir=p.parent)

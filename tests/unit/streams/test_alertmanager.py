@@ -296,6 +296,12 @@ def _config_labels(matchers: list[str]) -> set[str]:
     return {re.match(r"\s*(\w+)\s*(=~|!=|!~|=)", m).group(1) for m in matchers}  # type: ignore[union-attr]
 
 
+def _walk(route: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield route
+    for child in route.get("routes", []):
+        yield from _walk(child)
+
+
 def test_shipped_alertmanager_config_groups_and_routes_on_labels_ranksight_sends() -> None:
     """infra/alertmanager/alertmanager.yml: group_by, matchers and inhibit `equal` name real labels; teams routed."""
     from pathlib import Path
@@ -308,19 +314,36 @@ def test_shipped_alertmanager_config_groups_and_routes_on_labels_ranksight_sends
     config = yaml.safe_load((root / "infra/alertmanager/alertmanager.yml").read_text(encoding="utf-8"))
     sent = set(to_alertmanager(_alert(labels={}))["labels"]) | {"gpu_uuid", "gpu_index"}
     route = config["route"]
-    routes = route["routes"]
-    used = set(route["group_by"]) | {label for r in routes for label in r.get("group_by", [])}
-    used |= {label for r in routes for label in _config_labels(r["matchers"])}
+    routes = list(_walk(route))
+    used = {label for r in routes for label in r.get("group_by", [])}
+    used |= {label for r in routes for label in _config_labels(r.get("matchers", []))}
     for rule in config["inhibit_rules"]:
         used |= _config_labels(rule["source_matchers"]) | _config_labels(rule["target_matchers"])
         used |= set(rule["equal"])
     assert "rule" not in used and "alertname" in route["group_by"]
     assert used <= sent, sorted(used - sent)
     receivers = {r["name"] for r in config["receivers"]}
-    assert {r["receiver"] for r in routes} | {route["receiver"]} <= receivers
-    team_routes = " ".join(m for r in routes for m in r["matchers"] if m.startswith("team"))
-    teams = {"platform"} | {j.team for name in builtin_scenarios() for j in load_scenario(name).jobs}
+    assert {r["receiver"] for r in routes if "receiver" in r} <= receivers
+    team_routes = " ".join(m for r in routes for m in r.get("matchers", []) if m.startswith("team"))
+    teams = {"platform", "infrastructure-operations"}
+    teams |= {j.team for name in builtin_scenarios() for j in load_scenario(name).jobs}
     import re
 
     routed = {t for t in teams if re.search(rf'team(=~?)"[^"]*\b{re.escape(t)}\b', team_routes)}
     assert routed == teams, sorted(teams - routed)
+
+
+def test_shipped_alertmanager_config_is_the_rendering_of_the_shipped_ownership_file() -> None:
+    """Regenerate it with `ranksight alerts am-config > infra/alertmanager/alertmanager.yml` after an edit."""
+    from pathlib import Path
+
+    from streams.alerting.amconfig import render_alertmanager_config
+    from streams.alerting.routing import load_router
+
+    router = load_router()
+    assert router.ownership is not None
+    rendered = render_alertmanager_config(
+        router.ownership, router.inhibit_rules, router.routes, source="streams/alerting/ownership.yaml"
+    )
+    shipped = (Path(__file__).resolve().parents[3] / "infra/alertmanager/alertmanager.yml").read_text()
+    assert shipped == rendered.text

@@ -36,9 +36,13 @@ def test_a_stall_becomes_a_routed_firing_alert_with_the_job_identity() -> None:
     engine = _engine()
     out = engine.run(_stalled_job())
     stalls = [e.record for e in out if e.type == "Alert" and e.record["rule"] == "job_stall"]
-    assert [a["status"] for a in stalls] == ["firing"]
-    a = stalls[0]
-    assert (a["team"], a["receiver"], a["owner"], a["current_step"]) == ("team-a", "default", "alice", 100)
+    # A platform alert pages the platform team and informs the job's team (shipped ownership).
+    assert [(a["status"], a["team"], a["receiver"]) for a in stalls] == [
+        ("firing", "platform", "platform-pager"),
+        ("firing", "team-a", "platform-chat"),  # team-a is not listed: other_teams' inform receiver
+    ]
+    a = stalls[1]
+    assert (a["owner"], a["current_step"]) == ("alice", 100)
     assert a["last_progress_ts"] == T0 + 100_000
     assert engine.stats["alerts_firing"] >= 1 and engine.stats["by_rule"]["job_stall"]["firing"] == 1
 
@@ -55,7 +59,11 @@ def test_events_older_than_the_watermark_are_dropped_and_counted() -> None:
 def test_the_end_of_a_job_resolves_its_alerts() -> None:
     events = [*_stalled_job(), job_state("job-1", T0 + 400000, "completed")]
     out = _engine().run(events)
-    stall = [e.record for e in out if e.type == "Alert" and e.record["rule"] == "job_stall"]
+    stall = [
+        e.record
+        for e in out
+        if e.type == "Alert" and e.record["rule"] == "job_stall" and e.record["team"] == "team-a"
+    ]
     assert [a["status"] for a in stall] == ["firing", "resolved"] and stall[1]["ends_at"] == T0 + 400_000
 
 

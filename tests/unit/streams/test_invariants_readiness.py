@@ -100,4 +100,8 @@ def test_the_engine_routes_a_failed_restore_test_to_the_owning_team() -> None:
     ]
     alerts += engine.finish()
     fired = [a.record for a in alerts if a.type == "Alert" and a.record["rule"] == "restore_test_failed"]
-    assert fired and fired[0]["status"] == "firing" and fired[0]["team"] == "vision"
+    # restore_test_failed is a platform alert: the platform team is paged, the job's team informed.
+    assert [(a["status"], a["team"], a["receiver"]) for a in fired] == [
+        ("firing", "platform", "platform-pager"),
+        ("firing", "vision", "multimodal-chat"),
+    ]

@@ -1,4 +1,5 @@
-"""Ownership on shared nodes: a node fault reaches every affected job's team, each with its own alert."""
+"""Ownership on shared nodes: a node fault pages infrastructure operations once per affected job and
+informs every affected job's team, each with its own alert."""
 
 from __future__ import annotations
 
@@ -50,13 +51,28 @@ def _steps(seconds: int) -> list[Event]:
     ]
 
 
-def _alerts(events: list[Event]) -> list[dict[str, Any]]:
+INFRA = "infrastructure-operations"
+
+
+def _firing(events: list[Event]) -> list[dict[str, Any]]:
+    """Every firing copy the engine routes."""
     events = sorted(events, key=lambda e: e.record["ts"])
     return [
         e.record
         for e in DetectionEngine().run(events)
         if e.type == "Alert" and e.record["status"] == "firing"
     ]
+
+
+def _alerts(events: list[Event]) -> list[dict[str, Any]]:
+    """The copies that reach the affected jobs' teams (infra alerts: informed, not paged).
+
+    Each of them is an alert of its own that infrastructure operations is paged with too."""
+    firing = _firing(events)
+    paged = {a["alert_id"] for a in firing if a["team"] == INFRA and a["receiver"] == "infra-pager"}
+    informed = [a for a in firing if a["team"] != INFRA]
+    assert all(a["alert_id"] in paged for a in informed if a["category"] == "infra"), "infra alert not paged"
+    return informed
 
 
 def _host(node: str, ts: int, **kw: Any) -> Event:
@@ -110,14 +126,15 @@ def test_an_xid_on_an_unbound_gpu_goes_to_the_job_the_agent_attributed_it_to() -
     xid.record.update(xid=48, job_id="job-b")
     plain = gpu_sample("node-01", 2, T0 + 10_000)
     plain.record.update(xid=48)  # no attribution and no binding: the platform's route
-    alerts = [a for a in _alerts([*events, xid, plain]) if a["rule"] == "xid_error"]
-    # GPU 6 is job-b's (the agent said so); GPU 2 belongs to no known job: the platform's route.
+    alerts = [a for a in _firing([*events, xid, plain]) if a["rule"] == "xid_error"]
+    alerts = [a for a in alerts if a["team"] != INFRA or not a["job_id"]]
+    # GPU 6 is job-b's (the agent said so); GPU 2 belongs to no known job: infrastructure operations alone.
     # Each also reaches the other jobs running on node-01 (never job-c, which runs elsewhere).
     by_gpu = {
         gpu: sorted((a["job_id"], a["team"]) for a in alerts if a["gpu_index"] == gpu) for gpu in (2, 6)
     }
     assert by_gpu[6][0] == ("job-a", "team-a") and ("job-b", "team-b") in by_gpu[6]
-    assert ("", "platform") in by_gpu[2]
+    assert ("", INFRA) in by_gpu[2]
     assert all(job != "job-c" for job, _ in by_gpu[2] + by_gpu[6])
 
 
@@ -128,7 +145,11 @@ def test_missing_telemetry_from_a_shared_node_reaches_both_jobs_and_resolves_for
         if not 60 <= s < 150:
             events.append(_host("node-01", T0 + s * 1000))
     out = DetectionEngine().run(sorted(events, key=lambda e: e.record["ts"]))
-    alerts = [e.record for e in out if e.type == "Alert" and e.record["rule"] == "telemetry_missing"]
+    alerts = [
+        e.record
+        for e in out
+        if e.type == "Alert" and e.record["rule"] == "telemetry_missing" and e.record["team"] != INFRA
+    ]
     firing = sorted((a["job_id"], a["team"]) for a in alerts if a["status"] == "firing")
     resolved = sorted((a["job_id"], a["team"]) for a in alerts if a["status"] == "resolved")
     assert firing == resolved == [("job-a", "team-a"), ("job-b", "team-b")]

@@ -79,8 +79,12 @@ def test_invalid_routing_is_rejected_naming_the_bad_key(data: dict[str, object],
         Router.from_dict(data)
 
 
-def test_the_shipped_routing_file_sends_alerts_to_the_jobs_team() -> None:
-    assert load_router().route(ALERT) == ("llm", "default")
+def test_the_shipped_routing_file_pages_infrastructure_operations_and_informs_the_jobs_team() -> None:
+    """An XID (infra) pages infrastructure operations; the job's team gets a copy at its inform receiver."""
+    assert load_router().route_all(ALERT) == [
+        ("infrastructure-operations", "infra-pager"),
+        ("llm", "platform-chat"),  # llm is not listed in the ownership file: other_teams' receivers
+    ]
 
 
 def test_a_missing_routing_file_is_a_clear_error(tmp_path: Path) -> None:
