@@ -80,7 +80,7 @@ class DetectionEngine:
         ]
         # Detectors that produce derived events (window statistics) expose `drain_derived()`.
         self._drainers = [d.drain_derived for d in self.detectors if hasattr(d, "drain_derived")]
-        self.tracker = AlertTracker(self.config.runbook_base_url)
+        self.tracker = AlertTracker(self.router.runbook_base_url or self.config.runbook_base_url)
         self.grouper = AlertGrouper(self.router.inhibit_rules, self.topology)
         self.progress: dict[str, JobProgress] = {}
         self.max_ts: int | None = None

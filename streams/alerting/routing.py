@@ -37,6 +37,7 @@ A router whose `drop_inhibited` is true routes inhibited alerts nowhere (`route_
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,9 +47,20 @@ from streams.alerting.grouping import InhibitRule
 from streams.alerting.ownership import JOB_TEAM, Delivery, Ownership, load_ownership
 from streams.errors import RoutingError
 
-__all__ = ["DEFAULT_ROUTING_PATH", "JOB_TEAM", "Delivery", "Route", "Router", "load_router"]
+__all__ = [
+    "DEFAULT_ROUTING_PATH",
+    "JOB_TEAM",
+    "RUNBOOK_BASE_ENV",
+    "Delivery",
+    "Route",
+    "Router",
+    "load_router",
+]
 
 DEFAULT_ROUTING_PATH = Path(__file__).resolve().parent / "routing.yaml"
+# The base of alerts' runbook links, over the routing file's `runbook_base_url` (e.g. the UI's
+# https://ranksight.example.com/runbooks/). Read here because every engine loads its router here.
+RUNBOOK_BASE_ENV = "RANKSIGHT_RUNBOOK_BASE_URL"
 
 # Alert fields a route may match on (plus `labels.<name>`).
 _MATCHABLE = (
@@ -134,7 +146,7 @@ class Router:
         self.default_receiver = default_receiver
         self.ownership = ownership
         # Where alerts' runbook links point ("" : the engine config's `runbook_base_url`).
-        self.runbook_base_url = runbook_base_url
+        self.runbook_base_url = runbook_base_url.rstrip("/") + "/" if runbook_base_url else ""
 
     def _team(self, team: str, record: dict[str, Any]) -> str:
         if team == JOB_TEAM:
@@ -346,9 +358,21 @@ def _parse_route(data: Any, where: str) -> Route:
     return Route(team=data["team"], receiver=data["receiver"], match=match, match_re=match_re, cont=cont)
 
 
-def load_router(path: str | Path | None = None) -> Router:
-    """Router from a routing YAML file (default: the shipped `streams/alerting/routing.yaml`)."""
+def load_router(path: str | Path | None = None, *, runbook_base_url: str | None = None) -> Router:
+    """Router from a routing YAML file (default: the shipped `streams/alerting/routing.yaml`).
+
+    The runbook base is `runbook_base_url` when given, else RANKSIGHT_RUNBOOK_BASE_URL when set,
+    else the file's `runbook_base_url`.
+    """
     from streams.config import read_yaml
 
     p = Path(path) if path is not None else DEFAULT_ROUTING_PATH
-    return Router.from_dict(read_yaml(p, "routing", RoutingError), source=str(p), base_dir=p.parent)
+    router = Router.from_dict(read_yaml(p, "routing", RoutingError), source=str(p), base_dir=p.parent)
+    base = runbook_base_url if runbook_base_url is not None else os.environ.get(RUNBOOK_BASE_ENV, "")
+    if base:
+        if "://" not in base:
+            raise RoutingError(
+                f"{RUNBOOK_BASE_ENV}={base!r} is not an absolute URL (e.g. https://ui.example/runbooks/)"
+            )
+        router.runbook_base_url = base.rstrip("/") + "/"
+    return router
