@@ -56,6 +56,7 @@ RECORD_TYPES: tuple[str, ...] = (
     "RankWindowStats",
     "JobWindowStats",
     "Alert",
+    "ActionTaken",
 )
 
 

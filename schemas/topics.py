@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 __all__ = [
+    "ACTIONS",
     "ALERTS",
     "ALERTS_REPLAY",
     "DEADLETTER",
@@ -43,6 +44,8 @@ ALERTS_REPLAY = "rs.alerts.replay"
 DERIVED_RANK = "rs.derived.rank"
 DERIVED_JOB = "rs.derived.job"
 DEADLETTER = "rs.deadletter"
+# Remediation decisions (`ranksight remediate`): one ActionTaken per decision, keyed by job.
+ACTIONS = "rs.actions"
 
 TOPICS: tuple[str, ...] = (
     TELEMETRY_GPU,
@@ -56,6 +59,7 @@ TOPICS: tuple[str, ...] = (
     DERIVED_RANK,
     DERIVED_JOB,
     DEADLETTER,
+    ACTIONS,
 )
 
 # What producers write that the stream worker reads (every record once): training records, and the
@@ -80,6 +84,7 @@ RECORD_TOPIC: dict[str, str] = {
     "Alert": ALERTS,
     "RankWindowStats": DERIVED_RANK,
     "JobWindowStats": DERIVED_JOB,
+    "ActionTaken": ACTIONS,
 }
 
 _KEY_FIELD: dict[str, str] = {
@@ -93,6 +98,7 @@ _KEY_FIELD: dict[str, str] = {
     ALERTS_REPLAY: "team",
     DERIVED_RANK: "job_id",
     DERIVED_JOB: "job_id",
+    ACTIONS: "job_id",
 }
 
 

@@ -62,6 +62,7 @@ TABLE_NAMES: dict[str, str] = {
     "RankWindowStats": "derived_rank_windows",
     "JobWindowStats": "derived_job_windows",
     "Alert": "alerts",
+    "ActionTaken": "actions",
 }
 
 # Sorting keys chosen for the queries users run: a job's ranks over time, a node's GPUs over time.
@@ -82,6 +83,7 @@ _ORDER_BY: dict[str, tuple[str, ...]] = {
     "RankWindowStats": ("job_id", "rank", "window_start"),
     "JobWindowStats": ("job_id", "window_start"),
     "Alert": ("team", "fingerprint", "alert_id", "status"),
+    "ActionTaken": ("job_id", "ts"),
 }
 
 # Strings that name things (few distinct values, repeated on every row): dictionary-encoded.
@@ -89,7 +91,7 @@ _IDENTITY_FIELDS = frozenset(
     {
         "cluster", "node", "job_id", "run_id", "gpu_uuid", "gpu_name", "owner", "team", "model_name",
         "model_version", "dataset_version", "workload_family", "gpu_class", "baseline_key", "kind", "op",
-        "rule", "receiver", "invariant", "suspected_layer", "history_metric", "baseline",
+        "rule", "receiver", "invariant", "suspected_layer", "history_metric", "baseline", "reason_code", "scheduler",
     }
 )  # fmt: skip
 
@@ -387,6 +389,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "checkpoint restore tests", lambda ttl: [create_table_sql(table_for("RestoreTest"), ttl)]),
     # Views over the raw tables (functions at the end of this module): no data of their own.
     Migration(7, "efficiency and goodput views", lambda ttl: [_run_efficiency_sql(), _job_efficiency_sql()]),
+    Migration(8, "remediation decisions", lambda ttl: [create_table_sql(table_for("ActionTaken"), ttl)]),
 )
 
 _MIGRATIONS_TABLE = (

@@ -12,6 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra.errors import KafkaSetupError
 from schemas.topics import (
+    ACTIONS,
     ALERTS,
     ALERTS_REPLAY,
     DEADLETTER,
@@ -76,6 +77,8 @@ DEFAULT_TOPIC_SPECS: tuple[TopicSpec, ...] = (
     _spec(DERIVED_RANK, 6, 7),
     _spec(DERIVED_JOB, 6, 7),
     _spec(DEADLETTER, 1, 14),
+    # Remediation decisions are an audit trail: kept as long as the alerts they answer.
+    _spec(ACTIONS, 3, 30),
 )
 
 
