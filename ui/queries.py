@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import pairwise
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
@@ -27,13 +29,17 @@ from ui.errors import NotFoundError
 __all__ = [
     "BUCKET_STEPS_MS",
     "TARGET_BUCKETS",
+    "alert_job",
     "alert_page",
     "bucket_ms",
     "efficiency",
+    "finished_fingerprint",
     "fleet",
     "fleet_goodput",
     "job_page",
     "latest_version",
+    "plausible_bounds",
+    "step_rate",
     "to_json",
 ]
 
@@ -47,6 +53,12 @@ _MINUTE_MS = 60_000
 _ALERT_MARGIN_MS = 10 * 60_000
 _RECENT_RESOLVED_MS = 6 * 3600_000
 _SEVERITIES = ("critical", "warning", "info")
+# A job without a step for this long behind the fleet's newest data shows "no progress" and 0 steps/s.
+STALLED_MS = 120_000
+# The plausible event times (`plausible_bounds`): 2000-01-01, as the sink's own lower bound, and the
+# worker's default `engine.max_clock_skew_s` (300 s) past the wall clock.
+MIN_PLAUSIBLE_MS = 946_684_800_000
+MAX_CLOCK_SKEW_MS = 300_000
 
 
 def bucket_ms(span_ms: int, target: int = TARGET_BUCKETS) -> int:
@@ -81,11 +93,21 @@ def to_json(data: Any) -> str:
     return text
 
 
+def _bound(sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    # Values travel apart from the SQL (ClickHouse query parameters, `{name:Type}`): a value never
+    # becomes SQL text. A parameter without its placeholder would make clickhouse-connect fall back to
+    # %-formatting the text itself, so it is refused here.
+    for name in params:
+        if "{" + name + ":" not in sql:
+            raise ValueError(f"query parameter {name!r} has no {{{name}:Type}} placeholder")
+    return params or None
+
+
 def _columns(client: Client, sql: str, **params: Any) -> RawJson:
     """A result as JSON columns (`[[col1...], [col2...]]`) written by ClickHouse."""
     raw = client.raw_query(
         sql,
-        parameters=params or None,
+        parameters=_bound(sql, params),
         fmt="JSONCompactColumns",
         settings={"output_format_json_quote_64bit_integers": 0, "output_format_json_quote_denormals": 0},
     )
@@ -93,22 +115,42 @@ def _columns(client: Client, sql: str, **params: Any) -> RawJson:
 
 
 def _rows(client: Client, sql: str, **params: Any) -> Sequence[Sequence[Any]]:
-    return client.query(sql, parameters=params or None).result_rows
+    return client.query(sql, parameters=_bound(sql, params)).result_rows
 
 
 def _ms(column: str) -> str:
     return f"toUnixTimestamp64Milli({column})"
 
 
-def _between(column: str, t0: int, t1: int) -> str:
+def _between(column: str) -> str:
+    """`column` in [t0, t1): the bounds are the parameters `t0` and `t1` (UTC ms)."""
     return (
-        f"{column} >= fromUnixTimestamp64Milli(toInt64({int(t0)}), 'UTC') "
-        f"AND {column} < fromUnixTimestamp64Milli(toInt64({int(t1)}), 'UTC')"
+        f"{column} >= fromUnixTimestamp64Milli({{t0:Int64}}, 'UTC') "
+        f"AND {column} < fromUnixTimestamp64Milli({{t1:Int64}}, 'UTC')"
     )
 
 
-def _bucket(column_ms: str, width: int) -> str:
-    return f"intDiv({column_ms}, {int(width)}) * {int(width)}"
+def _bucket(column_ms: str) -> str:
+    """The start of `column_ms`'s bucket: the width is the parameter `width` (ms)."""
+    return f"intDiv({column_ms}, {{width:Int64}}) * {{width:Int64}}"
+
+
+# Row filters on the plausible times (parameters `lo`, `hi` from `plausible_bounds`).
+_PLAUSIBLE_TS = (
+    "ts BETWEEN fromUnixTimestamp64Milli({lo:Int64}, 'UTC') AND fromUnixTimestamp64Milli({hi:Int64}, 'UTC')"
+)
+_PLAUSIBLE_MINUTE = "toUnixTimestamp(minute) BETWEEN intDiv({lo:Int64}, 1000) AND intDiv({hi:Int64}, 1000)"
+
+
+def plausible_bounds(now_ms: int | None = None) -> tuple[int, int]:
+    """Event times the pages believe: 2000-01-01 .. now plus the worker's clock skew (UTC ms).
+
+    A record stamped 2199 (a bad clock) or 1970 (seconds read as ms) must not stretch a job's time
+    range or become a fleet's "now"; the sink may store what the worker rejects, so the pages
+    apply the worker's bound themselves (docs/security.md).
+    """
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    return MIN_PLAUSIBLE_MS, now + MAX_CLOCK_SKEW_MS
 
 
 def _num(value: Any, digits: int = 4) -> float | None:
@@ -124,12 +166,28 @@ def _num(value: Any, digits: int = 4) -> float | None:
 # --- versions (live updates) -----------------------------------------------------------------------
 
 
+# The tables whose row counts mark a change (the pages' live refresh; the untrusted-input test waits on them).
+VERSION_TABLES = (
+    "steps",
+    "alerts",
+    "gpu_samples",
+    "host_samples",
+    "job_started",
+    "job_states",
+    "rank_bound",
+    "checkpoints",
+    "evaluations",
+    "derived_rank_windows",
+)
+
+
 def latest_version(client: Client) -> dict[str, int]:
     """Cheap change markers: row counts of the tables the pages read (a page refetches when they move)."""
     rows = _rows(
         client,
         "SELECT table, sum(rows) FROM system.parts WHERE database = currentDatabase() AND active "
-        "AND table IN ('steps', 'alerts', 'gpu_samples', 'job_started', 'job_states') GROUP BY table",
+        "AND table IN {tables:Array(String)} GROUP BY table",
+        tables=list(VERSION_TABLES),
     )
     return {str(name): int(count) for name, count in rows}
 
@@ -162,12 +220,16 @@ _ALERT_KEYS = tuple(c.split(" AS ")[-1] for c in _ALERT_COLUMNS)
 
 
 def _alerts(client: Client, where: str = "1", **params: Any) -> list[dict[str, Any]]:
-    # The filter runs in a subquery: the aggregates' aliases reuse the column names.
+    # The filter runs in a subquery: the aggregates' aliases reuse the column names. Records stamped
+    # outside the plausible times are left out (one 2199 alert must not become the fleet's "now").
+    lo, hi = plausible_bounds()
     sql = (
-        f"SELECT {', '.join(_ALERT_COLUMNS)} FROM (SELECT * FROM alerts WHERE {where}) "
+        f"SELECT {', '.join(_ALERT_COLUMNS)} FROM (SELECT * FROM alerts WHERE ({where}) "
+        "AND ts BETWEEN fromUnixTimestamp64Milli({lo:Int64}, 'UTC') AND fromUnixTimestamp64Milli({hi:Int64}, 'UTC') "
+        "AND starts_at BETWEEN fromUnixTimestamp64Milli({lo:Int64}, 'UTC') AND fromUnixTimestamp64Milli({hi:Int64}, 'UTC')) "
         "GROUP BY alert_id ORDER BY starts_ms"
     )
-    return [dict(zip(_ALERT_KEYS, row, strict=True)) for row in _rows(client, sql, **params)]
+    return [dict(zip(_ALERT_KEYS, row, strict=True)) for row in _rows(client, sql, lo=lo, hi=hi, **params)]
 
 
 # --- fleet -------------------------------------------------------------------------------------------
@@ -180,11 +242,14 @@ def fleet(client: Client, goodput: bool = True) -> dict[str, Any]:
     the server answers them apart (`fleet_goodput`, cached) and the page fills the column in after.
     """
     jobs: dict[str, dict[str, Any]] = {}
+    lo, hi = plausible_bounds()
     for row in _rows(
         client,
         "SELECT job_id, argMax(run_id, ts), argMax(team, ts), argMax(owner, ts), argMax(cluster, ts), "
         "argMax(model_name, ts), argMax(world_size, ts), argMax(gpu_class, ts), "
-        f"{_ms('min(ts)')} FROM job_started GROUP BY job_id",
+        f"{_ms('min(ts)')} FROM job_started WHERE {_PLAUSIBLE_TS} GROUP BY job_id",
+        lo=lo,
+        hi=hi,
     ):
         jobs[row[0]] = {
             "job_id": row[0],
@@ -215,7 +280,9 @@ def fleet(client: Client, goodput: bool = True) -> dict[str, Any]:
     for job_id, minute_ms, last_step in _rows(
         client,
         "SELECT job_id, toUnixTimestamp(minute) * 1000 AS m, max(last_step) FROM job_step_minute "
-        "GROUP BY job_id, m ORDER BY job_id, m",
+        f"WHERE {_PLAUSIBLE_MINUTE} GROUP BY job_id, m ORDER BY job_id, m",
+        lo=lo,
+        hi=hi,
     ):
         minutes[job_id].append((int(minute_ms), int(last_step)))
     newest_minute = max((series[-1][0] for series in minutes.values()), default=0)
@@ -238,8 +305,11 @@ def fleet(client: Client, goodput: bool = True) -> dict[str, Any]:
         for job_id, last_ms, last_step in _rows(
             client,
             f"SELECT job_id, {_ms('max(ts)')}, max(step) FROM steps "
-            "WHERE (job_id, toStartOfMinute(ts)) IN "
-            "(SELECT job_id, max(minute) FROM job_step_minute GROUP BY job_id) GROUP BY job_id",
+            f"WHERE {_PLAUSIBLE_TS} AND (job_id, toStartOfMinute(ts)) IN "
+            f"(SELECT job_id, max(minute) FROM job_step_minute WHERE {_PLAUSIBLE_MINUTE} GROUP BY job_id) "
+            "GROUP BY job_id",
+            lo=lo,
+            hi=hi,
         ):
             jobs[job_id]["last_progress_ms"] = int(last_ms)
             jobs[job_id]["last_step"] = int(last_step)
@@ -251,6 +321,11 @@ def fleet(client: Client, goodput: bool = True) -> dict[str, Any]:
     data_now = max(
         [a["updated_ms"] for a in alerts] + [j["last_progress_ms"] or 0 for j in jobs.values()] + [0]
     )
+    for job in jobs.values():
+        # A job with no step for over STALLED_MS while the fleet moved on is stepping at 0/s now,
+        # whatever it did in the minutes before.
+        if job["last_progress_ms"] is not None and data_now - job["last_progress_ms"] > STALLED_MS:
+            job["step_rate"] = 0.0
     firing = [a for a in alerts if a["status"] == "firing"]
     resolved = [
         a
@@ -380,14 +455,20 @@ def efficiency(client: Client, job_id: str, prices: PriceList | None = None) -> 
 # --- job page ----------------------------------------------------------------------------------------
 
 
+_JOB = "job_id = {job:String}"
+
+
 def _job_meta(client: Client, job_id: str) -> dict[str, Any]:
+    lo, hi = plausible_bounds()
     rows = _rows(
         client,
         "SELECT argMax(run_id, ts), argMax(team, ts), argMax(owner, ts), argMax(cluster, ts), "
         "argMax(model_name, ts), argMax(model_version, ts), argMax(dataset_version, ts), "
         "argMax(world_size, ts), argMax(nodes, ts), argMax(gpu_class, ts), argMax(workload_family, ts), "
-        f"{_ms('min(ts)')}, count() FROM job_started WHERE job_id = %(job)s",
+        f"{_ms('min(ts)')}, count() FROM job_started WHERE {_JOB} AND {_PLAUSIBLE_TS}",
         job=job_id,
+        lo=lo,
+        hi=hi,
     )
     if not rows or not rows[0][-1]:
         return {"job_id": job_id, "team": "", "owner": "", "cluster": "", "nodes": [], "world_size": 0}
@@ -409,18 +490,24 @@ def _job_meta(client: Client, job_id: str) -> dict[str, Any]:
 
 
 def _job_span(client: Client, job_id: str) -> tuple[int, int] | None:
+    # Only plausible times make the span: one record stamped 2199 must not stretch the job to 2199.
+    lo, hi = plausible_bounds()
     rows = _rows(
         client,
         "SELECT toUnixTimestamp(min(minute)) * 1000, toUnixTimestamp(max(minute)) * 1000 + 60000, count() "
-        "FROM job_step_minute WHERE job_id = %(job)s",
+        f"FROM job_step_minute WHERE {_JOB} AND {_PLAUSIBLE_MINUTE}",
         job=job_id,
+        lo=lo,
+        hi=hi,
     )
     if rows and rows[0][2]:
         return int(rows[0][0]), int(rows[0][1])
     rows = _rows(
         client,
-        f"SELECT {_ms('min(ts)')}, {_ms('max(ts)')} + 1, count() FROM steps WHERE job_id = %(job)s",
+        f"SELECT {_ms('min(ts)')}, {_ms('max(ts)')} + 1, count() FROM steps WHERE {_JOB} AND {_PLAUSIBLE_TS}",
         job=job_id,
+        lo=lo,
+        hi=hi,
     )
     if rows and rows[0][2]:
         return int(rows[0][0]), int(rows[0][1])
@@ -431,7 +518,7 @@ def _ranks(client: Client, job_id: str) -> list[dict[str, Any]]:
     rows = _rows(
         client,
         "SELECT rank, argMax(node, ts), argMax(gpu_index, ts), argMax(gpu_uuid, ts) FROM rank_bound "
-        "WHERE job_id = %(job)s GROUP BY rank ORDER BY rank",
+        f"WHERE {_JOB} GROUP BY rank ORDER BY rank",
         job=job_id,
     )
     return [{"rank": int(r[0]), "node": r[1], "gpu_index": r[2], "gpu_uuid": r[3]} for r in rows]
@@ -444,18 +531,21 @@ def _r(expr: str, digits: int = 4) -> str:
 
 def _rank_heatmap(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict[str, Any]:
     """Per (bucket, rank): compute, step time, communication and data wait in seconds, as JSON columns."""
+    params = {"job": job_id, "t0": t0, "t1": t1}
     if width >= _DERIVED_HOP_MS:
-        where = f"job_id = %(job)s AND {_between('window_start', t0, t1)}"
-        if _rows(client, f"SELECT count() FROM derived_rank_windows WHERE {where}", job=job_id)[0][0]:
+        where = f"{_JOB} AND {_between('window_start')}"
+        if _rows(client, f"SELECT count() FROM derived_rank_windows WHERE {where}", **params)[0][0]:
             return {
                 "source": "derived_rank_windows",
                 "columns": ["bucket index", "rank", "compute", "step", "comm", "wait"],
                 "cells": _columns(
                     client,
-                    f"SELECT intDiv({_ms('window_start')} - {int(t0)}, {int(width)}) AS x, rank, {_r('avg(compute_s)')}, "
-                    f"{_r('avg(step_time_s)')}, {_r('avg(comm_s)')}, {_r('avg(data_wait_s)')} "
-                    f"FROM derived_rank_windows WHERE {where} GROUP BY x, rank ORDER BY x, rank",
-                    job=job_id,
+                    f"SELECT intDiv({_ms('window_start')} - {{t0:Int64}}, {{width:Int64}}) AS x, rank, "
+                    f"{_r('avg(compute_s)')}, {_r('avg(step_time_s)')}, {_r('avg(comm_s)')}, "
+                    f"{_r('avg(data_wait_s)')} FROM derived_rank_windows WHERE {where} "
+                    "GROUP BY x, rank ORDER BY x, rank",
+                    width=width,
+                    **params,
                 ),
             }
     return {
@@ -463,11 +553,12 @@ def _rank_heatmap(client: Client, job_id: str, t0: int, t1: int, width: int) -> 
         "columns": ["bucket index", "rank", "compute", "step", "comm", "wait"],
         "cells": _columns(
             client,
-            f"SELECT intDiv({_ms('ts')} - {int(t0)}, {int(width)}) AS x, rank, "
+            f"SELECT intDiv({_ms('ts')} - {{t0:Int64}}, {{width:Int64}}) AS x, rank, "
             f"{_r('avg(ifNull(forward_s, 0) + ifNull(backward_s, 0) + ifNull(optimizer_s, 0))')}, "
             f"{_r('avg(step_time_s)')}, {_r('avg(comm_s)')}, {_r('avg(data_wait_s)')} "
-            f"FROM steps WHERE job_id = %(job)s AND {_between('ts', t0, t1)} GROUP BY x, rank ORDER BY x, rank",
-            job=job_id,
+            f"FROM steps WHERE {_JOB} AND {_between('ts')} GROUP BY x, rank ORDER BY x, rank",
+            width=width,
+            **params,
         ),
     }
 
@@ -485,21 +576,22 @@ def _step_series(
     step rows with the forward / backward / optimizer / checkpoint split. Model metrics come from rank 0
     (the primary key answers it directly).
     """
+    params = {"job": job_id, "t0": t0, "t1": t1, "width": width}
     progress = _rows(
         client,
-        f"SELECT {_bucket(_ms('ts'), width)} AS b, {_r('avg(loss)', 5)}, {_r('avg(lr)', 9)}, "
+        f"SELECT {_bucket(_ms('ts'))} AS b, {_r('avg(loss)', 5)}, {_r('avg(lr)', 9)}, "
         f"{_r('avg(grad_norm)')}, max(step), countIf(skipped), {_r('avg(step_time_s)')} FROM steps "
-        f"WHERE job_id = %(job)s AND rank = 0 AND {_between('ts', t0, t1)} GROUP BY b ORDER BY b",
-        job=job_id,
+        f"WHERE {_JOB} AND rank = 0 AND {_between('ts')} GROUP BY b ORDER BY b",
+        **params,
     )
     if from_windows:
         rows = _rows(
             client,
-            f"SELECT {_bucket(_ms('window_start'), width)} AS b, {_r('avg(data_wait_s)')}, {_r('avg(compute_s)')}, "
+            f"SELECT {_bucket(_ms('window_start'))} AS b, {_r('avg(data_wait_s)')}, {_r('avg(compute_s)')}, "
             f"{_r('avg(comm_s)')}, {_r('avg(greatest(0, step_time_s - compute_s - comm_s - data_wait_s))')} "
-            f"FROM derived_rank_windows WHERE job_id = %(job)s AND {_between('window_start', t0, t1)} "
+            f"FROM derived_rank_windows WHERE {_JOB} AND {_between('window_start')} "
             "GROUP BY b ORDER BY b",
-            job=job_id,
+            **params,
         )
         names = ("data_wait", "compute", "comm", "other")
         segments = {name: [[r[0], r[i + 1]] for r in rows] for i, name in enumerate(names)}
@@ -507,24 +599,18 @@ def _step_series(
     else:
         rows = _rows(
             client,
-            f"SELECT {_bucket(_ms('ts'), width)} AS b, "
+            f"SELECT {_bucket(_ms('ts'))} AS b, "
             + ", ".join(_r(f"avg({s})") for s in _SEGMENTS)
-            + f" FROM steps WHERE job_id = %(job)s AND {_between('ts', t0, t1)} GROUP BY b ORDER BY b",
-            job=job_id,
+            + f" FROM steps WHERE {_JOB} AND {_between('ts')} GROUP BY b ORDER BY b",
+            **params,
         )
         segments = {s.removesuffix("_s"): [[r[0], r[i + 1]] for r in rows] for i, s in enumerate(_SEGMENTS)}
         source = "steps"
-    rate = []
-    previous: tuple[int, int] | None = None
-    for r in progress:
-        if previous is not None and r[0] > previous[0]:
-            rate.append([int(r[0]), _num((int(r[4]) - previous[1]) / ((r[0] - previous[0]) / 1000), 3)])
-        previous = (int(r[0]), int(r[4]))
     return {
         "segments": segments,
         "segments_source": source,
         "step_time": [[r[0], r[6]] for r in progress],
-        "step_rate": rate,
+        "step_rate": step_rate([(int(r[0]), int(r[4])) for r in progress], t0, t1, width),
         "loss": [[r[0], r[1]] for r in progress],
         "lr": [[r[0], r[2]] for r in progress],
         "grad_norm": [[r[0], r[3]] for r in progress],
@@ -532,13 +618,44 @@ def _step_series(
     }
 
 
+def step_rate(last_steps: list[tuple[int, int]], t0: int, t1: int, width: int) -> list[list[Any]]:
+    """Steps per second per bucket from (bucket start, last step in it); 0 where the job stalled.
+
+    A bucket with steps reads the steps since the previous such bucket over the time between them.
+    An empty bucket reads 0 once the last step is longer ago than twice the bucket and three of the
+    job's usual step periods (a line drawn from neighbour to neighbour would show a stalled job still
+    stepping); an empty bucket inside a normal step period (1 s buckets, 1.5 s steps) has no point.
+    """
+    if not last_steps:
+        return []
+    periods = sorted((b[0] - a[0]) / (b[1] - a[1]) for a, b in pairwise(last_steps) if b[1] > a[1])
+    period = periods[len(periods) // 2] if periods else width
+    quiet = max(2 * width, 3 * period)
+    by_bucket = dict(last_steps)
+    out: list[list[Any]] = []
+    previous: tuple[int, int] | None = None
+    bucket = last_steps[0][0]
+    while bucket < t1:
+        last = by_bucket.get(bucket)
+        if last is not None:
+            if previous is not None:
+                out.append([bucket, _num((last - previous[1]) / ((bucket - previous[0]) / 1000), 3)])
+            previous = (bucket, last)
+        elif previous is not None and bucket - previous[0] > quiet:
+            out.append([bucket, 0.0])
+        bucket += width
+    return out
+
+
 def _validation(client: Client, job_id: str, t0: int, t1: int) -> dict[str, list[list[Any]]]:
     out: dict[str, list[list[Any]]] = defaultdict(list)
     for ts, step, name, value in _rows(
         client,
         f"SELECT {_ms('ts')}, step, k, v FROM validation_results ARRAY JOIN mapKeys(metrics) AS k, "
-        f"mapValues(metrics) AS v WHERE job_id = %(job)s AND {_between('ts', t0, t1)} ORDER BY ts",
+        f"mapValues(metrics) AS v WHERE {_JOB} AND {_between('ts')} ORDER BY ts",
         job=job_id,
+        t0=t0,
+        t1=t1,
     ):
         out[name].append([int(ts), _num(value, 5), int(step)])
     return dict(out)
@@ -558,36 +675,45 @@ def _gpus(
         return {"source": None, "labels": [], "keys": [], "columns": [], "cells": []}
     rank_of = {(r["node"], r["gpu_index"]): r["rank"] for r in ranks}
     labels = [f"{node}/gpu{gpu} r{rank_of[(node, gpu)]}" for node, gpu in keys]
-
-    def per_gpu_sql(pairs: list[tuple[str, int]]) -> tuple[str, str]:
-        nodes = ", ".join(f"'{_quote(n)}'" for n in sorted({n for n, _ in pairs}))
-        tuples = ", ".join(f"('{_quote(n)}', {int(g)})" for n, g in pairs)
-        where = f"cluster = %(cluster)s AND node IN ({nodes}) AND (node, gpu_index) IN ({tuples})"
-        if width >= _MINUTE_MS:
-            return "gpu_minute", (
-                f"SELECT {_bucket('toUnixTimestamp(minute) * 1000', width)} AS b, node, gpu_index, "
+    # Node names and GPU keys are parameters like every other value (a node may be named anything).
+    where = (
+        "cluster = {cluster:String} AND node IN {nodes:Array(String)} "
+        "AND (node, gpu_index) IN {keys:Array(Tuple(String, Int32))}"
+    )
+    if width >= _MINUTE_MS:
+        source, sql = (
+            "gpu_minute",
+            (
+                f"SELECT {_bucket('toUnixTimestamp(minute) * 1000')} AS b, node, gpu_index, "
                 "avgMerge(gpu_util_pct_avg) AS util, avgMerge(power_w_avg) AS power, "
                 "avgMerge(sm_clock_mhz_avg) AS sm_clock, max(mem_used_bytes_max) / 1073741824 AS mem_used "
                 f"FROM gpu_minute WHERE {where} "
-                f"AND minute >= toDateTime(intDiv({int(t0)}, 1000), 'UTC') "
-                f"AND minute < toDateTime(intDiv({int(t1)}, 1000), 'UTC') GROUP BY b, node, gpu_index"
-            )
-        return "gpu_samples", (
-            f"SELECT {_bucket(_ms('ts'), width)} AS b, node, gpu_index, avg(gpu_util_pct) AS util, "
-            "avg(power_w) AS power, avg(sm_clock_mhz) AS sm_clock, max(mem_used_bytes) / 1073741824 AS mem_used "
-            f"FROM gpu_samples WHERE {where} AND {_between('ts', t0, t1)} GROUP BY b, node, gpu_index"
+                "AND minute >= toDateTime(intDiv({t0:Int64}, 1000), 'UTC') "
+                "AND minute < toDateTime(intDiv({t1:Int64}, 1000), 'UTC') GROUP BY b, node, gpu_index"
+            ),
         )
-
-    source, sql = per_gpu_sql(keys)
-    names = "[" + ", ".join(f"'{_quote(n)}/{int(g)}'" for n, g in keys) + "]"
+    else:
+        source, sql = (
+            "gpu_samples",
+            (
+                f"SELECT {_bucket(_ms('ts'))} AS b, node, gpu_index, avg(gpu_util_pct) AS util, "
+                "avg(power_w) AS power, avg(sm_clock_mhz) AS sm_clock, max(mem_used_bytes) / 1073741824 AS mem_used "
+                f"FROM gpu_samples WHERE {where} AND {_between('ts')} GROUP BY b, node, gpu_index"
+            ),
+        )
     # One row per (bucket, GPU) with every metric: the page draws the activity heatmap, the bands
     # across GPUs and the line of whichever GPU an alert names from the same columns.
     cells = _columns(
         client,
-        f"SELECT intDiv(b - {int(t0)}, {int(width)}) AS x, "
-        f"transform(concat(node, '/', toString(gpu_index)), {names}, range({len(keys)}), -1) AS i, "
+        "SELECT intDiv(b - {t0:Int64}, {width:Int64}) AS x, "
+        "indexOf({keys:Array(Tuple(String, Int32))}, (node, gpu_index)) - 1 AS i, "
         f"{_r('util', 1)}, {_r('power', 1)}, {_r('sm_clock', 0)}, {_r('mem_used', 2)} FROM ({sql}) ORDER BY x, i",
         cluster=cluster,
+        nodes=sorted({n for n, _ in keys}),
+        keys=[(n, int(g)) for n, g in keys],
+        t0=t0,
+        t1=t1,
+        width=width,
     )
     return {
         "source": source,
@@ -598,22 +724,21 @@ def _gpus(
     }
 
 
-def _quote(text: str) -> str:
-    return str(text).replace("\\", "\\\\").replace("'", "\\'")
-
-
 def _hosts(client: Client, cluster: str, nodes: list[str], t0: int, t1: int, width: int) -> dict[str, Any]:
     if not nodes:
         return {"nodes": [], "cpu": {}, "mem_pct": {}, "retrans": {}, "ib_errors": {}}
-    names = ", ".join(f"'{_quote(n)}'" for n in nodes)
     out: dict[str, Any] = {"nodes": sorted(nodes), "cpu": {}, "mem_pct": {}, "retrans": {}, "ib_errors": {}}
     for node, b, cpu, mem, retrans, ib in _rows(
         client,
-        f"SELECT node, {_bucket(_ms('ts'), width)} AS b, avg(cpu_util_pct), "
+        f"SELECT node, {_bucket(_ms('ts'))} AS b, avg(cpu_util_pct), "
         "avg(100 * mem_used_bytes / nullIf(mem_total_bytes, 0)), avg(tcp_retrans_segs_s), max(ib_errors) "
-        f"FROM host_samples WHERE cluster = %(cluster)s AND node IN ({names}) AND {_between('ts', t0, t1)} "
-        "GROUP BY node, b ORDER BY node, b",
+        "FROM host_samples WHERE cluster = {cluster:String} AND node IN {nodes:Array(String)} "
+        f"AND {_between('ts')} GROUP BY node, b ORDER BY node, b",
         cluster=cluster,
+        nodes=list(nodes),
+        t0=t0,
+        t1=t1,
+        width=width,
     ):
         b = int(b)
         out["cpu"].setdefault(node, []).append([b, _num(cpu, 1)])
@@ -626,11 +751,14 @@ def _hosts(client: Client, cluster: str, nodes: list[str], t0: int, t1: int, wid
 def _dataloader(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict[str, Any]:
     rows = _rows(
         client,
-        f"SELECT {_bucket(_ms('ts'), width)} AS b, avg(wait_s / nullIf(interval_s, 0)), "
+        f"SELECT {_bucket(_ms('ts'))} AS b, avg(wait_s / nullIf(interval_s, 0)), "
         "max(wait_s / nullIf(interval_s, 0)), argMax(rank, wait_s / nullIf(interval_s, 0)), "
         "avg(queue_depth), min(queue_depth) "
-        f"FROM dataloader_samples WHERE job_id = %(job)s AND {_between('ts', t0, t1)} GROUP BY b ORDER BY b",
+        f"FROM dataloader_samples WHERE {_JOB} AND {_between('ts')} GROUP BY b ORDER BY b",
         job=job_id,
+        t0=t0,
+        t1=t1,
+        width=width,
     )
     return {
         "wait_frac_avg": [[int(r[0]), _num(r[1])] for r in rows],
@@ -644,9 +772,12 @@ def _collectives(client: Client, job_id: str, t0: int, t1: int, width: int) -> d
     out: dict[str, dict[str, list[list[Any]]]] = {}
     for op, b, frac, bw in _rows(
         client,
-        f"SELECT op, {_bucket(_ms('ts'), width)} AS b, sum(time_s) / nullIf(sum(interval_s), 0), avg(bus_bw_gbps) "
-        f"FROM collective_samples WHERE job_id = %(job)s AND {_between('ts', t0, t1)} GROUP BY op, b ORDER BY op, b",
+        f"SELECT op, {_bucket(_ms('ts'))} AS b, sum(time_s) / nullIf(sum(interval_s), 0), avg(bus_bw_gbps) "
+        f"FROM collective_samples WHERE {_JOB} AND {_between('ts')} GROUP BY op, b ORDER BY op, b",
         job=job_id,
+        t0=t0,
+        t1=t1,
+        width=width,
     ):
         series = out.setdefault(op, {"time_frac": [], "bus_bw_gbps": []})
         series["time_frac"].append([int(b), _num(frac)])
@@ -668,9 +799,11 @@ def _phases(
         client,
         f"SELECT {id_column}, min(step), {_ms(_STARTED_TS)}, {_ms(_ENDED_TS)}, "
         f"{_ms('min(ts)')}, {_ms('max(ts)')}, argMax(phase, ts), groupUniqArray(phase), {name}, any(error) "
-        f"FROM {table} WHERE job_id = %(job)s AND {_between('ts', t0 - 3600_000, t1)} "
+        f"FROM {table} WHERE {_JOB} AND {_between('ts')} "
         f"GROUP BY {id_column} ORDER BY min(ts)",
         job=job_id,
+        t0=t0 - 3600_000,
+        t1=t1,
     )
     out = []
     for cid, step, started, ended, first, last, phase, phases, label, error in rows:
@@ -697,8 +830,10 @@ def _states(client: Client, job_id: str, t0: int, t1: int) -> list[dict[str, Any
     rows = _rows(
         client,
         f"SELECT {_ms('ts')}, state, reason, exit_code, restart_count FROM job_states "
-        f"WHERE job_id = %(job)s AND {_between('ts', t0 - 24 * 3600_000, t1)} ORDER BY ts",
+        f"WHERE {_JOB} AND {_between('ts')} ORDER BY ts",
         job=job_id,
+        t0=t0 - 24 * 3600_000,
+        t1=t1,
     )
     return [
         {"ts": int(r[0]), "state": r[1], "reason": r[2], "exit_code": r[3], "restart_count": int(r[4])}
@@ -722,7 +857,7 @@ def job_page(
     """
     meta = _job_meta(client, job_id)
     span = _job_span(client, job_id)
-    alerts = _alerts(client, "job_id = %(job)s", job=job_id)
+    alerts = _alerts(client, _JOB, job=job_id)
     if span is None and not meta.get("started_ms") and not alerts:
         raise NotFoundError("job", job_id)
     if span is None:
@@ -730,6 +865,9 @@ def job_page(
         span = (first, first + _MINUTE_MS)
     start = int(t0) if t0 is not None else span[0]
     end = int(t1) if t1 is not None else span[1]
+    # A range asked for by URL is cut to the plausible times too (from=0&to=1e15 is 11 million buckets).
+    lo, hi = plausible_bounds()
+    start, end = min(max(start, lo), hi), min(max(end, lo), hi + _MINUTE_MS)
     if end <= start:
         end = start + _MINUTE_MS
     width = bucket_ms(end - start, target)
@@ -765,13 +903,42 @@ def job_page(
     return page
 
 
+# A job in one of these states writes nothing more until it is requeued (which is a new state row).
+TERMINAL_STATES = ("completed", "failed", "preempted")
+
+
+def finished_fingerprint(client: Client, job_id: str) -> tuple[Any, ...] | None:
+    """What identifies a finished job's data, None while it runs: its answers can be cached on it.
+
+    The last state must be terminal; the counts of its state changes, step rows, checkpoint phases
+    and alert records change with any row that arrives after (a restart, a late record), and with
+    them the fingerprint, so a cached answer is never served stale.
+    """
+    rows = _rows(
+        client,
+        f"SELECT (SELECT argMax(state, ts) FROM job_states WHERE {_JOB}), "
+        f"(SELECT count() FROM job_states WHERE {_JOB}), (SELECT count() FROM steps WHERE {_JOB}), "
+        f"(SELECT count() FROM checkpoints WHERE {_JOB}), (SELECT count() FROM alerts WHERE {_JOB})",
+        job=job_id,
+    )
+    if not rows or rows[0][0] not in TERMINAL_STATES:
+        return None
+    return tuple(rows[0])
+
+
 # --- alert page --------------------------------------------------------------------------------------
+
+
+def alert_job(client: Client, alert_id: str) -> str | None:
+    """The job an alert names, None for an unknown alert or one without a job."""
+    rows = _rows(client, "SELECT any(job_id) FROM alerts WHERE alert_id = {id:String}", id=alert_id)
+    return str(rows[0][0]) if rows and rows[0][0] else None
 
 
 def alert_page(client: Client, alert_id: str) -> dict[str, Any]:
     """Everything an alert carries (its latest record and its status history) and its job's evidence panels."""
     rows = client.query(
-        "SELECT * FROM alerts WHERE alert_id = %(id)s ORDER BY ts", parameters={"id": alert_id}
+        "SELECT * FROM alerts WHERE alert_id = {id:String} ORDER BY ts", parameters={"id": alert_id}
     )
     if not rows.result_rows:
         raise NotFoundError("alert", alert_id)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -23,25 +25,49 @@ from clickhouse_connect.driver.exceptions import ClickHouseError as _DriverError
 from sinks.efficiency import PriceList
 from ui import queries
 from ui.errors import NotFoundError, UiError
-from ui.pages import ASSETS, asset_text, page_html
+from ui.limits import (
+    DEFAULT_CACHE_BYTES,
+    DEFAULT_MAX_QUERIES,
+    DEFAULT_QUEUE_WAIT_S,
+    Overloaded,
+    PageCache,
+    QueryGate,
+)
+from ui.pages import ASSETS, CONTENT_SECURITY_POLICY, asset_text, page_html
+from ui.runbooks import default_runbooks_dir, render_runbook
 
-__all__ = ["UiServer", "make_app"]
+__all__ = ["GATE", "PAGES", "UiServer", "make_app"]
 
 log = logging.getLogger(__name__)
 
 # The efficiency views scan every step row (seconds on a big store): their answers are kept this long.
 EFFICIENCY_CACHE_S = 60.0
+# Request lines and headers may be long: a job id may be 10 kB of anything (aiohttp's default is 8 kB).
+MAX_LINE_BYTES = 64 * 1024
 
 _CONTENT_TYPES = {".js": "application/javascript", ".css": "text/css"}
 _SHUTDOWN_TIMEOUT_S = 5.0  # how long a stopping server waits for requests in flight
+# Every response, pages and API alike (docs/security.md).
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+_STORE_FAILED = "the store could not answer this request (the UI's log has the details)"
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
+# The app's query gate and page cache, for operators' introspection and the load tests.
+GATE = web.AppKey("gate", QueryGate)
+PAGES = web.AppKey("pages", PageCache)
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
         text=data if isinstance(data, str) else queries.to_json(data),
         status=status,
         content_type="application/json",
-        headers={"Cache-Control": "no-store"},
+        headers={"Cache-Control": "no-store", **(headers or {})},
     )
 
 
@@ -59,42 +85,99 @@ def _int_param(request: web.Request, name: str) -> int | None:
         raise web.HTTPBadRequest(text=f"{name} must be UTC milliseconds") from None
 
 
-def make_app(client: Client, prices: PriceList | None = None) -> web.Application:
-    """The aiohttp application of the UI over a ClickHouse client (GPU-hours priced by `prices`)."""
+async def _secure(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    for name, value in _SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
 
-    cache: dict[tuple[str, ...], tuple[float, Any]] = {}
+
+def make_app(
+    client: Client,
+    prices: PriceList | None = None,
+    *,
+    max_queries: int = DEFAULT_MAX_QUERIES,
+    queue_wait_s: float = DEFAULT_QUEUE_WAIT_S,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+    runbooks: Path | None = None,
+) -> web.Application:
+    """The aiohttp application of the UI over a ClickHouse client (GPU-hours priced by `prices`).
+
+    At most `max_queries` requests query the store at once; `2 * max_queries` more wait up to
+    `queue_wait_s` for a turn and the rest are answered 503 with Retry-After (`ui.limits`). A
+    finished job's answers are cached (`cache_bytes`). Runbooks are served from `runbooks`.
+    """
+    gate = QueryGate(max_queries, wait_s=queue_wait_s)
+    pages = PageCache(cache_bytes)
+    timed: dict[tuple[str, ...], tuple[float, Any]] = {}
+    runbook_dir = runbooks if runbooks is not None else default_runbooks_dir()
 
     def cached(key: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
         def answer(client: Client) -> Any:
             now = time.monotonic()
-            hit = cache.get(key)
+            hit = timed.get(key)
             if hit is None or now - hit[0] > EFFICIENCY_CACHE_S:
                 hit = (now, fn(client, *args))
-                cache[key] = hit
+                timed[key] = hit
             return hit[1]
 
         return answer
 
-    async def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> web.Response:
+    def finished(
+        key: tuple[Any, ...], job_id: Callable[[], str | None], fn: Callable[..., Any]
+    ) -> Callable[[Client], tuple[str, str]]:
+        # A finished job's answer is immutable until its fingerprint moves: served from `pages`.
+        def answer(client: Client) -> tuple[str, str]:
+            job = job_id()
+            fingerprint = queries.finished_fingerprint(client, job) if job else None
+            if fingerprint is not None:
+                text = pages.get(key, fingerprint)
+                if text is not None:
+                    return text, "hit"
+            text = queries.to_json(fn(client))
+            if fingerprint is not None:
+                pages.put(key, fingerprint, text)
+                return text, "miss"
+            return text, "none"
+
+        return answer
+
+    async def answer(work: Callable[[Client], tuple[str, str]]) -> web.Response:
         try:
-            # Encoded on the worker thread too: a big page must not hold the event loop.
-            return _json(await asyncio.to_thread(lambda: queries.to_json(fn(client, *args, **kwargs))))
+            async with gate.turn():
+                # Encoded on the worker thread too: a big page must not hold the event loop.
+                text, cache = await asyncio.to_thread(work, client)
+        except Overloaded as exc:
+            return _json({"error": str(exc)}, 503, {"Retry-After": str(exc.retry_after_s)})
         except NotFoundError as exc:
             return _json({"error": str(exc)}, status=404)
-        except (_DriverError, UiError) as exc:
+        except _DriverError as exc:
+            # The driver's message quotes the SQL: it goes to the log, never to the browser.
             log.warning("query failed: %s", exc)
-            return _json({"error": f"the store could not answer: {str(exc).splitlines()[0]}"}, status=503)
+            return _json({"error": _STORE_FAILED}, status=503)
+        except UiError as exc:
+            return _json({"error": str(exc)}, status=503)
+        except Exception:
+            log.exception("request failed")
+            return _json(
+                {"error": "the UI failed to answer this request (the UI's log has the details)"}, 500
+            )
+        return _json(text, headers={"X-Ranksight-Cache": cache})
+
+    async def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> web.Response:
+        return await answer(lambda client: (queries.to_json(fn(client, *args, **kwargs)), "none"))
+
+    def html_page(kind: str, key: str | None, title: str) -> web.Response:
+        return web.Response(text=page_html(kind, key, title), content_type="text/html")
 
     async def fleet_page(request: web.Request) -> web.Response:
-        return web.Response(text=page_html("fleet", None, "fleet"), content_type="text/html")
+        return html_page("fleet", None, "fleet")
 
     async def job_page(request: web.Request) -> web.Response:
         job = request.match_info["job_id"]
-        return web.Response(text=page_html("job", job, f"job {job}"), content_type="text/html")
+        return html_page("job", job, f"job {job}")
 
     async def alert_page(request: web.Request) -> web.Response:
         alert = request.match_info["alert_id"]
-        return web.Response(text=page_html("alert", alert, f"alert {alert}"), content_type="text/html")
+        return html_page("alert", alert, f"alert {alert}")
 
     async def api_fleet(request: web.Request) -> web.Response:
         return await run(queries.fleet, goodput=False)
@@ -104,19 +187,35 @@ def make_app(client: Client, prices: PriceList | None = None) -> web.Application
 
     async def api_job_efficiency(request: web.Request) -> web.Response:
         job_id = request.match_info["job_id"]
-        return await run(cached(("efficiency", job_id), queries.efficiency, job_id, prices))
+        return await answer(
+            finished(
+                ("efficiency", job_id),
+                lambda: job_id,
+                cached(("efficiency", job_id), queries.efficiency, job_id, prices),
+            )
+        )
 
     async def api_job(request: web.Request) -> web.Response:
-        return await run(
-            queries.job_page,
-            request.match_info["job_id"],
-            _int_param(request, "from"),
-            _int_param(request, "to"),
-            with_efficiency=False,
+        job_id = request.match_info["job_id"]
+        t0, t1 = _int_param(request, "from"), _int_param(request, "to")
+        return await answer(
+            finished(
+                ("job", job_id, t0, t1),
+                lambda: job_id,
+                lambda client: queries.job_page(client, job_id, t0, t1, with_efficiency=False),
+            )
         )
 
     async def api_alert(request: web.Request) -> web.Response:
-        return await run(queries.alert_page, request.match_info["alert_id"])
+        alert_id = request.match_info["alert_id"]
+
+        return await answer(
+            finished(
+                ("alert", alert_id),
+                lambda: queries.alert_job(client, alert_id),
+                lambda client: queries.alert_page(client, alert_id),
+            )
+        )
 
     async def api_version(request: web.Request) -> web.Response:
         return await run(queries.latest_version)
@@ -133,19 +232,33 @@ def make_app(client: Client, prices: PriceList | None = None) -> web.Application
         fn = fns.get(kind)
         if fn is None:
             raise web.HTTPNotFound()
-        try:
-            data: dict[str, Any] = await asyncio.to_thread(fn, client, key)
-        except NotFoundError as exc:
-            raise web.HTTPNotFound(text=str(exc)) from None
-        generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         page = "job" if kind == "jobs" else "alert"
-        text = report_html(page, key, f"{page} {key}", data, generated)
-        name = f"ranksight-{page}-{key}.html".replace("/", "_")
+
+        def work(client: Client) -> tuple[str, str]:
+            generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+            return report_html(page, key, f"{page} {key}", fn(client, key), generated), "none"
+
+        response = await answer(work)
+        if response.status != 200:
+            return response
+        # A file name from a record: only safe characters survive, the rest become `_`.
+        name = "ranksight-" + page + "-" + re.sub(r"[^A-Za-z0-9._-]", "_", key)[:100] + ".html"
         return web.Response(
-            text=text,
+            body=response.body,
             content_type="text/html",
+            charset="utf-8",
             headers={"Content-Disposition": f'attachment; filename="{name}"'},
         )
+
+    async def runbook(request: web.Request) -> web.Response:
+        rule = request.match_info.get("rule", "") or "README"
+        try:
+            text = render_runbook(runbook_dir, rule)
+        except NotFoundError:
+            raise web.HTTPNotFound(text="no runbook of that name: the index is /runbooks/") from None
+        except UiError as exc:
+            raise web.HTTPServiceUnavailable(text=str(exc)) from None
+        return web.Response(text=text, content_type="text/html")
 
     async def static(request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -160,19 +273,26 @@ def make_app(client: Client, prices: PriceList | None = None) -> web.Application
             text=text, content_type=_CONTENT_TYPES[suffix], headers={"Cache-Control": "max-age=3600"}
         )
 
+    # Ids are anything a record carried: the `[^/]+` patterns also match `{` and `}` (aiohttp's default
+    # pattern excludes them), and `/` arrives percent-encoded.
     app = web.Application()
+    app.on_response_prepare.append(_secure)
+    app[GATE] = gate
+    app[PAGES] = pages
     app.add_routes(
         [
             web.get("/", fleet_page),
-            web.get("/jobs/{job_id}", job_page),
-            web.get("/alerts/{alert_id}", alert_page),
+            web.get("/jobs/{job_id:[^/]+}", job_page),
+            web.get("/alerts/{alert_id:[^/]+}", alert_page),
             web.get("/api/fleet", api_fleet),
             web.get("/api/fleet/goodput", api_fleet_goodput),
-            web.get("/api/jobs/{job_id}", api_job),
-            web.get("/api/jobs/{job_id}/efficiency", api_job_efficiency),
-            web.get("/api/alerts/{alert_id}", api_alert),
+            web.get("/api/jobs/{job_id:[^/]+}", api_job),
+            web.get("/api/jobs/{job_id:[^/]+}/efficiency", api_job_efficiency),
+            web.get("/api/alerts/{alert_id:[^/]+}", api_alert),
             web.get("/api/version", api_version),
-            web.get("/reports/{kind}/{key}", report),
+            web.get("/reports/{kind}/{key:[^/]+}", report),
+            web.get("/runbooks/", runbook),
+            web.get("/runbooks/{rule:[^/]+}", runbook),
             web.get("/static/{name}", static),
             web.get("/favicon.ico", _no_content),
         ]
@@ -184,12 +304,23 @@ class UiServer:
     """The UI served on host:port, in the foreground or on a background thread."""
 
     def __init__(
-        self, client: Client, host: str = "127.0.0.1", port: int = 8088, prices: PriceList | None = None
+        self,
+        client: Client,
+        host: str = "127.0.0.1",
+        port: int = 8088,
+        prices: PriceList | None = None,
+        *,
+        max_queries: int = DEFAULT_MAX_QUERIES,
+        queue_wait_s: float = DEFAULT_QUEUE_WAIT_S,
+        runbooks: Path | None = None,
     ) -> None:
         self.client = client
         self.prices = prices
         self.host = host
         self.port = port
+        self.app = make_app(
+            client, prices, max_queries=max_queries, queue_wait_s=queue_wait_s, runbooks=runbooks
+        )
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -204,7 +335,11 @@ class UiServer:
     async def _start(self) -> None:
         # Ctrl-C gives requests in flight (and idle keep-alive connections) 5 s, not aiohttp's 60.
         self._runner = web.AppRunner(
-            make_app(self.client, self.prices), access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S
+            self.app,
+            access_log=None,
+            shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
+            max_line_size=MAX_LINE_BYTES,
+            max_field_size=MAX_LINE_BYTES,
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)

@@ -42,7 +42,7 @@ def _highest_offset(client: Client) -> int:
     rows = client.query(
         "SELECT max(max_offset) FROM (SELECT max(_offset) AS max_offset FROM merge(currentDatabase(), "
         "'^(steps|gpu_samples|host_samples|alerts|derived_rank_windows|derived_job_windows|job_started)$') "
-        "WHERE _topic = %(t)s)",
+        "WHERE _topic = {t:String})",
         parameters={"t": FILE_TOPIC},
     ).result_rows
     return int(rows[0][0] or 0) if rows else 0

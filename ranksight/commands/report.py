@@ -2,13 +2,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from ranksight.console import console, fail, user_errors
 
-__all__ = ["register"]
+if TYPE_CHECKING:
+    from schemas.records import Event
+
+__all__ = ["detected", "register", "replayed"]
+
+
+def detected(
+    events: Iterable[Event], *, config: Path | None = None, routing: Path | None = None
+) -> Iterator[Event]:
+    """Each event, then what the detectors raise on it (alerts, derived windows); at the end what they raise then.
+
+    The UI and its reports never run the detectors themselves (`ui/` imports no engine): this layer
+    replays a recording and hands them the events with their alerts and derived rows, in the order
+    an offline replay (`streams.offline.replay`) produces them.
+    """
+    from streams.alerting.routing import load_router
+    from streams.config import load_config
+    from streams.engine import DetectionEngine
+
+    engine = DetectionEngine(load_config(config), load_router(routing))
+    for event in events:
+        yield event
+        yield from engine.process(event)
+    yield from engine.finish()
+
+
+def replayed(
+    paths: list[Path], *, config: Path | None = None, routing: Path | None = None
+) -> Iterator[Event]:
+    """`detected` over Avro recordings merged in event-time order."""
+    from streams.offline.replay import merged_events
+
+    return detected(merged_events(paths), config=config, routing=routing)
 
 
 def report(

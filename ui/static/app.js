@@ -1,7 +1,9 @@
 /* ranksight UI: fleet, job and alert pages on ECharts. One file, no build step.
  *
- * Served pages fetch JSON from /api/...; a report embeds the same JSON in window.RANKSIGHT_REPORT
- * and never touches the network. Every time panel of a job shares one time window: zooming one
+ * Served pages fetch JSON from /api/...; a report embeds the same JSON in a non-executable
+ * <script type="application/json" id="ranksight-report"> block and never touches the network.
+ * Every value from a record is data: the DOM is built from text nodes (el()), tooltips are DOM
+ * elements built the same way (never HTML strings), links only take http(s) or same-site paths. Every time panel of a job shares one time window: zooming one
  * zooms all, and clicking an alert sets the window to the alert's span and highlights its
  * rank / GPU / node in every panel. State is on window.ranksight for tests and the curious.
  */
@@ -9,7 +11,10 @@
   'use strict';
 
   const RS = (window.ranksight = { charts: {}, window: null, focus: null, data: null, ready: false, page: null });
-  const REPORT = window.RANKSIGHT_REPORT || null;
+  const REPORT = (() => {
+    const block = document.getElementById('ranksight-report');
+    return block ? JSON.parse(block.textContent) : null;
+  })();
   const SEVERITY_ORDER = { critical: 0, warning: 1, info: 2 };
   const COLORS = {
     critical: '#d62728', warning: '#ff9f1c', info: '#4c78a8', resolved: '#6a9f58',
@@ -26,6 +31,8 @@
     for (const [k, v] of Object.entries(attrs || {})) {
       if (v === null || v === undefined || v === false) continue;
       if (k === 'class') node.className = v;
+      // Through the CSSOM: a style attribute would need 'unsafe-inline' in the page's CSP.
+      else if (k === 'style') node.style.cssText = v;
       else if (k.startsWith('on')) node.addEventListener(k.slice(2), v);
       else node.setAttribute(k, v === true ? '' : v);
     }
@@ -67,6 +74,50 @@
     return parts.join(' · ') || 'whole job';
   }
   const badge = (severity, text) => el('span', { class: `badge ${severity}` }, text || severity);
+
+  // A URL from a record becomes a link only when it is http(s) or a path on this site: never
+  // javascript:, data: or anything else a browser would run. Reports (file://) have no site paths.
+  function safeHref(url) {
+    const s = String(url ?? '').trim();
+    if (/^https?:\/\/[^\s]+$/i.test(s)) return s;
+    if (!REPORT && /^\/(?!\/)[^\s]*$/.test(s)) return s;
+    return null;
+  }
+
+  function runbookHref(url) {
+    // `docs/runbooks/<rule>` (relative, as alerts used to carry it) is served by this UI at
+    // /runbooks/<rule>; an absolute URL (built from a configured base) is used as it is.
+    const s = String(url ?? '').trim();
+    const m = /^\/?(?:docs\/)?runbooks\/([A-Za-z0-9_.-]+?)(?:\.md)?$/.exec(s);
+    if (m) return REPORT ? null : `/runbooks/${encodeURIComponent(m[1])}`;
+    return safeHref(s);
+  }
+  function runbookLink(a) {
+    if (!a.runbook_url) return 'no runbook';
+    const href = runbookHref(a.runbook_url);
+    return href ? el('a', { href, target: '_blank', rel: 'noopener', class: 'runbook' }, 'runbook') : `runbook: ${a.runbook_url}`;
+  }
+
+  // Tooltips are DOM elements built from text nodes: ECharts inserts a returned element as it is
+  // (a returned string would be parsed as HTML, and record strings are not markup).
+  const tipLine = (color, name, value) => el('div', { class: 'tip-line' },
+    typeof color === 'string' ? el('i', { class: 'dot', style: `background:${color}` }) : null, name,
+    value === undefined || value === null ? null : el('b', {}, value));
+  const tip = (title, ...lines) => el('div', { class: 'tip' }, el('div', { class: 'tip-title' }, title), ...lines);
+  function axisTip(units) {
+    // The tooltip of a time chart: the instant, then each series' value with its unit.
+    return (params) => {
+      const list = (Array.isArray(params) ? params : [params]).filter((p) => p && p.value !== undefined);
+      if (!list.length) return el('div', { class: 'tip' });
+      const first = list[0];
+      const t = Array.isArray(first.value) ? first.value[0] : first.axisValue;
+      return tip(fmtDateTime(t), ...list.map((p) => {
+        const v = Array.isArray(p.value) ? p.value[1] : p.value;
+        const unit = units[p.seriesName] || '';
+        return tipLine(p.color, `${p.seriesName}: `, v === null || v === undefined ? '-' : `${fmtNum(v, 4)}${unit ? ` ${unit}` : ''}`);
+      }));
+    };
+  }
 
   async function getJSON(url) {
     const response = await fetch(url, { headers: { accept: 'application/json' } });
@@ -175,10 +226,12 @@
   }
 
   function timeOption(data, series, yName, extra) {
+    // A series may name its own unit (`unit`); the rest are in the chart's y unit.
+    const units = Object.fromEntries(series.map((s) => [s.name, s.unit ?? yName]));
     return Object.assign({
       animation: false,
       grid: GRID,
-      tooltip: { trigger: 'axis', valueFormatter: (v) => fmtNum(v, 4) },
+      tooltip: { trigger: 'axis', formatter: axisTip(units) },
       legend: { top: 0, left: GRID.left + 48, type: 'scroll', textStyle: { fontSize: 11 } },
       xAxis: { type: 'time', min: data.range.from_ms, max: data.range.to_ms, axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5), hideOverlap: true } },
       yAxis: { type: 'value', name: yName, nameTextStyle: { align: 'left' }, scale: true, splitNumber: 3 },
@@ -261,9 +314,9 @@
     return {
       animation: false,
       grid: { ...GRID, top: 10 },
-      tooltip: { formatter: (p) => `${rows[p.value[1]]}<br>${fmtTime(buckets[p.value[0]])}: <b>${fmtNum(p.value[2], 4)} ${unit}</b>` },
+      tooltip: { formatter: (p) => tip(rows[p.value[1]], tipLine(null, `${fmtTime(buckets[p.value[0]])}: `, `${fmtNum(p.value[2], 4)} ${unit}`)) },
       xAxis: { type: 'category', data: buckets, axisLabel: { formatter: (v) => (data.range.bucket_ms < 60000 ? fmtTime(Number(v)) : fmtTime(Number(v)).slice(0, 5)), hideOverlap: true }, splitArea: { show: false } },
-      yAxis: { type: 'category', data: rows, inverse: true, axisLabel: { fontSize: 10, hideOverlap: true, formatter: (v) => (RS.focusRows && RS.focusRows.has(v) ? `{focus|${v}}` : v), rich: { focus: { color: '#d62728', fontWeight: 'bold', fontSize: 10 } } } },
+      yAxis: { type: 'category', data: rows, inverse: true, axisLabel: { fontSize: 10, hideOverlap: true, color: (v) => (RS.focusRows && RS.focusRows.has(v) ? '#d62728' : '#6e7079') } },
       visualMap: { type: 'continuous', min: lo, max: hi, calculable: true, orient: 'vertical', right: 0, top: 'middle', itemHeight: 120, text: [`${fmtNum(hi)} ${unit}`, fmtNum(lo)], inRange: { color: fixedRange ? IDLE_IS_HOT : SLOW_IS_HOT } },
       dataZoom: [{ type: 'inside', xAxisIndex: 0, filterMode: 'none' }],
       series: [{ name, type: 'heatmap', data: points, progressive: 0, emphasis: { itemStyle: { borderColor: '#000', borderWidth: 1 } } }],
@@ -385,7 +438,12 @@
     chart.setOption({
       animation: false,
       grid: { ...GRID, top: 6 },
-      tooltip: { formatter: (p) => (p.data.alert ? `<b>${p.data.alert.rule}</b> ${p.data.alert.severity}<br>${p.data.alert.summary}` : p.data.label) + `<br>${fmtTime(p.value[1])} → ${fmtTime(p.value[2])}` },
+      tooltip: { formatter: (p) => {
+        const a = p.data.alert;
+        const span = tipLine(null, `${fmtTime(p.value[1])} → ${fmtTime(p.value[2])}`);
+        return a ? tip(a.rule, tipLine(COLORS[a.status === 'firing' ? a.severity : 'resolved'], `${a.severity} · ${a.status} · ${where(a)}`), el('div', { class: 'tip-summary' }, a.summary), span)
+          : tip(p.data.label, span);
+      } },
       xAxis: { type: 'time', min: data.range.from_ms, max: data.range.to_ms, axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5), hideOverlap: true } },
       yAxis: { type: 'category', data: lanes, inverse: true, axisLabel: { fontSize: 11, width: GRID.left - 12, overflow: 'truncate' } },
       dataZoom: [{ type: 'inside', xAxisIndex: 0, filterMode: 'none' }],
@@ -628,7 +686,7 @@
     const head = el('div', { class: 'header' },
       el('h1', {}, REPORT ? '' : el('a', { href: '/', class: 'crumb' }, 'fleet › '), badge(a.severity), ` ${a.rule} `, el('span', { class: `status ${a.status}` }, a.status)),
       el('p', { class: 'summary-line' }, a.summary),
-      el('p', { class: 'since' }, REPORT ? '' : el('a', { href: `/reports/alerts/${encodeURIComponent(a.alert_id)}`, style: 'float:right' }, 'download report'), since, ' · routed to ', el('strong', {}, a.team), ` (${a.receiver})`, ' · ', a.runbook_url ? el('a', { href: a.runbook_url, target: '_blank', rel: 'noopener' }, 'runbook') : 'no runbook'),
+      el('p', { class: 'since' }, REPORT ? '' : el('a', { href: `/reports/alerts/${encodeURIComponent(a.alert_id)}`, style: 'float:right' }, 'download report'), since, ' · routed to ', el('strong', {}, a.team), ` (${a.receiver})`, ' · ', runbookLink(a)),
       el('dl', { class: 'facts' },
         ...fact('job', a.job_id ? el('a', { href: jobHref(a.job_id) }, a.job_id) : '-'), ...fact('run', a.run_id), ...fact('owner', a.owner),
         ...fact('where', where(a)), ...fact('GPU uuid', a.gpu_uuid), ...fact('cluster', a.cluster),
@@ -645,7 +703,7 @@
     root.replaceChildren(head);
     const hist = echarts.init(document.getElementById('history'));
     hist.setOption({
-      animation: false, grid: { left: 70, right: 24, top: 16, bottom: 24 }, tooltip: { trigger: 'axis' },
+      animation: false, grid: { left: 70, right: 24, top: 16, bottom: 24 }, tooltip: { trigger: 'axis', formatter: axisTip({}) },
       xAxis: { type: 'time', axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5) } }, yAxis: { type: 'value', scale: true },
       series: [{ name: a.history_metric, type: 'line', data: a.history, showSymbol: true,
         markLine: a.expected === null ? undefined : { silent: true, symbol: 'none', lineStyle: { color: '#d62728', type: 'dashed' }, data: [{ yAxis: a.expected, name: 'expected' }] } }],

@@ -44,22 +44,38 @@ def test_raw_json_parts_are_spliced_in_unparsed() -> None:
 
 
 def test_a_report_cannot_be_broken_out_of_by_its_data() -> None:
-    """A job id or summary holding `</script>` stays inside the data script of a report."""
-    evil = "</script><script>alert(1)</script><!--"
+    """A job id or summary holding `</script>`, `<!--` or `&` stays inside the report's JSON data block."""
+    evil = "</script><script>alert(1)</script><!--&amp;"
     html = report_html("job", evil, "t", {"job": {"job_id": evil}}, "now")
-    data_script = html.split("window.RANKSIGHT_REPORT = ", 1)[1].split(";</script>", 1)[0]
-    assert "</script" not in data_script and "<!--" not in data_script
-    assert (
-        json.loads(data_script.replace("<\\/", "</").replace("<\\!--", "<!--"))["data"]["job"]["job_id"]
-        == evil
-    )
+    data_script = html.split("id='ranksight-report'>", 1)[1].split("</script>", 1)[0]
+    assert "<" not in data_script and ">" not in data_script and "&" not in data_script
+    assert json.loads(data_script)["data"]["job"]["job_id"] == evil
+    assert "alert(1)" not in html.replace(data_script, "")  # only inside the data block
+
+
+def test_a_report_runs_under_a_policy_that_allows_only_its_own_scripts() -> None:
+    """The report's CSP lists the hash of each inlined script and of its stylesheet, nothing inline else."""
+    import base64
+    import hashlib
+    import html as markup
+    import re
+
+    html = report_html("job", "j", "t", {}, "now")
+    policy = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', html)
+    assert policy is not None
+    scripts = re.findall(r"<script>(.*?)</script>", html, flags=re.S)
+    assert len(scripts) == 2
+    for body in scripts:
+        digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
+        assert f"'sha256-{digest}'" in markup.unescape(policy.group(1))
+    assert "unsafe-inline" not in policy.group(1) and "unsafe-eval" not in policy.group(1)
 
 
 def test_a_report_inlines_its_scripts_and_fetches_nothing() -> None:
     """No <script src>, no stylesheet link: everything a report needs is in the file."""
     html = report_html("job", "j", "t", {}, "now")
     assert "<script src" not in html and "<link" not in html
-    assert "echarts" in html and "window.ranksight" in html
+    assert "echarts" in html and "window.ranksight" in html and "<script type='application/json'" in html
 
 
 def test_a_served_page_names_its_kind_and_key_escaped() -> None:
