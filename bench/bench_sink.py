@@ -1,21 +1,36 @@
-"""Sink throughput: Kafka -> decode -> ClickHouse (chDB), next to its parts measured bare.
+"""Sink throughput: Kafka -> decode -> ClickHouse (chDB), next to a bare loop doing the same work, and scale-out.
 
 Starts its own broker (infra/kafka/local.py) and chDB in a temporary directory, produces N
 GpuSample and N StepCompleted events, then measures, one after the other:
-  (a) a bare clickhouse-connect column insert of the same rows into chDB,
+  (a) a bare clickhouse-connect column insert of the same rows (copies of the tables, no views),
   (b) a bare confluent-kafka consumer loop reading the messages without decoding,
   (c) bare fastavro decoding of the message bodies,
-  (d) the sink (`SinkConsumer`) end to end.
-Prints rows/s, CPU seconds and peak RSS. Not part of the test suite.
+  (e) a bare consume + decode + insert loop: the same messages, poll size, batch size per
+      topic-partition and tables (the real ones, with their materialized views) as the sink,
+      without offsets, commits, dedup tokens or checks,
+  (d) the sink (`SinkConsumer`) end to end, with the time bound `ranksight sink` applies,
+(e) and (d) alternating `--rounds` times into freshly made tables (no insert dedup history), and
+prints the best (d) / (e) by wall time and by CPU time (on a shared machine CPU time is the
+steadier figure). Then scale-out on ONE job: M StepCompleted of one 512-rank job keyed by
+job and rank group (`job/group`, 8 ranks a group), so the job's steps spread over every partition
+of a 6-partition topic, stored by 1 and then by 2 sink processes (one consumer group; each
+process with its own chDB directory, as chDB allows one process per directory: with a ClickHouse
+server they would share one). Each process waits until the group has assigned every partition
+before the data is produced; rows/s = all rows / (last insert - first record read). Prints
+rows/s, CPU seconds and peak RSS. Not part of the test suite.
 
-    .venv/bin/python bench/bench_sink.py [--events 100000] [--batch-size 5000]
+    .venv/bin/python bench/bench_sink.py [--events 100000] [--batch-size 5000] [--scale-steps 200000]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
+import os
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,15 +40,25 @@ from confluent_kafka import Consumer, Producer
 from fastavro import schemaless_reader
 
 from infra.kafka.local import LocalKafka, ensure_jars
-from infra.kafka.topics import create_topics
+from infra.kafka.topics import TopicSpec, create_topics
 from schemas.codec import Codec
-from schemas.records import default_schemas
+from schemas.eventtime import TimeBound
+from schemas.records import Event, default_schemas
 from schemas.topics import DEADLETTER, TELEMETRY_GPU, TRAINING_STEPS, key_for, topic_for
 from sinks.clickhouse import close, connect
 from sinks.consumer import SinkConsumer
 from sinks.ddl import migrate, table_for
 from sinks.rows import event_row
 from sinks.samples import sample_events
+from streams.config import load_config
+
+POLL_BATCH = 1000  # the sink's default `poll_batch`: the bare loop polls the same
+
+
+def _time_bound() -> TimeBound:
+    """The bound `ranksight sink` applies: the shipped detector config's clock knobs."""
+    engine = load_config(None)
+    return TimeBound(engine.max_clock_skew_ms, engine.max_record_age_ms)
 
 
 class Phase:
@@ -54,7 +79,7 @@ class Phase:
 
     def line(self) -> str:
         return (
-            f"{self.name:<38} {self.rows / self.wall:>12,.0f} rows/s  {self.wall:7.2f} s wall  "
+            f"{self.name:<44} {self.rows / self.wall:>12,.0f} rows/s  {self.wall:7.2f} s wall  "
             f"{self.cpu:7.2f} s CPU  peak RSS {self.rss_mb:,.0f} MiB"
         )
 
@@ -70,18 +95,42 @@ def main() -> None:
     )
     parser.add_argument("--events", type=int, default=100_000, help="events per record type (2 types)")
     parser.add_argument("--batch-size", type=int, default=5000)
+    parser.add_argument(
+        "--scale-steps", type=int, default=200_000, help="steps of the one job for scale-out (0: skip)"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="alternating runs of (e) and (d); best of each")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: one sink process of the scale-out
     args = parser.parse_args()
+    if args.child:
+        _child(json.loads(args.child))
+        return
 
     with tempfile.TemporaryDirectory(prefix="rs-bench-") as tmp:
         kafka = LocalKafka(Path(tmp) / "kafka", libs=ensure_jars())
         kafka.start()
         try:
-            _run(kafka.bootstrap, Path(tmp), args.events, args.batch_size)
+            if args.events:
+                _run(kafka.bootstrap, Path(tmp), args.events, args.batch_size, args.rounds)
+            if args.scale_steps:
+                _scale_out(kafka.bootstrap, Path(tmp), args.scale_steps, args.batch_size)
         finally:
             kafka.stop()
 
 
-def _run(bootstrap: str, tmp: Path, n: int, batch_size: int) -> None:
+def _produce(bootstrap: str, messages: list[tuple[str, bytes | None, bytes]]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000})
+    for topic, key, value in messages:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain it
+                producer.poll(0.1)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def _run(bootstrap: str, tmp: Path, n: int, batch_size: int, rounds: int) -> None:
     prefix = "bench."
     create_topics(bootstrap, prefix=prefix)
     now = int(time.time() * 1000)
@@ -90,22 +139,24 @@ def _run(bootstrap: str, tmp: Path, n: int, batch_size: int) -> None:
     values = [codec.encode(e) for e in events]
     total = len(events)
     print(
-        f"{total:,} events ({n:,} GpuSample + {n:,} StepCompleted), {sum(map(len, values)) / total:.0f} B each"
+        f"{total:,} events ({n:,} GpuSample + {n:,} StepCompleted), {sum(map(len, values)) / total:.0f} B each, "
+        f"batch {batch_size} per topic-partition, poll {POLL_BATCH}"
     )
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000})
-    for event, value in zip(events, values, strict=True):
-        topic = topic_for(event.type)
-        producer.produce(prefix + topic, key=key_for(topic, event.record), value=value)
-        producer.poll(0)
-    producer.flush(60)
+    _produce(
+        bootstrap,
+        [
+            (prefix + topic_for(e.type), key_for(topic_for(e.type), e.record), v)
+            for e, v in zip(events, values, strict=True)
+        ],
+    )
+    topics = [prefix + TELEMETRY_GPU, prefix + TRAINING_STEPS]
 
     dsn = f"chdb://{tmp / 'chdb'}"
     client = connect(dsn)
     migrate(client)
     results: list[Phase] = []
 
-    # (a) bare column insert of the same rows (tables shaped like the real ones)
+    # (a) bare column insert of the same rows (copies of the tables: no materialized views)
     columns: dict[str, list[list[Any]]] = {}
     for offset, event in enumerate(events):
         spec, row = event_row(event)
@@ -114,7 +165,7 @@ def _run(bootstrap: str, tmp: Path, n: int, batch_size: int) -> None:
             col.append(v)
     for table in columns:
         client.command(f"CREATE TABLE bench_{table} AS {table}")
-    with Phase(f"(a) bare chDB insert, {batch_size}/insert", total) as phase:
+    with Phase(f"(a) bare chDB insert, {batch_size}/insert, no views", total) as phase:
         for table, cols in columns.items():
             names = list(table_for("GpuSample" if table == "gpu_samples" else "StepCompleted").column_names)
             for start in range(0, len(cols[0]), batch_size):
@@ -127,7 +178,7 @@ def _run(bootstrap: str, tmp: Path, n: int, batch_size: int) -> None:
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "bench-bare", "auto.offset.reset": "earliest"}
     )
-    consumer.subscribe([prefix + TELEMETRY_GPU, prefix + TRAINING_STEPS])
+    consumer.subscribe(topics)
     seen = 0
     with Phase("(b) bare confluent-kafka consume", total) as phase:
         while seen < total:
@@ -143,31 +194,233 @@ def _run(bootstrap: str, tmp: Path, n: int, batch_size: int) -> None:
             schemaless_reader(io.BytesIO(value[10:]), parsed[value[2:10]], None)
     results.append(phase)
 
-    # (d) the sink end to end
-    idle = 1.0
-    sink = SinkConsumer(
-        {"bootstrap.servers": bootstrap},
-        client,
-        [prefix + TELEMETRY_GPU, prefix + TRAINING_STEPS],
-        "bench-sink",
-        deadletter_topic=prefix + DEADLETTER,
-        batch_size=batch_size,
-        progress_interval_s=3600,
+    # (e) and (d), alternating, `rounds` times each into fresh tables: best of each (the machine is shared)
+    bares: list[Phase] = []
+    sinks: list[Phase] = []
+    for r in range(rounds):
+        _fresh_tables(client)
+        with Phase("(e) bare consume + decode + insert loop", total) as phase:
+            _bare_loop(bootstrap, client, topics, batch_size, total, f"bench-bare-{r}")
+        _assert_stored(client, total, "bare loop")
+        bares.append(phase)
+
+        _fresh_tables(client)
+        idle = 1.0
+        sink = SinkConsumer(
+            {"bootstrap.servers": bootstrap},
+            client,
+            topics,
+            f"bench-sink-{r}",
+            deadletter_topic=prefix + DEADLETTER,
+            batch_size=batch_size,
+            poll_batch=POLL_BATCH,
+            progress_interval_s=3600,
+            time_bound=_time_bound(),
+        )
+        with Phase("(d) sink: Kafka -> decode -> chDB", total) as phase:
+            stats = sink.run(idle_exit_s=idle)
+        phase.wall -= idle  # the idle tail before exit is not work
+        _assert_stored(client, total, "sink")
+        sinks.append(phase)
+        print(
+            f"round {r + 1}: bare {bares[-1].wall:.2f} s wall {bares[-1].cpu:.2f} s CPU, sink {phase.wall:.2f} s wall "
+            f"{phase.cpu:.2f} s CPU ({stats['batches']} batches, {stats['inserts']} inserts, "
+            f"{stats['insert_s']:.2f} s inside inserts)"
+        )
+    bare = min(bares, key=lambda p: p.wall)
+    best = min(sinks, key=lambda p: p.wall)
+    for result in [*results, bare, best]:
+        print(result.line())
+    bare_cpu, sink_cpu = min(p.cpu for p in bares), min(p.cpu for p in sinks)
+    print(
+        f"sink / bare loop, best of {rounds}: {bare.wall / best.wall:.2f}x by wall time, "
+        f"{bare_cpu / sink_cpu:.2f}x by CPU time ({sink_cpu / total * 1e6:.1f} vs {bare_cpu / total * 1e6:.1f} "
+        f"µs CPU per row) (target >= 0.8x); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
-    with Phase("(d) sink: Kafka -> decode -> chDB", total) as phase:
-        stats = sink.run(idle_exit_s=idle)
-    phase.wall -= idle  # the idle tail before exit is not work
-    results.append(phase)
+    close(dsn)
+
+
+def _fresh_tables(client: Any) -> None:
+    """Drop every table and view and migrate again: empty tables, no insert dedup history."""
+    rows = client.query(
+        "SELECT name, engine FROM system.tables WHERE database = currentDatabase() AND name NOT LIKE 'bench_%'"
+    ).result_rows
+    for name, engine in sorted(rows, key=lambda r: r[1] not in ("View", "MaterializedView")):
+        client.command(
+            f"DROP {'VIEW' if engine in ('View', 'MaterializedView') else 'TABLE'} IF EXISTS {name} SYNC"
+        )
+    migrate(client)
+
+
+def _assert_stored(client: Any, total: int, who: str) -> None:
     stored = sum(
         int(client.query(f"SELECT count() FROM {t}").result_rows[0][0]) for t in ("gpu_samples", "steps")
     )
-    assert stored == total, f"stored {stored} of {total}"
-    print(
-        f"sink: {stats['batches']} batches, {stats['inserts']} inserts, {stats['insert_s']:.2f} s inside inserts"
+    assert stored == total, f"{who} stored {stored} of {total}"
+
+
+def _bare_loop(
+    bootstrap: str, client: Any, topics: list[str], batch_size: int, total: int, group: str
+) -> None:
+    """Consume, decode, convert and insert per topic-partition batch; no commits, tokens or checks."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
     )
-    for result in results:
-        print(result.line())
+    consumer.subscribe(topics)
+    codec = Codec()
+    batches: dict[tuple[str, int], tuple[str, list[list[Any]]]] = {}
+    names: dict[str, list[str]] = {}
+
+    def insert(tp: tuple[str, int]) -> None:
+        table, cols = batches.pop(tp)
+        client.insert(table, data=cols, column_names=names[table], column_oriented=True)
+
+    seen = 0
+    while seen < total:
+        for msg in consumer.consume(POLL_BATCH, 0.2):
+            if msg.error() is not None:
+                continue
+            seen += 1
+            tp = (msg.topic() or "", msg.partition() or 0)
+            spec, row = event_row(codec.decode(msg.value()))
+            entry = batches.get(tp)
+            if entry is None:
+                entry = batches[tp] = (spec.name, [[] for _ in spec.column_names])
+                names.setdefault(spec.name, list(spec.column_names))
+            cols = entry[1]
+            for col, value in zip(cols, row, strict=False):
+                col.append(value)
+            cols[-3].append(tp[0])
+            cols[-2].append(tp[1])
+            cols[-1].append(msg.offset())
+            if len(cols[-1]) >= batch_size:
+                insert(tp)
+    for tp in list(batches):
+        insert(tp)
+    consumer.close()
+
+
+# --- scale-out: one job's steps over every partition, 1 and 2 sink processes -------------------------
+
+RANKS = 512
+RANK_GROUP = 8
+PARTITIONS = 6
+
+
+def _scale_out(bootstrap: str, tmp: Path, n: int, batch_size: int) -> None:
+    now = int(time.time() * 1000)
+    job = "one-big-job"
+    codec = Codec()
+    events = [
+        Event("StepCompleted", e.record | {"job_id": job, "rank": i % RANKS, "step": i // RANKS})
+        for i, e in enumerate(sample_events("StepCompleted", n, now))
+    ]
+    values = [codec.encode(e) for e in events]
+    keys = [f"{job}/{e.record['rank'] // RANK_GROUP}".encode() for e in events]
+    print(
+        f"\nscale-out: {n:,} StepCompleted of one {RANKS}-rank job keyed by job/rank group "
+        f"({RANKS // RANK_GROUP} keys) over {PARTITIONS} partitions, batch {batch_size}"
+    )
+    rates: dict[int, float] = {}
+    for processes in (1, 2):
+        topic = f"bench.scale{processes}.{TRAINING_STEPS}"
+        create_topics(bootstrap, [TopicSpec(topic, PARTITIONS, 86_400_000)])
+        go = tmp / f"go-{processes}"
+        children = []
+        for k in range(processes):
+            spec = {
+                "bootstrap": bootstrap,
+                "topic": topic,
+                "group": f"bench-scale-{processes}",
+                "chdb": str(tmp / f"chdb-scale-{processes}-{k}"),
+                "batch_size": batch_size,
+                "go": str(go),
+                "partitions": PARTITIONS,
+                "members": processes,
+            }
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, "--child", json.dumps(spec)],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+                )
+            )
+        for child in children:  # each says "ready" once the group gave out every partition
+            line = child.stdout.readline() if child.stdout else ""
+            assert line.startswith("ready"), line
+        _produce(bootstrap, [(topic, k, v) for k, v in zip(keys, values, strict=True)])
+        go.touch()
+        results = []
+        for child in children:
+            out, _ = child.communicate(timeout=600)
+            assert child.returncode == 0, out
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        rows = sum(r["rows"] for r in results)
+        assert rows == n, f"{processes} process(es) stored {rows} of {n}"
+        span = max(r["last_insert"] for r in results) - min(r["first_read"] for r in results)
+        rates[processes] = rows / span
+        detail = ", ".join(
+            f"[{', '.join(map(str, r['partitions']))}] {r['rows']:,} rows {r['rows'] / (r['last_insert'] - r['first_read']):,.0f}/s "
+            f"{r['cpu_s']:.1f} s CPU"
+            for r in results
+        )
+        print(f"{processes} sink process(es): {rates[processes]:>10,.0f} rows/s  {span:6.2f} s  ({detail})")
+    print(f"2 processes / 1 process: {rates[2] / rates[1]:.2f}x (target >= 1.7x)")
+
+
+def _child(spec: dict[str, Any]) -> None:
+    """One sink process of the scale-out: join, say ready, wait for the data, store it, report."""
+    dsn = f"chdb://{spec['chdb']}"
+    client = connect(dsn)
+    migrate(client)
+    sink = SinkConsumer(
+        {"bootstrap.servers": spec["bootstrap"]},
+        client,
+        [spec["topic"]],
+        spec["group"],
+        batch_size=spec["batch_size"],
+        poll_batch=POLL_BATCH,
+        progress_interval_s=3600,
+        time_bound=_time_bound(),
+    )
+    # Ready once the group has settled: this member holds its share of the partitions.
+    share = spec["partitions"] // spec["members"]
+    while len(sink.assignment()) != share:
+        sink.poll_once()
+    partitions = [p for _, p in sink.assignment()]
+    print("ready", flush=True)
+    go = Path(spec["go"])
+    parent = os.getppid()
+    while not go.exists():
+        if os.getppid() != parent:  # the bench died: do not wait forever
+            sys.exit(1)
+        time.sleep(0.01)
+    cpu0 = _cpu()
+    first_read = last_insert = 0.0
+    rows = quiet_since = 0.0
+    while True:
+        handled = sink.poll_once()
+        now = time.time()
+        if handled and not first_read:
+            first_read = now
+        inserted = sink.stats()["inserted_rows"]
+        if inserted != rows:
+            rows, last_insert = inserted, now
+        if handled or sink.sink.pending():
+            quiet_since = now
+        elif first_read and now - quiet_since > 2.0:
+            break
+    cpu = _cpu() - cpu0
+    sink.close()
     close(dsn)
+    print(json.dumps({"rows": int(rows), "first_read": first_read, "last_insert": last_insert,
+                      "cpu_s": cpu, "partitions": partitions}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -225,6 +225,13 @@ class SinkConsumer:
             self._on_health(self.health())
         return handled
 
+    def assignment(self) -> list[tuple[str, int]]:
+        """The topic-partitions this member is assigned now (empty before it joined its group)."""
+        try:
+            return sorted((tp.topic, tp.partition) for tp in self._consumer.assignment())
+        except (KafkaException, RuntimeError):
+            return []  # closed
+
     def health(self) -> dict[str, Any]:
         """What `/metrics` shows: `stats()` plus records read and lag per topic (assigned partitions)."""
         lag: dict[str, int] = {}
