@@ -198,7 +198,14 @@ def forward(
         "",
         "--ui-url",
         envvar="RANKSIGHT_UI_URL",
-        help="ranksight UI base URL: generatorURL = <url>/alerts/<alert_id>.",
+        help="ranksight UI base URL: generatorURL = <url>/alerts/<alert_id>; runbook links "
+        "<url>/runbooks/<rule> unless --runbook-base-url says otherwise.",
+    ),
+    runbook_base_url: str = typer.Option(
+        "",
+        "--runbook-base-url",
+        envvar="RANKSIGHT_RUNBOOK_BASE_URL",
+        help="Base of the runbook_url annotation (<base>/<rule>) for alerts whose link is relative.",
     ),
     idle_exit_s: float | None = typer.Option(
         None, "--idle-exit", help="Exit after N seconds without alerts."
@@ -232,7 +239,12 @@ def forward(
         client = AlertmanagerClient(alertmanager)
         try:
             forwarder = AlertForwarder(
-                client.post, resend_s=resend_s, keepalive_s=keepalive_s, ui_url=ui_url, team=team
+                client.post,
+                resend_s=resend_s,
+                keepalive_s=keepalive_s,
+                ui_url=ui_url,
+                team=team,
+                runbook_base_url=runbook_base_url,
             )
         except ValueError as exc:
             client.close()
@@ -323,6 +335,52 @@ def _serve_forward_metrics(port: int, forwarder: Any, run_stats: list[Any]) -> N
             time.sleep(1.0)
 
     threading.Thread(target=refresh, name="ranksight-forward-metrics", daemon=True).start()
+
+
+@alerts_app.command("am-config")
+def am_config(
+    ownership: Path | None = typer.Option(
+        None,
+        "--ownership",
+        help="Ownership YAML: teams, receivers, owners per category and cluster "
+        "(default: the one the routing file names).",
+    ),
+    routing: Path | None = typer.Option(
+        None, "--routing", help="Routing YAML whose inhibit rules and routes are rendered (default: shipped)."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Write the configuration here (default: stdout)."
+    ),
+) -> None:
+    """Render an Alertmanager configuration: routes by team and category, repeat intervals, escalation, inhibition."""
+    from streams.alerting.amconfig import render_alertmanager_config
+    from streams.alerting.ownership import load_ownership
+    from streams.alerting.routing import load_router
+
+    with user_errors():
+        router = load_router(routing)
+        owners = load_ownership(ownership) if ownership is not None else router.ownership
+        if owners is None:
+            fail("the routing file names no ownership file: pass --ownership FILE")
+        # The header names the file as the user would (relative to here when it is below).
+        source = Path(owners.source)
+        shown = str(source.relative_to(Path.cwd())) if source.is_relative_to(Path.cwd()) else str(source)
+        rendered = render_alertmanager_config(owners, router.inhibit_rules, router.routes, source=shown)
+    for warning in rendered.warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    if out is None:
+        print(rendered.text, end="")
+        return
+    try:
+        out.write_text(rendered.text, encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc.strerror}")
+    err_console.print(
+        f"wrote {out}: {len(owners.teams)} teams, {len(rendered.config['receivers'])} receivers, "
+        f"{len(rendered.config['inhibit_rules'])} inhibit rules; check it with `amtool check-config {out}`",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def register(app: typer.Typer) -> None:

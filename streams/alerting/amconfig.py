@@ -9,8 +9,9 @@ The rendered tree (`ranksight alerts am-config --ownership FILE`):
   1. informational copies (`receiver="<inform>"`, when the team's inform receiver differs from its
      page receiver): never escalated, repeated at the `info` interval;
   2. explicit routes' receivers of the routing file (`receiver="<name>"`);
-  3. escalation: `severity="critical"` alerts of a category the team can own go, with `continue:
-     true`, to the team's `escalate` receiver after `group_wait: <escalation.after>`. A page
+  3. escalation: `severity="critical"` alerts of a category the team owns (on the clusters where it
+     owns it) go, with `continue: true`, to the team's `escalate` receiver after
+     `group_wait: <escalation.after>`. A page
      someone acknowledged by silencing it in Alertmanager within that time never reaches it
      (Alertmanager notifies nothing for silenced alerts), nor does one resolved by then;
   4. one route per category with its `group_by`, and under it one per severity with its
@@ -36,6 +37,7 @@ from streams.alerting.routing import Route
 
 __all__ = ["RenderedConfig", "label_for_field", "matcher", "render_alertmanager_config"]
 
+_REGEX_SPECIAL = frozenset("\\.^$|?*+()[]{}")
 _HEADER = """\
 # Alertmanager configuration rendered by `ranksight alerts am-config` from {source}.
 # Regenerate it after editing the ownership or routing file; check it with `amtool check-config`.
@@ -71,10 +73,11 @@ def label_for_field(name: str) -> str | None:
     return None
 
 
-def matcher(label: str, value: str, *, regex: bool = False) -> str:
-    """One Alertmanager matcher, `label="value"` or `label=~"regex"`, with the value escaped."""
+def matcher(label: str, value: str, *, regex: bool = False, negate: bool = False) -> str:
+    """One Alertmanager matcher (`label="value"`, `=~`, `!=`, `!~`), with the value escaped."""
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return f'{label}{"=~" if regex else "="}"{escaped}"'
+    op = ("!~" if negate else "=~") if regex else ("!=" if negate else "=")
+    return f'{label}{op}"{escaped}"'
 
 
 def _severity_routes(ownership: Ownership) -> list[dict[str, Any]]:
@@ -84,15 +87,39 @@ def _severity_routes(ownership: Ownership) -> list[dict[str, Any]]:
     ]
 
 
-def _owned_categories(ownership: Ownership, team: str | None) -> list[str]:
-    """Categories `team` can own (None: a team the file does not list, i.e. a job team)."""
-    owners = [ownership.owners, *ownership.clusters.values()]
+def _literal(text: str) -> str:
+    """`text` as a regular expression matching itself (RE2 and Python agree on these escapes)."""
+    return "".join(f"\\{ch}" if ch in _REGEX_SPECIAL else ch for ch in text)
+
+
+def _escalation_scopes(ownership: Ownership, team: str | None) -> list[list[str]]:
+    """Matchers of the (category, cluster) pairs `team` owns, one list per category it can own.
+
+    `team` None stands for a job team the file does not list. Informational copies of a category
+    only ever reach a team that does not own it there, so these matchers escalate pages alone.
+    """
     wanted = {JOB_TEAM} if team is None else {team, JOB_TEAM}
-    return [c for c in CATEGORIES if any(o.get(c) in wanted for o in owners)]
+    scopes = []
+    for category in CATEGORIES:
+        overrides = {c: o[category] for c, o in sorted(ownership.clusters.items()) if category in o}
+        mine = [c for c, owner in overrides.items() if owner in wanted]
+        others = [c for c, owner in overrides.items() if owner not in wanted]
+        where = [matcher("category", category)]
+        if ownership.owners[category] in wanted:
+            if others:
+                where.append(
+                    matcher("cluster", "|".join(_literal(c) for c in others), regex=True, negate=True)
+                )
+        elif mine:
+            where.append(matcher("cluster", "|".join(_literal(c) for c in mine), regex=True))
+        else:
+            continue
+        scopes.append(where)
+    return scopes
 
 
 def _children(
-    ownership: Ownership, receivers: TeamReceivers, owned: Sequence[str], extra_receivers: Iterable[str]
+    ownership: Ownership, receivers: TeamReceivers, owned: Sequence[list[str]], extra_receivers: Iterable[str]
 ) -> list[dict[str, Any]]:
     am = ownership.alertmanager
     routes: list[dict[str, Any]] = []
@@ -108,13 +135,10 @@ def _children(
         routes.append(
             {"matchers": [matcher("receiver", name)], "receiver": name, "routes": _severity_routes(ownership)}
         )
-    if owned:
+    for scope in owned:
         routes.append(
             {
-                "matchers": [
-                    matcher("severity", "critical"),
-                    matcher("category", "|".join(owned), regex=True),
-                ],
+                "matchers": [matcher("severity", "critical"), *scope],
                 "receiver": receivers.escalate,
                 "group_wait": am.escalate_after,
                 "repeat_interval": am.repeat_interval["critical"],
@@ -203,12 +227,12 @@ def render_alertmanager_config(
                 "matchers": [matcher("team", team)],
                 "receiver": receivers.page,
                 "routes": _children(
-                    ownership, receivers, _owned_categories(ownership, team), extra.get(team, ())
+                    ownership, receivers, _escalation_scopes(ownership, team), extra.get(team, ())
                 ),
             }
         )
     others = _children(
-        ownership, ownership.other_teams, _owned_categories(ownership, None), extra.get("", ())
+        ownership, ownership.other_teams, _escalation_scopes(ownership, None), extra.get("", ())
     )
     config: dict[str, Any] = {
         "global": {"resolve_timeout": resolve_timeout},

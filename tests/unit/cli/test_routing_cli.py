@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from ranksight.cli import app
@@ -65,3 +66,16 @@ def test_bad_input_is_one_sentence(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "not JSON" in result.output and "Traceback" not in result.output
     missing = CliRunner().invoke(app, ["routing", "explain", str(tmp_path / "none.json")])
     assert missing.exit_code == 1 and "no such file" in missing.output
+
+
+def test_am_config_prints_the_shipped_configuration_and_names_a_missing_ownership_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ranksight alerts am-config` run from the repository root reproduces infra/alertmanager/alertmanager.yml."""
+    root = Path(__file__).resolve().parents[3]
+    monkeypatch.chdir(root)
+    result = CliRunner().invoke(app, ["alerts", "am-config"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (root / "infra/alertmanager/alertmanager.yml").read_text()
+    missing = CliRunner().invoke(app, ["alerts", "am-config", "--ownership", str(tmp_path / "none.yaml")])
+    assert missing.exit_code == 1 and "does not exist" in missing.output

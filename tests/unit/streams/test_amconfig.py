@@ -61,12 +61,30 @@ def test_informational_copies_go_to_the_inform_receiver_before_escalation() -> N
         "receiver": "llm-chat",
         "repeat_interval": "24h",
     }
-    escalation = children[1]
-    assert (
-        escalation["receiver"] == "llm-lead" and escalation["group_wait"] == "15m" and escalation["continue"]
-    )
+    escalations = [c for c in children if c.get("continue")]
+    assert all(e["receiver"] == "llm-lead" and e["group_wait"] == "15m" for e in escalations)
     # A job team owns model and data alerts; its informed infra copies never escalate.
-    assert escalation["matchers"] == ['severity="critical"', 'category=~"model|data"']
+    assert [e["matchers"] for e in escalations] == [
+        ['severity="critical"', 'category="model"'],
+        ['severity="critical"', 'category="data"'],
+    ]
+
+
+def test_escalation_follows_cluster_ownership() -> None:
+    """infra-ops owns infra everywhere but on the provider's cluster, where only the provider escalates."""
+    ownership = {**OWNERSHIP, "teams": {**OWNERSHIP["teams"], "noc": {"page": "noc-pager"}}}
+    ownership["clusters"] = {"east.1": {"infra": "noc"}}
+    config = render_alertmanager_config(Ownership.from_dict(ownership)).config
+
+    def escalated_infra(team: str) -> list[list[str]]:
+        routes = _team_route(config, team)["routes"]
+        return [r["matchers"] for r in routes if r.get("continue") and 'category="infra"' in r["matchers"]]
+
+    # In Alertmanager's quoting the regex east\.1 (a literal dot) reads east\\.1.
+    assert escalated_infra("infra-ops") == [
+        ['severity="critical"', 'category="infra"', r'cluster!~"east\\.1"']
+    ]
+    assert escalated_infra("noc") == [['severity="critical"', 'category="infra"', r'cluster=~"east\\.1"']]
 
 
 def test_category_routes_carry_group_by_and_severity_routes_their_repeat_interval() -> None:

@@ -1,0 +1,277 @@
+"""The rendered configuration in Debian's real Alertmanager: amtool accepts it, routes every copy where
+ranksight's router sent it, pages owners, informs job teams, escalates only critical pages nobody
+silenced, inhibits symptoms, and the silences are read back through the v2 API."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from ranksight.cli import app
+from streams.alerting.alertmanager import AlertForwarder, AlertmanagerClient, read_silences
+from streams.alerting.ownership import CATEGORIES, DEFAULT_OWNERSHIP_PATH, SEVERITIES
+from streams.alerting.routing import DEFAULT_ROUTING_PATH, Router, load_router
+from tests.integration.alerting.conftest import Alertmanager
+
+T0 = int(time.time() * 1000) - 60_000
+UI = "http://ui.example:8080"
+
+
+class Webhooks:
+    """Records what Alertmanager notifies, per receiver (`/hook/<receiver>`)."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, dict[str, Any]]] = []
+        self.lock = threading.Lock()
+        hooks = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with hooks.lock:
+                    hooks.received.append((self.path.rsplit("/", 1)[-1], body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def firing(self, receiver: str) -> list[dict[str, str]]:
+        """Labels of every firing alert notified to `receiver` so far."""
+        with self.lock:
+            return [
+                a["labels"] | {"_runbook": a["annotations"].get("runbook_url", "")}
+                for name, body in self.received
+                if name == receiver
+                for a in body["alerts"]
+                if a["status"] == "firing"
+            ]
+
+    def wait(self, what: str, done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 90
+        while not done():
+            if time.monotonic() > deadline:
+                with self.lock:
+                    got = [(n, [a["labels"].get("alertname") for a in b["alerts"]]) for n, b in self.received]
+                raise AssertionError(f"Alertmanager never notified: {what}; received {got}")
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def hooks() -> Iterator[Webhooks]:
+    server = Webhooks()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()
+
+
+def _files(tmp_path: Path, hook_url: str) -> tuple[Path, Path]:
+    """The shipped ownership and routing files, every receiver a webhook here and short timers."""
+    ownership = yaml.safe_load(DEFAULT_OWNERSHIP_PATH.read_text())
+    names = {r for spec in [*ownership["teams"].values(), ownership["other_teams"]] for r in spec.values()}
+    names.add(ownership["alertmanager"]["escalation"]["receiver"])
+    ownership["receivers"] = {
+        n: {"webhook_configs": [{"url": f"{hook_url}/hook/{n}", "send_resolved": True}]}
+        for n in sorted(names)
+    }
+    ownership["alertmanager"].update({"group_wait": "1s", "group_interval": "1s"})
+    ownership["alertmanager"]["escalation"]["after"] = "4s"
+    own = tmp_path / "ownership.yaml"
+    own.write_text(yaml.safe_dump(ownership))
+    routing = yaml.safe_load(DEFAULT_ROUTING_PATH.read_text())
+    routing["ownership"] = str(own)
+    path = tmp_path / "routing.yaml"
+    path.write_text(yaml.safe_dump(routing))
+    return own, path
+
+
+def _render(tmp_path: Path, amtool: str, hook_url: str = "http://127.0.0.1:9") -> tuple[Path, Router]:
+    own, routing = _files(tmp_path, hook_url)
+    out = tmp_path / "alertmanager.yml"
+    result = CliRunner().invoke(
+        app, ["alerts", "am-config", "--ownership", str(own), "--routing", str(routing), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    check = subprocess.run([amtool, "check-config", str(out)], capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SUCCESS" in check.stdout
+    return out, load_router(routing)
+
+
+def _record(rule: str, category: str, severity: str, team: str, **identity: Any) -> dict[str, Any]:
+    """An Alert record as the alert tracker leaves it (team: the job's team), before routing."""
+    fingerprint = "/".join([rule, *(str(v) for v in identity.values())])
+    return {
+        "alert_id": f"id-{fingerprint}",
+        "fingerprint": fingerprint,
+        "rule": rule,
+        "category": category,
+        "severity": severity,
+        "status": "firing",
+        "ts": T0,
+        "starts_at": T0,
+        "ends_at": None,
+        "team": team,
+        "receiver": "",
+        "summary": f"{rule} on {fingerprint}",
+        "cluster": "c1",
+        "runbook_url": f"docs/runbooks/{rule}",
+        "labels": {},
+        **identity,
+    }
+
+
+def _routed(router: Router, record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The copies the engine publishes: one per (team, receiver) the router chose."""
+    return [{**record, "team": team, "receiver": receiver} for team, receiver in router.route_all(record)]
+
+
+def test_amtool_routes_every_copy_to_the_receiver_ranksight_chose_and_escalates_only_critical_pages(
+    tmp_path: Path, amtool: str
+) -> None:
+    """Alertmanager's own routing (amtool config routes test) agrees with ranksight's router for every
+    category, severity, listed/unlisted/absent job team and plain/provider cluster."""
+    config, router = _render(tmp_path, amtool)
+    assert router.ownership is not None
+    escalation = router.ownership.alertmanager.escalation_receiver
+    teams = [*router.ownership.teams, "unlisted-team", ""]
+    checked = 0
+    for category, severity, team, cluster in itertools.product(
+        CATEGORIES, SEVERITIES, teams, ["c1", "provider-east"]
+    ):
+        record = _record("some_rule", category, severity, team) | {"cluster": cluster}
+        for delivery in router.explain(record):
+            labels = {
+                "alertname": "some_rule",
+                "team": delivery.team,
+                "receiver": delivery.receiver,
+                "category": category,
+                "severity": severity,
+                "cluster": cluster,
+            }
+            argv = [amtool, "config", "routes", "test", f"--config.file={config}"]
+            done = subprocess.run(
+                [*argv, *(f"{k}={v}" for k, v in labels.items())], capture_output=True, text=True, check=False
+            )
+            assert done.returncode == 0, done.stderr
+            got = set(done.stdout.strip().split(","))
+            expected = {delivery.receiver}
+            if delivery.kind == "page" and severity == "critical":
+                expected.add(router.ownership.receivers_of(delivery.team).escalate or escalation)
+            assert got == expected, f"{labels}: Alertmanager routes to {got}, ranksight chose {expected}"
+            checked += 1
+    assert checked > len(CATEGORIES) * len(SEVERITIES) * len(teams) * 2
+
+
+def _post_silence(am: Alertmanager, matchers: list[dict[str, Any]], comment: str) -> str:
+    now = datetime.now(UTC)
+    body = {
+        "matchers": matchers,
+        "startsAt": (now - timedelta(minutes=1)).isoformat(),
+        "endsAt": (now + timedelta(hours=1)).isoformat(),
+        "createdBy": "oncall@example",
+        "comment": comment,
+    }
+    response = httpx.post(f"{am.url}/api/v2/silences", json=body, timeout=10)
+    assert response.status_code == 200, response.text
+    return str(response.json()["silenceID"])
+
+
+def test_alertmanager_pages_owners_informs_job_teams_escalates_unsilenced_pages_and_inhibits(
+    tmp_path: Path,
+    amtool: str,
+    hooks: Webhooks,
+    start_alertmanager: Callable[[Path], Alertmanager],
+) -> None:
+    config, router = _render(tmp_path, amtool, hooks.url)
+    am = start_alertmanager(config)
+    # Acknowledged before it fires: rank 3's hang is silenced (every copy of it).
+    silence_id = _post_silence(
+        am,
+        [{"name": "rank", "value": "3", "isRegex": False, "isEqual": True}],
+        "ack: rank 3 is being drained",
+    )
+    records = [
+        # A hardware fault on llm-pretrain's job: infrastructure operations is paged, the team informed.
+        _record("xid_error", "infra", "critical", "llm-pretrain", job_id="j1", node="n1", gpu_uuid="GPU-1"),
+        # Its symptom on the same GPU: inhibited in Alertmanager by the rendered inhibit rules.
+        _record(
+            "straggler",
+            "platform",
+            "warning",
+            "llm-pretrain",
+            job_id="j1",
+            node="n1",
+            gpu_uuid="GPU-1",
+            rank=0,
+        ),
+        # Two hung ranks of vision's job: the platform is paged; rank 3 was acknowledged.
+        _record("rank_hang", "platform", "critical", "vision", job_id="j2", node="n2", rank=1),
+        _record("rank_hang", "platform", "critical", "vision", job_id="j2", node="n2", rank=3),
+        # A model alert pages the job's own team.
+        _record("nonfinite_loss", "model", "critical", "llm-research", job_id="j3"),
+    ]
+    copies = [copy for r in records for copy in _routed(router, r)]
+    client = AlertmanagerClient(am.url)
+    try:
+        forwarder = AlertForwarder(client.post, resend_s=60, ui_url=UI)
+        assert forwarder.handle_batch(copies) == len(copies)
+    finally:
+        client.close()
+
+    def names(receiver: str) -> set[tuple[str, str]]:
+        return {(a["alertname"], a.get("rank", "")) for a in hooks.firing(receiver)}
+
+    hooks.wait("the xid page", lambda: ("xid_error", "") in names("infra-pager"))
+    hooks.wait("the informed copy", lambda: ("xid_error", "") in names("llm-pretrain-chat"))
+    hooks.wait("the model page", lambda: ("nonfinite_loss", "") in names("llm-research-pager"))
+    hooks.wait("the hang page", lambda: ("rank_hang", "1") in names("platform-pager"))
+    # Escalation after 4 s: the xid page and rank 1's hang, never rank 3 (silenced) nor an informed copy.
+    hooks.wait(
+        "the escalations",
+        lambda: {("xid_error", ""), ("rank_hang", "1"), ("nonfinite_loss", "")} <= names("escalation-pager"),
+    )
+    escalated = hooks.firing("escalation-pager")
+    assert ("rank_hang", "3") not in names("escalation-pager") and ("rank_hang", "3") not in names(
+        "platform-pager"
+    )
+    assert all(a["receiver"].endswith("-pager") for a in escalated), escalated
+    assert all(a["team"] != "llm-pretrain" for a in escalated)
+    # The runbook link Alertmanager shows is absolute: the UI serves /runbooks/<rule>.
+    xid = next(a for a in hooks.firing("infra-pager") if a["alertname"] == "xid_error")
+    assert xid["_runbook"] == f"{UI}/runbooks/xid_error"
+    # The straggler on the faulty GPU is inhibited, so nobody was notified of it.
+    assert all(a["alertname"] != "straggler" for name, _ in hooks.received for a in hooks.firing(name))
+    held = AlertmanagerClient(am.url)
+    try:
+        straggler = [a for a in held.alerts() if a["labels"]["alertname"] == "straggler"]
+    finally:
+        held.close()
+    assert straggler and all(a["status"]["inhibitedBy"] for a in straggler), straggler
+
+    # The silence and what it mutes, read back as the UI does.
+    report = read_silences(am.url)
+    (active,) = report.active()
+    assert active.id == silence_id and active.comment == "ack: rank 3 is being drained"
+    assert active.created_by == "oncall@example" and active.matchers == (("rank", "=", "3"),)
+    hang3 = [c for c in copies if c["rule"] == "rank_hang" and c["rank"] == 3]
+    hang1 = [c for c in copies if c["rule"] == "rank_hang" and c["rank"] == 1]
+    assert hang3 and all(report.silenced_by(c) == (silence_id,) for c in hang3)
+    assert hang1 and all(report.silenced_by(c) == () for c in hang1)
