@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Hashable
 
 from ui.errors import UiError
@@ -50,7 +50,11 @@ class Overloaded(UiError):
 
 
 class QueryGate:
-    """At most `running` holders at once, at most `waiting` more waiting up to `wait_s`; the rest refused."""
+    """At most `running` holders at once, at most `waiting` more waiting up to `wait_s`; the rest refused.
+
+    Turns pass first come, first served: a finished holder hands its turn straight to the oldest
+    waiter. Used from one event loop (the server's); not thread-safe.
+    """
 
     def __init__(
         self,
@@ -64,8 +68,7 @@ class QueryGate:
         self.waiting = 2 * running if waiting is None else waiting
         self.wait_s = wait_s
         self._free = running
-        self._waiters = 0
-        self._turns: asyncio.Semaphore | None = None
+        self._queue: deque[asyncio.Future[None]] = deque()
         self.refused = 0  # how many requests were answered 503 (for logs and tests)
 
     @property
@@ -81,30 +84,48 @@ class QueryGate:
     @property
     def queued(self) -> int:
         """Requests waiting for a turn now."""
-        return self._waiters
+        return len(self._queue)
+
+    def _refuse(self) -> Overloaded:
+        self.refused += 1
+        return Overloaded(self.retry_after_s)
+
+    def _release(self) -> None:
+        while self._queue:
+            waiter = self._queue.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the turn passes on, `_free` unchanged
+                return
+        self._free += 1
 
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
         """Hold one of the `running` turns for the block; `Overloaded` when none comes in time."""
-        if self._turns is None:
-            self._turns = asyncio.Semaphore(self.running)  # created in the serving loop
-        if self._free == 0 and self._waiters >= self.waiting:
-            self.refused += 1
-            raise Overloaded(self.retry_after_s)
-        self._waiters += 1
-        try:
-            await asyncio.wait_for(self._turns.acquire(), self.wait_s)
-        except TimeoutError:
-            self.refused += 1
-            raise Overloaded(self.retry_after_s) from None
-        finally:
-            self._waiters -= 1
-        self._free -= 1
+        if self._free > 0 and not self._queue:
+            self._free -= 1
+        elif len(self._queue) >= self.waiting:
+            raise self._refuse()
+        else:
+            granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._queue.append(granted)
+            try:
+                await asyncio.wait_for(asyncio.shield(granted), self.wait_s)
+            except (TimeoutError, asyncio.CancelledError) as exc:
+                if granted.done() and not granted.cancelled():
+                    # The turn came as the wait ended: keep it if still wanted, else pass it on.
+                    if isinstance(exc, asyncio.CancelledError):
+                        self._release()
+                        raise
+                else:
+                    self._queue.remove(granted)
+                    granted.cancel()
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                    raise self._refuse() from None
         try:
             yield
         finally:
-            self._free += 1
-            self._turns.release()
+            self._release()
 
 
 class PageCache:

@@ -327,6 +327,11 @@ class UiServer:
         self._stopped: asyncio.Event | None = None
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop serving requests (None before `start()`): where the gate lives."""
+        return self._loop
+
+    @property
     def url(self) -> str:
         """The address to open in a browser."""
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host

@@ -50,11 +50,26 @@ def ui(
         help="GPU-hour price by class for the job pages' cost, CLASS=USD (repeatable; default=USD).",
     ),
     prices: Path | None = typer.Option(None, "--prices", help="YAML: GPU class -> price per GPU-hour."),
+    max_queries: int = typer.Option(
+        4,
+        "--max-queries",
+        min=1,
+        help="Requests querying the store at once; twice as many more wait, the rest get 503 + Retry-After.",
+    ),
+    queue_wait: float = typer.Option(
+        5.0, "--queue-wait", min=0.1, help="Seconds a request may wait for its turn before it gets 503."
+    ),
+    runbooks: Path | None = typer.Option(
+        None,
+        "--runbooks",
+        help="Folder of runbook pages served at /runbooks/<rule> (default: docs/runbooks).",
+    ),
 ) -> None:
     """Serve the web UI: fleet, job pages on one time axis, alert pages. Ctrl-C to stop."""
     import faulthandler
     import signal
 
+    from ranksight.signals import stop_signals
     from sinks.clickhouse import describe_dsn
     from sinks.efficiency import PriceList
     from ui.server import UiServer
@@ -64,18 +79,27 @@ def ui(
     with user_errors():
         price_list = PriceList.parse(price, PriceList.load(prices) if prices else None)
         client = open_store()
-        server = UiServer(client, host, port, prices=price_list)
+        server = UiServer(
+            client,
+            host,
+            port,
+            prices=price_list,
+            max_queries=max_queries,
+            queue_wait_s=queue_wait,
+            runbooks=runbooks,
+        )
         from ranksight.settings import load_settings
 
         dsn = describe_dsn(load_settings().clickhouse_dsn())
-        try:
+        # Its own SIGINT/SIGTERM handlers: started by `cmd &` or nohup, a process inherits SIGINT
+        # ignored and would never see Ctrl-C; SIGTERM would kill it outright.
+        with stop_signals(on_stop=lambda: server.stop(timeout=0), name="ui"):
             server.serve_forever(
                 lambda url: console.print(
                     f"ranksight UI on {url} (reading {dsn}); Ctrl-C to stop", highlight=False
                 )
             )
-        except KeyboardInterrupt:
-            console.print("UI stopped")
+        console.print("UI stopped")
 
 
 def register(app: typer.Typer) -> None:

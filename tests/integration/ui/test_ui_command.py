@@ -46,3 +46,29 @@ def test_a_second_process_on_the_same_chdb_store_is_told_to_use_serve(tmp_path: 
         if first.poll() is None:
             first.kill()
             first.wait(10)
+
+
+def _ignore_sigint() -> None:
+    # What `cmd &` in a non-interactive shell (or nohup) hands a program: SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_the_ui_stops_on_sigint_it_inherited_ignored_and_on_sigterm(tmp_path: Path) -> None:
+    """Started with SIGINT ignored, `ranksight ui` still stops on SIGINT; and on SIGTERM; both within 5 s + start-up slack."""
+    env = {**os.environ, "CLICKHOUSE_URL": f"chdb://{tmp_path / 'chdb'}"}
+    cli = [sys.executable, "-m", "ranksight.cli", "ui", "--port", "0"]
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        process = subprocess.Popen(
+            cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_ignore_sigint
+        )
+        try:
+            assert process.stdout is not None
+            assert "ranksight UI on http://" in process.stdout.readline()
+            process.send_signal(sig)
+            out, err = process.communicate(timeout=60)
+            assert "UI stopped" in out and "Traceback" not in err, (sig, out, err)
+            assert process.returncode == 0, (sig, process.returncode, err)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
