@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	@command -v mvn >/dev/null || { echo "error: Maven is required (it fetches the Kafka jars from Maven Central)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[server,dev,rocksdb]"
+	$(BIN)/python -m pip install -q -e ".[server,dev]"
 	touch $(STAMP)
 
 kafka-jars: $(STAMP)

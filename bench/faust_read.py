@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from schemas.codec import Codec
-from streams.app import JOB_TOPICS, NODE_TOPICS
-from streams.transport import App
+from streams.runtime.faust_transport import App
+from streams.runtime.options import JOB_TOPICS, NODE_TOPICS
 
 
 def main() -> None:

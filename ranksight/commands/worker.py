@@ -1,4 +1,4 @@
-"""`ranksight worker`: the Faust stream processor that runs the detectors and publishes alerts."""
+"""`ranksight worker`: the stream worker that runs the detectors and publishes alerts."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def worker(
     group: str = typer.Option(
         "ranksight-detect",
         "--group",
-        help="Faust app id = consumer group; run several workers with the same group to scale out.",
+        help="Consumer group; run several workers with the same group to scale out.",
     ),
     config: Path | None = typer.Option(None, "--config", help="Detector thresholds YAML (default: shipped)."),
     routing: Path | None = typer.Option(None, "--routing", help="Alert routing YAML (default: shipped)."),
@@ -34,12 +34,7 @@ def worker(
     partitions: int = typer.Option(
         6, "--partitions", min=1, help="Partitions of the source and internal topics."
     ),
-    store: str | None = typer.Option(
-        None, "--store", help="Faust table store URL (default rocksdb:// if available)."
-    ),
-    log_level: str = typer.Option(
-        "warning", "--log-level", help="Faust/worker log level (info: progress lines)."
-    ),
+    log_level: str = typer.Option("warning", "--log-level", help="Worker log level (info: progress lines)."),
     stats_interval_s: float = typer.Option(
         30.0, "--stats-interval", min=0.1, help="Progress line every N seconds (info)."
     ),
@@ -71,11 +66,11 @@ def worker(
         help="Serve Prometheus /metrics on this port (0: off; one port per worker process).",
     ),
     runtime: str = typer.Option(
-        "faust",
+        "direct",
         "--runtime",
         envvar="RANKSIGHT_WORKER_RUNTIME",
-        help="faust: Faust agents (the default); direct: the same detection on librdkafka batches, about"
-        " twice the events/s per process (docs/worker.md). Same topics and state: a group can switch.",
+        help="direct (the default): librdkafka batches with explicit commits; faust: the same core driven"
+        " by a Faust agent, 2.2-2.9x slower (docs/worker.md). Same topics and state: a stopped group can switch.",
     ),
     unbound_interval_ms: int = typer.Option(
         10_000,
@@ -86,37 +81,39 @@ def worker(
 ) -> None:
     """Consume telemetry and training events, detect, publish alerts to rs.alerts and stats to rs.derived.*."""
     from ranksight.broker import check_broker, check_group_runtime, kafka_settings
+    from streams.runtime.options import RUNTIMES
 
-    if runtime not in ("faust", "direct"):
-        console.print(f"[red]error:[/] unknown --runtime {runtime!r}: use faust or direct")
+    if runtime not in RUNTIMES:
+        console.print(f"[red]error:[/] unknown --runtime {runtime!r}: use direct or faust")
         raise typer.Exit(2)
     with user_errors():
         settings = kafka_settings()
-        # Before Faust starts: aiokafka would answer a closed port with a long traceback.
+        # Before any client starts: a closed port would be a long traceback or a silent wait.
         check_broker(settings)
         from infra.kafka.topics import COPARTITIONED, check_partitions
-        from streams.app import BINDINGS, TELEMETRY_BY_JOB
+        from streams.runtime.changelog import ROUTES_TABLE, SNAPSHOT_TABLE, changelog_topic
+        from streams.runtime.options import BINDINGS, TELEMETRY_BY_JOB
 
         prefix = settings.topic_prefix
         joined = [prefix + t for t in (*COPARTITIONED, BINDINGS, TELEMETRY_BY_JOB)]
-        joined += [f"{prefix}{group}-{table}-changelog" for table in ("engine-snapshot", "node-routes")]
+        joined += [prefix + changelog_topic(group, table) for table in (SNAPSHOT_TABLE, ROUTES_TABLE)]
         check_partitions(settings.kafka_config(), joined, partitions)
         check_group_runtime(settings.kafka_config(), prefix + group, runtime)
     assert settings.kafka_bootstrap is not None
 
-    from streams.app import WorkerOptions
+    from streams.runtime.options import WorkerOptions
 
     options = WorkerOptions(
         bootstrap=settings.kafka_bootstrap,
         workdir=(workdir or settings.home / "worker").resolve(),
         app_id=group,
         topic_prefix=settings.topic_prefix,
+        runtime=runtime,  # checked against RUNTIMES above
         partitions=partitions,
         config_path=config,
         routing_path=routing,
         checkpoint_interval_ms=checkpoint_interval_ms,
         checkpoint_events=checkpoint_events,
-        store=store,
         log_level=log_level,
         stats_interval_s=stats_interval_s,
         align_idle_s=align_idle_s,
@@ -138,14 +135,9 @@ def worker(
         highlight=False,
     )
     with user_errors():
-        if runtime == "direct":
-            from streams.direct import run_direct
+        from streams.runtime.run import run_worker
 
-            run_direct(options)
-        else:
-            from streams.worker import run_worker
-
-            run_worker(options)
+        run_worker(options)
 
 
 def register(app: typer.Typer) -> None:

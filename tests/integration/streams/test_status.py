@@ -11,10 +11,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from producers.simulator import load_scenario, simulate
 from schemas.files import write_container
 from schemas.topics import DEADLETTER, TRAINING_STEPS, key_for
-from streams.status import firing_alerts
 from streams.offline.replay import replay_offline
+from streams.status import firing_alerts
+from tests.integration.streams.harness import RANKSIGHT, publish, recent
 from tests.integration.streams.test_worker_bad_input import SCENARIO
-from tests.integration.streams.test_worker_kafka import RANKSIGHT, _publish, recent
 
 
 def test_status_shows_group_lag_dead_letters_and_only_the_alerts_still_firing(
@@ -28,7 +28,7 @@ def test_status_shows_group_lag_dead_letters_and_only_the_alerts_still_firing(
     resolved = {a.record["rule"] for a in alerts} - {r["rule"] for r in firing}
     assert firing and resolved, "the scenario should leave one alert firing and resolve another"
     steps = [e for e in events if e.type == "StepCompleted"][:40]
-    _publish(kafka_bootstrap, topic_prefix, steps + alerts)
+    publish(kafka_bootstrap, topic_prefix, steps + alerts)
     # A group that has read all but 7 records of one steps partition.
     key = key_for(TRAINING_STEPS, steps[0].record) or b""
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "partitioner": "murmur2_random"})

@@ -39,9 +39,9 @@ from sinks.clickhouse import close_all, connect
 from sinks.consumer import SinkConsumer
 from sinks.ddl import migrate
 from sinks.metrics import sink_metrics
-from streams.app import BINDINGS, DEFAULT_APP_ID, SOURCE_TOPICS, TELEMETRY_BY_JOB
 from streams.offline.replay import replay_offline
-from tests.integration.streams.test_worker_kafka import RUNTIMES, Worker, _publish, group_lag, recent
+from streams.runtime.options import BINDINGS, DEFAULT_APP_ID, RUNTIMES, SOURCE_TOPICS, TELEMETRY_BY_JOB
+from tests.integration.streams.harness import Worker, group_lag, publish, recent
 
 # 8 minutes, 2 nodes x 4 GPUs, one job: a NaN loss (training path) and an XID (telemetry path).
 SCENARIO = """
@@ -197,11 +197,11 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
     last_key: dict[str, bytes] = {}
     for i, (kind, topic) in enumerate(mixes):
         chunk = events[i * step : (i + 1) * step]
-        _publish(kafka_bootstrap, topic_prefix, chunk)
+        publish(kafka_bootstrap, topic_prefix, chunk)
         for e in chunk:
             last_key[topic_for(e.type)] = key_for(topic_for(e.type), e.record) or b""
         bad.send(topics[topic], last_key.get(topic, b"k"), _bad_value(kind, topic, samples, rng), kind)
-    _publish(kafka_bootstrap, topic_prefix, events[len(mixes) * step :])
+    publish(kafka_bootstrap, topic_prefix, events[len(mixes) * step :])
     # The last record of a busy partition of each topic is bad too (this stalled the worker).
     for j, topic in enumerate(SINK_SOURCES):
         kind = KINDS[j % len(KINDS)]
@@ -294,9 +294,7 @@ def test_every_kind_of_bad_record_is_dead_lettered_once_and_changes_no_alert(
     assert sum(metric["ranksight_sink_rows_inserted"].values()) == len(events)
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_worker_stops_within_seconds_of_sigterm_while_processing(
-    runtime: str,
     kafka_bootstrap: str,
     topics: dict[str, str],
     topic_prefix: str,
@@ -304,8 +302,8 @@ def test_worker_stops_within_seconds_of_sigterm_while_processing(
     tmp_path: Path,
 ) -> None:
     events, _ = scenario
-    _publish(kafka_bootstrap, topic_prefix, events)
-    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, runtime)
+    publish(kafka_bootstrap, topic_prefix, events)
+    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path)
     worker.start()
     group = topic_prefix + DEFAULT_APP_ID
     names = [topics[t] for t in SOURCE_TOPICS]

@@ -12,15 +12,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 from producers.simulator import load_scenario, simulate
 from schemas.codec import Codec
 from schemas.files import write_container
 from schemas.records import Event
 from schemas.topics import ALERTS, DEADLETTER, TRAINING_STEPS
-from streams.app import DEFAULT_APP_ID, SOURCE_TOPICS
 from streams.offline.replay import replay_offline
+from streams.runtime.options import DEFAULT_APP_ID, DEFAULT_RUNTIME, SOURCE_TOPICS
+from tests.integration.streams.harness import Worker, group_lag, publish, recent
 from tests.integration.streams.test_worker_bad_input import (
     RUN_LIMIT_S,
     SCENARIO,
@@ -28,14 +27,12 @@ from tests.integration.streams.test_worker_bad_input import (
     _read_all,
     _supervise,
 )
-from tests.integration.streams.test_worker_kafka import RUNTIMES, Worker, _publish, group_lag, recent
 
 YEAR_2199_MS = 7_226_582_400_000  # 2199-01-01T00:00:00Z, inside the sink's 2000..2200 range
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_record_from_2199_is_dead_lettered_by_the_worker_and_raises_clock_skew(
-    runtime: str, kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, tmp_path: Path
+    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, tmp_path: Path
 ) -> None:
     (tmp_path / "scenario.yaml").write_text(SCENARIO)
     events = list(simulate(recent(load_scenario(tmp_path / "scenario.yaml")), seed=0).events())
@@ -57,9 +54,9 @@ def test_a_record_from_2199_is_dead_lettered_by_the_worker_and_raises_clock_skew
         and e.record["ts"] > events[0].record["ts"] + 120_000
     )
     future = Event("GpuSample", {**events[at].record, "ts": YEAR_2199_MS})
-    _publish(kafka_bootstrap, topic_prefix, [*events[: at + 1], future, *events[at + 1 :]])
+    publish(kafka_bootstrap, topic_prefix, [*events[: at + 1], future, *events[at + 1 :]])
 
-    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, runtime)
+    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, DEFAULT_RUNTIME)
     port = _free_port()
     worker.start("--metrics-port", str(port))
     try:

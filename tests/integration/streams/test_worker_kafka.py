@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from producers.publisher import open_publisher
-from producers.simulator import Scenario, load_scenario, simulate
-from schemas.codec import Codec
+from producers.simulator import load_scenario, simulate
 from schemas.files import parse_ts, write_container
 from schemas.records import Event
 from schemas.topics import ALERTS
@@ -24,22 +17,9 @@ from sinks.clickhouse import close_all, connect
 from sinks.consumer import SinkConsumer
 from sinks.ddl import migrate
 from streams.offline.replay import replay_offline
+from tests.integration.streams.harness import RANKSIGHT, AlertReader, Worker, pairs, publish, recent
 
 SCENARIO = "nan_loss"
-RANKSIGHT = str(Path(sys.executable).parent / "ranksight")
-
-
-def recent(scenario: Scenario) -> Scenario:
-    """The scenario ending an hour ago, as live agents would have published it.
-
-    The worker checks each record's event time against its Kafka timestamp (the publish time):
-    more than `engine.max_record_age_s` (7 days) behind it is a clock reset, so the scenarios' fixed
-    2026-01-01 start would be rejected. An hour back keeps the wall-clock guard (events within 10
-    minutes of now) off, so the worker's alerts stay those of the offline replay.
-    """
-    return scenario.with_overrides(
-        start_ms=int(time.time() * 1000) - int(scenario.duration * 1000) - 3_600_000
-    )
 
 
 @pytest.fixture(scope="module")
@@ -57,161 +37,17 @@ def offline_alerts(
     return [e.record for e in replay_offline([path]) if e.type == "Alert"]
 
 
-def _publish(bootstrap: str, prefix: str, events: list[Event]) -> None:
-    pub = open_publisher("kafka", kafka_conf={"bootstrap.servers": bootstrap}, topic_prefix=prefix)
-    try:
-        for event in events:
-            pub.publish(event)
-        assert pub.flush(60) == 0
-    finally:
-        pub.close()
-
-
-class Worker:
-    """`ranksight worker` as a child process with its own log file."""
-
-    def __init__(self, bootstrap: str, prefix: str, home: Path, runtime: str = "faust") -> None:
-        self.runtime = runtime  # `--runtime`: faust or direct
-        self.env = {
-            **os.environ,
-            "KAFKA_BOOTSTRAP": bootstrap,
-            "RANKSIGHT_TOPIC_PREFIX": prefix,
-            "RANKSIGHT_HOME": str(home),
-        }
-        self.home = home
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.runs = 0
-
-    def start(self, *options: str, runtime: str | None = None) -> None:
-        self.runs += 1
-        log = open(self.home / f"worker-{self.runs}.log", "wb")  # noqa: SIM115 - the child owns it
-        self.proc = subprocess.Popen(
-            [
-                RANKSIGHT,
-                "worker",
-                "--runtime",
-                runtime or self.runtime,
-                "--log-level",
-                "info",
-                "--checkpoint-interval-ms",
-                "30000",
-                *options,
-            ],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-    def log(self) -> str:
-        """Every warning and error of every run, then the tail of each run's log (for assertion messages)."""
-        texts = [(self.home / f"worker-{i}.log").read_text(errors="replace") for i in range(1, self.runs + 1)]
-        notable = [
-            line[:300]
-            for text in texts
-            for line in text.splitlines()
-            if "[WARNING]" in line or "[ERROR]" in line
-        ]
-        return "\n".join(notable[:80] + [text[-3000:] for text in texts])
-
-
-RUNTIMES = ("faust", "direct")  # `ranksight worker --runtime`: every worker test runs on both
-
-
-@pytest.fixture(params=RUNTIMES)
-def worker(
-    kafka_bootstrap: str,
-    topic_prefix: str,
-    topics: dict[str, str],
-    tmp_path: Path,
-    request: pytest.FixtureRequest,
-) -> Iterator[Worker]:
-    w = Worker(kafka_bootstrap, topic_prefix, tmp_path, request.param)
-    try:
-        yield w
-    finally:
-        w.stop()
-
-
-def group_lag(bootstrap: str, group: str, names: list[str]) -> int:
-    """Records of the topics `names` that `group` has not committed yet; -1 while that is unknown."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, "log_level": 0}
-    )
-    try:
-        partitions = [
-            TopicPartition(name, p)
-            for name in names
-            for p in consumer.list_topics(name, timeout=10).topics[name].partitions
-        ]
-        committed = consumer.committed(partitions, timeout=10)
-        ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions]
-        return sum(end - max(tp.offset, 0) for tp, end in zip(committed, ends, strict=True))
-    except KafkaException:  # the coordinator or a partition leader is moving: ask again
-        return -1
-    finally:
-        consumer.close()
-
-
-class AlertReader:
-    """Reads the alerts topic from the beginning, without a group."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": "alert-reader",
-                "enable.auto.commit": False,
-                "log_level": 0,
-            }
-        )
-        meta = self.consumer.list_topics(topic, timeout=10).topics[topic]
-        self.consumer.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
-        self.codec = Codec()
-        self.records: list[dict[str, Any]] = []
-
-    def poll_until(self, done: Any, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            msg = self.consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                self.records.append(self.codec.decode(msg.value() or b"").record)
-            if done(self.records):
-                return True
-        return False
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
-def _pairs(records: list[dict[str, Any]]) -> set[tuple[str, str]]:
-    return {(r["fingerprint"], r["status"]) for r in records}
-
-
 def test_worker_publishes_the_labelled_alert_to_the_team(
     kafka_bootstrap: str,
     topics: dict[str, str],
     topic_prefix: str,
-    worker: Worker,
+    any_worker: Worker,
     scenario_events: tuple[list[Event], list[dict[str, Any]]],
 ) -> None:
+    worker = any_worker
     events, labels = scenario_events
     label = labels[0]
-    _publish(kafka_bootstrap, topic_prefix, events)
+    publish(kafka_bootstrap, topic_prefix, events)
     started = time.monotonic()
     worker.start()
     reader = AlertReader(kafka_bootstrap, topics[ALERTS])
@@ -239,15 +75,16 @@ def test_worker_killed_mid_run_loses_and_duplicates_no_alert(
     kafka_bootstrap: str,
     topics: dict[str, str],
     topic_prefix: str,
-    worker: Worker,
+    any_worker: Worker,
     scenario_events: tuple[list[Event], list[dict[str, Any]]],
     offline_alerts: list[dict[str, Any]],
     group_id: str,
     tmp_path: Path,
 ) -> None:
-    expected = _pairs(offline_alerts)
+    worker = any_worker
+    expected = pairs(offline_alerts)
     assert expected, "the offline replay of the scenario raised no alert"
-    _publish(kafka_bootstrap, topic_prefix, scenario_events[0])
+    publish(kafka_bootstrap, topic_prefix, scenario_events[0])
     worker.start()
     reader = AlertReader(kafka_bootstrap, topics[ALERTS])
     try:
@@ -257,8 +94,8 @@ def test_worker_killed_mid_run_loses_and_duplicates_no_alert(
         before = len(reader.records)
         restarted = time.monotonic()
         worker.start()
-        assert reader.poll_until(lambda rs: _pairs(rs) >= expected, 150), (
-            expected - _pairs(reader.records),
+        assert reader.poll_until(lambda rs: pairs(rs) >= expected, 150), (
+            expected - pairs(reader.records),
             worker.log(),
         )
         # Anything else still in flight arrives within a few seconds.
@@ -269,7 +106,7 @@ def test_worker_killed_mid_run_loses_and_duplicates_no_alert(
         f"killed after {before} alerts; recovered in {time.monotonic() - restarted:.1f} s; "
         f"{len(reader.records)} records, {len({(r['alert_id'], r['status']) for r in reader.records})} distinct"
     )
-    assert _pairs(reader.records) == expected
+    assert pairs(reader.records) == expected
     # At-least-once with deterministic ids: re-deliveries share (alert_id, status), so consumers collapse them.
     distinct = {(r["alert_id"], r["status"]) for r in reader.records}
     assert len(distinct) == len(expected)
@@ -299,24 +136,24 @@ def test_a_group_moves_from_faust_to_direct_keeping_its_state(
     """Both runtimes keep the same state in the same changelog topics: a group stopped on one resumes
     on the other from its checkpoints (a crashed member must first leave: the two runtimes' group
     protocols cannot share a group, so its session must time out)."""
-    expected = _pairs(offline_alerts)
+    expected = pairs(offline_alerts)
     worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, "faust")
-    _publish(kafka_bootstrap, topic_prefix, scenario_events[0])
+    publish(kafka_bootstrap, topic_prefix, scenario_events[0])
     worker.start()
     reader = AlertReader(kafka_bootstrap, topics[ALERTS])
     try:
         assert reader.poll_until(lambda rs: len(rs) >= 1, 150), worker.log()
         worker.stop()  # SIGTERM: Faust commits what it acked and leaves the group
         worker.start(runtime="direct")
-        assert reader.poll_until(lambda rs: _pairs(rs) >= expected, 150), (
-            expected - _pairs(reader.records),
+        assert reader.poll_until(lambda rs: pairs(rs) >= expected, 150), (
+            expected - pairs(reader.records),
             worker.log(),
         )
         reader.poll_until(lambda rs: False, 5)
     finally:
         worker.stop()
         reader.close()
-    assert _pairs(reader.records) == expected
+    assert pairs(reader.records) == expected
     assert len({(r["alert_id"], r["status"]) for r in reader.records}) == len(expected)
     assert "restored engine snapshot" in (worker.home / "worker-2.log").read_text()
 

@@ -20,17 +20,10 @@ from producers.simulator import load_scenario, simulate
 from schemas.files import write_container
 from schemas.records import Event
 from schemas.topics import ALERTS
-from streams.app import SOURCE_TOPICS
 from streams.offline.replay import replay_offline
-from streams.rekey import partition_for
-from tests.integration.streams.test_worker_kafka import (
-    RUNTIMES,
-    AlertReader,
-    Worker,
-    _publish,
-    group_lag,
-    recent,
-)
+from streams.runtime.options import DEFAULT_RUNTIME, SOURCE_TOPICS
+from streams.runtime.routes import partition_for
+from tests.integration.streams.harness import AlertReader, Worker, group_lag, publish, recent
 
 SCENARIO = "mixed"  # three jobs of three teams on four nodes, six labelled faults
 _ASSIGNED = re.compile(r"assigned partitions \[([\d, ]*)\]")
@@ -70,20 +63,16 @@ class TwoWorkers:
             w.stop()
 
 
-@pytest.fixture(params=RUNTIMES)
+@pytest.fixture
 def two_workers(
-    kafka_bootstrap: str,
-    topic_prefix: str,
-    topics: dict[str, str],
-    tmp_path: Path,
-    request: pytest.FixtureRequest,
+    kafka_bootstrap: str, topic_prefix: str, topics: dict[str, str], tmp_path: Path
 ) -> Iterator[TwoWorkers]:
-    pair = TwoWorkers(kafka_bootstrap, topic_prefix, tmp_path, request.param)
+    pair = TwoWorkers(kafka_bootstrap, topic_prefix, tmp_path, DEFAULT_RUNTIME)
     try:
         yield pair
     finally:
         pair.stop()
-        # Faust's own topics of this test (the `topics` fixture removes the canonical ones).
+        # The worker's own topics of this test (the `topics` fixture removes the canonical ones).
         group = f"{topic_prefix}ranksight-detect"
         with contextlib.suppress(KafkaSetupError):
             delete_topics(
@@ -119,7 +108,7 @@ def test_publisher_and_aiokafka_put_a_key_on_the_same_partition(
     events = [
         Event("JobStateChanged", {"ts": 1, "job_id": k, "state": "running", "restart_count": 0}) for k in keys
     ]
-    _publish(kafka_bootstrap, topic_prefix, events)
+    publish(kafka_bootstrap, topic_prefix, events)
     topic = topics["rs.training.events"]
     consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "p", "log_level": 0})
     try:
@@ -168,7 +157,7 @@ def test_two_workers_split_the_jobs_and_survive_losing_one(
 
     _wait(split, 90, "both workers to hold partitions:\n" + a.log() + b.log())
     joined_s = time.monotonic() - started
-    _publish(kafka_bootstrap, topic_prefix, mixed_events)
+    publish(kafka_bootstrap, topic_prefix, mixed_events)
     published = time.monotonic()
     reader = AlertReader(kafka_bootstrap, topics[ALERTS])
     try:

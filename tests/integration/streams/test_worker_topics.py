@@ -12,7 +12,7 @@ import pytest
 from infra.errors import KafkaSetupError
 from infra.kafka.topics import DEFAULT_TOPIC_SPECS, create_topics, delete_topics
 from schemas.topics import TELEMETRY_UNATTRIBUTED
-from tests.integration.streams.test_worker_kafka import RANKSIGHT
+from tests.integration.streams.harness import RANKSIGHT
 
 
 def test_a_source_topic_with_another_partition_count_is_named_by_kafka_topics_and_the_worker(

@@ -13,22 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from producers.simulator import load_scenario, simulate
 from schemas.files import write_container
 from schemas.records import Event
 from schemas.topics import ALERTS, WORKER_SOURCES
-from streams.app import DEFAULT_APP_ID
 from streams.offline.replay import replay_offline
-from tests.integration.streams.test_worker_kafka import (
-    RUNTIMES,
-    AlertReader,
-    Worker,
-    _publish,
-    group_lag,
-    recent,
-)
+from streams.runtime.options import DEFAULT_APP_ID, DEFAULT_RUNTIME
+from tests.integration.streams.harness import AlertReader, Worker, group_lag, publish, recent
 
 
 def _unattributed(event: Event) -> Event:
@@ -39,11 +30,10 @@ def _unattributed(event: Event) -> Event:
     return event
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_backlog_of_unattributed_telemetry_raises_the_offline_replays_alerts(
-    runtime: str, kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, tmp_path: Path
+    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, tmp_path: Path
 ) -> None:
-    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, runtime)
+    worker = Worker(kafka_bootstrap, topic_prefix, tmp_path, DEFAULT_RUNTIME)
     events = [_unattributed(e) for e in simulate(recent(load_scenario("mixed")), seed=0).events()]
     write_container(tmp_path / "events.avro", events)
     offline = [e.record for e in replay_offline([tmp_path / "events.avro"]) if e.type == "Alert"]
@@ -51,7 +41,7 @@ def test_a_backlog_of_unattributed_telemetry_raises_the_offline_replays_alerts(
     # The telemetry-borne ones are what this is about.
     assert {a["rule"] for a in offline} >= {"xid_error", "host_memory_pressure"}, expected
 
-    _publish(kafka_bootstrap, topic_prefix, events)  # all of it first: a catch-up
+    publish(kafka_bootstrap, topic_prefix, events)  # all of it first: a catch-up
     worker.start()
     reader = AlertReader(kafka_bootstrap, topics[ALERTS])
     group = topic_prefix + DEFAULT_APP_ID

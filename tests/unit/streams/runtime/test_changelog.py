@@ -1,4 +1,4 @@
-"""The direct runtime's pure pieces (settings, state keys shared with Faust) and both runtimes' in-flight tracking."""
+"""State keys shared by both runtimes and earlier versions, the worker's Kafka settings, in-flight tracking."""
 
 from __future__ import annotations
 
@@ -6,21 +6,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
+from streams.runtime.changelog import changelog_topic, key_name, state_key
+from streams.runtime.options import WorkerOptions, kafka_config
+from streams.runtime.side_path import InFlight
 
-from streams.app import InFlight, WorkerOptions
-from streams.direct import _table_key, _table_name, changelog_topic, kafka_config
 
-
-def test_state_keys_are_written_as_the_faust_worker_writes_them(tmp_path: Path) -> None:
+def test_state_keys_are_written_as_faust_tables_wrote_them() -> None:
     # Faust JSON-encodes str table keys: the same bytes let a group switch runtimes.
-    assert _table_key("engine@3") == json.dumps("engine@3").encode() == b'"engine@3"'
-    assert _table_name(b'"engine@3"') == "engine@3"
-    assert _table_name(b'"gpu-node-07"') == "gpu-node-07"
+    assert state_key("engine@3") == json.dumps("engine@3").encode() == b'"engine@3"'
+    assert key_name(b'"engine@3"') == "engine@3"
+    assert key_name(b'"gpu-node-07"') == "gpu-node-07"
     # A key some other writer left raw still reads as its text.
-    assert _table_name(b"engine@3") == "engine@3"
-    options = WorkerOptions(bootstrap="b:9092", workdir=tmp_path, topic_prefix="t1.", app_id="g")
-    assert changelog_topic(options, "engine-snapshot") == "t1.g-engine-snapshot-changelog"
+    assert key_name(b"engine@3") == "engine@3"
+    assert changelog_topic("g", "engine-snapshot") == "g-engine-snapshot-changelog"
 
 
 def test_kafka_config_carries_the_security_settings(tmp_path: Path) -> None:
@@ -44,13 +42,12 @@ def test_kafka_config_carries_the_security_settings(tmp_path: Path) -> None:
     )
 
 
-def test_a_send_stays_in_flight_until_delivered_and_read_past(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_send_stays_in_flight_until_delivered_and_read_past() -> None:
     clock = [100.0]
-    monkeypatch.setattr("streams.app.time.monotonic", lambda: clock[0])
     flight = InFlight("rs.internal.telemetry-by-job")
     read: dict[str, int] = {}
-    first = flight.add(1_000, 2)
-    second = flight.add(2_000, 2)
+    first = flight.add(1_000, 2, clock[0])
+    second = flight.add(2_000, 2, clock[0])
     assert flight.oldest(read.get, {2}, clock[0]) == 1_000  # not delivered yet
     InFlight.delivered(first, 10)
     InFlight.delivered(second, 11)
@@ -63,14 +60,11 @@ def test_a_send_stays_in_flight_until_delivered_and_read_past(monkeypatch: pytes
     assert not flight.sent  # done sends are dropped
 
 
-def test_a_failed_send_or_another_workers_partition_does_not_hold_forever(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_failed_send_or_another_workers_partition_does_not_hold_forever() -> None:
     clock = [100.0]
-    monkeypatch.setattr("streams.app.time.monotonic", lambda: clock[0])
     flight = InFlight("rs.internal.bindings")
-    failed = flight.add(1_000, 0)
-    elsewhere = flight.add(3_000, 5)  # partition 5 is read by another worker: a time bound
+    failed = flight.add(1_000, 0, clock[0])
+    elsewhere = flight.add(3_000, 5, clock[0])  # partition 5 is read by another worker: a time bound
     InFlight.delivered(failed, None)
     del elsewhere
     none: dict[str, Any] = {}

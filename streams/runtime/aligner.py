@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Aligner", "LagFn", "tp_key"]
@@ -30,14 +29,10 @@ def tp_key(topic: str, partition: int) -> str:
 LagFn = Callable[[str, int | None], int | None]
 
 
-@dataclass(order=True)
-class _Held:
-    ts: int
-    seq: int
-    tp: str = field(compare=False)
-    offset: int = field(compare=False)
-    arrived: float = field(compare=False)
-    item: Any = field(compare=False)
+# A held record: (event time, arrival sequence, partition, offset, item). A plain tuple: the heap
+# compares (ts, seq) in C, never reaching the rest (seq is unique); a dataclass with `order=True`
+# compared in Python and was half of the alignment time.
+_Held = tuple[int, int, str, int, Any]
 
 
 class Aligner:
@@ -90,7 +85,7 @@ class Aligner:
     def push(self, tp: str, offset: int, ts: int, item: Any, now: float) -> None:
         """Hold one decoded event of partition `tp`."""
         self._seq += 1
-        heapq.heappush(self._heap, _Held(ts, self._seq, tp, offset, now, item))
+        heapq.heappush(self._heap, (ts, self._seq, tp, offset, item))
         if ts > self._last_ts.get(tp, ts - 1):
             self._last_ts[tp] = ts
         self._last_seen[tp] = now
@@ -184,17 +179,16 @@ class Aligner:
         out: list[tuple[str, int, Any]] = []
         frontier = self._reused_frontier(now, lag)
         heap = self._heap
+        released = self._released
         while heap:
-            top = heap[0]
-            if not (
-                len(heap) > self.max_buffer
-                or (frontier is not None and top.ts <= frontier)
-                or frontier is None
-            ):
+            if not (frontier is None or heap[0][0] <= frontier or len(heap) > self.max_buffer):
                 break
-            heapq.heappop(heap)
-            self._released.setdefault(top.tp, set()).add(top.offset)
-            out.append((top.tp, top.offset, top.item))
+            _, _, tp, offset, item = heapq.heappop(heap)
+            done = released.get(tp)
+            if done is None:
+                done = released[tp] = set()
+            done.add(offset)
+            out.append((tp, offset, item))
         if out or not heap or self.moved_at is None:
             self.moved_at = now
         return out
@@ -208,7 +202,7 @@ class Aligner:
     def blocker(self, now: float, lag: LagFn | None = None) -> str:
         """Which partition holds the held events back, and why (for a log line)."""
         holding = self._holding(now, lag)
-        oldest = self._heap[0].ts if self._heap else None
+        oldest = self._heap[0][0] if self._heap else None
         if not holding:
             return f"nothing (oldest held event time {oldest})"
         # The one furthest behind in event time (one that delivered nothing yet comes first).
@@ -227,7 +221,7 @@ class Aligner:
 
     def oldest_held(self) -> int | None:
         """The event time of the oldest record held here."""
-        return self._heap[0].ts if self._heap else None
+        return self._heap[0][0] if self._heap else None
 
     def last_ts(self, tp: str) -> int | None:
         """The newest event time `tp` delivered."""

@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.records import Event
-from streams.rekey import UNBOUND_KEY, NodeRoutes, WallClockGuard, partition_for
+from streams.runtime.guard import WallClockGuard
+from streams.runtime.routes import UNBOUND_KEY, NodeRoutes, murmur2, partition_for
 
 
 def _bound(job: str, rank: int, node: str, uuid: str | None, ts: int) -> dict[str, object]:
@@ -36,6 +37,15 @@ def test_partition_for_matches_the_java_client_murmur2() -> None:
     java = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string": -985981536}
     for key, h in java.items():
         assert partition_for(key, 6) == (h & 0x7FFFFFFF) % 6
+        assert murmur2(key) == h & 0xFFFFFFFF  # Kafka's Utils.murmur2 test vectors, unsigned
+
+
+@given(st.binary(max_size=64))
+def test_murmur2_is_the_hash_aiokafka_and_the_java_client_compute(key: bytes) -> None:
+    """A pure function of our own, checked against aiokafka's (the worker no longer imports it)."""
+    from aiokafka.partitioner import murmur2 as aiokafka_murmur2
+
+    assert murmur2(key) == aiokafka_murmur2(key)
 
 
 @given(st.binary(max_size=40), st.integers(min_value=1, max_value=64))

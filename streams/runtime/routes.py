@@ -1,9 +1,9 @@
-"""Pure pieces of the scaled-out worker: Java-compatible partitioning, node -> job routing, the wall-clock guard.
+"""Where unattributed telemetry goes: node -> job routes, and the Java client's partitioner.
 
-Telemetry is keyed by node, training records by job. To give every job ONE detection engine
-(one per partition), the worker re-keys telemetry by job: `NodeRoutes` remembers, per node,
-which job each GPU is bound to (from RankBound) and which jobs run there, and says where a
-GpuSample / HostSample goes. No Kafka here, so the decisions are unit-tested without a broker.
+Telemetry the node agent could not attribute to a job is keyed by node. The side path re-keys it
+by job: `NodeRoutes` remembers, per node, which job each GPU is bound to (from RankBound) and which
+jobs run there, and says where a GpuSample / HostSample goes. Pure: no Kafka here, so the decisions
+are unit-tested without a broker; `murmur2` is the Java client's hash, written out.
 """
 
 from __future__ import annotations
@@ -11,19 +11,44 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka.partitioner import murmur2
-
 from schemas.records import Event
 
-__all__ = [
-    "UNBOUND_KEY",
-    "NodeRoutes",
-    "WallClockGuard",
-    "partition_for",
-]
+__all__ = ["UNBOUND_KEY", "NodeRoutes", "gpu_fault", "murmur2", "partition_for"]
 
 # Telemetry of a GPU / node bound to no job goes to this job key, so node-only alerts still fire.
 UNBOUND_KEY = ""
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash of a key (`org.apache.kafka.common.utils.Utils.murmur2`), unsigned 32 bits."""
+    length = len(data)
+    seed, m, r = 0x9747B28C, 0x5BD1E995, 24
+    h = (seed ^ length) & 0xFFFFFFFF
+    whole = length & ~3
+    for i in range(0, whole, 4):
+        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    left = length & 3
+    if left == 3:
+        h ^= data[whole + 2] << 16
+    if left >= 2:
+        h ^= data[whole + 1] << 8
+    if left >= 1:
+        h ^= data[whole]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
+def gpu_fault(record: dict[str, Any]) -> bool:
+    """A GpuSample carrying an XID or an uncorrectable ECC error (shared with the node's other jobs)."""
+    return bool(record.get("xid")) or bool(record.get("ecc_uncorrected"))
 
 
 def partition_for(key: bytes, partitions: int) -> int:
@@ -105,13 +130,22 @@ class NodeRoutes:
             bound = node.gpus.get(r.get("gpu_uuid") or "") if node is not None else None
             if bound is not None:
                 return [bound[0]]
-            return self._unbound(
-                f"{r['node']}|{r.get('gpu_uuid')}", r, bool(r.get("xid")) or bool(r.get("ecc_uncorrected"))
-            )
+            return self._unbound(f"{r['node']}|{r.get('gpu_uuid')}", r, gpu_fault(r))
         jobs = sorted(node.jobs) if node is not None else []
         if jobs:
             return jobs
         return self._unbound(f"{r['node']}|", r, bool(r.get("oom_kills")))
+
+    def colocated(self, event: Event) -> list[str]:
+        """The other jobs running on the node of a GpuSample: those its GPU fault is shared with."""
+        r = event.record
+        node = self.nodes.get(r["node"])
+        if node is None:
+            return []
+        own = r.get("job_id")
+        bound = node.gpus.get(r.get("gpu_uuid") or "")
+        mine = {own, bound[0] if bound is not None else None}
+        return [job for job in sorted(node.jobs) if job not in mine]
 
     def _unbound(self, ident: str, r: dict[str, Any], notable: bool) -> list[str]:
         ts = int(r["ts"])
@@ -120,29 +154,3 @@ class NodeRoutes:
             self._unbound_last[ident] = ts
             return [UNBOUND_KEY]
         return []
-
-
-class WallClockGuard:
-    """Decides when an engine whose input went silent may advance event time with the wall clock.
-
-    Only for live data: the engine's newest event must be within `live_ms` of the wall clock, so a
-    historical replay never has time invented for it. Returns the watermark to advance to.
-    """
-
-    def __init__(self, guard_s: float = 120.0, live_ms: int = 600_000, lateness_ms: int = 5_000) -> None:
-        self.guard_s = guard_s
-        self.live_ms = live_ms
-        self.lateness_ms = lateness_ms
-
-    def watermark(
-        self, now_ms: int, silent_s: float, max_ts: int | None, current_wm: int | None
-    ) -> int | None:
-        """The watermark to advance to now, or None (input not silent long enough, not live, or no gain)."""
-        if self.guard_s <= 0 or max_ts is None or silent_s < self.guard_s:
-            return None
-        if now_ms - max_ts > self.live_ms:
-            return None  # historical data: the wall clock says nothing about its event time
-        target = now_ms - self.lateness_ms
-        if current_wm is not None and target <= current_wm:
-            return None
-        return target

@@ -1,0 +1,205 @@
+"""The worker core: one process's partition tasks and side path; records and time in, actions out.
+
+Pure: no Kafka or Faust here. A runtime (the librdkafka loop in `streams.runtime.loop`, the Faust
+adapter in `streams.runtime.faust_adapter`) hands it what its consumer read (`receive`), calls
+`tick` a few times a second, tells it about rebalances (`assign`, `revoke`, `lose`) and carries out
+the actions it returns in order (`streams.runtime.checkpoint.perform`). How many records are left
+to read per input partition comes from the runtime (`lag`), which knows its consumer's view of the
+broker. Everything here is the same whichever runtime drives it, so both give the same alerts.
+
+* Partition p of every job-keyed topic meets in `PartitionTask` p (every record of a job does).
+* Unattributed telemetry takes the side path (`SidePath`), which never holds a job's own records back.
+* Event time moves without input too: a task whose inputs are all read follows the newest event time
+  of this worker's other tasks (as the offline replay's one watermark does), and a wall-clock guard
+  advances a task silent for `guard_s` while its event time is live, so timeouts fire when all input
+  stops (never for historical data).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from schemas.codec import Codec
+from schemas.topics import TELEMETRY_JOB, TRAINING_EVENTS
+from streams.alerting.routing import Router, load_router
+from streams.config import EngineConfig, load_config
+from streams.runtime.aligner import Aligner, LagFn
+from streams.runtime.changelog import Restored
+from streams.runtime.checkpoint import Action
+from streams.runtime.guard import WallClockGuard
+from streams.runtime.intake import Intake, Record
+from streams.runtime.options import NODE_TOPICS, SIDE_FRONT_S, WorkerOptions
+from streams.runtime.side_path import SidePath
+from streams.runtime.task import PartitionTask
+
+__all__ = ["TOTALS", "WorkerCore", "worker_codec"]
+
+log = logging.getLogger("ranksight.worker")
+
+# Counters of the whole worker (the tasks count their own: `PartitionTask.COUNTS`).
+TOTALS: tuple[str, ...] = (
+    "telemetry_in",
+    "training_in",
+    "forwarded",
+    "unbound_thinned",
+    "bindings",
+    "faults_shared",  # GPU faults sent on to the other jobs of their node
+    "bad_input",
+    "deadletter",
+    "stuck_reports",  # an aligner held records without releasing any for `stuck_log_s` (logged)
+)
+
+
+def worker_codec(options: WorkerOptions) -> Codec:
+    """The codec the worker reads and writes with (a schema registry's framing when configured)."""
+    if not options.schema_registry_url:
+        return Codec()
+    from schemas.codec import codec_from_settings
+
+    return codec_from_settings(options.schema_registry_url)
+
+
+class WorkerCore:
+    """The tasks of the assigned partitions, the side path, and the worker's counters."""
+
+    def __init__(
+        self,
+        options: WorkerOptions,
+        lag: LagFn,
+        *,
+        config: EngineConfig | None = None,
+        router: Router | None = None,
+        codec: Codec | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        self.options = options
+        self.config = config or load_config(options.config_path)
+        self.router = router or load_router(options.routing_path)
+        self.codec = codec or worker_codec(options)
+        # `lag` is called a lot and compared by identity (the aligners reuse their frontier while
+        # it is the same function): keep one reference.
+        self.lag = lag
+        self.monotonic = monotonic
+        self.wall_ms = wall_ms
+        self.totals = dict.fromkeys(TOTALS, 0)
+        # Per topic (unprefixed): records read; dead letters per reason.
+        self.consumed: collections.Counter[str] = collections.Counter()
+        self.dead_letters: collections.Counter[str] = collections.Counter()
+        max_skew_ms = int(1000 * float(getattr(self.config, "max_clock_skew_s", 300.0)))
+        self.intake = Intake(self.codec, max_skew_ms, self.totals, self.dead_letters, wall_ms, monotonic)
+        self.guard = WallClockGuard(options.guard_s, options.guard_live_ms, self.config.allowed_lateness_ms)
+        self.tasks: dict[int, PartitionTask] = {}
+        self.side = SidePath(options, self.intake, self.totals, frozenset(self.config.job_end_states))
+        self.assigned: set[int] = set()
+        self._front_at = -1e18
+        self._stuck_logged: dict[int, float] = {}  # id(aligner) -> when it was last reported stuck
+
+    # -- rebalances ------------------------------------------------------------------------------
+    def assign(self, parts: set[int], restored: Restored) -> None:
+        """Partitions `parts` (of every input topic) are this worker's now, with their restored state."""
+        now = self.monotonic()
+        for p in sorted(parts - self.assigned):
+            task = PartitionTask(p, self.config, self.router, self.options, self.codec, self.intake, now)
+            task.restore(restored.snapshots.get(p))
+            self.tasks[p] = task
+        self.assigned |= parts
+        self.side.assign(parts, restored.routes, now)
+        log.info("assigned partitions %s", sorted(self.assigned))
+
+    def revoke(self) -> list[Action]:
+        """A graceful revocation or stop: checkpoint everything, then forget it (the next owner
+        restores it). The runtime performs the returned actions before it lets the partitions go."""
+        actions = self.checkpoint_all()
+        self.lose()
+        return actions
+
+    def lose(self) -> None:
+        """Partitions gone without a checkpoint (session lost): unacknowledged records will be
+        redelivered to the next owner, which restores the last checkpoint."""
+        self.tasks.clear()
+        self.side.forget()
+        self.assigned.clear()
+
+    def checkpoint_all(self) -> list[Action]:
+        """A checkpoint of every task with uncommitted records, and of the side path."""
+        now = self.monotonic()
+        actions: list[Action] = [task.checkpoint(now) for task in self.tasks.values() if task.uncommitted]
+        if self.side.uncommitted:
+            actions.append(self.side.checkpoint())
+        return actions
+
+    # -- records in ------------------------------------------------------------------------------
+    def receive(self, records: Iterable[Record]) -> list[Action]:
+        """A batch the consumer read (any topics, any partitions): hold, then release what may go."""
+        now = self.monotonic()
+        actions: list[Action] = []
+        touched: dict[int, PartitionTask] = {}
+        routed = False
+        for rec in records:
+            self.consumed[rec.topic] += 1
+            if rec.topic in NODE_TOPICS:
+                actions += self.side.receive(rec, now)
+                routed = True
+                continue
+            task = self.tasks.get(rec.partition)
+            if task is None:  # a record of a partition revoked a moment ago: redelivered to its owner
+                continue
+            event, dead = task.receive(rec, now)
+            if dead:
+                actions += dead
+            elif event is not None and rec.topic == TRAINING_EVENTS:
+                actions += self.side.binding_read(rec, event, self.assigned, now)
+            elif event is not None and rec.topic == TELEMETRY_JOB:
+                actions += self.side.fault_read(rec, event, now)
+            touched[rec.partition] = task
+        if now - self._front_at >= SIDE_FRONT_S:
+            self._update_front(now)
+        if routed:
+            actions += self.side.drain(now, self.lag)
+        for task in touched.values():
+            actions += task.drain(now, self.lag, self.side.front, self.totals)
+        return actions
+
+    def _update_front(self, now: float) -> None:
+        self.side.fronts(self.tasks, self.assigned, self.lag, now)
+        self._front_at = now
+
+    # -- time -----------------------------------------------------------------------------------
+    def tick(self) -> list[Action]:
+        """Release held records, move event time when input stops, checkpoint when input goes quiet."""
+        now = self.monotonic()
+        self._update_front(now)
+        actions: list[Action] = []
+        if len(self.side.aligner):
+            actions += self.side.drain(now, self.lag)
+            self._log_if_stuck("unattributed telemetry", self.side.aligner, now)
+        if self.side.uncommitted:
+            actions.append(self.side.checkpoint())
+        newest = max((t.engine.max_ts for t in self.tasks.values() if t.engine.max_ts), default=None)
+        wall_ms = self.wall_ms()
+        for task in self.tasks.values():
+            if len(task.aligner):
+                actions += task.drain(now, self.lag, self.side.front, self.totals)
+                self._log_if_stuck(f"partition {task.partition}", task.aligner, now)
+            actions += task.idle(now, wall_ms, newest, self.lag, self.guard)
+        return actions
+
+    def _log_if_stuck(self, what: str, aligner: Aligner, now: float) -> None:
+        """A held-back aligner that does not move for long says which input holds it, and why."""
+        stuck = aligner.stuck_for(now)
+        every = self.options.stuck_log_s
+        if stuck < every or now - self._stuck_logged.get(id(aligner), -1e18) < every:
+            return
+        self._stuck_logged[id(aligner)] = now
+        self.totals["stuck_reports"] += 1
+        log.warning(
+            "%s: %d events held for %.0f s, none released; waiting for %s",
+            what,
+            len(aligner),
+            stuck,
+            aligner.blocker(now, self.lag),
+        )

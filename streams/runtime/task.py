@@ -1,0 +1,382 @@
+"""One partition's detection: its inputs in event-time order into one engine, and its snapshot.
+
+Pure: records and time in, actions out (`streams.runtime.checkpoint`); no Kafka or Faust here.
+Partition p of every job-keyed topic meets in task p (all records of a job do). The task holds
+records in an `Aligner` until every input that still has records to read has reached their event
+time, feeds them to its `DetectionEngine`, encodes the engine's outputs as sends, and checkpoints
+when due: its snapshot is one changelog value, a JSON header (sequence number, the next offset of
+every input partition the engine already holds, the newest telemetry time per source) and the
+engine's own snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from schemas.codec import Codec
+from schemas.errors import EncodeError
+from schemas.records import Event
+from schemas.topics import TELEMETRY_JOB, job_keys, key_for, topic_for
+from streams.alerting.routing import Router
+from streams.config import EngineConfig
+from streams.engine import DetectionEngine, event_ts
+from streams.errors import StreamsError
+from streams.runtime.aligner import Aligner, LagFn, tp_key
+from streams.runtime.changelog import SNAPSHOT_TABLE, changelog_topic, snapshot_key
+from streams.runtime.checkpoint import Action, Checkpoint, Send
+from streams.runtime.guard import WallClockGuard
+from streams.runtime.intake import ClockRejected, Intake, Record
+from streams.runtime.options import JOB_TOPICS, TELEMETRY_BY_JOB, WorkerOptions
+from streams.runtime.routes import partition_for
+
+__all__ = [
+    "TASK_COUNTS",
+    "PartitionTask",
+    "decode_snapshot",
+    "decode_snapshot_meta",
+    "encode_snapshot",
+    "pick_latest_snapshot",
+]
+
+log = logging.getLogger("ranksight.worker")
+
+
+def encode_snapshot(
+    seq: int, offsets: dict[str, int], engine_bytes: bytes, seen: dict[str, int] | None = None
+) -> bytes:
+    """Changelog value: one JSON header line (sequence, next offset per source partition, telemetry seen) + the snapshot."""
+    meta: dict[str, Any] = {"seq": seq, "offsets": dict(sorted(offsets.items()))}
+    if seen:
+        meta["seen"] = dict(sorted(seen.items()))
+    header = json.dumps(meta, separators=(",", ":"))
+    return header.encode() + b"\n" + engine_bytes
+
+
+def decode_snapshot_meta(value: bytes) -> tuple[dict[str, Any], bytes]:
+    """The header dict and the engine bytes of a changelog value."""
+    head, _, body = value.partition(b"\n")
+    try:
+        meta = json.loads(head)
+        meta["seq"] = int(meta["seq"])
+        meta["offsets"] = {str(k): int(v) for k, v in meta["offsets"].items()}
+        meta["seen"] = {str(k): int(v) for k, v in meta.get("seen", {}).items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StreamsError(
+            f"engine snapshot header is corrupt ({exc}); delete the worker's changelog topic"
+        ) from None
+    return meta, body
+
+
+def decode_snapshot(value: bytes) -> tuple[int, dict[str, int], bytes]:
+    """Inverse of `encode_snapshot` (sequence, offsets, engine bytes)."""
+    meta, body = decode_snapshot_meta(value)
+    return meta["seq"], meta["offsets"], body
+
+
+def pick_latest_snapshot(values: list[bytes]) -> tuple[int, dict[str, int], bytes] | None:
+    """The snapshot with the highest sequence number among `values` (empty ones ignored)."""
+    best: tuple[int, dict[str, int], bytes] | None = None
+    for value in values:
+        if not value:
+            continue
+        decoded = decode_snapshot(value)
+        if best is None or decoded[0] > best[0]:
+            best = decoded
+    return best
+
+
+def _telemetry_source(event: Event) -> str | None:
+    """ "G|node|gpu" / "H|node" for telemetry (the at-least-once side path may repeat it), else None."""
+    r = event.record
+    if event.type == "GpuSample":
+        return f"G|{r['node']}|{r.get('gpu_uuid')}"
+    if event.type == "HostSample":
+        return f"H|{r['node']}"
+    return None
+
+
+# Counters of one task (summed over tasks in the progress line).
+TASK_COUNTS: tuple[str, ...] = (
+    "events",
+    "skipped",
+    "duplicates",
+    "rejected",
+    "engine_errors",
+    "unencodable",
+    "processed",
+    "outputs",
+    "alerts",
+    "checkpoints",
+    "snapshot_bytes",
+    "guard_advances",
+    "front_advances",
+    "clock_rejected",
+    "not_owned",  # alerts of another partition's job (its own task emits them)
+)
+
+
+class PartitionTask:
+    """Partition p of the job-keyed topics: aligner, engine, and what a checkpoint must cover."""
+
+    COUNTS = TASK_COUNTS
+
+    def __init__(
+        self,
+        partition: int,
+        config: EngineConfig,
+        router: Router,
+        options: WorkerOptions,
+        codec: Codec,
+        intake: Intake,
+        now: float,
+        inputs: tuple[str, ...] = JOB_TOPICS,
+        passive_topics: frozenset[str] = frozenset({TELEMETRY_BY_JOB}),
+    ) -> None:
+        self.partition = partition
+        self.config = config
+        self.router = router
+        self.options = options
+        self.codec = codec
+        self.intake = intake
+        self.inputs = inputs
+        self.snapshot_topic = changelog_topic(options.app_id, SNAPSHOT_TABLE)
+        self.engine = DetectionEngine(config, router)
+        # Unattributed telemetry re-keyed by the side path never holds the job's own records back.
+        self.aligner = Aligner(
+            options.align_idle_s,
+            options.align_max_buffer,
+            end_grace_s=options.align_end_grace_s,
+            passive_topics=passive_topics,
+        )
+        self.aligner.expect([tp_key(t, partition) for t in inputs], now)
+        self.seq = 0
+        self.offsets: dict[str, int] = {}  # next offset per input partition already in the engine
+        # Newest event time per telemetry source ("G|node|gpu", "H|node") already in the engine:
+        # the side path is at-least-once, so a re-forwarded sample is dropped here.
+        self.seen: dict[str, int] = {}
+        self.uncommitted = 0  # records read since the last checkpoint
+        self.last_checkpoint_at: float | None = None  # monotonic time of the last checkpoint
+        self.last_receive: float | None = None  # when a record last came (None: never)
+        self.counts = dict.fromkeys(TASK_COUNTS, 0)
+        self.checkpointed_offsets: dict[str, int] = {}  # the offsets of the last snapshot taken
+
+    # -- state -----------------------------------------------------------------------------
+    def restore(self, value: bytes | None) -> None:
+        """Load this partition's snapshot (None: start from an empty engine)."""
+        if not value:
+            log.info("partition %d: no engine snapshot, starting from empty state", self.partition)
+            return
+        meta, body = decode_snapshot_meta(value)
+        self.seq, self.offsets, self.seen = meta["seq"], meta["offsets"], meta["seen"]
+        self.engine = DetectionEngine.restore(body, self.config, self.router)
+        log.warning(
+            "partition %d: restored engine snapshot seq=%d (%d bytes, %d alerts firing)",
+            self.partition,
+            self.seq,
+            len(body),
+            len(self.engine.firing()),
+        )
+
+    def checkpoint_due(self, alert_changed: bool, now: float) -> bool:
+        """An alert transition, `checkpoint_events` records, or `checkpoint_interval_ms` of processing.
+
+        The interval is wall-clock time (`now`, monotonic seconds), like Kafka Streams' commit
+        interval: it bounds the work a restart repeats. In event time a catch-up of an hour-old
+        backlog checkpointed every few hundred records, a snapshot and two broker round trips each.
+        """
+        if alert_changed or self.uncommitted >= self.options.checkpoint_events:
+            return True
+        if self.last_checkpoint_at is None:
+            self.last_checkpoint_at = now
+            return False
+        return bool(self.uncommitted) and (
+            now - self.last_checkpoint_at >= self.options.checkpoint_interval_ms / 1000
+        )
+
+    def checkpoint(self, now: float) -> Checkpoint:
+        """The next snapshot as a checkpoint; its offsets never claim records still held here."""
+        self.seq += 1
+        self.last_checkpoint_at = now
+        offsets = {}
+        for tp, nxt in self.offsets.items():
+            held = self.aligner.lowest_held(tp)
+            offsets[tp] = nxt if held is None else min(nxt, held)
+        self.checkpointed_offsets = offsets
+        body = self.engine.snapshot()
+        self.counts["checkpoints"] += 1
+        self.counts["snapshot_bytes"] = len(body)
+        self.uncommitted = 0
+        value = encode_snapshot(self.seq, offsets, body, self.seen)
+        return Checkpoint(
+            f"partition {self.partition}",
+            offsets,
+            [Send(self.snapshot_topic, snapshot_key(self.partition), value, partition=self.partition)],
+        )
+
+    # -- records in ----------------------------------------------------------------------------
+    def already_seen(self, tp: str, offset: int) -> bool:
+        """True when the snapshot already holds this record (redelivered after a restart)."""
+        return offset < self.offsets.get(tp, -1)
+
+    def receive(self, rec: Record, now: float) -> tuple[Event | None, list[Action]]:
+        """A record of this partition: skipped (already in the state), rejected (dead-lettered when
+        the worker owns its topic) or held for alignment. Returns its event (None unless held)."""
+        tp = rec.tp
+        self.last_receive = now
+        self.uncommitted += 1
+        if self.already_seen(tp, rec.offset):
+            self.counts["skipped"] += 1
+            self.aligner.note(tp, rec.offset, None, now)  # read: no longer part of the backlog
+            return None, []
+        self.counts["events"] += 1
+        event, dead = self.intake.read(rec)
+        if event is None:
+            self.counts["rejected"] += 1
+            self._mark(tp, rec.offset)
+            self.aligner.note(tp, rec.offset, None, now)
+            return None, list(dead)
+        self.aligner.push(tp, rec.offset, self.intake.held_ts(rec, event), (rec, event), now)
+        return event, []
+
+    def _mark(self, tp: str, offset: int) -> None:
+        if offset + 1 > self.offsets.get(tp, -1):
+            self.offsets[tp] = offset + 1
+
+    def drain(self, now: float, lag: LagFn, front: int | None, totals: dict[str, int]) -> list[Action]:
+        """Feed the engine what the aligner releases; checkpoint when due."""
+        self.aligner.set_upstream_front(front)
+        out: list[Action] = []
+        for tp, offset, (rec, event) in self.aligner.pop_ready(now, lag):
+            outputs, rejected = self._feed(tp, offset, rec, event, totals)
+            if rejected is not None:
+                out += self.intake.rejected_for_time(rec, rejected)
+                continue
+            alert = self._send_outputs(outputs, out)
+            if self.checkpoint_due(alert, now):
+                out.append(self.checkpoint(now))
+        return out
+
+    def _feed(
+        self, tp: str, offset: int, rec: Record, event: Event, totals: dict[str, int]
+    ) -> tuple[list[Event], ClockRejected | None]:
+        """One released record into the engine: marked as part of the state, counted,
+        deduplicated, processed. Returns the outputs, and for a record the engine rejected for its
+        time the error to dead-letter it with."""
+        self._mark(tp, offset)
+        if rec.topic == TELEMETRY_JOB:
+            # One source record, one count: a HostSample of N jobs has N copies; count the first.
+            keys = job_keys(event.type, event.record)
+            if keys and (rec.key or b"") == keys[0].encode():
+                totals["telemetry_in"] += 1
+        elif rec.topic != TELEMETRY_BY_JOB:
+            totals["training_in"] += 1
+        ident = _telemetry_source(event)
+        if ident is not None and int(event.record["ts"]) <= self.seen.get(ident, -(2**63)):
+            self.counts["duplicates"] += 1
+            return [], None
+        engine = self.engine
+        reference = self.intake.reference(rec)
+        try:
+            outputs = engine.process(event, received_ts=reference)
+        except Exception:
+            # A record that breaks a detector must not crash-loop the worker (it would be
+            # redelivered forever): log it with the traceback and go on without it.
+            self._remember(ident, event)
+            self.counts["engine_errors"] += 1
+            log.exception("the engine failed on %s at %s@%d; skipped", event.type, tp, offset)
+            return [], None
+        if engine.rejection is not None:
+            # Wrong in time for detection: the engine raises clock_skew; the record is dead-lettered
+            # by the topic's owner (the sink for the topics it stores).
+            self.counts["clock_rejected"] += 1
+            return [], ClockRejected(engine.rejection, event_ts(event), reference)
+        # Not a sample the engine rejected for its time: one stamped 2199 would make every later
+        # sample of its GPU look re-forwarded.
+        self._remember(ident, event)
+        self.counts["processed"] += 1
+        return outputs, None
+
+    def _remember(self, ident: str | None, event: Event) -> None:
+        if ident is not None:
+            ts = int(event.record["ts"])
+            if ts > self.seen.get(ident, -(2**63)):
+                self.seen[ident] = ts
+
+    def owns(self, output: Event) -> bool:
+        """True for an output of a job keyed to this partition. Another job's alert can arise here
+        only from telemetry shared across jobs (a GPU fault of a co-located job): its own task
+        raises that one, so this task does not emit it twice."""
+        job = output.record.get("job_id")
+        return job is None or partition_for(str(job).encode(), self.options.partitions) == self.partition
+
+    def _send_outputs(self, outputs: list[Event], out: list[Action]) -> bool:
+        """Encode the engine's outputs as sends; True when one of them is an alert."""
+        alert = False
+        for output in outputs:
+            if output.type == "Alert" and not self.owns(output):
+                self.counts["not_owned"] += 1
+                continue
+            name = topic_for(output.type)
+            self.counts["outputs"] += 1
+            if output.type == "Alert":
+                self.counts["alerts"] += 1
+                alert = True
+            try:
+                value = self.codec.encode(output)
+            except EncodeError as exc:
+                # A detector produced what its schema cannot hold: lose that output, not the worker.
+                self.counts["unencodable"] += 1
+                log.error("dropped an output the worker cannot encode: %s", exc)
+                continue
+            out.append(Send(name, key_for(name, output.record), value))
+        return alert
+
+    # -- time --------------------------------------------------------------------------------
+    def advance(self, watermark: int, now: float) -> list[Action]:
+        """Move the engine's event time without input; checkpoint if that changed an alert."""
+        out: list[Action] = []
+        if self._send_outputs(self.engine.advance(watermark), out):
+            out.append(self.checkpoint(now))
+        return out
+
+    def all_read(self, lag: LagFn) -> bool:
+        """Nothing held and no unread record on any input partition of this task."""
+        if len(self.aligner):
+            return False
+        for topic in self.inputs:
+            tp = tp_key(topic, self.partition)
+            if lag(tp, self.aligner.last_offset(tp)) != 0:
+                return False
+        return True
+
+    def idle(
+        self, now: float, wall_ms: int, newest: int | None, lag: LagFn, guard: WallClockGuard
+    ) -> list[Action]:
+        """Time passes with nothing to release: follow the worker's event time, let the guard
+        advance a live engine whose input stopped, checkpoint once input went quiet."""
+        if len(self.aligner) or self.last_receive is None:
+            return []
+        out: list[Action] = []
+        engine = self.engine
+        silent = now - self.last_receive
+        if newest is not None and silent >= self.options.align_idle_s and self.all_read(lag):
+            # Everything of this partition is read and nothing came for a while: its event time
+            # follows this worker's newest, so a job whose input stopped times out in a catch-up or
+            # replay too. (Not sooner: a backlog being published reads "all read" between two
+            # producer batches, and records older than the advanced watermark would be late.)
+            front = newest - self.config.allowed_lateness_ms
+            if engine.watermark is None or front > engine.watermark:
+                self.counts["front_advances"] += 1
+                out += self.advance(front, now)
+        wm = guard.watermark(wall_ms, silent, engine.max_ts, engine.watermark)
+        if wm is not None:
+            # All input stopped while live: let timeouts fire on wall-clock time.
+            self.counts["guard_advances"] += 1
+            out += self.advance(wm, now)
+        # Input went quiet: checkpoint what was read, so the committed offsets reach the end
+        # (consumer lag reads 0 once caught up, and a restart replays nothing).
+        if silent >= self.options.align_idle_s and self.uncommitted:
+            out.append(self.checkpoint(now))
+        return out
