@@ -22,6 +22,7 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from schemas.eventtime import MIN_EVENT_TS
 from sinks.efficiency import PriceList, job_rows, run_rows
 from sinks.errors import QueryError
 from ui.errors import NotFoundError
@@ -57,7 +58,7 @@ _SEVERITIES = ("critical", "warning", "info")
 STALLED_MS = 120_000
 # The plausible event times (`plausible_bounds`): 2000-01-01, as the sink's own lower bound, and the
 # worker's default `engine.max_clock_skew_s` (300 s) past the wall clock.
-MIN_PLAUSIBLE_MS = 946_684_800_000
+MIN_PLAUSIBLE_MS = MIN_EVENT_TS
 MAX_CLOCK_SKEW_MS = 300_000
 
 
