@@ -1,4 +1,4 @@
-"""`ranksight kafka fetch|up|down|status|topics`: the local single-node KRaft broker."""
+"""`ranksight kafka fetch|up|down|status|topics`: a local KRaft broker, or a cluster of several."""
 
 from __future__ import annotations
 
@@ -28,25 +28,47 @@ def fetch() -> None:
 
 
 @kafka_app.command("up")
-def up(create: bool = typer.Option(True, help="Also create the rs.* topics.")) -> None:
-    """Start the local broker in the background (idempotent) and print its bootstrap address."""
+def up(
+    create: bool = typer.Option(True, help="Also create the rs.* topics."),
+    brokers: int = typer.Option(
+        1,
+        "--brokers",
+        min=1,
+        max=9,
+        help="Nodes on 127.0.0.1, each a broker+controller JVM; 3 gives topics replication factor 3 and "
+        "min.insync.replicas 2, so one node may fail.",
+    ),
+) -> None:
+    """Start the local broker (or a cluster of --brokers nodes) in the background (idempotent); print its bootstrap."""
     from infra.kafka import local
     from infra.kafka.topics import create_topics
     from ranksight.settings import load_settings
 
     settings = load_settings()
     with user_errors():
-        bootstrap = local.up(settings.kafka_state_dir, progress=_progress)
+        bootstrap = local.up(settings.kafka_state_dir, progress=_progress, brokers=brokers)
         if create:
             create_topics(bootstrap, prefix=settings.topic_prefix)
-    console.print(f"Kafka is up: [bold]{bootstrap}[/]")
+    if brokers > 1:
+        console.print(
+            f"Kafka cluster of {brokers} nodes is up (replication factor {min(brokers, 3)}, "
+            f"min.insync.replicas {2 if brokers >= 3 else 1}): [bold]{bootstrap}[/]",
+            highlight=False,
+        )
+        console.print(
+            "  workers create their own topics: start them with --replication-factor "
+            f"{min(brokers, 3)} (or RANKSIGHT_REPLICATION_FACTOR={min(brokers, 3)})",
+            highlight=False,
+        )
+    else:
+        console.print(f"Kafka is up: [bold]{bootstrap}[/]")
     console.print("  every ranksight command finds it; for other tools:", highlight=False)
     console.print(f"  export KAFKA_BOOTSTRAP={bootstrap}", highlight=False)
 
 
 @kafka_app.command("down")
 def down() -> None:
-    """Stop the local broker started by `up`."""
+    """Stop the local broker (or cluster) started by `up`."""
     from infra.kafka import local
     from ranksight.settings import load_settings
 
@@ -58,7 +80,7 @@ def down() -> None:
 
 @kafka_app.command("status")
 def status() -> None:
-    """Say whether the local broker runs and answers."""
+    """Say whether the local broker (each node of a cluster) runs and answers."""
     from infra.kafka import local
     from ranksight.settings import load_settings
 
