@@ -65,6 +65,7 @@ SINK_TOPICS: tuple[str, ...] = (
     "rs.derived.rank",
     "rs.derived.job",
     "rs.alerts",
+    "rs.actions",  # remediation decisions (ranksight remediate): table `actions`
 )
 
 # Topics whose producers stamp event times from their own clocks: records there must pass the time bound.

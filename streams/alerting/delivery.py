@@ -36,6 +36,8 @@ __all__ = [
     "forward_topic",
     "forwarder_metrics",
     "read_alert_file",
+    "retrying",
+    "topic_partitions",
 ]
 
 _BATCH = 500
@@ -85,12 +87,12 @@ def forward_topic(
     )
     stats = DeliveryStats()
     try:
-        parts = _partitions(consumer, topic)
+        parts = topic_partitions(consumer, topic)
         committed = _committed(consumer, [TopicPartition(topic, p) for p in parts])
         since: dict[int, int] = {}
         if lookback_s is not None:
             at = int((time.time() - lookback_s) * 1000)
-            found = _retrying(
+            found = retrying(
                 lambda: consumer.offsets_for_times([TopicPartition(topic, p, at) for p in parts], timeout=10),
                 "look up offsets by time",
             )
@@ -99,7 +101,7 @@ def forward_topic(
         assign = []
         for p in parts:
             tp = TopicPartition(topic, p)
-            low, high = _retrying(
+            low, high = retrying(
                 partial(consumer.get_watermark_offsets, tp, timeout=10), f"read the offsets of {topic}[{p}]"
             )
             boundary[p] = committed[p] if committed[p] >= 0 else high
@@ -176,7 +178,7 @@ def forward_topic(
     return stats
 
 
-def _partitions(consumer: Any, topic: str, wait_s: float = 10.0) -> list[int]:
+def topic_partitions(consumer: Any, topic: str, wait_s: float = 10.0) -> list[int]:
     """The topic's partitions; a topic created a moment ago may take a few seconds to show."""
     from confluent_kafka import KafkaException
 
@@ -196,7 +198,7 @@ def _partitions(consumer: Any, topic: str, wait_s: float = 10.0) -> list[int]:
         time.sleep(0.5)  # metadata of a new topic reaches the broker's cache shortly
 
 
-def _retrying(call: Callable[[], T], what: str, wait_s: float = 60.0) -> T:
+def retrying(call: Callable[[], T], what: str, wait_s: float = 60.0) -> T:
     """`call()`, asked again while a just-created topic's partitions have no leader yet."""
     from confluent_kafka import KafkaError, KafkaException
 

@@ -1,0 +1,152 @@
+"""`ranksight remediate`: follow rs.alerts and ask the scheduler to act, behind the policy's safeguards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ranksight.console import console, err_console, fail, user_errors
+from ranksight.signals import stop_signals
+from schemas.topics import ACTIONS, ALERTS, TRAINING_EVENTS
+
+__all__ = ["register"]
+
+_STYLE = {"acted": "bold red", "dry_run": "yellow", "skipped": "dim", "failed": "bold magenta"}
+
+
+def remediate(
+    policy: Path = typer.Option(
+        ..., "--policy", help="Remediation policy YAML (docs/operations.md lists every knob)."
+    ),
+    slurm: bool = typer.Option(False, "--slurm", help="Act through Slurm (scancel / scontrol requeue)."),
+    kubernetes: bool = typer.Option(
+        False, "--kubernetes", help="Act through Kubernetes (suspend the Job, delete its Pods)."
+    ),
+    namespace: str | None = typer.Option(
+        None, "--namespace", help="Kubernetes: the Jobs' namespace (default: all)."
+    ),
+    execute: bool = typer.Option(
+        False, "--execute", help="Really act. Without it every action is a dry run, recorded as such."
+    ),
+    lookback: str | None = typer.Option(
+        None,
+        "--lookback",
+        help="Rebuild alerts and job state from the last DURATION (e.g. 2d; default: everything kept).",
+    ),
+    tick_s: float = typer.Option(1.0, "--tick", min=0.1, help="Seconds between decisions."),
+    idle_exit_s: float | None = typer.Option(
+        None, "--idle-exit", help="Exit after N seconds without new records."
+    ),
+    alerts_topic: str = typer.Option(ALERTS, "--alerts-topic", help="Alert topic (prefix is added)."),
+    events_topic: str = typer.Option(TRAINING_EVENTS, "--events-topic", help="Training events topic."),
+    actions_topic: str = typer.Option(ACTIONS, "--actions-topic", help="Where decisions go (ActionTaken)."),
+) -> None:
+    """Cancel or requeue jobs that alerts say are stuck (zombie_job, rank_hang, restart_loop), safely; dry run by default."""
+    from infra.kafka.quiet import quiet_kafka_conf
+    from producers.simulator import parse_duration
+    from ranksight.broker import kafka_settings
+    from ranksight.settings import load_settings
+    from schemas.codec import codec_from_settings
+    from streams.alerting.remediation import Remediator, load_policy
+    from streams.alerting.remediation_loop import RemediationTopics, follow_remediation
+
+    if slurm == kubernetes:
+        fail("choose the scheduler to act through: --slurm or --kubernetes")
+    settings = load_settings()
+    with user_errors():
+        rules = load_policy(policy)
+        lookback_s = None
+        if lookback is not None:
+            try:
+                lookback_s = parse_duration(lookback)
+            except ValueError as exc:
+                fail(f"--lookback: {exc}")
+        actions = _actions(slurm, namespace, rules.scheduler_job_label)
+        remediator = Remediator(rules, execute=execute, scheduler=actions.name)
+        kafka = kafka_settings()
+        prefix = settings.topic_prefix
+        topics = RemediationTopics(prefix + alerts_topic, prefix + events_topic, prefix + actions_topic)
+        mode = "[bold red]EXECUTING[/]" if execute else "dry run (no --execute)"
+        err_console.print(
+            f"remediate: {', '.join(sorted(rules.rules))} through {actions.name}, {mode}; "
+            f"following {topics.alerts} and {topics.events}, decisions to {topics.actions}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+        def resolve(decision: Any) -> tuple[str, str]:
+            labels = decision.job.labels if decision.job is not None else {}
+            target = actions.target(str(decision.alert["job_id"]), labels)
+            return target, actions.describe(decision.action, target)
+
+        def act(decision: Any, target: str) -> Any:
+            from producers.scheduler.actions import SchedulerActionError
+            from streams.alerting.remediation import Outcome
+
+            try:
+                return Outcome(True, actions.act(decision.action, target), target)
+            except SchedulerActionError as exc:
+                return Outcome(False, str(exc), target)
+
+        def show(record: dict[str, Any]) -> None:
+            style = _STYLE.get(record["decision"], "white")
+            console.print(
+                f"[{style}]{record['decision']:<8}[/] {record['rule']} job={record['job_id']} "
+                f"{record['action'] if record['action'] != 'none' else ''} — {record['reason']}",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+        def caught_up(stats: Any) -> None:
+            err_console.print(
+                f"caught up: {stats.alerts} alert records, {stats.events} training events, "
+                f"{stats.restored_actions} earlier decisions; deciding every {tick_s:g} s",
+                highlight=False,
+            )
+
+        def warn(message: str) -> None:
+            err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+        codec = codec_from_settings(kafka.schema_registry_url)
+        # The loop checks the stop flag every poll (0.2 s) and flushes within the 5 s budget.
+        with stop_signals(name="remediate") as stop:
+            stats = follow_remediation(
+                quiet_kafka_conf(kafka.kafka_config()),
+                topics,
+                remediator,
+                codec,
+                resolve=resolve,
+                act=act,
+                lookback_s=lookback_s,
+                tick_s=tick_s,
+                idle_exit_s=idle_exit_s,
+                stop=lambda: stop.requested,
+                on_record=show,
+                on_caught_up=caught_up,
+                warn=warn,
+            )
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(stats.decisions.items())) or "no decisions"
+    console.print(
+        f"{summary}; read {stats.alerts} alert records, {stats.events} training events, "
+        f"{stats.restored_actions} earlier decisions",
+        highlight=False,
+    )
+    if stop.requested:
+        raise typer.Exit(stop.exit_code)
+
+
+def _actions(slurm: bool, namespace: str | None, job_label: str) -> Any:
+    if slurm:
+        from producers.scheduler.actions import SlurmActions
+
+        return SlurmActions(job_label=job_label)
+    from producers.scheduler.actions import KubernetesActions
+
+    return KubernetesActions(namespace=namespace)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `remediate` command."""
+    app.command("remediate")(remediate)

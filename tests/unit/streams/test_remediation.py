@@ -1,0 +1,355 @@
+"""Remediation safeguards, one test each: the core decides on records and a fake clock, no I/O."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from schemas.codec import Codec
+from schemas.records import Event
+from streams.alerting.remediation import Outcome, RemediationError, RemediationPolicy, Remediator, load_policy
+from tests.unit.streams.builders import T0, job_started, job_state
+
+MIN = 60_000
+POLICY: dict[str, Any] = {
+    "rules": {
+        "zombie_job": {"action": "cancel", "min_firing_s": 300},
+        "rank_hang": {"action": "requeue", "min_firing_s": 60, "collective_timeout_s": 600},
+        "restart_loop": {"action": "cancel", "min_firing_s": 0},
+    },
+    "opt_in": {"teams": ["team-a"]},
+    "max_actions_per_hour": 2,
+    "job_cooldown_s": 3600,
+}
+
+
+def _alert(rule: str = "zombie_job", job: str = "job-1", ts: int = T0, **kw: Any) -> dict[str, Any]:
+    return {
+        "alert_id": f"{rule}-{job}-{ts}",
+        "fingerprint": f"{rule}/{job}",
+        "rule": rule,
+        "category": "platform",
+        "severity": "critical",
+        "status": "firing",
+        "ts": ts,
+        "starts_at": kw.pop("starts_at", ts),
+        "team": "platform",  # the routed copy: the platform is paged
+        "job_id": job,
+        "cluster": "c1",
+        **kw,
+    }
+
+
+def _remediator(execute: bool = True, **policy: Any) -> Remediator:
+    r = Remediator(RemediationPolicy.from_dict({**POLICY, **policy}), execute=execute, scheduler="slurm")
+    r.observe_event(job_started("job-1", T0 - 3600_000 + 1, team="team-a", checkpoint_max_age_s=None))
+    return r
+
+
+def _codes(r: Remediator, now: int) -> list[tuple[str, str]]:
+    return [(d.kind, d.reason_code) for d in r.decide(now)]
+
+
+def test_a_zombie_past_the_minimum_is_cancelled_once_and_the_record_is_a_valid_action_taken() -> None:
+    r = _remediator()
+    r.observe_alert(_alert())
+    (decision,) = r.decide(T0 + 5 * MIN)
+    assert (decision.kind, decision.action, decision.execute) == ("acted", "cancel", True)
+    record = r.record(r.settle(decision, Outcome(True, "scancel 42: ok")), T0 + 5 * MIN, target="42")
+    assert record["decision"] == "acted" and record["team"] == "team-a" and record["dry_run"] is False
+    assert Codec().decode(Codec().encode(Event("ActionTaken", record))).record == record
+    assert r.decide(T0 + 6 * MIN) == []  # never twice for one incident
+
+
+def test_dry_run_is_the_default() -> None:
+    r = _remediator(execute=False)
+    r.observe_alert(_alert())
+    (decision,) = r.decide(T0 + 5 * MIN)
+    assert (decision.kind, decision.action, decision.execute) == ("dry_run", "cancel", False)
+    assert "would cancel job job-1" in decision.reason and "no --execute" in decision.reason
+    assert r.decide(T0 + 6 * MIN) == []
+
+
+def test_a_rule_can_stay_in_dry_run_while_others_execute() -> None:
+    r = _remediator(
+        rules={**POLICY["rules"], "zombie_job": {"action": "cancel", "min_firing_s": 0, "dry_run": True}}
+    )
+    r.observe_alert(_alert())
+    assert _codes(r, T0 + MIN) == [("dry_run", "dry_run")]
+
+
+def test_never_before_the_alert_has_fired_for_the_minimum() -> None:
+    r = _remediator()
+    r.observe_alert(_alert())
+    assert _codes(r, T0 + 4 * MIN) == [("skipped", "firing_too_short")]
+    assert _codes(r, T0 + 4 * MIN + 30_000) == []  # the same reason is recorded once
+    assert _codes(r, T0 + 5 * MIN) == [("acted", "acted")]
+
+
+def test_a_resolved_alert_ends_the_incident() -> None:
+    r = _remediator()
+    r.observe_alert(_alert())
+    r.observe_alert({**_alert(), "status": "resolved"})
+    assert r.decide(T0 + 10 * MIN) == []
+
+
+@pytest.mark.parametrize(
+    ("opt_in", "opt_out", "expected"),
+    [
+        ({"teams": ["team-a"]}, None, "acted"),
+        ({"jobs": ["job-1"]}, None, "acted"),
+        ({"label": "ranksight.dev/remediate"}, None, "not_opted_in"),
+        ({"teams": ["team-b"]}, None, "not_opted_in"),
+        ({"teams": ["team-a"]}, {"jobs": ["job-1"]}, "not_opted_in"),
+        (None, None, "not_opted_in"),
+    ],
+)
+def test_never_for_a_job_or_team_not_opted_in(
+    opt_in: dict[str, Any] | None, opt_out: dict[str, Any] | None, expected: str
+) -> None:
+    r = _remediator(opt_in=opt_in, opt_out=opt_out)
+    r.observe_alert(_alert())
+    assert [code for _, code in _codes(r, T0 + 5 * MIN)] == [expected]
+
+
+def test_a_job_label_opts_it_in() -> None:
+    r = _remediator(opt_in={"label": "ranksight.dev/remediate"})
+    r.observe_event(
+        job_started(
+            "job-1",
+            T0 - 1000,
+            team="team-z",
+            labels={"ranksight.dev/remediate": "true"},
+            checkpoint_max_age_s=None,
+        )
+    )
+    r.observe_alert(_alert())
+    assert _codes(r, T0 + 5 * MIN) == [("acted", "acted")]
+
+
+def _checkpoint(phase: str, ts: int, ckpt: str = "c1") -> Event:
+    return Event(
+        "CheckpointEvent",
+        {
+            "ts": ts,
+            "job_id": "job-1",
+            "run_id": "job-1-run-1",
+            "checkpoint_id": ckpt,
+            "step": 100,
+            "phase": phase,
+        },
+    )
+
+
+def _evaluation(phase: str, ts: int) -> Event:
+    return Event(
+        "EvaluationEvent",
+        {
+            "ts": ts,
+            "job_id": "job-1",
+            "run_id": "job-1-run-1",
+            "evaluation_id": "e1",
+            "step": 100,
+            "phase": phase,
+        },
+    )
+
+
+def _restore_test(ts: int) -> Event:
+    return Event(
+        "RestoreTest",
+        {
+            "ts": ts,
+            "job_id": "job-1",
+            "run_id": "job-1-run-1",
+            "checkpoint_id": "c1",
+            "restored_model": True,
+            "restored_optimizer": True,
+            "restored_scheduler": True,
+            "restored_data_position": True,
+            "steps_resumed": 10,
+            "passed": True,
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("opened", "closed", "needle"),
+    [
+        (_checkpoint("started", T0 + MIN), _checkpoint("completed", T0 + 6 * MIN), "checkpoint c1 is open"),
+        (_evaluation("started", T0 + MIN), _evaluation("completed", T0 + 6 * MIN), "evaluation e1 is open"),
+        (
+            _checkpoint("restored", T0 + MIN),
+            _restore_test(T0 + 6 * MIN),
+            "a restore test of checkpoint c1 runs",
+        ),
+    ],
+    ids=["checkpoint", "evaluation", "restore_test"],
+)
+def test_never_while_a_checkpoint_or_evaluation_is_open_or_a_restore_test_runs(
+    opened: Event, closed: Event, needle: str
+) -> None:
+    r = _remediator()
+    r.observe_alert(_alert())
+    r.observe_event(opened)
+    (decision,) = r.decide(T0 + 5 * MIN)
+    assert (decision.kind, decision.reason_code) == (
+        "skipped",
+        "operation_open",
+    ) and needle in decision.reason
+    r.observe_event(closed)
+    assert _codes(r, T0 + 7 * MIN) == [("acted", "acted")]
+
+
+def test_a_rank_hang_is_acted_on_only_past_the_jobs_collective_timeout() -> None:
+    r = _remediator()
+    r.observe_alert(_alert("rank_hang", rank=3, starts_at=T0 - 2 * MIN))  # the rank stopped 2 min before
+    assert _codes(r, T0 + 2 * MIN) == [("skipped", "within_collective_timeout")]  # hung 4 min < 10 min
+    assert _codes(r, T0 + 8 * MIN) == [("acted", "acted")]
+    # The job's own timeout (a JobStarted label) wins over the rule's default.
+    r = _remediator()
+    labels = {"ranksight.dev/collective-timeout-s": "1800"}
+    r.observe_event(job_started("job-1", T0 - 1000, team="team-a", labels=labels, checkpoint_max_age_s=None))
+    r.observe_alert(_alert("rank_hang", rank=3, starts_at=T0))
+    assert _codes(r, T0 + 20 * MIN) == [("skipped", "within_collective_timeout")]
+    assert [(d.kind, d.action) for d in r.decide(T0 + 31 * MIN)] == [("acted", "requeue")]
+
+
+def test_at_most_n_actions_per_hour_per_cluster() -> None:
+    r = _remediator(job_cooldown_s=0)
+    for job in ("job-1", "job-2", "job-3"):
+        r.observe_event(job_started(job, T0 - 1000, team="team-a", checkpoint_max_age_s=None))
+        r.observe_alert(_alert(job=job))
+    other = job_started("job-4", T0 - 1000, team="team-a", checkpoint_max_age_s=None)
+    other.record["cluster"] = "c2"
+    r.observe_event(other)
+    r.observe_alert(_alert(job="job-4", cluster="c2"))
+    got = [(d.alert["job_id"], d.kind, d.reason_code) for d in r.decide(T0 + 5 * MIN)]
+    assert got == [
+        ("job-1", "acted", "acted"),
+        ("job-2", "acted", "acted"),
+        ("job-3", "skipped", "rate_limited"),
+        ("job-4", "acted", "acted"),  # another cluster, its own budget
+    ]
+    assert [(d.alert["job_id"], d.kind) for d in r.decide(T0 + 66 * MIN)] == [("job-3", "acted")]
+
+
+def test_never_twice_for_one_incident_across_a_restart_and_never_twice_for_one_job_within_the_cooldown() -> (
+    None
+):
+    first = _remediator()
+    first.observe_alert(_alert())
+    (decision,) = first.decide(T0 + 5 * MIN)
+    record = first.record(first.settle(decision, Outcome(True, "ok")), T0 + 5 * MIN)
+    restarted = _remediator()
+    restarted.observe_action(record)  # read back from rs.actions at start
+    restarted.observe_alert(_alert())
+    assert restarted.decide(T0 + 6 * MIN) == []
+    # Another rule on the same job, 10 min later: the job was acted on within the cooldown.
+    restarted.observe_alert(_alert("restart_loop", ts=T0 + 10 * MIN))
+    assert _codes(restarted, T0 + 10 * MIN) == [("skipped", "already_acted")]
+
+
+def test_a_dry_run_does_not_stop_a_later_execute_run_from_acting() -> None:
+    dry = _remediator(execute=False)
+    dry.observe_alert(_alert())
+    (decision,) = dry.decide(T0 + 5 * MIN)
+    record = dry.record(decision, T0 + 5 * MIN)
+    executing = _remediator()
+    executing.observe_action(record)
+    executing.observe_alert(_alert())
+    assert _codes(executing, T0 + 6 * MIN) == [("acted", "acted")]
+
+
+def test_a_stale_checkpoint_is_requeued_not_cancelled_only_with_explicit_opt_in() -> None:
+    for opted, expected in (
+        (None, ("skipped", None, "stale_checkpoint")),
+        ({"teams": ["team-a"]}, ("acted", "requeue", "acted")),
+    ):
+        r = _remediator(stale_checkpoint_requeue=opted)
+        r.observe_event(job_started("job-1", T0 - 7200_000, team="team-a", checkpoint_max_age_s=1800.0))
+        r.observe_event(_checkpoint("verified", T0 - 3600_000))  # an hour old at T0; the policy says 30 min
+        r.observe_alert(_alert())
+        (decision,) = r.decide(T0 + 5 * MIN)
+        assert (decision.kind, decision.action, decision.reason_code) == expected
+        assert decision.checkpoint_age_s == pytest.approx(3900.0)
+    # A fresh verified checkpoint: the rule's own action (cancel).
+    r = _remediator()
+    r.observe_event(job_started("job-1", T0 - 7200_000, team="team-a", checkpoint_max_age_s=1800.0))
+    r.observe_event(_checkpoint("verified", T0))
+    r.observe_alert(_alert())
+    assert [(d.kind, d.action) for d in r.decide(T0 + 5 * MIN)] == [("acted", "cancel")]
+
+
+def test_the_policy_checkpoint_age_applies_to_jobs_without_their_own() -> None:
+    r = _remediator(checkpoint_max_age_s=600)
+    r.observe_alert(_alert())
+    assert _codes(r, T0 + 5 * MIN) == [("skipped", "stale_checkpoint")]  # no checkpoint for an hour
+
+
+def test_unknown_ended_or_restarted_jobs_are_left_alone() -> None:
+    r = Remediator(RemediationPolicy.from_dict({**POLICY, "opt_in": {"jobs": ["job-9"]}}), execute=True)
+    r.observe_alert(_alert(job="job-9"))
+    assert _codes(r, T0 + 5 * MIN) == [("skipped", "job_unknown")]
+    r = _remediator()
+    r.observe_alert(_alert())
+    r.observe_event(job_state("job-1", T0 + MIN, "restarting"))
+    assert _codes(r, T0 + 5 * MIN) == [("skipped", "job_not_running")]
+    r = _remediator()
+    r.observe_alert(_alert())
+    r.observe_event(job_started("job-1", T0 + MIN, team="team-a", run_id="run-2", checkpoint_max_age_s=None))
+    assert _codes(r, T0 + 5 * MIN) == [("skipped", "job_not_running")]
+
+
+def test_a_refused_action_is_recorded_retried_a_minute_later_and_given_up_after_three() -> None:
+    r = _remediator()
+    r.observe_alert(_alert())
+    kinds = []
+    for minute in (5, 5.5, 6, 7, 8, 9):
+        for decision in r.decide(T0 + int(minute * MIN)):
+            kinds.append((minute, r.settle(decision, Outcome(False, "slurmctld is down")).kind))
+    assert kinds == [(5, "failed"), (6, "failed"), (7, "failed")]
+    # The refusals did not use the cluster's budget: another job still gets acted on.
+    r.observe_event(job_started("job-2", T0 - 1000, team="team-a", checkpoint_max_age_s=None))
+    r.observe_alert(_alert(job="job-2"))
+    assert [(d.alert["job_id"], d.kind) for d in r.decide(T0 + 10 * MIN)] == [("job-2", "acted")]
+
+
+def test_alerts_of_rules_the_policy_does_not_enable_are_not_decisions() -> None:
+    r = _remediator(rules={"zombie_job": {"action": "cancel", "min_firing_s": 0}})
+    r.observe_alert(_alert("restart_loop"))
+    assert r.decide(T0 + 5 * MIN) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"rules": {"job_stall": {"action": "cancel", "min_firing_s": 0}}}, "remediates only"),
+        (
+            {"rules": {"zombie_job": {"action": "kill", "min_firing_s": 0}}},
+            "action must be cancel or requeue",
+        ),
+        ({"rules": {"zombie_job": {"action": "cancel"}}}, "min_firing_s is required"),
+        ({"rules": {}}, "enable at least one"),
+        ({"max_actions_per_hour": -1}, "max_actions_per_hour"),
+        ({"opt_in": {"team": ["a"]}}, "unknown key 'team'"),
+        ({"stale_checkpoint_requeue": {"label": "x"}}, "unknown key 'label'"),
+        ({"dry_run": True}, "unknown key 'dry_run'"),
+    ],
+)
+def test_a_bad_policy_is_rejected_naming_the_key(change: dict[str, Any], needle: str) -> None:
+    with pytest.raises(RemediationError, match=needle):
+        RemediationPolicy.from_dict({**POLICY, **change})
+
+
+def test_the_shipped_example_policy_loads(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[3]
+    policy = load_policy(root / "examples" / "remediation.yaml")
+    assert set(policy.rules) == {"zombie_job", "rank_hang", "restart_loop"}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(POLICY))
+    assert load_policy(tmp_path / "p.yaml").max_actions_per_hour == 2
+    with pytest.raises(RemediationError, match="does not exist"):
+        load_policy(tmp_path / "none.yaml")
