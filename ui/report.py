@@ -1,25 +1,28 @@
 """Self-contained incident reports: one HTML file with the job or alert page, its data and ECharts inlined.
 
 The file needs no network to open (clusters are often offline, tickets outlive servers). A report
-is written from a ClickHouse store, or straight from Avro recordings: they are replayed through the
-detectors offline into a private, temporary chDB store (this process must not hold another one).
+is written from a ClickHouse store, or from events: a recording the CLI layer replayed through the
+detectors (`ui/` runs none), stored into a private, temporary chDB store (this process must not
+hold another one).
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from schemas.records import Event
 from sinks.efficiency import PriceList
 from ui import queries
 from ui.errors import UiError
 from ui.pages import report_html
 
-__all__ = ["report_from_recording", "write_report"]
+__all__ = ["report_from_events", "write_report"]
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -56,33 +59,28 @@ def write_report(
     return {"kind": "job", "alerts": len(data["alerts"]), "bytes": out.stat().st_size}
 
 
-def report_from_recording(
-    paths: list[Path],
+def report_from_events(
+    events: Iterable[Event],
     out: Path,
     *,
     job_id: str | None = None,
     alert_id: str | None = None,
-    config: Path | None = None,
-    routing: Path | None = None,
     prices: PriceList | None = None,
 ) -> dict[str, Any]:
-    """Replay recordings offline into a temporary chDB store and write the report from it."""
+    """Store events (a replayed recording: source events, alerts, derived windows) in a temporary chDB, report from it."""
     from sinks.clickhouse import close, connect
     from sinks.ddl import migrate
-    from ui.store import load_recording
+    from ui.store import load_events
 
-    for path in paths:
-        if not Path(path).is_file():
-            raise UiError(f"no such recording: {path}")
     with tempfile.TemporaryDirectory(prefix="ranksight-report-") as tmp:
         dsn = f"chdb://{Path(tmp) / 'chdb'}"
         client = connect(dsn)
         try:
             migrate(client, ttl_days=None)  # recordings are old: no retention may drop them on insert
-            loaded = load_recording(client, paths, config=config, routing=routing)
+            loaded = {"events": load_events(client, events)}
             if job_id is not None:
                 known = client.query(
-                    "SELECT count() FROM steps WHERE job_id = %(job)s", parameters={"job": job_id}
+                    "SELECT count() FROM steps WHERE job_id = {job:String}", parameters={"job": job_id}
                 ).result_rows[0][0]
                 if not known:
                     jobs = [

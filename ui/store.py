@@ -1,22 +1,21 @@
 """Filling a ClickHouse store without Kafka: events (a recording, a simulation) through the sink's writer.
 
-Reports of an Avro recording and the UI tests use it: the recording is replayed through the
-detectors offline (`streams.offline.replay`), and the source events plus the alerts and derived windows
-they produce are written by the same `ClickHouseSink` the Kafka sink uses, so the tables and
-roll-ups are exactly those of a live deployment.
+The UI tests use it: the events, with the alerts and derived windows the detectors raise on them
+(replayed by the CLI layer, `ranksight.commands.report.detected`; `ui/` runs no detector), are
+written by the same `ClickHouseSink` the Kafka sink uses, so the tables and roll-ups are exactly
+those of a live deployment.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterable
 
 from clickhouse_connect.driver.client import Client
 
 from schemas.records import Event
 from sinks.writer import ClickHouseSink
 
-__all__ = ["load_events", "load_recording"]
+__all__ = ["load_events"]
 
 # Rows written here record this pseudo-topic as their Kafka position (they never were on Kafka).
 FILE_TOPIC = "file"
@@ -46,26 +45,3 @@ def _highest_offset(client: Client) -> int:
         parameters={"t": FILE_TOPIC},
     ).result_rows
     return int(rows[0][0] or 0) if rows else 0
-
-
-def load_recording(
-    client: Client, paths: list[Path], *, config: Path | None = None, routing: Path | None = None
-) -> dict[str, int]:
-    """Replay recordings through the detectors offline and store events, alerts and derived windows."""
-    from streams.alerting.routing import load_router
-    from streams.config import load_config
-    from streams.engine import DetectionEngine
-    from streams.offline.replay import merged_events
-
-    engine = DetectionEngine(load_config(config), load_router(routing))
-    found: list[Event] = []
-
-    def source() -> Iterator[Event]:
-        # One pass over the files: each event is stored and fed to the engine (same order as a replay).
-        for event in merged_events(paths):
-            found.extend(engine.process(event))
-            yield event
-
-    events = load_events(client, source())
-    found.extend(engine.finish())
-    return {"events": events, "derived": load_events(client, found)}

@@ -70,15 +70,22 @@ def report(
     ranksight report --alert ALERT_ID -o report.html        from ClickHouse (CLICKHOUSE_URL or chDB)
     """
     from sinks.efficiency import PriceList
-    from ui.report import report_from_recording, write_report
+    from ui.report import report_from_events, write_report
 
     if (job is None) == (alert is None):
         fail("give one of --job and --alert")
     with user_errors():
         price_list = PriceList.parse(price, PriceList.load(prices) if prices else None)
         if files:
-            result = report_from_recording(
-                files, out, job_id=job, alert_id=alert, config=config, routing=routing, prices=price_list
+            for path in files:
+                if not Path(path).is_file():
+                    fail(f"no such recording: {path}")
+            result = report_from_events(
+                replayed(files, config=config, routing=routing),
+                out,
+                job_id=job,
+                alert_id=alert,
+                prices=price_list,
             )
         else:
             from ranksight.commands.ui import open_store

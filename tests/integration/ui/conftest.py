@@ -1,7 +1,8 @@
 """Fixtures of the UI tests: one chDB store filled from a simulated scenario, shared by the package.
 
-The store is built without Kafka: the simulator's events go through the sink's writer and the
-detectors (offline) in this process, so the tables, roll-ups, derived windows and alerts are those
+The store is built without Kafka: the simulator's events and what the detectors raise on them
+(replayed offline by the CLI layer, `ranksight.commands.report.replayed`) go through the sink's
+writer in this process, so the tables, roll-ups, derived windows and alerts are those
 a live deployment would hold. chDB opens one directory per process, hence one store per package.
 """
 
@@ -17,10 +18,11 @@ import pytest
 from clickhouse_connect.driver.client import Client
 
 from producers.simulator import load_scenario, simulate
+from ranksight.commands.report import replayed
 from schemas.files import write_container
 from sinks.clickhouse import close, connect
 from sinks.ddl import migrate
-from ui.store import load_recording
+from ui.store import load_events
 
 # The demo's scenario, cut after the straggler (rank 13 of pretrain-13b-0301, 6..12 min) resolved.
 SCENARIO = "mixed"
@@ -54,7 +56,7 @@ def ui_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiStore]:
     client = connect(dsn)
     try:
         migrate(client, ttl_days=None)  # simulated time is in the past: no retention may drop it
-        load_recording(client, [recording])
+        load_events(client, replayed([recording]))
         yield UiStore(client, dsn, recording, scenario.start_ms, tuple(job.id for job in scenario.jobs))
     finally:
         close(dsn)
