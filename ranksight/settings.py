@@ -63,6 +63,11 @@ class Settings(BaseSettings):
     cluster: str = "local"
     ttl_days: int = Field(default=30, ge=1, description="Retention of raw tables in ClickHouse, days.")
     topic_prefix: str = ""
+    alertmanager_url: str | None = Field(
+        default=None,
+        description="Alertmanager base URL (RANKSIGHT_ALERTMANAGER_URL): pages show its silences "
+        "(streams.alerting.alertmanager.read_silences).",
+    )
 
     @property
     def chdb_path(self) -> Path:
