@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from schemas.errors import RanksightError
 
-__all__ = ["KafkaNotFoundError", "KafkaUnreachableError"]
+__all__ = ["KafkaNotFoundError", "KafkaSecurityError", "KafkaUnreachableError"]
 
 
 class KafkaNotFoundError(RanksightError):
@@ -23,3 +23,12 @@ class KafkaUnreachableError(RanksightError):
         else:
             hint = "check the address in KAFKA_BOOTSTRAP and that the broker runs"
         super().__init__(f"Kafka at {bootstrap} does not answer ({reason}): {hint}")
+
+
+class KafkaSecurityError(RanksightError):
+    """Kafka answers but refuses this client: wrong credentials, an untrusted certificate, the wrong
+    security protocol. The sentence names the setting to fix; it never contains a secret."""
+
+    def __init__(self, bootstrap: str, message: str) -> None:
+        self.bootstrap = bootstrap
+        super().__init__(message)

@@ -225,6 +225,7 @@ class BrokerSecurity:
     keystore: Path
     keystore_password: str = field(repr=False)
     users: Mapping[str, str] = field(default_factory=dict, repr=False)  # name -> password
+    ca_location: Path | None = None  # the CA that signed the keystore's certificate (readiness checks)
     mechanism: str = "SCRAM-SHA-512"
 
     def scram_arguments(self) -> list[str]:
@@ -437,6 +438,7 @@ class LocalKafka:
                 "sasl.username": user or "",
                 "sasl.password": secret or "",
             }
+            ca = ca or self._security.ca_location
             if ca is not None:
                 conf["ssl.ca.location"] = str(ca)
         return conf

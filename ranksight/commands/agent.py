@@ -88,13 +88,15 @@ def agent(
         kafka_conf: dict[str, Any] | None = None
         knobs: dict[str, Any] = {}
         if to == "kafka":
-            from ranksight.broker import kafka_settings
+            from ranksight.broker import check_broker, kafka_settings
             from ranksight.producing import drain_other_spools
 
             try:
                 settings = kafka_settings(cluster=cluster)
             except KafkaNotFoundError as exc:
                 fail(f"{exc} (or use --to file:///path.avro)")
+            # Wrong credentials or an untrusted certificate: one sentence; an absent broker: spool.
+            check_broker(settings, allow_unreachable=True)
             kafka_conf = settings.kafka_config()
             knobs["spool_max_bytes"] = spool_max_mb * 1024 * 1024
             spool_dir = spool_dir or settings.spool_root / f"agent-{node_name}"

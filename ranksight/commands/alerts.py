@@ -60,9 +60,10 @@ def _consumer(from_beginning: bool, topic: str) -> Any:
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
 
     from infra.kafka.quiet import quiet_kafka_conf
-    from ranksight.broker import kafka_settings
+    from ranksight.broker import check_broker, kafka_settings
 
     settings = kafka_settings()
+    check_broker(settings)
     conf = {
         **quiet_kafka_conf(settings.kafka_config()),
         # Own throw-away group, manual assignment, no commits: tails never disturb each other.
@@ -222,7 +223,7 @@ def forward(
     """Forward alerts to Alertmanager (POST /api/v2/alerts), keeping firing ones alive across restarts."""
     from infra.kafka.quiet import quiet_kafka_conf
     from producers.simulator import parse_duration
-    from ranksight.broker import kafka_settings
+    from ranksight.broker import check_broker, kafka_settings
     from ranksight.settings import load_settings
     from schemas.codec import codec_from_settings
     from streams.alerting.alertmanager import AlertForwarder, AlertmanagerClient, AlertmanagerError
@@ -264,6 +265,7 @@ def forward(
                 f"(re-send every {resend_s:.0f} s, endsAt +{forwarder.keepalive_s:.0f} s)"
             )
             settings = kafka_settings()  # KAFKA_BOOTSTRAP, else the running `ranksight kafka up`
+            check_broker(settings)
             codec = codec_from_settings(settings.schema_registry_url)
 
             run_stats: list[DeliveryStats] = []  # the run's own counters, known from the rebuild on

@@ -96,13 +96,14 @@ def status() -> None:
 def topics() -> None:
     """Create the rs.* topics on KAFKA_BOOTSTRAP (or the local broker) with their partitions and retention."""
     from infra.kafka.topics import create_topics
-    from ranksight.broker import kafka_settings
+    from ranksight.broker import check_broker, kafka_settings
 
     with user_errors():
         settings = kafka_settings()
         assert settings.kafka_bootstrap is not None
+        check_broker(settings)
         bootstrap = settings.kafka_bootstrap
-        created = create_topics(bootstrap, prefix=settings.topic_prefix)
+        created = create_topics(bootstrap, prefix=settings.topic_prefix, conf=settings.kafka_config())
     console.print(f"topics ready: {', '.join(created)}")
 
 

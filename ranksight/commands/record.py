@@ -46,10 +46,11 @@ def parse_time(value: str, now_ms: int | None = None) -> int:
 
 def _kafka() -> tuple[dict[str, Any], str]:
     from infra.kafka.quiet import quiet_kafka_conf
-    from ranksight.broker import kafka_settings
+    from ranksight.broker import check_broker, kafka_settings
 
     with user_errors():
         settings = kafka_settings()
+        check_broker(settings)
     return quiet_kafka_conf(settings.kafka_config()), settings.topic_prefix
 
 
@@ -142,7 +143,7 @@ def publish(
     ),
 ) -> None:
     """Publish a file of events to Kafka (telemetry by node, training by job)."""
-    from ranksight.broker import kafka_settings
+    from ranksight.broker import check_broker, kafka_settings
     from ranksight.producing import (
         drain_other_spools,
         finish,
@@ -157,6 +158,7 @@ def publish(
     with user_errors(), stop_signals(name="publish") as stop:
         settings = kafka_settings()
         assert settings.kafka_bootstrap is not None
+        check_broker(settings, allow_unreachable=True)  # refused credentials: one sentence; away: spool
         drain_other_spools(settings, exclude=("publish",))
         publisher = open_kafka_publisher(settings, "publish")
         stoppable = _Stoppable(publisher, stop)

@@ -64,13 +64,14 @@ def scheduler(
         kafka_conf: dict[str, Any] | None = None
         spool_dir = None
         if to == "kafka":
-            from ranksight.broker import kafka_settings
+            from ranksight.broker import check_broker, kafka_settings
             from ranksight.errors import KafkaNotFoundError
 
             try:  # KAFKA_BOOTSTRAP, else the broker `ranksight kafka up` runs
                 settings = kafka_settings()
             except KafkaNotFoundError as exc:
                 fail(f"{exc} (or use --to file:///path.avro)")
+            check_broker(settings, allow_unreachable=True)  # an absent broker: spool
             kafka_conf = settings.kafka_config()
             spool_dir = settings.home / "spool" / f"scheduler-{source.name}"
         publisher = open_publisher(

@@ -8,7 +8,7 @@ import threading
 import typer
 
 from ranksight.commands.ui import HOST_HELP
-from ranksight.console import console, err_console, fail, user_errors
+from ranksight.console import console, err_console, user_errors
 from ranksight.signals import stop_signals
 
 __all__ = ["register"]
@@ -37,15 +37,13 @@ def serve(
     from ui.server import UiServer
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from ranksight.settings import load_settings
+    from ranksight.broker import check_broker, kafka_settings
 
-    settings = load_settings()
-    prefix = settings.topic_prefix
     with user_errors():
-        try:
-            kafka_conf = settings.kafka_config()
-        except ValueError as exc:
-            fail(str(exc))
+        settings = kafka_settings()  # KAFKA_BOOTSTRAP, else the broker `ranksight kafka up` runs
+        check_broker(settings)
+        prefix = settings.topic_prefix
+        kafka_conf = settings.kafka_config()
         client = open_store(migrate_schema=False)
         migrate(
             client, settings.ttl_days

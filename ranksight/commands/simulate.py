@@ -123,9 +123,11 @@ def simulate_command(
         if out is None and not to_kafka:
             fail("say where the events go: --out events.avro, or --to-kafka")
         if to_kafka:
-            from ranksight.broker import kafka_settings
+            from ranksight.broker import check_broker, kafka_settings
 
-            kafka_settings()  # no Kafka known at all: say so before simulating, not after
+            # No Kafka known at all, or one refusing our credentials: say so before simulating.
+            # An absent broker is fine: the events are spooled.
+            check_broker(kafka_settings(), allow_unreachable=True)
         sc = load_scenario(_known_scenario(scenario))
         overrides: dict[str, Any] = {}
         if duration is not None:

@@ -83,7 +83,7 @@ def sink(
 ) -> None:
     """Consume ranksight topics and write every record to its ClickHouse table; commit offsets after the insert."""
     from infra.kafka.quiet import quiet_logger
-    from ranksight.broker import kafka_settings
+    from ranksight.broker import check_broker, kafka_settings
     from schemas.codec import codec_from_settings
     from schemas.topics import DEADLETTER
     from sinks.clickhouse import connect, describe_dsn
@@ -96,6 +96,7 @@ def sink(
     quiet_logger("sinks.kafka")
     with user_errors():
         settings = kafka_settings()
+        check_broker(settings)  # wrong credentials or an untrusted certificate: one sentence, now
         prefix = settings.topic_prefix
         kafka_conf = settings.kafka_config()
         kafka_conf["session.timeout.ms"] = int(session_timeout * 1000)

@@ -22,10 +22,11 @@ def status(
     """Consumer-group lag per topic, records/s per topic, dead letters kept, alerts firing now."""
     from confluent_kafka import KafkaException
 
-    from ranksight.broker import kafka_settings
+    from ranksight.broker import check_broker, kafka_settings
 
     with user_errors():
         settings = kafka_settings()
+        check_broker(settings)
     assert settings.kafka_bootstrap is not None
     try:
         _status(settings, interval, max_alerts)
