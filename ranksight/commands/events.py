@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ranksight.console import console, user_errors
+from ranksight.console import console, fail, user_errors
 
 __all__ = ["register"]
 
@@ -22,10 +22,17 @@ def load(
     out: Path = typer.Option(..., "-o", "--out", help="Avro container file to write."),
 ) -> None:
     """Validate every line and write an Avro container file of events (nothing is written on error)."""
-    from schemas.files import load_jsonl
+    from schemas.files import MIN_TS_MS, read_jsonl, write_container
 
     with user_errors():
-        count = load_jsonl(src, out)
+        events = read_jsonl(src, min_ts_ms=MIN_TS_MS)
+        if not events:
+            # An empty container would look like a successful load to the next step of a script.
+            fail(
+                f"{src} holds no events (it is empty or blank): nothing written to {out}; give one JSON "
+                'object per line, e.g. {"type": "StepCompleted", "ts": ..., ...}'
+            )
+        count = write_container(out, events)
     console.print(f"wrote {count} events to {out}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -32,7 +33,24 @@ def test_load_then_dump_gives_back_the_same_lines(tmp_path: Path) -> None:
     assert "wrote 2 events" in loaded.output
     dumped = runner.invoke(app, ["events", "dump", str(out)])
     assert dumped.exit_code == 0
-    assert dumped.stdout.splitlines() == LINES
+    back = [json.loads(line) for line in dumped.stdout.splitlines()]
+    given = [json.loads(line) for line in LINES]
+    assert len(back) == len(given)
+    for record, original in zip(back, given, strict=True):
+        # Every field given comes back as given; fields the schema gained since are their defaults.
+        assert {k: record[k] for k in original} == original
+        assert all(record[k] is None for k in record.keys() - original.keys()), record
+
+
+def test_load_of_an_empty_file_says_so_and_writes_nothing(tmp_path: Path) -> None:
+    """Issue 24.8: an empty file is not a successful load of nothing."""
+    src = tmp_path / "empty.jsonl"
+    src.write_text("\n  \n")
+    out = tmp_path / "out.avro"
+    result = runner.invoke(app, ["events", "load", str(src), "-o", str(out)])
+    assert result.exit_code == 1
+    assert "holds no events" in result.output and "Traceback" not in result.output
+    assert not out.exists()
 
 
 def test_load_of_a_bad_file_is_one_clear_error_and_exit_1(tmp_path: Path) -> None:
