@@ -35,28 +35,40 @@ def _write(out: Path, convert: Callable[[], Iterable[Event]], what: str) -> None
     last: list[int] = []
 
     def counted(progress: Progress, task: TaskID) -> Iterator[Event]:
-        for n, event in enumerate(convert(), 1):
-            if not first:
-                first.append(event.record["ts"])
-            last[:] = [event.record["ts"]]
+        for n, event in enumerate(_spanned(convert(), first, last), 1):
             if n % 5000 == 0:
                 progress.update(task, description=f"{what}: {n:,} events")
             yield event
 
-    with (
-        user_errors(),
-        Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as progress,
-    ):
-        task = progress.add_task(f"{what}: 0 events", total=None)
-        count = write_container(out, counted(progress, task))
+    if not console.is_terminal:
+        # A live counter is for a person watching; piped or captured, rich's transient display
+        # still ends with a line break, which put a blank line before the result (issue 24.8).
+        with user_errors():
+            count = write_container(out, _spanned(convert(), first, last))
+    else:
+        with (
+            user_errors(),
+            Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            ) as progress,
+        ):
+            task = progress.add_task(f"{what}: 0 events", total=None)
+            count = write_container(out, counted(progress, task))
     span = f" ({format_ts(first[0])} .. {format_ts(last[0])})" if first else ""
     console.print(f"wrote {count:,} events to {out}{span}", highlight=False, soft_wrap=True)
+
+
+def _spanned(events: Iterable[Event], first: list[int], last: list[int]) -> Iterator[Event]:
+    """The events, noting the first and last event time on the way."""
+    for event in events:
+        if not first:
+            first.append(event.record["ts"])
+        last[:] = [event.record["ts"]]
+        yield event
 
 
 def _check_input(src: Path) -> None:
