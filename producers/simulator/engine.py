@@ -135,6 +135,24 @@ def simulate(scenario: Scenario, seed: int = 0, *, progress: Progress | None = N
     return Simulation(scenario, seed, progress)
 
 
+# Data-path faults (issue 23) that change what a rank's DataLoaderSamples report.
+_LOADER_FAULTS = frozenset(
+    {
+        "slow_reads", "slow_reads_node", "slow_reads_blip", "cache_collapse", "cache_dip", "file_open_stall",
+        "file_open_blip", "loader_workers_die", "loader_workers_blip",
+    }
+)  # fmt: skip
+# Faults that end a rank (issue 23): the job restarts from its last verified checkpoint.
+_CRASH_FAULTS = ("rank_crash", "storage_timeout")
+_CRASH_TEXT = {
+    "exception": "RuntimeError: shape '[4096, 32, 128]' is invalid for input of size 4194305",
+    "exit": "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: exitcode -9",
+    "cuda_oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total"
+    " capacity of 79.10 GiB of which 1.91 GiB is free.",
+    "oom": "the kernel's OOM killer took the process (host memory exhausted)",
+    "storage_timeout": "data loader: TimeoutError: GET s3://datasets/shard-0417.tar: read timed out after 120 s",
+}
+
 # Faults of a node (or of one of its GPUs) that every job on the node suffers.
 _SHARED_NODE_FAULTS = frozenset(
     {"xid_error", "ecc_uncorrectable", "host_oom", "ib_degradation", "storage_slowdown", "agent_silent"}
@@ -183,6 +201,8 @@ class _Engine:
         self.acc: dict[tuple[str, int, int], list[float]] = {}
         self.disk_write: dict[tuple[str, int], float] = {}
         self.holdings: dict[tuple[str, int], list[_Holding]] = {}
+        # GPUs allocated to a job that no rank runs on: (node, gpu) -> [(start, end, job, run)] (issue 23)
+        self.allocated: dict[tuple[str, int], list[tuple[float, float, str, str]]] = {}
         self.effects: dict[int, _Effect] = {}
         node_rng = self._rng("phase")
         # Node agents are not synchronised: each samples on its own phase.
@@ -221,6 +241,8 @@ class _Engine:
         """(node, gpu_index, rank) a fault hits; None where the fault is wider."""
         layout = self.layouts[fault.job]
         kind = FAULTS[fault.type]
+        if "spare_gpu" in kind.params:  # a GPU of the job's allocation no rank uses
+            return fault.node or layout[0].node, int(fault.params["spare_gpu"]), None
         if fault.rank is not None:
             r = layout[fault.rank]
             return r.node, r.gpu_index if kind.scope in ("rank", "gpu") else None, fault.rank
@@ -310,6 +332,7 @@ class _Engine:
                     _Holding(f.start, end, pid, "", "", None, int(f.params["mem_gib"] * _GIB))
                 )
                 self.effects[i] = _Effect(f.start, f.end, {"pid": pid})
+        self._resource_holdings()
         silent: dict[str, list[tuple[int, FaultSpec]]] = {}
         for i, f in enumerate(sc.faults):
             if f.type == "agent_silent":
@@ -321,6 +344,54 @@ class _Engine:
             if self.progress is not None:
                 self.progress(len(self.out), sc.duration * (n_index + 1) / sc.cluster.nodes)
         self._sdk_samples()
+
+    def _resource_holdings(self) -> None:
+        """Processes on GPUs outside a job's ranks (issue 23): a rank's stray context, a stranger, a helper."""
+        for i, f in enumerate(self.sc.faults):
+            if f.type in ("gpu_outside_allocation", "foreign_on_free_gpu") and f.rank is not None:
+                rank = self.layouts[f.job][f.rank]
+                index = int(f.params["to_gpu"])
+                end = _end_of(f)
+                mem = int(float(f.params["mem_gib"]) * _GIB)
+                if f.type == "gpu_outside_allocation":
+                    # The rank's own process (its pid of the run live at the fault's start) opens a context there.
+                    own = [
+                        h
+                        for h in self.holdings.get((rank.node, rank.gpu_index), ())
+                        if h.rank == f.rank and h.job_id == f.job and h.start <= max(f.start, h.start) < h.end
+                    ]
+                    live = [h for h in own if h.start <= f.start < h.end] or own
+                    if not live:
+                        continue
+                    h = live[0]
+                    start, stop = max(f.start, h.start + 5.0), min(end, h.end)
+                    self.holdings.setdefault((rank.node, index), []).append(
+                        _Holding(start, stop, h.pid, f.job, h.run_id, None, mem)
+                    )
+                    self.effects[i] = _Effect(start, f.end, {"pid": h.pid, "to_gpu": index})
+                else:
+                    pid = self._rng(f"stranger/{i}").randint(200_000, 400_000)
+                    self.holdings.setdefault((rank.node, index), []).append(
+                        _Holding(f.start, end, pid, "", "", None, mem)
+                    )
+                    self.effects[i] = _Effect(f.start, f.end, {"pid": pid, "to_gpu": index})
+            elif f.type in ("gpu_allocated_idle", "gpu_allocated_helper"):
+                node, spare, _ = self.targets[i]
+                assert node is not None and spare is not None
+                job = self.sc.job(f.job)
+                end = min(_end_of(f), job.end if job.end is not None else _NEVER)
+                self.allocated.setdefault((node, spare), []).append((job.start, end, f.job, f"{f.job}-r0"))
+                if f.type == "gpu_allocated_helper":
+                    # An evaluation server of the job: its own process, busy about 40 % of the time.
+                    pid = self._rng(f"helper/{i}").randint(100_000, 190_000)
+                    begin = job.start + job.init_time + 20.0
+                    stop = min(end, self.sc.duration)
+                    self.holdings.setdefault((node, spare), []).append(
+                        _Holding(begin, stop, pid, f.job, f"{f.job}-r0", None, 30 * _GIB)
+                    )
+                    if stop > begin:
+                        self._spread(node, spare, _COMPUTE, begin, stop - begin, 0.4 * (stop - begin))
+                    self.effects[i] = _Effect(begin, f.end, {"pid": pid})
 
     def _node_telemetry(
         self,
@@ -440,7 +511,8 @@ class _Engine:
                         state = {"util": util, "fm": fm, "fc": fc, "fd": fd, "mem_used": mem_used,
                                  "power": power, "limit": limit, "energy": energy[g], "temp": temps[g],
                                  "sm_clock": sm_clock, "reasons": reasons, "ecc_c": ecc_c[g],
-                                 "ecc_u": ecc_u[g], "remap_u": remap_u[g]}  # fmt: skip
+                                 "ecc_u": ecc_u[g], "remap_u": remap_u[g], "fs": fs, "fe": fe, "fk": fk,
+                                 "tick": t0}  # fmt: skip
                         self.emit(
                             t0, "GpuSample", **self._gpu_fields(node, g, uuids[g], holds, state), xid=xid
                         )
@@ -452,7 +524,8 @@ class _Engine:
                     state = {"util": util, "fm": fm, "fc": fc, "fd": fd, "mem_used": mem_used,
                              "power": power, "limit": limit, "energy": energy[g], "temp": temps[g],
                              "sm_clock": sm_clock, "reasons": reasons, "ecc_c": ecc_c[g],
-                             "ecc_u": ecc_u[g], "remap_u": remap_u[g]}  # fmt: skip
+                             "ecc_u": ecc_u[g], "remap_u": remap_u[g], "fs": fs, "fe": fe, "fk": fk,
+                             "tick": tick}  # fmt: skip
                     fields = self._gpu_fields(node, g, uuids[g], holds, state)
                     self.emit(tick + g * 0.003, "GpuSample", **fields)
             # ---- host
@@ -566,6 +639,10 @@ class _Engine:
         """The fields of one GpuSample from the interval's derived state."""
         gc = self.gpu
         util, fm, fc, fd = state["util"], state["fm"], state["fc"], state["fd"]
+        allocated: tuple[str | None, str | None] = (None, None)
+        for start, end, job_id, run_id in self.allocated.get((node, g), ()):
+            if start <= state["tick"] < end:
+                allocated = (job_id, run_id)
         return {
             "cluster": self.sc.cluster.name,
             "node": node,
@@ -596,9 +673,33 @@ class _Engine:
             "nvlink_rx_bytes_s": int(1.1e11 * fm + 1.5e10 * fc),
             "pids": [h.pid for h in holds],
             # As an attributing agent stamps it: the job whose process holds the GPU (foreign
-            # processes, which belong to no job, leave it null).
-            "job_id": next((h.job_id for h in holds if h.job_id), None),
-            "run_id": next((h.run_id for h in holds if h.job_id), None),
+            # processes, which belong to no job, leave it null), else the job the scheduler
+            # allocated the GPU to (an allocated GPU no rank runs on).
+            "job_id": next((h.job_id for h in holds if h.job_id), None) or allocated[0],
+            "run_id": next((h.run_id for h in holds if h.job_id), None) or allocated[1],
+            **self._gpm_fields(state),
+        }
+
+    def _gpm_fields(self, state: dict[str, Any]) -> dict[str, Any]:
+        """GPM activity of the interval on Hopper-class GPUs (null elsewhere), from the time in each phase.
+
+        Compute keeps most SMs and the tensor pipes busy; a collective moving data keeps a few SMs
+        and some DRAM busy; one spinning while it waits for a peer keeps a few SMs busy and nothing
+        else. No random draw: the other records of a scenario stay exactly as they were.
+        """
+        if not self.gpu.gpm:
+            return {}
+        fc, fm, fs = state["fc"], state["fm"], state["fs"]
+        fe, fk = state["fe"], state["fk"]
+
+        def pct(x: float) -> float:
+            return round(100.0 * min(1.0, max(0.0, x)), 1)
+
+        return {
+            "sm_active_pct": pct(0.93 * fc + 0.16 * fm + 0.15 * fs + 0.85 * fe + 0.1 * fk),
+            "sm_occupancy_pct": pct(0.42 * fc + 0.04 * fm + 0.03 * fs + 0.35 * fe + 0.02 * fk),
+            "tensor_active_pct": pct(0.62 * fc + 0.55 * fe),
+            "dram_active_pct": pct(0.48 * fc + 0.3 * fm + 0.02 * fs + 0.4 * fe + 0.2 * fk),
         }
 
     def _sdk_samples(self) -> None:
@@ -637,9 +738,10 @@ class _Engine:
                             queue_depth=rng.randint(0, 1)
                             if starving
                             else max(0, 2 * job.dataloader_workers - rng.randint(0, 3)),
-                            workers=job.dataloader_workers,
+                            workers=self._live_workers(job, h.rank, node, t),
+                            workers_expected=job.dataloader_workers,
                             **(
-                                self._loader_io(job, h.run_id, h.rank, steps, vec[_DATA])
+                                self._loader_io(job, h.run_id, h.rank, steps, vec[_DATA], node, t)
                                 | self._loader_errors(h.job_id, h.rank, t)
                             ),
                         )
@@ -664,12 +766,43 @@ class _Engine:
                             bus_bw_gbps=None if bus is None else round(bus, 2),
                         )
 
-    def _loader_io(self, job: JobSpec, run_id: str, rank: int, batches: int, wait_s: float) -> dict[str, Any]:
+    def _loader_faults(self, job: JobSpec, rank: int, node: str, t: float) -> list[tuple[int, FaultSpec]]:
+        """The data-path faults (issue 23) acting on a rank's loader at `t` (rank ones by rank, node ones by node)."""
+        found = []
+        for i, f in enumerate(self.sc.faults):
+            if f.type not in _LOADER_FAULTS or f.job != job.id or not f.start <= t < _end_of(f):
+                continue
+            scope = FAULTS[f.type].scope
+            if (scope == "rank" and f.rank == rank) or (scope == "node" and self.targets[i][0] == node):
+                self.effects.setdefault(i, _Effect(f.start, f.end, {}))
+                found.append((i, f))
+        return found
+
+    def _live_workers(self, job: JobSpec, rank: int, node: str, t: float) -> int:
+        """Loader workers alive: the configured ones, fewer under a loader_workers fault."""
+        live = job.dataloader_workers
+        for _, f in self._loader_faults(job, rank, node, t):
+            if f.type in ("loader_workers_die", "loader_workers_blip"):
+                live = min(live, int(f.magnitude or 0))
+        return live
+
+    def _loader_io(
+        self,
+        job: JobSpec,
+        run_id: str,
+        rank: int,
+        batches: int,
+        wait_s: float,
+        node: str = "",
+        t: float = 0.0,
+    ) -> dict[str, Any]:
         """What `wrap_loader` and a dataset's counters report: batch prep time, reads, cache hits, opens.
 
         A loader keeping up prepares a batch in about half the time its workers have for it; one
         that starves the step (data wait above 10 % of the interval) takes longer than that, reads
-        slower and misses its cache more. Drawn from its own random stream (other records unchanged).
+        slower and misses its cache more. A data-path fault of issue 23 shows its own signature
+        instead (slower reads, a lost cache, throttled opens), so each is told apart. Drawn from its
+        own random stream (other records unchanged).
         """
         rngs = self.__dict__.setdefault("_loader_rngs", {})
         rng = rngs.get((run_id, rank))
@@ -678,17 +811,33 @@ class _Engine:
         if batches <= 0:
             return {}
         iv = self.iv
-        starving = wait_s / iv > 0.1
-        per_batch = iv / batches  # the time the loop gives each batch
+        faults = self._loader_faults(job, rank, node, t)
+        starving = wait_s / iv > 0.1 and not faults
+        # The time the loop gives each batch while it trains (not the interval's: a pause for an
+        # evaluation or a checkpoint leaves the workers idle, it does not make batches slower).
+        per_batch = job.step_time
         budget = per_batch * job.dataloader_workers  # what the workers together have per batch
         prep = budget * (1.0 + wait_s / iv if starving else 0.5) * _lognormal(rng, 0.1)
         samples = job.global_batch_size // max(1, job.world_size) if job.global_batch_size else 4
+        latency = 0.004 * (4.0 if starving else 1.0) * _lognormal(rng, 0.2)
+        cache = (0.6 if starving else 0.92) * _lognormal(rng, 0.03)
+        opens = batches * samples / 64 / iv  # 64 samples per shard file
+        for _, f in faults:
+            m = f.magnitude if f.magnitude is not None else 1.0
+            if f.type.startswith("slow_reads"):
+                latency *= m
+                prep *= 1.0 + 0.3 * (m - 1.0)  # fetching is part of preparing a batch
+            elif f.type in ("cache_collapse", "cache_dip"):
+                cache *= m / 0.92
+                latency *= 1.3  # misses go to remote storage
+            elif f.type.startswith("file_open"):
+                opens *= m
         return {
             "batch_prep_s": round(prep, 4),
             "read_bytes_s": round(batches * samples * job.seq_len * 2 / iv, 1),  # int16 token ids
-            "read_latency_s": round(0.004 * (4.0 if starving else 1.0) * _lognormal(rng, 0.2), 5),
-            "cache_hit_ratio": round(min(1.0, (0.6 if starving else 0.92) * _lognormal(rng, 0.03)), 3),
-            "file_opens_s": round(batches * samples / 64 / iv, 2),  # 64 samples per shard file
+            "read_latency_s": round(latency, 5),
+            "cache_hit_ratio": round(min(1.0, cache), 3),
+            "file_opens_s": round(opens, 2),
             "errors": 0,
             "file_open_errors": 0,
         }
@@ -700,6 +849,11 @@ class _Engine:
                 n = max(1, int(f.magnitude or 1))
                 self.effects.setdefault(i, _Effect(f.start, f.end, {"errors_per_sample": n}))
                 return {"errors": n, "file_open_errors": n}
+        for i, f in self._faults(job_id, "storage_retry"):
+            # One read timed out and was retried: the sample that covers it counts one error.
+            if f.rank == rank and f.start <= t < f.start + self.iv:
+                self.effects.setdefault(i, _Effect(f.start, f.start, {"errors": 1}))
+                return {"errors": 1, "file_open_errors": 0}
         return {}
 
     # ------------------------------------------------------------------ labels
@@ -719,6 +873,8 @@ class _Engine:
                 also.append("loss_divergence")
             if f.type == "checkpoint_never_completes" and effect.end is None:
                 also.remove("checkpoint_failed")
+            if f.type == "host_oom" and f.params.get("rank_fault"):
+                also.append("rank_failed")  # the OOM-killed rank
             uuid = None
             if gidx is not None and node is not None:
                 uuid = gpu_uuid(self.sc.cluster.name, node, gidx)
@@ -809,6 +965,8 @@ class _JobRun:
         self.pending_data_s = 0.0
         self.last_verified: tuple[str, int] | None = None
         self.last_verified_at: float | None = None
+        self.retained: list[str] = []  # checkpoint ids retention keeps, oldest first (issue 23)
+        self.unverified: list[str] = []  # completed since the last verified checkpoint, not verified
         self.ckpt_stuck = False
         self.last_eval_s: float | None = None
         self.live: list[_Holding] = []
@@ -869,7 +1027,7 @@ class _JobRun:
             dataset_version=job.dataset_version,
             workload_family=job.family,
             world_size=job.world_size,
-            nodes=list(job.nodes),
+            nodes=self._listed_nodes(),
             data_parallel=max(1, job.world_size // (job.tensor_parallel * job.pipeline_parallel)),
             tensor_parallel=job.tensor_parallel,
             pipeline_parallel=job.pipeline_parallel,
@@ -878,6 +1036,7 @@ class _JobRun:
             gpu_class=e.sc.cluster.gpu_class,
             checkpoint_max_age_s=job.checkpoint.max_age,
             checkpoint_timeout_s=job.checkpoint.timeout,
+            target_steps=job.total_steps,
             labels=dict(job.labels),
         )
         self._state(t + 0.05, "running", reason="scheduled" if self.restart_count == 0 else "restarted")
@@ -906,6 +1065,18 @@ class _JobRun:
             self.live.append(h)
         self.steps_in_run = 0
         return t + max(job.init_time, 4.0)
+
+    def _listed_nodes(self) -> list[str]:
+        """The job's node list as JobStarted reports it: a stale list names another host, some sites use FQDNs."""
+        nodes = list(self.job.nodes)
+        for i, f in self.e._faults(self.job.id, "rank_outside_nodes", "node_list_fqdn"):
+            if f.type == "node_list_fqdn":
+                nodes = [f"{n}.{self.e.sc.cluster.name}.internal" for n in nodes]
+            else:
+                missing = self.e.targets[i][0]
+                nodes = [f"{self.e.sc.cluster.node_prefix}99" if n == missing else n for n in nodes]
+            self.e.effects.setdefault(i, _Effect(max(f.start, self.job.start), f.end, {"listed": nodes}))
+        return nodes
 
     def _release(self, t: float) -> None:
         for h in self.live:
@@ -1038,12 +1209,30 @@ class _JobRun:
         if restart is not None:
             every = float(restart[1].params["every"])
             crashes = [restart[1].start + k * every for k in range(int(restart[1].params["restarts"]))]
+        # Issue 23: one rank fails once (an exception, CUDA OOM, a storage timeout...), or exits cleanly.
+        rank_events = sorted(
+            (f.start, i, f) for i, f in self.e._faults(job.id, *_CRASH_FAULTS, "rank_exit_clean")
+        )
         stall_done = long_done = stuck_done = False
         while t < self.limit:
             if crashes and t >= crashes[0]:
                 assert restart is not None
                 crashes.pop(0)
                 t = self._crash_and_restart(t, restart[0], last=not crashes)
+                continue
+            if rank_events and t >= rank_events[0][0]:
+                _, i, f = rank_events.pop(0)
+                assert f.rank is not None
+                victim = self.layout[f.rank]
+                if f.type == "rank_exit_clean":
+                    e.emit(
+                        t, "RankFault", job_id=job.id, run_id=self.run_id, rank=victim.rank, node=victim.node,
+                        kind="exit", detail="worker finished: exitcode 0", exit_code=0,
+                    )  # fmt: skip
+                    e.effects[i] = _Effect(t, t, {})
+                    continue
+                kind = "storage_timeout" if f.type == "storage_timeout" else str(f.params["kind"])
+                t = self._crash_and_restart(t, i, last=True, victim=victim, kind=kind)
                 continue
             if hang is not None and t >= hang[1].start:
                 self._hang(t, *hang)
@@ -1131,6 +1320,29 @@ class _JobRun:
                         extra_data[r.rank] += extra * _lognormal(self.rng, 0.1)
         return net
 
+    def _loader_waits(self, t: float, extra_data: list[float]) -> None:
+        """The extra data wait of the ranks whose loader a data-path fault (issue 23) slows."""
+        e, job = self.e, self.job
+        for i, f in enumerate(e.sc.faults):
+            if f.job != job.id or f.type not in _LOADER_FAULTS or not f.start <= t < _end_of(f):
+                continue
+            extra = float(f.params.get("extra_wait") or 0.0) * job.step_time
+            if extra <= 0:
+                continue
+            node = e.targets[i][0]
+            for r in self.layout:
+                if r.rank == f.rank or (f.rank is None and FAULTS[f.type].scope == "node" and r.node == node):
+                    extra_data[r.rank] += extra
+
+    def _skips(self, t: float, step: int) -> bool:
+        """Whether a skip_steps fault skips this step: every round(1/magnitude)-th one, never two in a row."""
+        for i, f in self._active("skip_steps", t) + self._active("skip_steps_rare", t):
+            every = max(2, round(1.0 / (f.magnitude or 0.2)))
+            self.e.effects.setdefault(i, _Effect(t, f.end, {"every_steps": every}))
+            if step % every == 0:
+                return True
+        return False
+
     def _active(self, fault_type: str, t: float) -> list[tuple[int, FaultSpec]]:
         return [(i, f) for i, f in self.e._faults(self.job.id, fault_type) if f.start <= t < _end_of(f)]
 
@@ -1163,6 +1375,7 @@ class _JobRun:
             extra_data[f.rank] += _extra_at(f, t, 0.5) * job.step_time * _lognormal(rng, 0.15)
             e.effects.setdefault(i, _Effect(t, f.end, {}))
         net *= self._node_faults(t, extra_data)
+        self._loader_waits(t, extra_data)
         content = _lognormal(rng, noise)  # the step's work, the same for every rank (same shapes)
         ckpt_s, self.pending_ckpt_s = self.pending_ckpt_s, 0.0
         stalled_s, self.pending_data_s = self.pending_data_s, 0.0
@@ -1176,6 +1389,11 @@ class _JobRun:
         finish = t + ckpt_s + ready + coll
         step = self.step
         loss_base, grad, lr, skipped, nan_loss = self._model(t, step)
+        if self._skips(t, step):
+            skipped, grad = True, math.inf  # a loss-scale overflow: the optimizer skips the update
+        if self.steps_in_run == 0:
+            for i, f in e._faults(job.id, "gpu_allocated_idle"):
+                e.effects.setdefault(i, _Effect(max(t, f.start), f.end, {}))
         last_report = t
         for r, (data, compute) in zip(self.layout, segs, strict=True):
             wait = ready - (data + compute) + coll + rng.uniform(0, 0.002)
@@ -1205,6 +1423,7 @@ class _JobRun:
                 checkpoint_s=round(ckpt_s, 6) if ckpt_s else 0.0,
                 skipped=skipped,
                 batch_fingerprint=self._batch_fingerprint(r.rank, step, t),
+                epoch=step // job.epoch_steps if job.epoch_steps else None,
             )
             s = t + ckpt_s
             e._spread(r.node, r.gpu_index, _DATA, s, data)
@@ -1323,9 +1542,15 @@ class _JobRun:
             "step": step,
         }
         e.emit(t, "CheckpointEvent", **common, phase="started", uri=uri, version="dcp-2")
+        keep = self._retention(t)
         if outcome == "ok":
             blocking = dur
             nbytes = int(job.checkpoint.bytes * (1 + rng.gauss(0, 0.002)))
+            deleted: list[str] = []
+            if keep is not None:
+                # Retention keeps the newest `keep` checkpoints: saving this one deletes the oldest.
+                self.retained.append(ckpt_id)
+                deleted, self.retained = self.retained[:-keep], self.retained[-keep:]
             e.emit(
                 t + dur,
                 "CheckpointEvent",
@@ -1335,10 +1560,28 @@ class _JobRun:
                 bytes=nbytes,
                 duration_s=round(dur, 3),
                 version="dcp-2",
+                retention_keep=keep,
+                deleted=deleted,
             )
             verify = dur + rng.uniform(4.0, 12.0)
             checksum = hashlib.sha256(f"{ckpt_id}/{nbytes}".encode()).hexdigest()
-            if self._unverified(t + verify):  # the verifier is gone when the check would run
+            verify += self._verify_delay(t)
+            failure = self._verify_failure(t + verify)
+            if failure is not None:
+                e.emit(
+                    t + verify, "CheckpointEvent", **common, phase="verify_failed", uri=uri, bytes=nbytes,
+                    duration_s=round(verify, 3), version="dcp-2", error=failure,
+                )  # fmt: skip
+                self.unverified.append(ckpt_id)
+                for node in job.nodes:
+                    e._add_disk_write(node, t, dur, nbytes / len(job.nodes))
+                for r in self.layout:
+                    e._spread(r.node, r.gpu_index, _CKPT, t, dur)
+                self.pending_ckpt_s += dur
+                return t, t + dur
+            if self._unverified(t + verify) or self._retention_unverified(t + verify):
+                # the verifier is gone when the check would run
+                self.unverified.append(ckpt_id)
                 for node in job.nodes:
                     e._add_disk_write(node, t, dur, nbytes / len(job.nodes))
                 for r in self.layout:
@@ -1358,6 +1601,7 @@ class _JobRun:
             )
             self.last_verified = (ckpt_id, step)
             self.last_verified_at = t + verify
+            self.unverified = []
             for node in job.nodes:
                 e._add_disk_write(node, t, dur, nbytes / len(job.nodes))
             ended = t + dur
@@ -1394,6 +1638,46 @@ class _JobRun:
             e._spread(r.node, r.gpu_index, _CKPT, t, blocking)
         self.pending_ckpt_s += blocking
         return t, ended
+
+    def _retention(self, t: float) -> int | None:
+        """The retention policy (checkpoints kept) of a job with a retention fault; marks when it exposes the job.
+
+        A checkpoint starting while `keep - 1` (at least one) newer checkpoints wait unverified will,
+        when it completes, delete the latest verified one: that is when the exposure begins.
+        """
+        found = self.e._faults(self.job.id, "checkpoint_retention_unverified", "checkpoint_retention_tight")
+        if not found:
+            return None
+        i, f = found[0]
+        keep = int(f.params["keep"])
+        waiting = [c for c in self.unverified if c in self.retained]
+        exposed = waiting and len(waiting) >= max(1, keep - 1) and f.start <= t
+        if f.type == "checkpoint_retention_unverified" and self.last_verified is not None and exposed:
+            self.e.effects.setdefault(i, _Effect(t, f.end, {"keep": keep, "unverified": list(waiting)}))
+        return keep
+
+    def _retention_unverified(self, t: float) -> bool:
+        """True once a checkpoint_retention_unverified fault started: checkpoints are no longer verified."""
+        return any(
+            f.start <= t < _end_of(f)
+            for _, f in self.e._faults(self.job.id, "checkpoint_retention_unverified")
+        )
+
+    def _verify_delay(self, t: float) -> float:
+        """Extra seconds a slow verification takes (checkpoint_verify_slow)."""
+        extra = 0.0
+        for i, f in self._active("checkpoint_verify_slow", t):
+            self.e.effects.setdefault(i, _Effect(t, f.end, {}))
+            extra += float(f.params["delay"])
+        return extra
+
+    def _verify_failure(self, t: float) -> str | None:
+        """The error of a verification that fails at `t` (checkpoint_verify_failure), else None."""
+        for i, f in self._active("checkpoint_verify_failure", t):
+            eff = self.e.effects.setdefault(i, _Effect(t, f.end, {"failed_verifications": 0}))
+            eff.detail["failed_verifications"] += 1
+            return str(f.params["error"])
+        return None
 
     def _unverified(self, t: float) -> bool:
         """True while a checkpoint_unverified fault holds: checkpoints complete, no verification follows."""
@@ -1439,11 +1723,16 @@ class _JobRun:
             self._state(end + 1.0, "failed", reason="collective timeout", exit_code=1)
             self._release(end + 3.0)
 
-    def _crash_and_restart(self, t: float, index: int, *, last: bool) -> float:
-        """A rank exits; the job restarts as a new run from its last verified checkpoint."""
+    def _crash_and_restart(
+        self, t: float, index: int, *, last: bool, victim: _Rank | None = None, kind: str = "exit"
+    ) -> float:
+        """A rank fails (a random one exits, unless told which and how); the job restarts from its last verified checkpoint."""
         e, job, rng = self.e, self.job, self.rng
-        victim = self.layout[rng.randrange(len(self.layout))]
-        detail = _CRASH_DETAILS[rng.randrange(len(_CRASH_DETAILS))]
+        if victim is None:
+            victim = self.layout[rng.randrange(len(self.layout))]
+            detail = _CRASH_DETAILS[rng.randrange(len(_CRASH_DETAILS))]
+        else:
+            detail = _CRASH_TEXT[kind]
         e.emit(
             t,
             "RankFault",
@@ -1451,9 +1740,9 @@ class _JobRun:
             run_id=self.run_id,
             rank=victim.rank,
             node=victim.node,
-            kind="exit",
+            kind=kind,
             detail=detail,
-            exit_code=1,
+            exit_code=1 if kind in ("exit", "oom") else None,
         )
         self.restart_count += 1
         self._state(t + 0.5, "restarting", reason=f"rank {victim.rank} exited with code 1", exit_code=1)

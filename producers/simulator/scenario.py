@@ -51,11 +51,14 @@ class GpuClass:
     idle_power_w: float
     sm_clock_max_mhz: int
     mem_clock_mhz: int
+    gpm: bool = False  # NVML GPM metrics (SM, tensor, DRAM activity): Hopper and newer
 
 
 GPU_CLASSES: dict[str, GpuClass] = {
-    "H100-80GB": GpuClass("H100-80GB", "NVIDIA H100 80GB HBM3", 80 * _GIB, 700.0, 610.0, 72.0, 1980, 2619),
-    "H200-141GB": GpuClass("H200-141GB", "NVIDIA H200", 141 * _GIB, 700.0, 620.0, 75.0, 1980, 3201),
+    "H100-80GB": GpuClass(
+        "H100-80GB", "NVIDIA H100 80GB HBM3", 80 * _GIB, 700.0, 610.0, 72.0, 1980, 2619, True
+    ),
+    "H200-141GB": GpuClass("H200-141GB", "NVIDIA H200", 141 * _GIB, 700.0, 620.0, 75.0, 1980, 3201, True),
     "A100-80GB": GpuClass("A100-80GB", "NVIDIA A100-SXM4-80GB", 80 * _GIB, 400.0, 340.0, 60.0, 1410, 1593),
 }
 
@@ -149,7 +152,8 @@ class JobSpec:
     loss_final: float = 2.1
     learning_rate: float = 3e-4
     lr_warmup_steps: int = 200
-    total_steps: int = 20000
+    total_steps: int = 20000  # the run's target (JobStarted.target_steps)
+    epoch_steps: int = 0  # steps per epoch (StepCompleted.epoch); 0: the loop reports no epochs
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     evaluation: EvalSpec = field(default_factory=EvalSpec)
     labels: dict[str, str] = field(default_factory=dict)
@@ -309,6 +313,13 @@ def _float(v: Any) -> float:
     return float(v)
 
 
+def _nonneg_float(v: Any) -> float:
+    x = _float(v)
+    if x < 0:
+        raise ValueError(f"expected zero or a positive number, got {v!r}")
+    return x
+
+
 def _pos_float(v: Any) -> float:
     x = _float(v)
     if x <= 0:
@@ -416,6 +427,7 @@ _JOB_SIMPLE: dict[str, Conv] = {
     "learning_rate": _pos_float,
     "lr_warmup_steps": _nonneg_int,
     "total_steps": _pos_int,
+    "epoch_steps": _nonneg_int,
     "checkpoint": lambda v: v,
     "evaluation": lambda v: v,
     "labels": _labels,
@@ -444,6 +456,12 @@ _PARAM_CONV: dict[str, Conv] = {
     "restarts": _pos_int,
     "every": _pos_duration,
     "ramp": parse_duration,
+    "extra_wait": lambda v: _nonneg_float(v),
+    "kind": lambda v: _choice(v, ("exception", "exit", "cuda_oom", "oom")),
+    "to_gpu": _nonneg_int,
+    "spare_gpu": _nonneg_int,
+    "keep": _pos_int,
+    "delay": parse_duration,
 }
 _TOP = ["name", "description", "duration", "start", "cluster", "telemetry", "jobs", "faults"]
 
@@ -548,7 +566,9 @@ def _overlaps(a0: float, a1: float | None, b0: float, b1: float | None) -> bool:
     return (a1 is None or b0 < a1) and (b1 is None or a0 < b1)
 
 
-def _fault(ctx: _Ctx, raw: Any, where: str, jobs: dict[str, JobSpec], duration: float) -> FaultSpec:
+def _fault(
+    ctx: _Ctx, raw: Any, where: str, jobs: dict[str, JobSpec], duration: float, node_gpus: int = 8
+) -> FaultSpec:
     data = _mapping(ctx, raw, where)
     kind_name = data.get("type")
     if kind_name not in FAULTS:
@@ -584,8 +604,22 @@ def _fault(ctx: _Ctx, raw: Any, where: str, jobs: dict[str, JobSpec], duration: 
         raise ctx.error(
             f"{where}.gpu", "a contention fault needs the node and gpu the foreign process lands on"
         )
-    if kind.scope == "gpu" and rank is None and (node is None or gpu is None):
+    if (
+        kind.scope == "gpu"
+        and rank is None
+        and (node is None or gpu is None)
+        and "spare_gpu" not in kind.params
+    ):
         raise ctx.error(f"{where}.rank", f"a {kind.name} fault needs a rank, or a node and a gpu")
+    for key in ("to_gpu", "spare_gpu"):
+        if key in kind.params:
+            index = values.get(key, kind.params[key])
+            if index in job.gpu_indices or index >= node_gpus:
+                raise ctx.error(
+                    f"{where}.{key}",
+                    f"GPU {index} must be a GPU of the node the job does not use (it uses "
+                    f"{job.gpu_indices[0]}..{job.gpu_indices[-1]})",
+                )
     params = {k: values.pop(k) if k in values else kind.params[k] for k in extra}
     return FaultSpec(
         type=kind.name,
@@ -633,7 +667,10 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
     raw_faults = top.get("faults") or []
     if not isinstance(raw_faults, list):
         raise ctx.error("faults", "expected a list of faults")
-    faults = tuple(_fault(ctx, raw, f"faults[{i}]", by_id, duration) for i, raw in enumerate(raw_faults))
+    faults = tuple(
+        _fault(ctx, raw, f"faults[{i}]", by_id, duration, cluster.gpus_per_node)
+        for i, raw in enumerate(raw_faults)
+    )
     return Scenario(
         name=str(name),
         duration=duration,

@@ -28,6 +28,19 @@ _DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
     ("streams.detectors.clock", "ClockDetector"),
     ("streams.detectors.datapath", "DatapathDetector"),
     ("streams.detectors.validation", "ValidationDetector"),
+    # Issue 23: one rule per file.
+    ("streams.detectors.data_path_slow", "DataPathSlowDetector"),
+    ("streams.detectors.cache_hit_collapse", "CacheHitCollapseDetector"),
+    ("streams.detectors.file_open_drop", "FileOpenDropDetector"),
+    ("streams.detectors.loader_workers_lost", "LoaderWorkersLostDetector"),
+    ("streams.detectors.rank_failed", "RankFailedDetector"),
+    ("streams.detectors.dependency_timeout", "DependencyTimeoutDetector"),
+    ("streams.detectors.step_skip_rate", "StepSkipRateDetector"),
+    ("streams.detectors.gpu_outside_allocation", "GpuOutsideAllocationDetector"),
+    ("streams.detectors.rank_outside_nodes", "RankOutsideNodesDetector"),
+    ("streams.detectors.gpu_idle_allocated", "GpuIdleAllocatedDetector"),
+    ("streams.detectors.checkpoint_verify_failed", "CheckpointVerifyFailedDetector"),
+    ("streams.detectors.checkpoint_retention", "CheckpointRetentionDetector"),
 )
 
 
