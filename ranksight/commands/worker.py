@@ -44,6 +44,12 @@ def worker(
         min=0.1,
         help="A source partition silent this long stops holding event time back.",
     ),
+    align_pause_at: int = typer.Option(
+        20_000,
+        "--align-pause-at",
+        min=100,
+        help="Records held of one input partition (ahead of a slower one) before it is paused (backpressure).",
+    ),
     guard_s: float = typer.Option(
         120.0,
         "--guard",
@@ -117,6 +123,7 @@ def worker(
         log_level=log_level,
         stats_interval_s=stats_interval_s,
         align_idle_s=align_idle_s,
+        align_pause_at=align_pause_at,
         guard_s=guard_s,
         unbound_interval_ms=unbound_interval_ms,
         schema_registry_url=settings.schema_registry_url,
@@ -128,6 +135,7 @@ def worker(
         sasl_password=(
             settings.kafka_sasl_password.get_secret_value() if settings.kafka_sasl_password else None
         ),
+        ssl_ca_location=str(settings.kafka_ssl_ca_location) if settings.kafka_ssl_ca_location else None,
     )
     console.print(
         f"{runtime} worker [bold]{settings.topic_prefix}{group}[/] on {settings.kafka_bootstrap} "

@@ -71,6 +71,7 @@ class Aligner:
         self._last_seen: dict[str, float] = {}
         self._last_offset: dict[str, int] = {}
         self._held_offsets: dict[str, list[int]] = {}
+        self._held_count: dict[str, int] = {}  # records held per partition
         self._released: dict[str, set[int]] = {}  # lazy deletion from `_held_offsets`
         self.moved_at: float | None = None  # when events last left (or nothing was held)
         # The last frontier computed, the partition that set it, and when (None: recompute).
@@ -86,6 +87,7 @@ class Aligner:
         """Hold one decoded event of partition `tp`."""
         self._seq += 1
         heapq.heappush(self._heap, (ts, self._seq, tp, offset, item))
+        self._held_count[tp] = self._held_count.get(tp, 0) + 1
         if ts > self._last_ts.get(tp, ts - 1):
             self._last_ts[tp] = ts
         self._last_seen[tp] = now
@@ -180,6 +182,7 @@ class Aligner:
         frontier = self._reused_frontier(now, lag)
         heap = self._heap
         released = self._released
+        counts = self._held_count
         while heap:
             if not (frontier is None or heap[0][0] <= frontier or len(heap) > self.max_buffer):
                 break
@@ -188,6 +191,7 @@ class Aligner:
             if done is None:
                 done = released[tp] = set()
             done.add(offset)
+            counts[tp] -= 1
             out.append((tp, offset, item))
         if out or not heap or self.moved_at is None:
             self.moved_at = now
@@ -218,6 +222,10 @@ class Aligner:
         if ts != self.upstream_front:
             self.upstream_front = ts
             self._front_at = None
+
+    def held(self, tp: str) -> int:
+        """Records of partition `tp` held here now."""
+        return self._held_count.get(tp, 0)
 
     def oldest_held(self) -> int | None:
         """The event time of the oldest record held here."""
@@ -255,6 +263,7 @@ class Aligner:
         """Forget everything held (the partitions were revoked; they will be redelivered)."""
         self._heap.clear()
         self._held_offsets.clear()
+        self._held_count.clear()
         self._released.clear()
         self._last_ts.clear()
         self._last_seen.clear()

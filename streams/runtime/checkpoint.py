@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Action", "Checkpoint", "Send", "WorkerIO", "perform"]
+__all__ = ["Action", "Checkpoint", "Flow", "Send", "WorkerIO", "perform"]
 
 
 @dataclass(slots=True)
@@ -48,6 +48,12 @@ class WorkerIO(Protocol):
     def commit(self, offsets: dict[str, int]) -> None:
         """Commit these next offsets ("topic:p" -> offset) of the worker's group."""
 
+    def pause(self, tps: list[str]) -> None:
+        """Stop fetching these partitions ("topic:p"); reading resumes at the next unread offset."""
+
+    def resume(self, tps: list[str]) -> None:
+        """Fetch these partitions again."""
+
 
 @dataclass
 class Checkpoint:
@@ -67,7 +73,22 @@ class Checkpoint:
         io.commit(self.offsets)
 
 
-Action = Send | Checkpoint
+@dataclass
+class Flow:
+    """Backpressure: stop fetching partitions far ahead of the others, fetch them again once drained."""
+
+    pause: list[str] = field(default_factory=list)
+    resume: list[str] = field(default_factory=list)
+
+    def run(self, io: WorkerIO) -> None:
+        """Resume first: a partition is never left paused by a change that also resumes it."""
+        if self.resume:
+            io.resume(self.resume)
+        if self.pause:
+            io.pause(self.pause)
+
+
+Action = Send | Checkpoint | Flow
 
 
 def perform(actions: Iterable[Action], io: WorkerIO) -> None:

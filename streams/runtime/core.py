@@ -28,7 +28,7 @@ from streams.alerting.routing import Router, load_router
 from streams.config import EngineConfig, load_config
 from streams.runtime.aligner import Aligner, LagFn
 from streams.runtime.changelog import Restored
-from streams.runtime.checkpoint import Action
+from streams.runtime.checkpoint import Action, Flow
 from streams.runtime.guard import WallClockGuard
 from streams.runtime.intake import Intake, Record
 from streams.runtime.options import NODE_TOPICS, SIDE_FRONT_S, WorkerOptions
@@ -50,6 +50,7 @@ TOTALS: tuple[str, ...] = (
     "bad_input",
     "deadletter",
     "stuck_reports",  # an aligner held records without releasing any for `stuck_log_s` (logged)
+    "paused",  # times an input partition was paused because it ran ahead of a slower one
 )
 
 
@@ -96,6 +97,7 @@ class WorkerCore:
         self.side = SidePath(options, self.intake, self.totals, frozenset(self.config.job_end_states))
         self.assigned: set[int] = set()
         self._front_at = -1e18
+        self.paused: set[str] = set()  # input partitions ("topic:p") not fetched for backpressure
         self._stuck_logged: dict[int, float] = {}  # id(aligner) -> when it was last reported stuck
 
     # -- rebalances ------------------------------------------------------------------------------
@@ -114,6 +116,8 @@ class WorkerCore:
         """A graceful revocation or stop: checkpoint everything, then forget it (the next owner
         restores it). The runtime performs the returned actions before it lets the partitions go."""
         actions = self.checkpoint_all()
+        if self.paused:  # a paused partition stays paused across a rebalance in librdkafka
+            actions.append(Flow(resume=sorted(self.paused)))
         self.lose()
         return actions
 
@@ -123,6 +127,7 @@ class WorkerCore:
         self.tasks.clear()
         self.side.forget()
         self.assigned.clear()
+        self.paused.clear()
 
     def checkpoint_all(self) -> list[Action]:
         """A checkpoint of every task with uncommitted records, and of the side path."""
@@ -162,6 +167,21 @@ class WorkerCore:
             actions += self.side.drain(now, self.lag)
         for task in touched.values():
             actions += task.drain(now, self.lag, self.side.front, self.totals)
+        return self._flow(touched.values(), now, actions)
+
+    def _flow(self, tasks: Iterable[PartitionTask], now: float, actions: list[Action]) -> list[Action]:
+        """Append the pauses and resumes these tasks' held records call for."""
+        pause: list[str] = []
+        resume: list[str] = []
+        for task in tasks:
+            p, r = task.flow(self.paused, now)
+            pause += p
+            resume += r
+        if pause or resume:
+            self.paused.difference_update(resume)
+            self.paused.update(pause)
+            self.totals["paused"] += len(pause)
+            actions.append(Flow(pause, resume))
         return actions
 
     def _update_front(self, now: float) -> None:
@@ -186,7 +206,7 @@ class WorkerCore:
                 actions += task.drain(now, self.lag, self.side.front, self.totals)
                 self._log_if_stuck(f"partition {task.partition}", task.aligner, now)
             actions += task.idle(now, wall_ms, newest, self.lag, self.guard)
-        return actions
+        return self._flow(self.tasks.values(), now, actions)
 
     def _log_if_stuck(self, what: str, aligner: Aligner, now: float) -> None:
         """A held-back aligner that does not move for long says which input holds it, and why."""

@@ -85,7 +85,14 @@ class _FaustRuntime:
         self.conf = kafka_config(options)
         self.core = WorkerCore(options, self.lag)
         self.health = WorkerHealth(self.core, options.metrics_port)
-        self.io = KafkaIO(self.conf, self.prefix, self._committed, self.health.produced)
+        self.io = KafkaIO(
+            self.conf,
+            self.prefix,
+            self._committed,
+            self.health.produced,
+            pause=lambda tps: app.consumer.pause_partitions([self._ktp(tp) for tp in tps]),
+            resume=lambda tps: app.consumer.resume_partitions([self._ktp(tp) for tp in tps]),
+        )
         self.unacked: dict[str, collections.deque[tuple[int, Any]]] = collections.defaultdict(
             collections.deque
         )

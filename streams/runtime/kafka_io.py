@@ -2,8 +2,8 @@
 
 One librdkafka producer (acks=all, idempotent, the Java partitioner, lz4) carries out the core's
 `Send`s; `flush` blocks until Kafka acknowledged everything sent, which a `Checkpoint` relies on.
-Committing differs per runtime (an explicit commit on librdkafka, an ack on Faust): it is the
-callable each runtime passes in.
+Committing and pausing differ per runtime (an explicit commit and `Consumer.pause` on librdkafka,
+acks and `pause_partitions` on Faust): they are the callables each runtime passes in.
 """
 
 from __future__ import annotations
@@ -35,9 +35,13 @@ class KafkaIO:
         prefix: str,
         commit: Callable[[dict[str, int]], None],
         produced: collections.Counter[str],
+        pause: Callable[[list[str]], None] = lambda tps: None,
+        resume: Callable[[list[str]], None] = lambda tps: None,
     ) -> None:
         self.prefix = prefix
         self._commit = commit
+        self._pause = pause
+        self._resume = resume
         self.produced = produced  # per topic (unprefixed)
         self.errors: list[str] = []
         self.producer = Producer(
@@ -110,6 +114,14 @@ class KafkaIO:
     def commit(self, offsets: dict[str, int]) -> None:
         """Commit these next offsets of the worker's group (the runtime's way)."""
         self._commit(offsets)
+
+    def pause(self, tps: list[str]) -> None:
+        """Stop fetching these partitions (the runtime's way)."""
+        self._pause(tps)
+
+    def resume(self, tps: list[str]) -> None:
+        """Fetch these partitions again (the runtime's way)."""
+        self._resume(tps)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Deliver what is still queued, for at most `timeout_s`."""

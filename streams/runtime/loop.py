@@ -67,7 +67,9 @@ class DirectWorker:
         self.group = self.prefix + options.app_id
         self.core = WorkerCore(options, self.lag)
         self.health = WorkerHealth(self.core, options.metrics_port)
-        self.io = KafkaIO(self.conf, self.prefix, self._commit, self.health.produced)
+        self.io = KafkaIO(
+            self.conf, self.prefix, self._commit, self.health.produced, pause=self._pause, resume=self._resume
+        )
         self.asked: dict[str, int] = {}  # end offsets asked of the broker ("topic:p")
         self.committed: dict[str, int] = {}  # committed offsets at assignment
         self.committed_by_us: dict[str, int] = {}
@@ -151,6 +153,14 @@ class DirectWorker:
             return
         for tp, off in todo:
             self.committed_by_us[tp] = off
+
+    def _pause(self, tps: list[str]) -> None:
+        # librdkafka drops what it prefetched of them and fetches again from the next unread offset.
+        self.consumer.pause([self._ktp(tp) for tp in tps])
+        log.debug("paused %s (ahead of a slower input)", ", ".join(tps))
+
+    def _resume(self, tps: list[str]) -> None:
+        self.consumer.resume([self._ktp(tp) for tp in tps])
 
     # -- rebalances ------------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

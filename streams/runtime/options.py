@@ -91,6 +91,10 @@ class WorkerOptions:
     # Reading never stops for it (a cap that paused fetching while the frontier waited on an
     # unfetched partition deadlocked the worker).
     align_max_buffer: int = 200_000
+    # Backpressure: an input partition with this many records held (ahead of a slower one) is not
+    # fetched until half of them left. The partition every other waits for holds none, so it is
+    # never paused: reading what releases the held records never stops.
+    align_pause_at: int = 20_000
     stats_interval_s: float = 30.0
     schema_registry_url: str | None = None
     guard_s: float = 120.0
@@ -117,7 +121,7 @@ def kafka_config(options: WorkerOptions) -> dict[str, Any]:
         conf["sasl.mechanism"] = options.sasl_mechanism
         conf["sasl.username"] = options.sasl_username or ""
         conf["sasl.password"] = options.sasl_password or ""
-    if options.ssl_ca_location:
+    if options.ssl_ca_location and options.security_protocol in ("SSL", "SASL_SSL"):
         conf["ssl.ca.location"] = options.ssl_ca_location
     return conf
 

@@ -114,6 +114,7 @@ TASK_COUNTS: tuple[str, ...] = (
     "front_advances",
     "clock_rejected",
     "not_owned",  # alerts of another partition's job (its own task emits them)
+    "flow_resets",  # paused partitions resumed because nothing was released (never expected)
 )
 
 
@@ -156,7 +157,9 @@ class PartitionTask:
         # Newest event time per telemetry source ("G|node|gpu", "H|node") already in the engine:
         # the side path is at-least-once, so a re-forwarded sample is dropped here.
         self.seen: dict[str, int] = {}
-        self.uncommitted = 0  # records read since the last checkpoint
+        # Records that entered the state (released into the engine, rejected, or skipped as already
+        # in it) since the last checkpoint: a held record counts once it leaves the aligner.
+        self.uncommitted = 0
         self.last_checkpoint_at: float | None = None  # monotonic time of the last checkpoint
         self.last_receive: float | None = None  # when a record last came (None: never)
         self.counts = dict.fromkeys(TASK_COUNTS, 0)
@@ -225,8 +228,8 @@ class PartitionTask:
         the worker owns its topic) or held for alignment. Returns its event (None unless held)."""
         tp = rec.tp
         self.last_receive = now
-        self.uncommitted += 1
         if self.already_seen(tp, rec.offset):
+            self.uncommitted += 1  # its offset is committed with the next checkpoint
             self.counts["skipped"] += 1
             self.aligner.note(tp, rec.offset, None, now)  # read: no longer part of the backlog
             return None, []
@@ -241,6 +244,8 @@ class PartitionTask:
         return event, []
 
     def _mark(self, tp: str, offset: int) -> None:
+        """This record is part of the state now (the next checkpoint's offsets cover it)."""
+        self.uncommitted += 1
         if offset + 1 > self.offsets.get(tp, -1):
             self.offsets[tp] = offset + 1
 
@@ -332,6 +337,37 @@ class PartitionTask:
                 continue
             out.append(Send(name, key_for(name, output.record), value))
         return alert
+
+    def flow(self, paused: set[str], now: float) -> tuple[list[str], list[str]]:
+        """(partitions to pause, to resume): an input with `align_pause_at` records held is ahead
+        of a slower one; it is fetched again once half of them left. The partition the others wait
+        for holds none (its records are the oldest and leave at once), and records coming from the
+        side path are never paused, so pausing never stops what would release the held records.
+        Should the aligner still stop releasing (a case this reasoning missed), every partition of
+        the task is resumed after `align_idle_s` of no release."""
+        pause_at = self.options.align_pause_at
+        pause: list[str] = []
+        resume: list[str] = []
+        stuck = self.aligner.stuck_for(now) >= 2 * self.options.align_idle_s
+        for topic in self.inputs:
+            if topic in self.aligner.passive_topics:
+                continue
+            tp = tp_key(topic, self.partition)
+            held = self.aligner.held(tp)
+            if tp in paused:
+                if stuck or held <= pause_at // 2:
+                    resume.append(tp)
+            elif held >= pause_at and not stuck:
+                pause.append(tp)
+        if stuck and resume:
+            self.counts["flow_resets"] += 1
+            log.warning(
+                "partition %d: nothing released for %.0f s with %s paused; fetching them again",
+                self.partition,
+                self.aligner.stuck_for(now),
+                ", ".join(resume),
+            )
+        return pause, resume
 
     # -- time --------------------------------------------------------------------------------
     def advance(self, watermark: int, now: float) -> list[Action]:

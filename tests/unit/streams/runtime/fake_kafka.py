@@ -42,6 +42,7 @@ class FakeKafka:
 
     partitions: int
     logs: dict[tuple[str, int], list[Record]] = field(default_factory=lambda: collections.defaultdict(list))
+    headers: dict[tuple[str, int, int], dict[str, bytes]] = field(default_factory=dict)
 
     def produce(
         self,
@@ -50,12 +51,15 @@ class FakeKafka:
         value: bytes | None,
         partition: int | None = None,
         timestamp_ms: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> int:
         """Append a record; returns its offset."""
         if partition is None:
             partition = partition_for(key or b"", self.partitions)
         log = self.logs[(topic, partition)]
         log.append(Record(topic, partition, len(log), key, value, timestamp_ms))
+        if headers:
+            self.headers[(topic, partition, len(log) - 1)] = dict(headers)
         return len(log) - 1
 
     def publish(self, events: Iterable[Event], codec: Codec, delay_ms: int = 3_600_000) -> int:
@@ -92,10 +96,11 @@ class FakeIO:
         self.on_commit = on_commit  # the runtime's own commit (the Faust adapter acknowledges)
         self.committed: dict[str, int] = {}
         self.calls: list[tuple[str, Any]] = []
+        self.consumer: Consumer | None = None  # set by `drive`: pauses reach it
 
     def send(self, record: Send) -> None:
         offset = self.kafka.produce(
-            record.topic, record.key, record.value, record.partition, record.timestamp_ms
+            record.topic, record.key, record.value, record.partition, record.timestamp_ms, record.headers
         )
         if record.flight is not None:
             InFlight.delivered(record.flight, offset)
@@ -107,6 +112,16 @@ class FakeIO:
     def poll(self) -> None:
         """Deliveries are immediate here."""
 
+    def pause(self, tps: list[str]) -> None:
+        self.calls.append(("pause", list(tps)))
+        if self.consumer is not None:
+            self.consumer.paused.update(tps)
+
+    def resume(self, tps: list[str]) -> None:
+        self.calls.append(("resume", list(tps)))
+        if self.consumer is not None:
+            self.consumer.paused.difference_update(tps)
+
     def commit(self, offsets: dict[str, int]) -> None:
         for tp, offset in offsets.items():
             self.committed[tp] = max(offset, self.committed.get(tp, -1))
@@ -117,11 +132,13 @@ class FakeIO:
 
 class Consumer:
     """Reads the worker's input topics from the committed offsets, a chunk of one partition at a time
-    (as a fetch answers per partition), round-robin over partitions."""
+    (as a fetch answers per partition): round-robin over partitions, or `sticky`: one partition until
+    it is read or paused (the worst case of a client whose prefetched queue one partition fills)."""
 
-    def __init__(self, kafka: FakeKafka, committed: dict[str, int], chunk: int) -> None:
+    def __init__(self, kafka: FakeKafka, committed: dict[str, int], chunk: int, sticky: bool = False) -> None:
         self.kafka = kafka
         self.chunk = chunk
+        self.sticky = sticky
         self.position: dict[str, int] = {}
         for topic in (*NODE_TOPICS, *JOB_TOPICS):
             for p in range(kafka.partitions):
@@ -129,6 +146,7 @@ class Consumer:
                 self.position[tp] = committed.get(tp, 0)
         self._order = sorted(self.position)
         self._next = 0
+        self.paused: set[str] = set()
 
     def lag(self, tp: str, last_offset: int | None) -> int | None:
         topic, _, p = tp.rpartition(":")
@@ -141,12 +159,16 @@ class Consumer:
         for _ in range(len(self._order)):
             tp = self._order[self._next]
             self._next = (self._next + 1) % len(self._order)
+            if tp in self.paused:
+                continue
             topic, _, p = tp.rpartition(":")
             log = self.kafka.logs.get((topic, int(p)), [])
             at = self.position[tp]
             if at < len(log):
                 batch = log[at : at + self.chunk]
                 self.position[tp] = at + len(batch)
+                if self.sticky:
+                    self._next = self._order.index(tp)
                 return batch
         return []
 
@@ -165,6 +187,7 @@ def drive(
     *,
     io: FakeIO | None = None,
     chunk: int = 500,
+    sticky: bool = False,
     step_s: float = 0.01,
     quiet_s: float = 10.0,
     max_steps: int = 2_000_000,
@@ -182,7 +205,8 @@ def drive(
     last = max((r.timestamp_ms or 0 for log in kafka.logs.values() for r in log), default=0)
     # Far past the data: a historical backlog, so the wall-clock guard never invents time.
     now_ms = wall_ms if wall_ms is not None else last + 86_400_000
-    consumer = Consumer(kafka, io.committed, chunk)
+    consumer = Consumer(kafka, io.committed, chunk, sticky)
+    io.consumer = consumer
     core = WorkerCore(options, consumer.lag, monotonic=clock, wall_ms=lambda: now_ms)
     if core_hook is not None:
         core_hook(core)

@@ -74,3 +74,26 @@ def test_a_checkpoint_is_due_on_alerts_processing_time_and_record_count(tmp_path
     task.checkpoint(now=500.0)
     task.uncommitted = 3
     assert task.checkpoint_due(False, now=500.0)  # checkpoint_events records
+
+
+def test_a_record_held_at_a_checkpoint_is_committed_by_the_next_one_once_released(tmp_path: Path) -> None:
+    """Counting records as they leave the aligner, not as they arrive: a checkpoint taken while a
+    record was held must be followed by one that covers it, even if nothing else arrives."""
+    task = _task(tmp_path, align_idle_s=1)
+    task.aligner.expect([], now=0.0)
+    task.aligner.push("rs.training.steps:1", 0, 5_000, "held", now=0.0)
+    task.last_receive = 0.0
+    first = task.checkpoint(now=0.0)
+    assert "rs.training.steps:1" not in first.offsets  # held: not part of the state yet
+    task.aligner.pop_ready(10.0)  # released (no partition holds it back any more) ...
+    task._mark("rs.training.steps:1", 0)  # ... and fed to the engine
+    [second] = [a for a in task.idle(20.0, 0, None, lambda tp, last: 0, _NO_GUARD) if hasattr(a, "offsets")]
+    assert second.offsets == {"rs.training.steps:1": 1}
+
+
+class _NoGuard:
+    def watermark(self, *args: object) -> None:
+        return None
+
+
+_NO_GUARD = _NoGuard()  # type: ignore[assignment]
