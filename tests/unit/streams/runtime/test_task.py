@@ -12,6 +12,8 @@ from streams.alerting.routing import load_router
 from streams.config import EngineConfig
 from streams.errors import StreamsError
 from streams.runtime.changelog import snapshot_key
+from streams.runtime.checkpoint import Checkpoint
+from streams.runtime.guard import WallClockGuard
 from streams.runtime.intake import Intake
 from streams.runtime.options import WorkerOptions
 from streams.runtime.task import (
@@ -87,13 +89,6 @@ def test_a_record_held_at_a_checkpoint_is_committed_by_the_next_one_once_release
     assert "rs.training.steps:1" not in first.offsets  # held: not part of the state yet
     task.aligner.pop_ready(10.0)  # released (no partition holds it back any more) ...
     task._mark("rs.training.steps:1", 0)  # ... and fed to the engine
-    [second] = [a for a in task.idle(20.0, 0, None, lambda tp, last: 0, _NO_GUARD) if hasattr(a, "offsets")]
+    off = WallClockGuard(guard_s=0)
+    [second] = [a for a in task.idle(20.0, 0, None, lambda tp, last: 0, off) if isinstance(a, Checkpoint)]
     assert second.offsets == {"rs.training.steps:1": 1}
-
-
-class _NoGuard:
-    def watermark(self, *args: object) -> None:
-        return None
-
-
-_NO_GUARD = _NoGuard()  # type: ignore[assignment]
