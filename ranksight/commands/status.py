@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any
@@ -10,7 +11,7 @@ import typer
 
 from ranksight.console import console, fail, user_errors
 
-__all__ = ["register"]
+__all__ = ["is_throwaway_group", "register"]
 
 
 def status(
@@ -87,7 +88,7 @@ def _status(settings: Any, interval: float, max_alerts: int) -> None:
         groups = sorted(g.group_id for g in admin.list_consumer_groups(request_timeout=10).result().valid)
         lags: dict[str, dict[str, int]] = {}
         for group in groups:
-            if group.startswith("ranksight-status-") or group.startswith("ranksight-alerts-"):
+            if is_throwaway_group(group):
                 continue  # throw-away readers (status, tails) commit nothing
             request = [ConsumerGroupTopicPartitions(group)]
             answer = admin.list_consumer_group_offsets(request, request_timeout=10)[group].result()
@@ -141,6 +142,16 @@ def _status(settings: Any, interval: float, max_alerts: int) -> None:
     out(f"firing alerts: {len(firing)}", highlight=False)
     for r in firing[-max_alerts:] if max_alerts else []:
         out("  " + alert_line(dict(r)))
+
+
+# `ranksight status` and `ranksight alerts tail` read with a group of their own, named so, and
+# never commit. Not `ranksight-alerts-forward.*`: the forwarder's group commits and has a lag.
+_THROWAWAY = re.compile(r"^ranksight-(status|alerts)-[0-9a-f]{8}$")
+
+
+def is_throwaway_group(group: str) -> bool:
+    """Whether `group` is a status or tail reader's own group (nothing committed, no lag to show)."""
+    return _THROWAWAY.match(group) is not None
 
 
 def register(app: typer.Typer) -> None:
