@@ -10,15 +10,20 @@ long_checkpoint raise nothing.
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 
 import pytest
 
-from producers.simulator import builtin_scenarios
+from producers.simulator import builtin_scenarios, load_scenario, simulate
+from schemas.codec import Codec
 from streams.alerting.routing import load_router
 from streams.config import load_config
 from streams.offline.evaluate import ScenarioResult, ScenarioRun, evaluate_alerts, run_scenario
+from streams.runtime.options import WorkerOptions
+from tests.unit.streams.runtime.fake_kafka import FakeKafka, alerts_of, drive
 
 SCENARIOS = builtin_scenarios()
+_CODEC = Codec()
 
 # Scenarios written from issue 10 that today's detectors do not pass yet: (test, scenario) -> the
 # detector gap. strict: the detector work that closes a gap must remove its entry.
@@ -90,6 +95,21 @@ def test_no_alert_fires_without_a_label_explaining_it(name: str) -> None:
         for a in _result(name).false_positives
     ]
     assert not fps, f"{name}: unexpected alerts: {fps}"
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_the_worker_core_raises_the_offline_alerts(name: str, tmp_path: Path) -> None:
+    """Issue 18.4: the worker (its core, driven here by an in-memory Kafka of 6 partitions; both
+    runtimes are thin loops around it) raises the offline replay's alerts, same ids and states."""
+    events = list(simulate(load_scenario(name), seed=0).events())
+    kafka = FakeKafka(6)
+    kafka.publish(events, _CODEC)
+    drive(kafka, WorkerOptions(bootstrap="unused", workdir=tmp_path))
+    worker = {(a["alert_id"], a["status"]) for a in alerts_of(kafka, _CODEC)}
+    offline = {(a["alert_id"], a["status"]) for a in _run(name).alerts}
+    assert worker == offline, (
+        f"{name}: missing {sorted(offline - worker)[:5]}, extra {sorted(worker - offline)[:5]}"
+    )
 
 
 def test_a_replay_of_a_scenario_is_deterministic() -> None:
