@@ -91,7 +91,9 @@ class WorkerCore:
         self.consumed: collections.Counter[str] = collections.Counter()
         self.dead_letters: collections.Counter[str] = collections.Counter()
         max_skew_ms = int(1000 * float(getattr(self.config, "max_clock_skew_s", 300.0)))
-        self.intake = Intake(self.codec, max_skew_ms, self.totals, self.dead_letters, wall_ms, monotonic)
+        self.intake = Intake(
+            self.codec, max_skew_ms, self.totals, self.dead_letters, wall_ms, monotonic, options.topic_prefix
+        )
         self.guard = WallClockGuard(options.guard_s, options.guard_live_ms, self.config.allowed_lateness_ms)
         self.tasks: dict[int, PartitionTask] = {}
         self.side = SidePath(options, self.intake, self.totals, frozenset(self.config.job_end_states))

@@ -137,8 +137,10 @@ class Intake:
         dead_letters: collections.Counter[str],
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         monotonic: Callable[[], float] = time.monotonic,
+        prefix: str = "",
     ) -> None:
         self.codec = codec
+        self.prefix = prefix  # the deployment's topic prefix: dead letters name the topic as read
         self.max_skew_ms = max_skew_ms
         self.totals = totals
         self.dead_letters = dead_letters
@@ -152,7 +154,7 @@ class Intake:
         try:
             return check_record(self.codec, rec.value, rec.topic), []
         except DecodeError as exc:
-            err = exc.located(rec.topic, rec.partition, rec.offset)
+            err = exc.located(self.prefix + rec.topic, rec.partition, rec.offset)
         self.totals["bad_input"] += 1
         self._bad_since += 1
         owned = owns_dead_letters(rec.topic)
@@ -172,7 +174,9 @@ class Intake:
 
     def dead_letter(self, rec: Record, err: Exception) -> Send:
         """The record as read, to `rs.deadletter` with why (headers)."""
-        headers = deadletter_headers(err, rec.topic, rec.partition, rec.offset, component=COMPONENT)
+        headers = deadletter_headers(
+            err, self.prefix + rec.topic, rec.partition, rec.offset, component=COMPONENT
+        )
         if isinstance(err, ClockRejected):
             headers.append(("x-reject-reason", err.reason.encode()))
         self.totals["deadletter"] += 1
