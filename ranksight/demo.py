@@ -1,6 +1,6 @@
 """`ranksight demo`: the whole pipeline once on this machine, live, ending by itself.
 
-Simulator -> Kafka -> Faust worker (detectors) -> rs.alerts, and every topic -> sink -> ClickHouse
+Simulator -> Kafka -> the stream worker (detectors) -> rs.alerts, and every topic -> sink -> ClickHouse
 (chDB). The demo owns `<home>/demo` (wiped at start) and a private topic prefix per run, so it
 never touches the data of a real deployment pointed at by the same settings.
 """
@@ -228,7 +228,7 @@ def _worker(
         "--log-level",
         "warning",
     ]
-    say("starting the detection worker (Faust) ...")
+    say("starting the detection worker ...")
     process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield process
