@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 ECHARTS_VERSION := 6.0.0
 ECHARTS_JS      := ui/static/vendor/echarts.min.js
 
-.PHONY: demo test unit integration lint bench kafka-jars ui-assets clean help test-frameworks
+.PHONY: demo test unit integration lint bench kafka-jars ui-assets clean help test-frameworks framework-torch
 
 help:
 	@echo "make demo   - start a local Kafka, simulate a cluster, detect, store in ClickHouse (chDB), show alerts"
@@ -50,14 +50,29 @@ test: $(STAMP) kafka-jars ui-assets
 # brings ~3 GB of CUDA libraries; the CPU wheel index does not).
 FRAMEWORK_VENV  ?= $(VENV)/frameworks
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
-test-frameworks: kafka-jars
-	test -x $(FRAMEWORK_VENV)/bin/python || $(PYTHON) -m venv $(FRAMEWORK_VENV)
-	$(FRAMEWORK_VENV)/bin/python -m pip install -q --upgrade pip
-	$(FRAMEWORK_VENV)/bin/python -m pip install -q torch --index-url $(TORCH_INDEX_URL)
+test-frameworks: kafka-jars framework-torch
 	$(FRAMEWORK_VENV)/bin/python -m pip install -q -e ".[server,dev]" lightning transformers accelerate
 	RANKSIGHT_FRAMEWORK_TESTS=1 RANKSIGHT_TORCH_TESTS=1 $(FRAMEWORK_VENV)/bin/python -m pytest \
 	  tests/unit/producers/test_training_callbacks.py tests/integration/producers/test_training_frameworks.py \
 	  tests/integration/producers/test_torch_example.py $(PYTEST_ARGS)
+
+# A CPU torch in the framework venv: kept when one is there; else from TORCH_INDEX_URL, asked first so
+# that a network without PyTorch's index gets what to do instead of pip retrying for minutes.
+framework-torch:
+	@test -x $(FRAMEWORK_VENV)/bin/python || $(PYTHON) -m venv $(FRAMEWORK_VENV)
+	@if $(FRAMEWORK_VENV)/bin/python -c "import torch" >/dev/null 2>&1; then \
+	  echo "torch already installed in $(FRAMEWORK_VENV)"; \
+	elif $(PYTHON) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=15)" \
+	    "$(TORCH_INDEX_URL)" >/dev/null 2>&1; then \
+	  $(FRAMEWORK_VENV)/bin/python -m pip install -q --upgrade pip && \
+	  $(FRAMEWORK_VENV)/bin/python -m pip install -q torch --index-url $(TORCH_INDEX_URL); \
+	else \
+	  echo "error: PyTorch's CPU wheel index $(TORCH_INDEX_URL) cannot be reached from here: run" \
+	    "'make test-frameworks TORCH_INDEX_URL=<a mirror of it>', or install a CPU torch into" \
+	    "$(FRAMEWORK_VENV) yourself ($(FRAMEWORK_VENV)/bin/pip install /path/to/torch-*+cpu-*.whl)" \
+	    "and run 'make test-frameworks' again (PyPI's own torch works too, with ~3 GB of CUDA libraries)" >&2; \
+	  exit 2; \
+	fi
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
