@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
 import warnings
 
 import typer
 
 import ranksight.commands
 
-__all__ = ["app", "main"]
+__all__ = ["SERVER_MODULES", "app", "main"]
 
 app = typer.Typer(
     name="ranksight",
@@ -31,11 +32,36 @@ def _register_commands() -> None:
 _register_commands()
 
 
+# Import names of the `server` extra's packages (and of what they bring). The light install
+# (`pip install ranksight`) runs the agent, the Kafka, spool, events and status commands; a command
+# that needs one of these says so in one sentence instead of an ImportError traceback.
+SERVER_MODULES = frozenset(
+    {
+        "faust", "mode", "aiokafka", "aiohttp", "chdb", "clickhouse_connect", "yaml", "httpx", "authlib",
+        "cachetools", "attrs", "cramjam", "prometheus_client", "pandas", "pyarrow", "rocksdict",
+    }
+)  # fmt: skip
+
+
 def main() -> None:
     """Entry point of the `ranksight` console script."""
     # Third-party import-time deprecation chatter is not for the user of a CLI.
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    app()
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing not in SERVER_MODULES:
+            raise
+        from ranksight.console import err_console
+
+        err_console.print(
+            f"[bold red]error:[/] this command needs ranksight's server side ({missing} is not installed "
+            "here, a light install): pip install 'ranksight\\[server]'",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(1)
 
 
 if __name__ == "__main__":
