@@ -54,6 +54,16 @@ __all__ = ["COMPONENT", "SINK_TOPICS", "TIME_BOUNDED_TOPICS", "SinkConsumer"]
 
 log = logging.getLogger(__name__)
 
+# librdkafka consumer properties a producer built from the same settings must not get.
+_CONSUMER_ONLY = frozenset(
+    {
+        "session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms", "auto.offset.reset",
+        "enable.auto.commit", "enable.auto.offset.store", "auto.commit.interval.ms", "group.instance.id",
+        "group.protocol", "partition.assignment.strategy", "isolation.level", "fetch.min.bytes",
+        "fetch.wait.max.ms", "fetch.max.bytes", "max.partition.fetch.bytes", "queued.min.messages",
+    }
+)  # fmt: skip
+
 # Canonical topics whose records have tables (replayed alerts and the dead letters are not stored).
 # Not rs.telemetry.job: it holds job-keyed copies of samples already on rs.telemetry.gpu/host, and
 # each sample is stored once.
@@ -313,7 +323,9 @@ class SinkConsumer:
         if self._producer is None:
             self._producer = Producer(
                 {
-                    **self._kafka_conf,
+                    # Consumer-only settings (the sink's session timeout) would each cost a
+                    # librdkafka CONFWARN line on this producer.
+                    **{k: v for k, v in self._kafka_conf.items() if k not in _CONSUMER_ONLY},
                     "enable.idempotence": True,
                     "acks": "all",
                     "linger.ms": 5,
