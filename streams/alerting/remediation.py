@@ -50,6 +50,7 @@ __all__ = [
     "Remediator",
     "RulePolicy",
     "load_policy",
+    "relevant_event_types",
 ]
 
 REMEDIABLE_RULES: tuple[str, ...] = ("zombie_job", "rank_hang", "restart_loop")

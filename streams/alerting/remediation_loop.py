@@ -24,9 +24,9 @@ from typing import Any
 from schemas.codec import Codec
 from schemas.errors import DecodeError, RanksightError
 from schemas.records import Event
-from streams.alerting.remediation import Decision, Outcome, Remediator
+from streams.alerting.remediation import Decision, Outcome, Remediator, relevant_event_types
 
-__all__ = ["RemediationStats", "RemediationTopics", "follow_remediation"]
+__all__ = ["RemediationStats", "RemediationTopics", "event_filter", "follow_remediation"]
 
 _BATCH = 500
 _POLL_S = 0.2
@@ -90,6 +90,7 @@ def follow_remediation(
     producer = Producer({**conf, "enable.idempotence": True, "log_level": 0})
     stats = RemediationStats()
     errors: list[str] = []
+    keep_event = event_filter(codec)
 
     def delivered(err: Any, msg: Any) -> None:
         if err is not None:
@@ -134,6 +135,8 @@ def follow_remediation(
                     behind.discard((topic, p))
                 if topic == topics.actions and offset >= boundary[(topic, p)]:
                     continue  # our own decisions coming back: already applied
+                if topic == topics.events and not keep_event(msg.value()):
+                    continue
                 try:
                     event = codec.decode(msg.value() or b"")
                 except DecodeError as exc:
@@ -179,6 +182,22 @@ def follow_remediation(
         if left:
             warn(f"{left} ActionTaken records were not delivered before the stop")
     return stats
+
+
+def event_filter(codec: Codec) -> Callable[[bytes | None], bool]:
+    """False for training events remediation does not read, told from the single-object header alone.
+
+    Steps, data-loader and collective samples are most of `rs.training.events`; skipping them
+    without decoding keeps a rebuild over days of events short (bench/bench_remediate.py).
+    Registry-framed records (a schema id, not a fingerprint) are decoded and dropped after.
+    """
+    relevant = frozenset(relevant_event_types())
+    skip = frozenset(fp for fp, schema in codec.schemas.by_fingerprint.items() if schema.name not in relevant)
+
+    def wanted(value: bytes | None) -> bool:
+        return not (value is not None and value[:2] == b"\xc3\x01" and value[2:10] in skip)
+
+    return wanted
 
 
 def _apply(

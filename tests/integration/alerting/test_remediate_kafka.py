@@ -111,7 +111,14 @@ def _jobs() -> list[Event]:
     return events
 
 
-def _run(bootstrap: str, topics: dict[str, str], *, execute: bool, acted: list[str]) -> Any:
+def _run(
+    bootstrap: str,
+    topics: dict[str, str],
+    *,
+    execute: bool,
+    acted: list[str],
+    lookback_s: float | None = None,
+) -> Any:
     def resolve(decision: Decision) -> tuple[str, str]:
         return f"slurm-{decision.alert['job_id']}", f"scancel slurm-{decision.alert['job_id']}"
 
@@ -130,6 +137,7 @@ def _run(bootstrap: str, topics: dict[str, str], *, execute: bool, acted: list[s
         act=act,
         tick_s=0.2,
         idle_exit_s=3.0,
+        lookback_s=lookback_s,
     )
 
 
@@ -165,6 +173,18 @@ def test_decisions_are_published_and_a_restart_never_acts_twice(
     assert acted == ["slurm-job-stuck"]
     last = _actions(kafka_bootstrap, topics[ACTIONS])
     assert [(r["job_id"], r["decision"]) for r in last[len(first) :]] == [("job-stuck", "acted")]
+
+
+def test_a_rebuild_from_a_lookback_reads_what_was_published_within_it(
+    kafka_bootstrap: str, topics: dict[str, str]
+) -> None:
+    """--lookback starts each partition at the first record Kafka received within it (its record time)."""
+    _produce(kafka_bootstrap, topics, [*_jobs(), Event("Alert", _alert("job-stuck"))])
+    stats = _run(kafka_bootstrap, topics, execute=False, acted=[], lookback_s=3600)
+    assert stats.caught_up and stats.alerts == 1 and stats.events == len(_jobs())
+    assert [(r["job_id"], r["decision"]) for r in _actions(kafka_bootstrap, topics[ACTIONS])] == [
+        ("job-stuck", "dry_run")
+    ]
 
 
 def test_a_resolved_alert_is_not_acted_on(kafka_bootstrap: str, topics: dict[str, str]) -> None:

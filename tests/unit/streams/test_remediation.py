@@ -353,3 +353,17 @@ def test_the_shipped_example_policy_loads(tmp_path: Path) -> None:
     assert load_policy(tmp_path / "p.yaml").max_actions_per_hour == 2
     with pytest.raises(RemediationError, match="does not exist"):
         load_policy(tmp_path / "none.yaml")
+
+
+def test_the_rebuild_skips_training_events_it_never_reads_by_their_header() -> None:
+    from streams.alerting.remediation_loop import event_filter
+    from tests.unit.streams.builders import step
+
+    codec = Codec()
+    keep = event_filter(codec)
+    assert keep(codec.encode(job_started("job-1", T0)))
+    assert keep(codec.encode(_checkpoint("started", T0))) and keep(codec.encode(_evaluation("started", T0)))
+    assert keep(codec.encode(_restore_test(T0))) and keep(codec.encode(job_state("job-1", T0, "running")))
+    assert not keep(codec.encode(step("job-1", 0, 1, T0)))
+    assert keep(b"\x00\x00\x00\x00\x07rest")  # registry framing: decoded, then dropped by type
+    assert keep(None)  # a tombstone reaches the decoder, which reports it
