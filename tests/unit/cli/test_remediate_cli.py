@@ -1,0 +1,26 @@
+"""`ranksight remediate`: one sentence for a bad command line or a bad policy, before anything is read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from ranksight.cli import app
+
+
+def test_one_scheduler_must_be_chosen(tmp_path: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text("rules: {zombie_job: {action: cancel, min_firing_s: 0}}\n")
+    for extra in ([], ["--slurm", "--kubernetes"]):
+        result = CliRunner().invoke(app, ["remediate", "--policy", str(policy), *extra])
+        assert result.exit_code == 1 and "--slurm or --kubernetes" in result.output
+
+
+def test_a_bad_policy_is_one_sentence_naming_the_key(tmp_path: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text("rules: {job_stall: {action: cancel, min_firing_s: 0}}\n")
+    result = CliRunner().invoke(app, ["remediate", "--policy", str(policy), "--slurm"])
+    assert result.exit_code == 1 and "rules.job_stall" in result.output and "Traceback" not in result.output
+    missing = CliRunner().invoke(app, ["remediate", "--policy", str(tmp_path / "none.yaml"), "--slurm"])
+    assert missing.exit_code == 1 and "does not exist" in missing.output
