@@ -20,8 +20,11 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.placement import rank_place
 
 __all__ = ["DEFAULTS", "DatapathDetector"]
+
+_POINTS = 10  # metric history carried on a finding
 
 DEFAULTS: dict[str, Any] = {
     "window_steps": 64,  # fingerprints remembered per rank (must be shorter than an epoch, in batches)
@@ -72,6 +75,8 @@ class DatapathDetector(PerJobDetector):
                 "err_run": 0,
                 "clean_run": 0,
                 "errors": None,
+                "ratio_points": [],
+                "error_points": [],
             }
         return rank
 
@@ -88,6 +93,9 @@ class DatapathDetector(PerJobDetector):
             return []
         distinct = len(set(fps))
         ratio = distinct / len(fps)
+        points: list[list[Any]] = rank.setdefault("ratio_points", [])
+        points.append([r["ts"], ratio])
+        del points[:-_POINTS]
         cond = rank["repeat"]
         ts = r["ts"]
         if ratio < self._min_distinct:
@@ -96,10 +104,10 @@ class DatapathDetector(PerJobDetector):
             elif ts - cond["emit"] < self._reemit_ms:
                 return []
             cond["emit"] = ts
-            return [self._repeat_finding(r, distinct, len(fps), cond["since"], True)]
+            return [self._repeat_finding(r, distinct, len(fps), cond["since"], True, points)]
         if cond is not None:
             rank["repeat"] = None
-            return [self._repeat_finding(r, distinct, len(fps), cond["since"], False)]
+            return [self._repeat_finding(r, distinct, len(fps), cond["since"], False, points)]
         return []
 
     def _errors(self, r: dict[str, Any]) -> list[Finding]:
@@ -107,6 +115,9 @@ class DatapathDetector(PerJobDetector):
         n = max(int(r.get("errors") or 0), int(r.get("file_open_errors") or 0))
         ts = r["ts"]
         cond = rank["errors"]
+        points: list[list[Any]] = rank.setdefault("error_points", [])
+        points.append([ts, float(n)])
+        del points[:-_POINTS]
         if n > 0:
             rank["err_run"] += 1
             rank["clean_run"] = 0
@@ -129,9 +140,10 @@ class DatapathDetector(PerJobDetector):
         return []
 
     def _repeat_finding(
-        self, r: dict[str, Any], distinct: int, window: int, since: int, active: bool
+        self, r: dict[str, Any], distinct: int, window: int, since: int, active: bool, points: list[list[Any]]
     ) -> Finding:
         job_id, rank = r["job_id"], int(r["rank"])
+        place = rank_place(self.topology, job_id, rank)
         summary = (
             f"rank {rank} of job {job_id} trained on only {distinct} distinct batches in its last {window} "
             f"steps (up to step {r['step']}): the data loader is repeating the same data"
@@ -146,7 +158,10 @@ class DatapathDetector(PerJobDetector):
             category="data",
             severity="warning",
             job_id=job_id,
+            node=place.node,
             rank=rank,
+            gpu_uuid=place.gpu_uuid,
+            gpu_index=place.gpu_index,
             since=since,
             invariant=f"at least {self._min_distinct:.0%} of a rank's last {window} batches are distinct",
             observed=distinct / window,
@@ -154,11 +169,14 @@ class DatapathDetector(PerJobDetector):
             summary=summary,
             suspected_layer="data",
             history_metric="distinct_batch_ratio",
+            history=tuple((int(t), float(v)) for t, v in points),
             sustain_ms=0,
         )
 
     def _errors_finding(self, r: dict[str, Any], n: int, cond: dict[str, Any], active: bool) -> Finding:
         job_id, rank = r["job_id"], int(r["rank"])
+        place = rank_place(self.topology, job_id, rank)
+        points = self._rank(r)["error_points"]
         opens = int(r.get("file_open_errors") or 0)
         detail = f" ({opens} failed file opens)" if opens else ""
         summary = (
@@ -175,7 +193,10 @@ class DatapathDetector(PerJobDetector):
             category="data",
             severity="warning",
             job_id=job_id,
+            node=place.node,
             rank=rank,
+            gpu_uuid=place.gpu_uuid,
+            gpu_index=place.gpu_index,
             since=cond["since"],
             invariant=f"a data loader does not report errors in {self._err_sustain} samples in a row",
             observed=float(n),
@@ -183,5 +204,6 @@ class DatapathDetector(PerJobDetector):
             summary=summary,
             suspected_layer="data",
             history_metric="loader_errors",
+            history=tuple((int(t), float(v)) for t, v in points),
             sustain_ms=0,
         )

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, Severity, Topology
+from streams.detectors.history import add_point, points_of
 from streams.detectors.stats import median
 
 __all__ = ["DEFAULTS", "THROTTLE_REASONS", "InfrastructureDetector"]
@@ -413,6 +414,7 @@ class InfrastructureDetector(Detector):
     def _xid_finding(self, node: str, uuid: str, g: dict[str, Any], ts: int, active: bool) -> Finding:
         cond = g["xid"]
         code = int(cond["code"])
+        history = add_point(cond, ts, float(code)) if active else points_of(cond)
         severity: Severity = "critical" if code in self._xid_critical else "warning"
         summary = (
             f"{self._where(node, g)} reported XID {code}"
@@ -432,11 +434,13 @@ class InfrastructureDetector(Detector):
             observed=float(code),
             summary=summary,
             history_metric="xid",
+            history=history,
             sustain_ms=0,
         )
 
     def _ecc_finding(self, node: str, uuid: str, g: dict[str, Any], ts: int, active: bool) -> Finding:
         cond = g["ecc"]
+        history = add_point(cond, ts, float(cond["n"])) if active else points_of(cond)
         summary = (
             f"{self._where(node, g)} had {cond['n']} new uncorrectable ECC error(s) or row remapping(s)"
             if active
@@ -456,6 +460,7 @@ class InfrastructureDetector(Detector):
             expected=0.0,
             summary=summary,
             history_metric="ecc_uncorrected",
+            history=history,
             sustain_ms=0,
         )
 
@@ -547,6 +552,7 @@ class InfrastructureDetector(Detector):
         self, node: str, n: dict[str, Any], missing: dict[str, Any], ts: int, active: bool, job_id: str
     ) -> Finding:
         silent_s = (ts - n["last"]) / 1000
+        history = add_point(missing, ts, silent_s) if active else points_of(missing)
         summary = (
             f"node {node} has sent no GPU or host telemetry for {silent_s:.0f}s while its job runs"
             if active
@@ -568,5 +574,6 @@ class InfrastructureDetector(Detector):
             summary=summary,
             suspected_layer="telemetry",
             history_metric="seconds_since_sample",
+            history=history,
             sustain_ms=0,
         )

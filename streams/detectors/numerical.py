@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.placement import rank_place
 from streams.detectors.stats import median
 
 __all__ = ["DEFAULTS", "NumericalDetector"]
@@ -149,6 +150,8 @@ class NumericalDetector(PerJobDetector):
             return []
         cond = job[slot]
         if not _finite(value):
+            if cond is not None:
+                _count_bad(cond, r["ts"])
             if cond is None:
                 cond = {
                     "since": r["ts"],
@@ -156,9 +159,12 @@ class NumericalDetector(PerJobDetector):
                     "step": r["step"],
                     "bad_step": r["step"],
                     "emit": r["ts"],
+                    "bad": 0,
+                    "points": [],
                 }
                 job[slot] = cond
                 cond["value"] = _fmt(value)
+                _count_bad(cond, r["ts"])
                 return [self._nf_finding(r["job_id"], rule, cond, r["ts"], True, what)]
             cond["bad_step"] = max(cond["bad_step"], r["step"])
             if r["ts"] - cond["emit"] >= self._reemit_ms:
@@ -178,6 +184,7 @@ class NumericalDetector(PerJobDetector):
             if active
             else f"{what} of job {job_id} is finite again after step {cond['bad_step']}"
         )
+        place = rank_place(self.topology, job_id, cond["rank"])
         return Finding(
             rule=rule,
             key=(job_id,),
@@ -186,12 +193,17 @@ class NumericalDetector(PerJobDetector):
             category="model",
             severity="critical",
             job_id=job_id,
+            node=place.node,
             rank=cond["rank"],
+            gpu_uuid=place.gpu_uuid,
+            gpu_index=place.gpu_index,
             since=cond["since"],
             invariant=f"the {what} is finite on every step",
             summary=summary,
             suspected_layer="model",
-            history_metric="loss" if rule == "nonfinite_loss" else "grad_norm",
+            # The non-finite values themselves are no numbers to plot: their running count is.
+            history_metric="nonfinite_loss_steps" if rule == "nonfinite_loss" else "nonfinite_grad_steps",
+            history=tuple((int(t), float(v)) for t, v in cond.get("points", ())),
             sustain_ms=0,
         )
 
@@ -236,6 +248,7 @@ class NumericalDetector(PerJobDetector):
     ) -> Finding:
         job = self._jobs[job_id]
         ref = float(spike["ref"])
+        place = rank_place(self.topology, job_id, spike["rank"])
         summary = (
             f"gradient norm of job {job_id} jumped to {grad:.4g}, {grad / ref:.1f}x its rolling median {ref:.4g} "
             f"(step {spike['step']})"
@@ -250,7 +263,10 @@ class NumericalDetector(PerJobDetector):
             category="model",
             severity="warning",
             job_id=job_id,
+            node=place.node,
             rank=spike["rank"],
+            gpu_uuid=place.gpu_uuid,
+            gpu_index=place.gpu_index,
             since=spike["since"],
             invariant=f"gradient norm stays below {self._spike_factor:g}x its rolling median of {self._grad_k} steps",
             observed=grad,
@@ -342,3 +358,14 @@ class NumericalDetector(PerJobDetector):
             history=tuple((int(t), float(m)) for t, m in job["medians"][-_HISTORY:]),
             sustain_ms=0,
         )
+
+
+def _count_bad(cond: dict[str, Any], ts: int) -> None:
+    """One more non-finite value in a condition: its running count is the alert's history."""
+    cond["bad"] = cond.get("bad", 0) + 1
+    points: list[list[Any]] = cond.setdefault("points", [])
+    if points and points[-1][0] == ts:
+        points[-1][1] = float(cond["bad"])
+    else:
+        points.append([ts, float(cond["bad"])])
+    del points[:-_HISTORY]

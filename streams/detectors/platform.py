@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.history import add_point
 
 __all__ = ["DEFAULTS", "PlatformDetector"]
 
@@ -205,6 +206,7 @@ class PlatformDetector(PerJobDetector):
 
     def _pending_finding(self, job_id: str, cond: dict[str, Any], ts: int, active: bool) -> Finding:
         waited = (ts - cond["since"]) / 1000
+        history = add_point(cond, ts, waited)
         summary = (
             f"job {job_id} has been pending for {waited / 60:.0f} min without running"
             if active
@@ -225,5 +227,6 @@ class PlatformDetector(PerJobDetector):
             summary=summary,
             suspected_layer="scheduler",
             history_metric="pending_s",
+            history=history,
             sustain_ms=0,
         )

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.history import add_point
 
 __all__ = ["DEFAULTS", "ReadinessDetector"]
 
@@ -150,6 +151,7 @@ class ReadinessDetector(PerJobDetector):
         self, job_id: str, failed: dict[str, Any], ts: int, active: bool, resolved_by: str = ""
     ) -> Finding:
         step = f" (step {failed['step']})" if failed.get("step") is not None else ""
+        history = add_point(failed, ts, failed["n"] if active else 0)
         summary = (
             f"restore test of checkpoint {failed['cid']}{step} of job {job_id} failed: {failed['why']}"
             + (f" ({failed['n']} failed tests in a row)" if failed["n"] > 1 else "")
@@ -171,6 +173,7 @@ class ReadinessDetector(PerJobDetector):
             summary=summary,
             suspected_layer="checkpoint",
             history_metric="failed_restore_tests",
+            history=history,
             sustain_ms=0,
         )
 
@@ -178,6 +181,9 @@ class ReadinessDetector(PerJobDetector):
         self, job_id: str, job: dict[str, Any], ts: int, ref: int, max_s: float, active: bool
     ) -> Finding:
         passed = job["passed"]
+        history = (
+            add_point(job["stale"], ts, (ts - ref) / 1000) if job["stale"] else ((ts, (ts - ref) / 1000),)
+        )
         what = (
             f"the newest restore-tested checkpoint ({passed['cid']}) of job {job_id} was written"
             if passed is not None
@@ -203,5 +209,6 @@ class ReadinessDetector(PerJobDetector):
             summary=summary,
             suspected_layer="checkpoint",
             history_metric="restore_tested_checkpoint_age_s",
+            history=history,
             sustain_ms=0,
         )

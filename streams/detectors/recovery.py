@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobInfo, PerJobDetector, Topology
+from streams.detectors.history import add_point
+from streams.detectors.placement import rank_place
 
 __all__ = ["DEFAULTS", "RecoveryDetector"]
 
@@ -154,6 +156,7 @@ class RecoveryDetector(PerJobDetector):
     def _failed_finding(
         self, job_id: str, failed: dict[str, Any], ts: int, active: bool, resolved_by: str = ""
     ) -> Finding:
+        history = add_point(failed, ts, failed["n"] if active else 0)
         summary = (
             f"checkpoint {failed['cid']} of job {job_id} failed"
             + (f": {failed['error']}" if failed["error"] else "")
@@ -176,6 +179,7 @@ class RecoveryDetector(PerJobDetector):
             summary=summary,
             suspected_layer="checkpoint",
             history_metric="failed_checkpoints",
+            history=history,
             sustain_ms=0,
         )
 
@@ -183,6 +187,8 @@ class RecoveryDetector(PerJobDetector):
         self, job_id: str, cid: str, stuck: dict[str, Any], ts: int, active: bool, how: str
     ) -> Finding:
         age = ts - stuck["ts"]
+        history = add_point(stuck, ts, age / 1000)
+        place = rank_place(self.topology, job_id, stuck.get("rank"))
         summary = (
             f"checkpoint {cid} of job {job_id} (step {stuck['step']}) started {_age(age)} ago and has not "
             f"completed (timeout {stuck['timeout_s']:g}s)"
@@ -197,7 +203,10 @@ class RecoveryDetector(PerJobDetector):
             category="platform",
             severity="warning",
             job_id=job_id,
+            node=place.node,
             rank=stuck.get("rank"),
+            gpu_uuid=place.gpu_uuid,
+            gpu_index=place.gpu_index,
             since=int(stuck["ts"] + stuck["timeout_s"] * 1000),
             invariant=f"a checkpoint completes within {stuck['timeout_s']:g}s of its start",
             observed=age / 1000,
@@ -205,6 +214,7 @@ class RecoveryDetector(PerJobDetector):
             summary=summary,
             suspected_layer="checkpoint",
             history_metric="checkpoint_age_s",
+            history=history,
             sustain_ms=0,
         )
 
@@ -214,6 +224,7 @@ class RecoveryDetector(PerJobDetector):
         cond = job["stale"] or {"since": ts, "ref": ts}
         max_s = float(info.checkpoint_max_age_s or 0) if info else 0.0
         age = ts - cond["ref"]
+        history = add_point(cond, ts, age / 1000)
         what = (
             f"the latest verified checkpoint (step {job['verified_step']})"
             if job["verified"] is not None
@@ -239,5 +250,6 @@ class RecoveryDetector(PerJobDetector):
             summary=summary,
             suspected_layer="checkpoint",
             history_metric="verified_checkpoint_age_s",
+            history=history,
             sustain_ms=0,
         )

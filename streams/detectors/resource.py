@@ -87,6 +87,10 @@ class ResourceDetector(Detector):
         cond["n"] += 1
         cond["pids"] = foreign
         cond["rank"] = binding.rank
+        mem = r.get("mem_used_bytes")
+        points: list[list[Any]] = cond.setdefault("points", [])
+        points.append([ts, float(mem or 0) / 2**30])
+        del points[:-10]
         if cond["n"] < self._min_samples:
             return []
         cond["active"] = True
@@ -119,6 +123,7 @@ class ResourceDetector(Detector):
             expected=0.0,
             summary=summary,
             suspected_layer="gpu",
-            history_metric="foreign_pids",
+            history_metric="gpu_mem_used_gib",  # what the foreign process takes from the job's GPU
+            history=tuple((int(t), float(v)) for t, v in cond.get("points", ())),
             sustain_ms=0,
         )

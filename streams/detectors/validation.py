@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.history import add_point, points_of
 
 __all__ = ["DEFAULTS", "ValidationDetector"]
 
@@ -128,6 +129,8 @@ class ValidationDetector(PerJobDetector):
             out.append(self._missing_finding(job_id, ts, step, last or step, job["missing"]["period"], False))
             job["missing"] = None
         val = next((r["metrics"][m] for m in self._metrics if m in r["metrics"]), None)
+        if val is not None and math.isfinite(val):
+            add_point(job.setdefault("val_points", {}), ts, float(val))  # the alert's history
         train = job["train_sum"] / job["train_n"] if job["train_n"] else None
         job["train_sum"], job["train_n"] = 0.0, 0
         if val is None or not math.isfinite(val) or train is None:
@@ -189,13 +192,16 @@ class ValidationDetector(PerJobDetector):
             expected=0.0,
             summary=summary,
             suspected_layer="model",
-            history_metric="val_loss_rise_ratio",
+            history_metric="val_loss",
+            history=points_of(job.get("val_points")),
             sustain_ms=0,
         )
 
     def _missing_finding(
         self, job_id: str, ts: int, step: int, last: int, period: float, active: bool
     ) -> Finding:
+        cond = self._jobs[job_id].get("missing") or {}
+        history = add_point(cond, ts, float(step - last)) if cond else ((ts, float(step - last)),)
         summary = (
             f"job {job_id} reached step {step} without a validation since step {last}; "
             f"it validated every {period:g} steps"
@@ -216,5 +222,6 @@ class ValidationDetector(PerJobDetector):
             summary=summary,
             suspected_layer="model",
             history_metric="steps_since_validation",
+            history=history,
             sustain_ms=0,
         )
