@@ -31,7 +31,6 @@ def own_prefix(kafka_bootstrap: str) -> Iterator[str]:
     ("ignore_sigint", "sig"),
     [
         pytest.param(True, signal.SIGINT, id="sigint-ignored-SIGINT"),
-        pytest.param(True, signal.SIGTERM, id="sigint-ignored-SIGTERM"),
         pytest.param(False, signal.SIGINT, id="default-SIGINT"),
         pytest.param(False, signal.SIGTERM, id="default-SIGTERM"),
     ],
