@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,12 +102,21 @@ def check_partitions(
     exist yet are skipped: whoever creates them later uses the count given.
     """
     admin = AdminClient({**conf, "log_level": 0})
-    try:
-        meta = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise KafkaSetupError(
-            _explain(str(conf.get("bootstrap.servers")), "cannot read topic metadata", exc.args[0])
-        ) from exc
+    names = list(names)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            meta = admin.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise KafkaSetupError(
+                _explain(str(conf.get("bootstrap.servers")), "cannot read topic metadata", exc.args[0])
+            ) from exc
+        # A topic created a moment ago may have no leader yet: its metadata carries an error and
+        # no reliable partition count. Ask again until it settles (a CI run once read it too early).
+        settling = [n for n in names if n in meta.topics and meta.topics[n].error is not None]
+        if not settling or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     counts = {name: len(t.partitions) for name, t in meta.topics.items() if t.error is None}
     wrong = [(name, counts[name]) for name in names if name in counts and counts[name] != partitions]
     if wrong:
