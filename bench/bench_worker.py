@@ -111,9 +111,7 @@ def _bare_loop(bootstrap: str, prefix: str, records: int, timeout_s: float) -> f
                 for _, _, (event, reference) in aligner.pop_ready(time.monotonic(), lag):
                     for out in engines[p].process(event, received_ts=reference):
                         name = topic_for(out.type)
-                        producer.produce(
-                            prefix + "bare." + name, codec.encode(out), key_for(name, out.record)
-                        )
+                        producer.produce(prefix + name, codec.encode(out), key_for(name, out.record))
                         produced += 1
                     done += 1
             producer.poll(0)
