@@ -203,7 +203,11 @@ _ALERT_COLUMNS = (
     "any(category) AS category",
     "any(team) AS team",
     "any(receiver) AS receiver",
-    "argMax(summary, ts) AS summary",
+    # A resolved alert's headline stays what went wrong; how it ended is its `resolution`.
+    # (raw_*: the subquery's copies of the columns; the aliases below shadow the column names.)
+    "if(countIf(raw_status = 'firing') > 0, argMaxIf(raw_summary, ts, raw_status = 'firing'), "
+    "argMax(raw_summary, ts)) AS summary",
+    "if(argMax(raw_status, ts) = 'resolved', argMax(raw_summary, ts), '') AS resolution",
     "any(job_id) AS job_id",
     "any(run_id) AS run_id",
     "any(cluster) AS cluster",
@@ -225,7 +229,8 @@ def _alerts(client: Client, where: str = "1", **params: Any) -> list[dict[str, A
     # outside the plausible times are left out (one 2199 alert must not become the fleet's "now").
     lo, hi = plausible_bounds()
     sql = (
-        f"SELECT {', '.join(_ALERT_COLUMNS)} FROM (SELECT * FROM alerts WHERE ({where}) "
+        f"SELECT {', '.join(_ALERT_COLUMNS)} FROM (SELECT *, status AS raw_status, summary AS raw_summary "
+        f"FROM alerts WHERE ({where}) "
         "AND ts BETWEEN fromUnixTimestamp64Milli({lo:Int64}, 'UTC') AND fromUnixTimestamp64Milli({hi:Int64}, 'UTC') "
         "AND starts_at BETWEEN fromUnixTimestamp64Milli({lo:Int64}, 'UTC') AND fromUnixTimestamp64Milli({hi:Int64}, 'UTC')) "
         "GROUP BY alert_id ORDER BY starts_ms"
@@ -513,6 +518,34 @@ def _job_span(client: Client, job_id: str) -> tuple[int, int] | None:
     if rows and rows[0][2]:
         return int(rows[0][0]), int(rows[0][1])
     return None
+
+
+def _quiet_until(client: Client, job_id: str) -> int | None:
+    """Where the range of a job that stopped stepping ends: its last state change or alert record, and,
+    while it is not in a terminal state, the newest step the store holds of any job (UTC ms).
+
+    A stalled job's steps end where the stall begins; ending its page there would hide the stall
+    (and its 0 steps/s, its idle GPUs, the alert that fired).
+    """
+    lo, hi = plausible_bounds()
+    rows = _rows(
+        client,
+        f"SELECT (SELECT argMax(state, ts) FROM job_states WHERE {_JOB}), "
+        f"(SELECT {_ms('max(ts)')} FROM job_states WHERE {_JOB} AND {_PLAUSIBLE_TS}), "
+        f"(SELECT {_ms('max(ts)')} FROM alerts WHERE {_JOB} AND {_PLAUSIBLE_TS}), "
+        "(SELECT toUnixTimestamp(max(minute)) * 1000 + 60000 FROM job_step_minute "
+        f"WHERE {_PLAUSIBLE_MINUTE})",
+        job=job_id,
+        lo=lo,
+        hi=hi,
+    )
+    if not rows:
+        return None
+    state, state_ms, alert_ms, newest_ms = rows[0]
+    ends = [int(v) + 1 for v in (state_ms, alert_ms) if v and int(v) >= lo]
+    if state not in TERMINAL_STATES and newest_ms:
+        ends.append(int(newest_ms))
+    return max(ends) if ends else None
 
 
 def _ranks(client: Client, job_id: str) -> list[dict[str, Any]]:
@@ -864,6 +897,9 @@ def job_page(
     if span is None:
         first = meta.get("started_ms") or min(a["starts_ms"] for a in alerts)
         span = (first, first + _MINUTE_MS)
+    quiet = _quiet_until(client, job_id)
+    if quiet is not None and quiet > span[1]:
+        span = (span[0], quiet)
     start = int(t0) if t0 is not None else span[0]
     end = int(t1) if t1 is not None else span[1]
     # A range asked for by URL is cut to the plausible times too (from=0&to=1e15 is 11 million buckets).
@@ -955,6 +991,14 @@ def alert_page(client: Client, alert_id: str) -> dict[str, Any]:
     alert["transitions"] = [
         {"ts": _plain(r["ts"]), "status": r["status"], "summary": r["summary"]} for r in records
     ]
+    # The headline is what went wrong (the last firing record), the resolution how it ended; the
+    # threshold is the expected value of any record that had one (a resolved record may carry none).
+    fired = [r for r in records if r["status"] == "firing"] or records
+    alert["summary"] = fired[-1]["summary"]
+    alert["resolution"] = latest["summary"] if latest["status"] == "resolved" else ""
+    alert["observed_fired"] = _plain(fired[-1]["observed"])
+    thresholds = [r["expected"] for r in records if r["expected"] is not None]
+    alert["threshold"] = _plain(thresholds[-1]) if thresholds else None
     alert["starts_ms"] = _plain(min(r["starts_at"] for r in records))
     ends = [r["ends_at"] for r in records if r["ends_at"] is not None]
     alert["ends_ms"] = _plain(max(ends)) if ends and latest["status"] == "resolved" else None

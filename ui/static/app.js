@@ -17,7 +17,7 @@
   })();
   const SEVERITY_ORDER = { critical: 0, warning: 1, info: 2 };
   const COLORS = {
-    critical: '#d62728', warning: '#ff9f1c', info: '#4c78a8', resolved: '#6a9f58',
+    critical: '#d62728', warning: '#ff9f1c', info: '#4c78a8', resolved: '#6a9f58', resolvedBand: 'rgba(106,159,88,0.14)',
     checkpoint: 'rgba(90,120,200,0.16)', evaluation: 'rgba(60,160,90,0.16)', alert: 'rgba(214,39,40,0.10)',
   };
   // Every time panel has the same plot area, so one instant is at the same x in all of them.
@@ -73,6 +73,9 @@
     if (a.gpu_index !== null && a.gpu_index !== undefined) parts.push(`GPU ${a.gpu_index}`);
     return parts.join(' · ') || 'whole job';
   }
+  // One label and its value, kept together in one grid cell whatever the width (a dt and a dd as
+  // separate grid items land in different columns once a row holds an odd number of cells).
+  const factPair = (label, value) => el('div', { class: 'fact' }, el('dt', {}, label), el('dd', {}, value === null || value === undefined || value === '' ? '-' : value));
   const badge = (severity, text) => el('span', { class: `badge ${severity}` }, text || severity);
 
   // A URL from a record becomes a link only when it is http(s) or a path on this site: never
@@ -135,14 +138,14 @@
     if (!alerts.length) return el('p', { class: 'muted' }, resolved ? 'none in the last 6 hours' : 'nothing firing');
     return el('table', { class: 'grid alerts' },
       el('thead', {}, el('tr', {}, ['severity', 'rule', 'job', 'where', 'team', resolved ? 'fired → resolved' : 'since', 'summary'].map((h) => el('th', {}, h)))),
-      el('tbody', {}, alerts.map((a) => el('tr', { class: `row-${a.severity}`, 'data-alert': a.alert_id },
+      el('tbody', {}, alerts.map((a) => el('tr', { class: resolved ? 'row-resolved' : `row-${a.severity}`, 'data-alert': a.alert_id },
         el('td', {}, badge(a.severity)),
         el('td', {}, el('a', { href: alertHref(a) }, a.rule)),
         el('td', {}, el('a', { href: jobHref(a.job_id) }, a.job_id)),
         el('td', {}, where(a)),
         el('td', {}, el('strong', {}, a.team)),
         el('td', { class: 'nowrap' }, resolved ? `${fmtTime(a.starts_ms)} → ${fmtTime(a.ends_ms)}` : `${fmtTime(a.starts_ms)} (${fmtDuration((RS.data.now_ms || a.updated_ms) - a.starts_ms)})`),
-        el('td', { class: 'summary' }, a.summary)))));
+        el('td', { class: 'summary' }, a.summary, a.resolution ? el('div', { class: 'resolution' }, a.resolution) : null)))));
   }
 
   function goodputCell(j) {
@@ -218,7 +221,7 @@
     // Alert spans carry the rule as a label while they are few enough to read.
     const labelled = data.alerts.length <= 4;
     data.alerts.forEach((a, i) => {
-      areas.push([{ xAxis: a.starts_ms, name: a.rule, itemStyle: { color: COLORS.alert },
+      areas.push([{ xAxis: a.starts_ms, name: a.rule, itemStyle: { color: a.status === 'resolved' ? COLORS.resolvedBand : COLORS.alert },
         label: { show: labelled, position: 'insideTopLeft', fontSize: 9, color: '#a11', offset: [0, i * 11] } },
       { xAxis: a.status === 'resolved' && a.ends_ms ? a.ends_ms : to }]);
     });
@@ -284,6 +287,16 @@
   // 120 px plus its two labels, needs a chart of about 200 px).
   const HEAT_ROW_PX = 12;
 
+  function legendText(lo, hi, unit, fixedRange) {
+    // The colour scale's two ends with their unit and meaning, with enough digits to differ
+    // (1.004 s and 1.031 s both read "1" at three significant digits: "1 ... 1").
+    let digits = 3;
+    while (digits < 8 && fmtNum(lo, digits) === fmtNum(hi, digits)) digits += 1;
+    const top = `${fmtNum(hi, digits)} ${unit}`;
+    const bottom = `${fmtNum(lo, digits)} ${unit}`;
+    return fixedRange ? [`${top} busy`, `${bottom} idle`] : [`${top} slow`, `${bottom} fast`];
+  }
+
   function heatmapOption(data, buckets, rows, columns, valueIndex, name, unit, fixedRange) {
     // columns: [bucket index[], row index[], value columns...] as ClickHouse wrote them.
     const points = [];
@@ -317,7 +330,7 @@
       tooltip: { formatter: (p) => tip(rows[p.value[1]], tipLine(null, `${fmtTime(buckets[p.value[0]])}: `, `${fmtNum(p.value[2], 4)} ${unit}`)) },
       xAxis: { type: 'category', data: buckets, axisLabel: { formatter: (v) => (data.range.bucket_ms < 60000 ? fmtTime(Number(v)) : fmtTime(Number(v)).slice(0, 5)), hideOverlap: true }, splitArea: { show: false } },
       yAxis: { type: 'category', data: rows, inverse: true, axisLabel: { fontSize: 10, hideOverlap: true, color: (v) => (RS.focusRows && RS.focusRows.has(v) ? '#d62728' : '#6e7079') } },
-      visualMap: { type: 'continuous', min: lo, max: hi, calculable: true, orient: 'vertical', right: 0, top: 'middle', itemHeight: 120, text: [`${fmtNum(hi)} ${unit}`, fmtNum(lo)], inRange: { color: fixedRange ? IDLE_IS_HOT : SLOW_IS_HOT } },
+      visualMap: { type: 'continuous', min: lo, max: hi, calculable: true, orient: 'vertical', right: 0, top: 'middle', itemHeight: 120, text: legendText(lo, hi, unit, fixedRange), inRange: { color: fixedRange ? IDLE_IS_HOT : SLOW_IS_HOT } },
       dataZoom: [{ type: 'inside', xAxisIndex: 0, filterMode: 'none' }],
       series: [{ name, type: 'heatmap', data: points, progressive: 0, emphasis: { itemStyle: { borderColor: '#000', borderWidth: 1 } } }],
     };
@@ -359,7 +372,7 @@
       Object.keys(seg).map((k, i) => ({ name: k.replace('_', ' '), data: seg[k], stack: 'step', areaStyle: { opacity: 0.75 }, lineStyle: { width: 0 }, color: SEGMENT_COLORS[i] })), 's'));
     chartBox(container, 'throughput', 'Step time and steps per second', 170).setOption(timeOption(data, [
       { name: 'step time (s)', data: data.steps.step_time },
-      { name: 'steps/s', data: data.steps.step_rate, yAxisIndex: 1 },
+      { name: 'steps/s', data: data.steps.step_rate, yAxisIndex: 1, unit: 'steps/s' },
     ], 's', { yAxis: [{ type: 'value', name: 's', scale: true, splitNumber: 3 }, { type: 'value', name: 'steps/s', scale: true, splitNumber: 3 }], grid: GRID }));
 
     const gpuLabels = data.gpus.labels;
@@ -383,24 +396,24 @@
 
     const dl = data.dataloader;
     chartBox(container, 'dataloader', 'Data loader: wait fraction (mean, worst rank) and queue depth', 160).setOption(timeOption(data, [
-      { name: 'wait frac mean', data: dl.wait_frac_avg },
-      { name: 'wait frac worst rank', data: dl.wait_frac_max.map((p) => [p[0], p[1]]), lineStyle: { width: 1, type: 'dashed' } },
-      { name: 'queue depth (mean)', data: dl.queue_depth_avg, yAxisIndex: 1 },
+      { name: 'wait frac mean', data: dl.wait_frac_avg, unit: '' },
+      { name: 'wait frac worst rank', data: dl.wait_frac_max.map((p) => [p[0], p[1]]), unit: '', lineStyle: { width: 1, type: 'dashed' } },
+      { name: 'queue depth (mean)', data: dl.queue_depth_avg, yAxisIndex: 1, unit: 'batches' },
     ], 'frac', { yAxis: [{ type: 'value', name: 'frac', min: 0, splitNumber: 3 }, { type: 'value', name: 'queue', min: 0, splitNumber: 3 }], grid: GRID }));
 
     const ops = Object.keys(data.collectives);
     chartBox(container, 'collectives', 'Collectives: fraction of time in each op, bus bandwidth (GB/s)', 160).setOption(timeOption(data, [
-      ...ops.map((op) => ({ name: `${op} time frac`, data: data.collectives[op].time_frac })),
-      ...ops.map((op) => ({ name: `${op} GB/s`, data: data.collectives[op].bus_bw_gbps, yAxisIndex: 1, lineStyle: { width: 1, type: 'dotted' } })),
+      ...ops.map((op) => ({ name: `${op} time frac`, data: data.collectives[op].time_frac, unit: '' })),
+      ...ops.map((op) => ({ name: `${op} GB/s`, data: data.collectives[op].bus_bw_gbps, yAxisIndex: 1, unit: 'GB/s', lineStyle: { width: 1, type: 'dotted' } })),
     ], 'frac', { yAxis: [{ type: 'value', name: 'frac', min: 0, splitNumber: 3 }, { type: 'value', name: 'GB/s', min: 0, splitNumber: 3 }], grid: GRID }));
 
     chartBox(container, 'loss', 'Loss (rank 0) and validation', 170).setOption(timeOption(data, [
-      { name: 'loss', data: data.steps.loss },
-      ...Object.entries(data.validation).map(([k, v]) => ({ name: `val ${k}`, data: v.map((p) => [p[0], p[1]]), showSymbol: true, symbolSize: 6, lineStyle: { type: 'dashed' }, yAxisIndex: k.includes('loss') ? 0 : 1 })),
+      { name: 'loss', data: data.steps.loss, unit: '' },
+      ...Object.entries(data.validation).map(([k, v]) => ({ name: `val ${k}`, unit: '', data: v.map((p) => [p[0], p[1]]), showSymbol: true, symbolSize: 6, lineStyle: { type: 'dashed' }, yAxisIndex: k.includes('loss') ? 0 : 1 })),
     ], 'loss', { yAxis: [{ type: 'value', name: 'loss', scale: true, splitNumber: 3 }, { type: 'value', name: 'other', scale: true, splitNumber: 3 }], grid: GRID }));
     chartBox(container, 'optim', 'Learning rate and gradient norm (rank 0)', 150).setOption(timeOption(data, [
-      { name: 'grad norm', data: data.steps.grad_norm },
-      { name: 'lr', data: data.steps.lr, yAxisIndex: 1, lineStyle: { width: 1, type: 'dashed' } },
+      { name: 'grad norm', data: data.steps.grad_norm, unit: '' },
+      { name: 'lr', data: data.steps.lr, yAxisIndex: 1, unit: '', lineStyle: { width: 1, type: 'dashed' } },
     ], 'grad norm', { yAxis: [{ type: 'value', name: 'grad', scale: true, splitNumber: 3 }, { type: 'value', name: 'lr', scale: true, splitNumber: 3, axisLabel: { formatter: (v) => Number(v).toExponential(1) } }], grid: GRID }));
 
     for (const chart of Object.values(RS.charts)) {
@@ -441,7 +454,7 @@
       tooltip: { formatter: (p) => {
         const a = p.data.alert;
         const span = tipLine(null, `${fmtTime(p.value[1])} → ${fmtTime(p.value[2])}`);
-        return a ? tip(a.rule, tipLine(COLORS[a.status === 'firing' ? a.severity : 'resolved'], `${a.severity} · ${a.status} · ${where(a)}`), el('div', { class: 'tip-summary' }, a.summary), span)
+        return a ? tip(a.rule, tipLine(COLORS[a.status === 'firing' ? a.severity : 'resolved'], `${a.severity} · ${a.status} · ${where(a)}`), el('div', { class: 'tip-summary' }, a.summary), a.resolution ? el('div', { class: 'tip-summary resolution' }, a.resolution) : null, span)
           : tip(p.data.label, span);
       } },
       xAxis: { type: 'time', min: data.range.from_ms, max: data.range.to_ms, axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5), hideOverlap: true } },
@@ -578,7 +591,7 @@
         ...[['team', j.team], ['owner', j.owner], ['cluster', j.cluster], ['model', j.model], ['ranks', j.world_size], ['GPU', j.gpu_class],
           ['nodes', (j.nodes || []).length > 8 ? `${j.nodes.length} nodes: ${j.nodes[0]} … ${j.nodes[j.nodes.length - 1]}` : (j.nodes || []).join(', ')], ['run', j.run_id], ['started', fmtDateTime(j.started_ms)],
           ['state', data.states.length ? data.states[data.states.length - 1].state : '-']]
-          .map(([k, v]) => [el('dt', {}, k), el('dd', {}, v ?? '-')]).flat()),
+          .map(([k, v]) => factPair(k, v))),
       REPORT ? null : el('p', {}, el('a', { href: `/reports/jobs/${encodeURIComponent(j.job_id)}` }, 'download a self-contained report of this job')));
   }
 
@@ -621,7 +634,7 @@
     }
     if (!e) return el('p', { class: 'muted', id: 'efficiency' }, 'No run of this job is recorded yet: no efficiency figures.');
     const money = (v) => (v === null || v === undefined ? 'no price configured' : `$${fmtFixed(v, 2)}`);
-    const figure = (key, label, text, title) => [el('dt', { title }, label), el('dd', { 'data-figure': key, 'data-value': e[key] ?? '' }, text)];
+    const figure = (key, label, text, title) => [el('div', { class: 'fact' }, el('dt', { title }, label), el('dd', { 'data-figure': key, 'data-value': e[key] ?? '' }, text))];
     const perBillion = (v) => (v === null || v === undefined ? '—' : fmtNum(v));
     return el('section', { class: 'panel efficiency', id: 'efficiency' },
       el('h3', {}, `Efficiency: ${e.runs} run${e.runs === 1 ? '' : 's'}, ${e.gpus} × ${e.gpu_class || 'GPU'}, ${e.outcome}${e.outcome === 'running' ? ' (figures move until the run ends)' : ''}`),
@@ -656,7 +669,7 @@
         el('td', {}, el('button', { class: 'zoom' }, 'zoom')),
         el('td', {}, badge(a.severity)), el('td', {}, a.status), el('td', {}, a.rule), el('td', { class: 'nowrap' }, where(a)), el('td', { class: 'nowrap' }, el('strong', {}, a.team)),
         el('td', { class: 'nowrap' }, fmtTime(a.starts_ms)), el('td', { class: 'nowrap' }, a.status === 'resolved' ? fmtTime(a.ends_ms) : 'firing'),
-        el('td', {}, a.suspected_layer), el('td', { class: 'summary' }, a.summary),
+        el('td', {}, a.suspected_layer), el('td', { class: 'summary' }, a.summary, a.resolution ? el('div', { class: 'resolution' }, a.resolution) : null),
         el('td', {}, el('a', { href: alertHref(a), onclick: (e) => e.stopPropagation() }, 'details'))))));
   }
 
@@ -677,21 +690,92 @@
     RS.ready = true;
   }
 
+  // The unit of a detector's metric, from its name (the detectors' naming: *_s seconds, *_pct %, ...).
+  const COUNT_METRICS = new Set(['restarts', 'failed_checkpoints', 'failed_verifications', 'foreign_pids', 'failed_restore_tests',
+    'unverified_newer_checkpoints', 'ranks_timed_out', 'loader_errors', 'rank_faults', 'ranks_outside_nodes', 'ecc_uncorrected']);
+  function metricUnit(name) {
+    const n = String(name || '');
+    if (COUNT_METRICS.has(n)) return 'count';
+    if (n === 'step' || n.startsWith('steps_')) return 'steps';
+    if (n === 'xid') return 'XID code';
+    if (/(^|_)s$|^seconds_/.test(n)) return 's';
+    if (/_pct$/.test(n)) return '%';
+    if (/_gib$/.test(n)) return 'GiB';
+    if (/_w$/.test(n)) return 'W';
+    if (/_mhz$/.test(n)) return 'MHz';
+    if (/_per_s_per_gpu$/.test(n)) return `${n.split('_per_s')[0]}/s per GPU`;
+    if (/(ratio|fraction|score)$/.test(n)) return 'ratio';
+    return '';
+  }
+  const withUnit = (v, unit) => (v === null || v === undefined ? '-' : `${fmtNum(v, 4)}${unit && unit !== 'count' && unit !== 'ratio' ? ` ${unit}` : ''}`);
+  // Rules whose metric is a progress counter while their threshold is a time without progress.
+  const STALL_RULES = new Set(['job_stall', 'evaluation_stuck']);
+
+  function alertChart(a) {
+    // What the detector saw, on an axis around the alert, with the threshold line and the unit.
+    const end = a.status === 'resolved' && a.ends_ms ? a.ends_ms : (a.ts || a.starts_ms);
+    const color = a.status === 'resolved' ? COLORS.resolved : COLORS[a.severity] || COLORS.critical;
+    let name = a.history_metric || 'metric';
+    let unit = metricUnit(name);
+    let points = (a.history || []).filter((p) => p[1] !== null);
+    const last = a.last_progress_ts || (points.length ? points[points.length - 1][0] : null);
+    if (STALL_RULES.has(a.rule) && last) {
+      // The history is the last step; the threshold is seconds without one: plot those seconds.
+      name = 'seconds without a step';
+      unit = 's';
+      points = [[last, 0], [a.starts_ms, (a.starts_ms - last) / 1000], [end, (end - last) / 1000]];
+      if (a.status === 'resolved') points.push([end, 0]);
+      points = points.filter((p, i) => i === 0 || p[0] >= points[i - 1][0]);
+    }
+    const times = [...points.map((p) => p[0]), a.starts_ms, end].filter((t) => t !== null && t !== undefined);
+    const lo = Math.min(...times);
+    const hi = Math.max(...times);
+    const pad = Math.max(60000, 0.1 * (hi - lo));
+    const threshold = a.threshold ?? null;
+    const unitText = unit === 'ratio' || unit === 'count' || !unit ? (unit ? ` (${unit})` : '') : ` (${unit})`;
+    const title = `What the detector saw: ${name}${unitText}${threshold === null ? '' : `; threshold ${withUnit(threshold, unit)}`}`;
+    const extent = (v, side) => {
+      // The y axis always shows the threshold, with a little room around the data.
+      const values = [v[side], ...(threshold === null ? [] : [threshold])];
+      const m = side === 'min' ? Math.min(...values) : Math.max(...values);
+      const span = Math.max(Math.abs(v.max - v.min), Math.abs(m) * 0.05, 1e-9);
+      return side === 'min' ? (m >= 0 && v.min >= 0 ? Math.max(0, m - 0.1 * span) : m - 0.1 * span) : m + 0.1 * span;
+    };
+    const units = { [name]: unit === 'ratio' || unit === 'count' ? '' : unit };
+    return {
+      title,
+      meta: { name, unit, threshold, color, x: [lo - pad, hi + pad], points },
+      option: {
+        animation: false, grid: { left: 70, right: 110, top: 22, bottom: 24 }, tooltip: { trigger: 'axis', formatter: axisTip(units) },
+        xAxis: { type: 'time', min: lo - pad, max: hi + pad, axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5), hideOverlap: true } },
+        yAxis: { type: 'value', name: unit && unit !== 'ratio' ? unit : '', nameTextStyle: { align: 'left' }, min: (v) => extent(v, 'min'), max: (v) => extent(v, 'max'), splitNumber: 3 },
+        series: [{ name, type: 'line', data: points, showSymbol: true, color,
+          markArea: { silent: true, itemStyle: { color: a.status === 'resolved' ? COLORS.resolvedBand : COLORS.alert }, data: [[{ xAxis: a.starts_ms }, { xAxis: end }]] },
+          markLine: threshold === null ? undefined : { silent: true, symbol: 'none', lineStyle: { color: '#d62728', type: 'dashed' },
+            label: { formatter: `threshold ${withUnit(threshold, unit)}`, position: 'end' }, data: [{ yAxis: threshold, name: 'threshold' }] } }],
+      },
+    };
+  }
+
   function renderAlert(root, payload) {
     RS.data = payload;
     const a = payload.alert;
     const evidence = payload.evidence;
-    const fact = (k, v) => [el('dt', {}, k), el('dd', {}, v === null || v === undefined || v === '' ? '-' : v)];
+    const fact = (k, v) => [factPair(k, v)];
+    const chartSpec = alertChart(a);
     const since = a.status === 'firing' ? `firing since ${fmtDateTime(a.starts_ms)}` : `fired ${fmtDateTime(a.starts_ms)}, resolved ${fmtTime(a.ends_ms)} (${fmtDuration(a.ends_ms - a.starts_ms)})`;
     const head = el('div', { class: 'header' },
       el('h1', {}, REPORT ? '' : el('a', { href: '/', class: 'crumb' }, 'fleet › '), badge(a.severity), ` ${a.rule} `, el('span', { class: `status ${a.status}` }, a.status)),
       el('p', { class: 'summary-line' }, a.summary),
+      a.resolution ? el('p', { class: 'resolution-line' }, el('span', { class: 'badge ok' }, 'resolved'), ` ${fmtDateTime(a.ends_ms)}: `, a.resolution) : null,
       el('p', { class: 'since' }, REPORT ? '' : el('a', { href: `/reports/alerts/${encodeURIComponent(a.alert_id)}`, style: 'float:right' }, 'download report'), since, ' · routed to ', el('strong', {}, a.team), ` (${a.receiver})`, ' · ', runbookLink(a)),
       el('dl', { class: 'facts' },
         ...fact('job', a.job_id ? el('a', { href: jobHref(a.job_id) }, a.job_id) : '-'), ...fact('run', a.run_id), ...fact('owner', a.owner),
         ...fact('where', where(a)), ...fact('GPU uuid', a.gpu_uuid), ...fact('cluster', a.cluster),
         ...fact('suspected layer', a.suspected_layer), ...fact('category', a.category),
-        ...fact('invariant', a.invariant), ...fact('observed', fmtNum(a.observed, 4)), ...fact('expected', fmtNum(a.expected, 4)),
+        ...fact('invariant', a.invariant), ...fact(a.status === 'resolved' ? 'observed when it fired' : 'observed', withUnit(a.observed_fired ?? a.observed, chartSpec.meta.unit)),
+        ...(a.status === 'resolved' ? fact('observed at resolution', withUnit(a.observed, chartSpec.meta.unit)) : []),
+        ...fact('threshold', withUnit(a.threshold, chartSpec.meta.unit)),
         ...fact('baseline', a.baseline ? `${a.baseline} (${a.baseline_runs ?? '?'} runs)` : null),
         ...fact('current step', a.current_step), ...fact('last progress', fmtDateTime(a.last_progress_ts)),
         ...fact('model / dataset', `${a.model_version} / ${a.dataset_version}`), ...fact('fingerprint', a.fingerprint),
@@ -699,15 +783,11 @@
         ...fact('labels', Object.entries(a.labels || {}).map(([k, v]) => `${k}=${v}`).join(', '))),
       el('h2', {}, 'Status history'),
       el('table', { class: 'grid' }, el('tbody', {}, a.transitions.map((t) => el('tr', {}, el('td', { class: 'nowrap' }, fmtDateTime(t.ts)), el('td', {}, t.status), el('td', { class: 'summary' }, t.summary))))),
-      el('section', { class: 'panel' }, el('h3', {}, `What the detector saw: ${a.history_metric || 'metric'} (expected ${fmtNum(a.expected, 4)})`), el('div', { id: 'history', class: 'chart', style: 'height:150px' })));
+      el('section', { class: 'panel', id: 'panel-history' }, el('h3', {}, chartSpec.title), el('div', { id: 'history', class: 'chart', style: 'height:170px' })));
     root.replaceChildren(head);
     const hist = echarts.init(document.getElementById('history'));
-    hist.setOption({
-      animation: false, grid: { left: 70, right: 24, top: 16, bottom: 24 }, tooltip: { trigger: 'axis', formatter: axisTip({}) },
-      xAxis: { type: 'time', axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5) } }, yAxis: { type: 'value', scale: true },
-      series: [{ name: a.history_metric, type: 'line', data: a.history, showSymbol: true,
-        markLine: a.expected === null ? undefined : { silent: true, symbol: 'none', lineStyle: { color: '#d62728', type: 'dashed' }, data: [{ yAxis: a.expected, name: 'expected' }] } }],
-    });
+    hist.setOption(chartSpec.option);
+    RS.alertChart = chartSpec.meta;
     if (evidence) {
       root.append(el('h2', {}, `Evidence: job ${a.job_id} around the alert`), alertList(evidence), toolbar(evidence), el('div', { id: 'charts' }));
       renderJobCharts(document.getElementById('charts'), evidence);

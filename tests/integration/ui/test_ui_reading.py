@@ -1,0 +1,205 @@
+"""What the on-call engineer reads: facts paired with their values at every width, charts that say
+what they show (threshold, unit, axis), resolved alerts told apart, a stalled job at 0 steps/s.
+
+Read from the DOM and the charts' models in Chromium, never from pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.ui.conftest import STRAGGLER_JOB, UiStore
+from tests.integration.ui.test_ui_browser import CHROMIUM, CHROMIUM_ARGS, ECHARTS, READY
+from ui import queries
+from ui.server import UiServer
+
+pytestmark = [
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}"),
+    pytest.mark.skipif(not ECHARTS.exists(), reason="ECharts is not vendored: run `make ui-assets`"),
+]
+
+STALLED_JOB = "vit-h-0302"  # every rank stops at minute 8 of the mixed scenario, to the end of the store
+WIDTHS = (1280, 1600, 1920, 390)  # three desktop widths and a phone
+
+
+@pytest.fixture(scope="module")
+def ui_url(ui_store: UiStore) -> Iterator[str]:
+    """The UI over the package's store."""
+    server = UiServer(ui_store.client, "127.0.0.1", 0)
+    yield server.start()
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Chromium (the system's), headless."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def _open(browser: Any, url: str, width: int = 1400) -> Any:
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(url)
+    page.wait_for_function(READY, timeout=60_000)
+    assert page.evaluate("() => window.ranksight.error") is None and not errors, errors
+    return page
+
+
+# For each fact: its label, its value, and where both are drawn.
+_FACTS = """(sel) => [...document.querySelectorAll(sel + ' dt')].map(dt => {
+    const dd = dt.nextElementSibling;
+    const a = dt.getBoundingClientRect(), b = dd.getBoundingClientRect();
+    return { label: dt.textContent, value: dd.textContent, dt: [a.left, a.top, a.right, a.bottom], dd: [b.left, b.top, b.right, b.bottom],
+             sameCell: dt.parentElement === dd.parentElement && dd.tagName === 'DD' };
+})"""
+
+
+def _pairs(page: Any, selector: str) -> dict[str, str]:
+    facts = page.evaluate(_FACTS, selector)
+    assert facts, selector
+    for f in facts:
+        # The value is drawn right under its own label: same left edge, just below, nothing between.
+        assert f["sameCell"], f
+        assert abs(f["dd"][0] - f["dt"][0]) < 1.5, f
+        assert 0 <= f["dd"][1] - f["dt"][3] < 12, f
+    # No two labels share a place (a label over another's value is how the grid misled at 1600 px).
+    spots = {(round(f["dt"][0]), round(f["dt"][1])) for f in facts}
+    assert len(spots) == len(facts)
+    return {f["label"]: f["value"] for f in facts}
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_each_label_sits_over_its_own_value_at_every_width(
+    browser: Any, ui_url: str, ui_store: UiStore, width: int
+) -> None:
+    """Job, efficiency and alert facts read label -> value correctly at 1280, 1600, 1920 px and on a phone."""
+    page = _open(browser, f"{ui_url}jobs/{STRAGGLER_JOB}", width)
+    job = page.evaluate("() => window.ranksight.data.job")
+    pairs = _pairs(page, ".header dl.facts")
+    assert (
+        pairs["team"] == job["team"] and pairs["cluster"] == job["cluster"] and pairs["owner"] == job["owner"]
+    )
+    assert pairs["ranks"] == str(job["world_size"]) and pairs["run"] == job["run_id"]
+    page.wait_for_function("() => window.ranksight.efficiencyReady === true", timeout=60_000)
+    figures = _pairs(page, "#efficiency dl.facts")
+    shown = dict(
+        page.eval_on_selector_all(
+            "#efficiency dd[data-figure]", "dds => dds.map(d => [d.dataset.figure, d.textContent])"
+        )
+    )
+    assert figures["allocated GPU-hours"] == shown["allocated_gpu_h"]
+    assert figures["tokens per GPU-hour"] == shown["tokens_per_gpu_h"]
+    alert = page.evaluate("() => window.ranksight.data.alerts.find(a => a.rule === 'straggler')")
+    page.context.close()
+    page = _open(browser, f"{ui_url}alerts/{alert['alert_id']}", width)
+    pairs = _pairs(page, ".header dl.facts")
+    a = page.evaluate("() => window.ranksight.data.alert")
+    assert (
+        pairs["cluster"] == a["cluster"]
+        and pairs["owner"] == a["owner"]
+        and pairs["GPU uuid"] == a["gpu_uuid"]
+    )
+    assert pairs["fingerprint"] == a["fingerprint"] and pairs["category"] == a["category"]
+    page.context.close()
+
+
+def _alert_ids(ui_store: UiStore) -> list[tuple[str, str]]:
+    rows = ui_store.client.query(
+        "SELECT alert_id, any(rule) FROM alerts GROUP BY alert_id ORDER BY 2, 1"
+    ).result_rows
+    return [(str(a), str(r)) for a, r in rows]
+
+
+def test_every_alert_chart_has_its_threshold_line_unit_and_a_sane_axis(
+    browser: Any, ui_url: str, ui_store: UiStore
+) -> None:
+    """On every alert page: a threshold the y axis shows, a unit, an axis of hours not days; job_stall in seconds."""
+    seen = set()
+    page = _open(browser, ui_url)
+    for alert_id, rule in _alert_ids(ui_store):
+        if rule in seen:
+            continue
+        seen.add(rule)
+        page.goto(f"{ui_url}alerts/{alert_id}")
+        page.wait_for_function(READY, timeout=60_000)
+        a = page.evaluate("() => window.ranksight.data.alert")
+        chart = page.evaluate(
+            """() => {
+                const c = window.ranksight.charts.history, m = window.ranksight.alertChart;
+                const y = c.getModel().getComponent('yAxis', 0).axis.scale.getExtent();
+                const x = c.getModel().getComponent('xAxis', 0).axis.scale.getExtent();
+                const s = c.getOption().series[0];
+                return { meta: m, y, x, color: s.color, mark: s.markLine ? s.markLine.data.map(d => d.yAxis) : [],
+                         title: document.querySelector('#panel-history h3').textContent,
+                         headline: document.querySelector('.summary-line').textContent,
+                         resolution: (document.querySelector('.resolution-line') || {}).textContent || null };
+            }"""
+        )
+        meta = chart["meta"]
+        assert chart["x"][1] - chart["x"][0] < 6 * 3600_000, (rule, chart["x"])  # not a 2-day axis
+        if meta["threshold"] is not None:
+            assert chart["mark"] == [meta["threshold"]], rule
+            assert chart["y"][0] <= meta["threshold"] <= chart["y"][1], (rule, chart["y"], meta["threshold"])
+            assert "threshold" in chart["title"]
+        assert meta["unit"] or rule in (
+            "nonfinite_grad",
+            "nonfinite_loss",
+            "grad_spike",
+            "loss_divergence",
+        ), rule
+        if rule == "job_stall":
+            assert meta["name"] == "seconds without a step" and meta["unit"] == "s"
+            assert "threshold" in chart["title"] and " s" in chart["title"]
+            assert max(p[1] for p in meta["points"]) >= meta["threshold"]
+        if rule == "straggler":
+            assert meta["threshold"] == pytest.approx(0.75) and meta["unit"] == "ratio"
+        if a["status"] == "resolved":
+            assert chart["color"] == "#6a9f58"  # resolved is green
+            fired = [t["summary"] for t in a["transitions"] if t["status"] == "firing"]
+            assert (
+                chart["headline"] == fired[-1]
+                and chart["resolution"]
+                and a["resolution"] in chart["resolution"]
+            )
+        else:
+            assert chart["resolution"] is None
+    assert {"straggler", "job_stall"} <= seen, seen
+    page.context.close()
+
+
+def test_the_heatmap_legend_reads_two_different_ends_with_their_unit(browser: Any, ui_url: str) -> None:
+    """The colour scale says '<hi> s slow' and '<lo> s fast' (never '1 ... 1'); GPU activity '% busy' / '% idle'."""
+    page = _open(browser, f"{ui_url}jobs/{STRAGGLER_JOB}")
+    ranks = page.evaluate("() => window.ranksight.charts.heatmap.getOption().visualMap[0].text")
+    gpus = page.evaluate("() => window.ranksight.charts.gpu_util.getOption().visualMap[0].text")
+    assert (
+        ranks[0].endswith(" s slow")
+        and ranks[1].endswith(" s fast")
+        and ranks[0].split()[0] != ranks[1].split()[0]
+    )
+    assert gpus == ["100 % busy", "0 % idle"]
+    page.context.close()
+
+
+def test_a_stalled_job_reads_zero_steps_per_second_while_stalled(ui_store: UiStore) -> None:
+    """The stalled job's step rate is 0 from the stall on (page series and fleet), a healthy job's is not."""
+    page = queries.job_page(ui_store.client, STALLED_JOB, with_efficiency=False)
+    stall_start = ui_store.start_ms + 8 * 60_000
+    during = [v for t, v in page["steps"]["step_rate"] if t >= stall_start + 2 * 60_000]
+    assert during and all(v == 0 for v in during), page["steps"]["step_rate"][-10:]
+    # Before the stall it steps (a checkpoint's pause reads 0 too, honestly: most buckets do not).
+    before = [v for t, v in page["steps"]["step_rate"] if t < stall_start - 60_000]
+    assert before and sum(v > 0 for v in before) > 0.9 * len(before)
+    fleet = {j["job_id"]: j for j in queries.fleet(ui_store.client, goodput=False)["jobs"]}
+    assert fleet[STALLED_JOB]["step_rate"] == 0.0 and fleet[STRAGGLER_JOB]["step_rate"] > 0
