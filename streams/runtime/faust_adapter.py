@@ -272,7 +272,7 @@ def run_faust(options: WorkerOptions) -> None:
     from aiokafka.codec import has_lz4
     from faust.worker import Worker
 
-    from streams.runtime.run import install_stop_deadline
+    from streams.runtime.stop import install_stop_deadline
 
     if not has_lz4():
         # Producers compress with lz4; aiokafka cannot read such batches without cramjam.

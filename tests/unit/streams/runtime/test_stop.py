@@ -10,7 +10,7 @@ from pathlib import Path
 
 _BLOCKED_LOOP = """
 import asyncio, signal, sys, time
-from streams.runtime.run import install_stop_deadline
+from streams.runtime.stop import install_stop_deadline
 
 async def main():
     loop = asyncio.get_running_loop()
