@@ -102,9 +102,10 @@ def evaluate(
     workers: int = typer.Option(1, "--workers", min=1, help="Processes for --generated cases."),
 ) -> None:
     """Simulate every scenario, replay it offline, and print recall, precision and time to detect."""
+    from ranksight.evaluation import scenario_cases
     from streams.alerting.routing import load_router
     from streams.config import load_config
-    from streams.offline.evaluate import evaluate_scenarios, scenario_files
+    from streams.offline.evaluate import evaluate_cases, scenario_files
 
     with user_errors():
         cfg = load_config(config)
@@ -123,7 +124,9 @@ def evaluate(
                 f"  {result.name}: {result.events:,} events, {result.firing} firing alert(s)", highlight=False
             )
 
-        report = evaluate_scenarios(files, seed, cfg, router, deadline_s=deadline, on_scenario=progress)
+        report = evaluate_cases(
+            scenario_cases(files, seed), cfg, router, deadline_s=deadline, on_scenario=progress
+        )
     _print_report(report)
     if fail_under is not None and report.recall < fail_under:
         fail(f"recall {report.recall:.2f} is below --fail-under {fail_under:.2f}")
@@ -135,7 +138,8 @@ def _evaluate_generated(
     """`--generated N`: score generated cases; print the summary and only the cases that went wrong."""
     import time
 
-    from streams.offline.evaluate import EvaluationReport, evaluate_generated
+    from ranksight.evaluation import generated_cases
+    from streams.offline.evaluate import EvaluationReport, evaluate_cases
 
     began = time.monotonic()
     done = [0]
@@ -145,8 +149,8 @@ def _evaluate_generated(
         if done[0] % 50 == 0 or done[0] == n:
             err_console.print(f"  {done[0]}/{n} generated cases", highlight=False)
 
-    report = evaluate_generated(
-        n, seed, cfg, router, deadline_s=deadline, workers=workers, on_scenario=progress
+    report = evaluate_cases(
+        generated_cases(n, seed), cfg, router, deadline_s=deadline, workers=workers, on_scenario=progress
     )
     elapsed = time.monotonic() - began
     bad = EvaluationReport(

@@ -1,4 +1,7 @@
-"""Scenario evaluation: simulate each labelled scenario, replay it offline, score alerts against labels.
+"""Scenario evaluation: replay each labelled case offline and score its alerts against its labels.
+
+Where the cases come from (the simulator's scenarios, generated cases) is the caller's: the CLI
+composes them (`ranksight.evaluation`), so nothing here imports the simulator.
 
 A label is *detected* when an alert of its rule fires for the same job (and the same rank, GPU or
 node when the label names one) and the same team, between the fault's start and start +
@@ -13,10 +16,10 @@ detects its label. A transient fault (label
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from schemas.files import parse_ts
 from schemas.records import Event
@@ -25,21 +28,18 @@ from streams.config import EngineConfig
 from streams.engine import DetectionEngine
 from streams.errors import EvaluationError
 
-if TYPE_CHECKING:
-    from producers.simulator import Scenario
-
 __all__ = [
     "DEFAULT_DEADLINE_S",
     "RULE_DELAY_PARAMS",
+    "CaseSource",
     "EvaluationReport",
     "LabelResult",
     "ScenarioResult",
     "ScenarioRun",
     "evaluate_alerts",
-    "evaluate_generated",
-    "evaluate_scenarios",
+    "evaluate_cases",
+    "replay_case",
     "rule_delay_ms",
-    "run_scenario",
     "scenario_files",
 ]
 
@@ -285,47 +285,38 @@ class ScenarioRun:
         return [e.record for e in self.output if e.type == "Alert"]
 
 
-def run_scenario(
-    path_or_name: str | Path | Scenario, seed: int, config: EngineConfig, router: Router
+# Where a case's events come from (a simulated scenario, a generated case, a recording): called
+# where the case is scored, so with `workers` > 1 it must pickle (a module-level class or function).
+CaseSource = Callable[[], tuple[str, Iterable[Event], list[dict[str, Any]]]]
+
+
+def replay_case(
+    name: str, events: Iterable[Event], labels: list[dict[str, Any]], config: EngineConfig, router: Router
 ) -> ScenarioRun:
-    """Simulate one scenario (a file, a built-in name or a `Scenario`) and replay it through a fresh engine."""
-    try:
-        from producers.simulator import Scenario, load_scenario, simulate
-    except ImportError as exc:  # pragma: no cover - the simulator ships with ranksight
-        raise EvaluationError(f"the simulator is not available ({exc})") from None
-    scenario = path_or_name if isinstance(path_or_name, Scenario) else load_scenario(path_or_name)
-    sim = simulate(scenario, seed)
+    """Replay one case's events through a fresh engine (in order), keeping what scoring needs."""
     engine = DetectionEngine(config, router)
     out: list[Event] = []
     jobs: dict[str, dict[str, Any]] = {}
     n = 0
-    for event in sim.events():
+    for event in events:
         n += 1
         if event.type == "JobStarted":
             jobs.setdefault(event.record["job_id"], event.record)
         out.extend(engine.process(event))
     out.extend(engine.finish())
-    if isinstance(path_or_name, Scenario):
-        name = scenario.name
-    else:
-        name = Path(path_or_name).stem if str(path_or_name).endswith((".yaml", ".yml")) else str(path_or_name)
-    return ScenarioRun(name, out, list(sim.labels), jobs, n)
+    return ScenarioRun(name, out, list(labels), jobs, n)
 
 
-def _score_generated(
-    scenario: Scenario, seed: int, config: EngineConfig, router: Router, deadline_s: float
-) -> ScenarioResult:
-    run = run_scenario(scenario, seed, config, router)
-    result = evaluate_alerts(
-        scenario.name, run.alerts, run.labels, config, deadline_s=deadline_s, jobs=run.jobs
-    )
+def _score(source: CaseSource, config: EngineConfig, router: Router, deadline_s: float) -> ScenarioResult:
+    name, events, labels = source()
+    run = replay_case(name, events, labels, config, router)
+    result = evaluate_alerts(name, run.alerts, run.labels, config, deadline_s=deadline_s, jobs=run.jobs)
     result.events = run.events
     return result
 
 
-def evaluate_generated(
-    n: int,
-    seed: int,
+def evaluate_cases(
+    sources: Sequence[CaseSource],
     config: EngineConfig,
     router: Router,
     *,
@@ -333,19 +324,11 @@ def evaluate_generated(
     workers: int = 1,
     on_scenario: Callable[[ScenarioResult], None] | None = None,
 ) -> EvaluationReport:
-    """Generate `n` cases from `seed` (faults and their must-not-alert twins), simulate, replay, score.
-
-    `workers` > 1 spreads the cases over processes; each case is scored alone and the report
-    keeps the cases' order, so the result does not depend on it.
-    """
-    from producers.simulator.generator import generate
-
-    scenarios = generate(n, seed)
+    """Replay and score every case. `workers` > 1 spreads the cases over processes; each case is
+    scored alone and the report keeps the cases' order, so the result does not depend on it."""
     report = EvaluationReport()
     if workers <= 1:
-        results: Iterable[ScenarioResult] = (
-            _score_generated(sc, seed, config, router, deadline_s) for sc in scenarios
-        )
+        results: Iterable[ScenarioResult] = (_score(src, config, router, deadline_s) for src in sources)
         for result in results:
             report.scenarios.append(result)
             if on_scenario is not None:
@@ -354,33 +337,10 @@ def evaluate_generated(
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(_score_generated, sc, seed, config, router, deadline_s) for sc in scenarios]
+        futures = [pool.submit(_score, src, config, router, deadline_s) for src in sources]
         for future in futures:
             result = future.result()
             report.scenarios.append(result)
             if on_scenario is not None:
                 on_scenario(result)
-    return report
-
-
-def evaluate_scenarios(
-    paths: list[Path],
-    seed: int,
-    config: EngineConfig,
-    router: Router,
-    *,
-    deadline_s: float = DEFAULT_DEADLINE_S,
-    on_scenario: Callable[[ScenarioResult], None] | None = None,
-) -> EvaluationReport:
-    """Simulate, replay and score every scenario file."""
-    report = EvaluationReport()
-    for path in paths:
-        run = run_scenario(path, seed, config, router)
-        result = evaluate_alerts(
-            path.stem, run.alerts, run.labels, config, deadline_s=deadline_s, jobs=run.jobs
-        )
-        result.events = run.events
-        report.scenarios.append(result)
-        if on_scenario is not None:
-            on_scenario(result)
     return report

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 
+from ranksight.evaluation import generated_cases
 from streams.alerting.routing import load_router
 from streams.config import load_config
-from streams.offline.evaluate import evaluate_generated
+from streams.offline.evaluate import evaluate_cases
 
 CASES = 300
 SEED = 0
@@ -18,8 +19,8 @@ SEED = 0
 
 def test_generated_cases_reach_full_recall_and_precision() -> None:
     """Every generated fault is detected for the right job, identity and team; twins stay quiet."""
-    report = evaluate_generated(
-        CASES, SEED, load_config(None), load_router(), workers=min(2, os.cpu_count() or 1)
+    report = evaluate_cases(
+        generated_cases(CASES, SEED), load_config(None), load_router(), workers=min(2, os.cpu_count() or 1)
     )
     missed = [
         f"{s.name}: {lab.alert} for {lab.job_id} {lab.identity}" + (" (wrong team)" if lab.wrong_team else "")

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from producers.simulator import builtin_scenarios, load_scenario, simulate
+from ranksight.evaluation import run_scenario
 from schemas.codec import Codec
 from streams.alerting.routing import load_router
 from streams.config import load_config
-from streams.offline.evaluate import ScenarioResult, ScenarioRun, evaluate_alerts, run_scenario
+from streams.offline.evaluate import ScenarioResult, ScenarioRun, evaluate_alerts
 from streams.runtime.options import WorkerOptions
 from tests.unit.streams.runtime.fake_kafka import FakeKafka, alerts_of, drive
 
