@@ -33,6 +33,8 @@ __all__ = [
     "alert_job",
     "alert_page",
     "bucket_ms",
+    "compare",
+    "compare_of_job",
     "efficiency",
     "finished_fingerprint",
     "fleet",
@@ -961,6 +963,96 @@ def finished_fingerprint(client: Client, job_id: str) -> tuple[Any, ...] | None:
     if not rows or rows[0][0] not in TERMINAL_STATES:
         return None
     return tuple(rows[0])
+
+
+# --- compare ---------------------------------------------------------------------------------------
+
+
+def compare(client: Client, jobs: Sequence[str], run_ids: Sequence[str] = ()) -> dict[str, Any]:
+    """Runs overlaid by step or by tokens (`ui.compare`): one job and its workload family, or a choice.
+
+    Step time and its segments (mean over ranks), rank 0's loss and tokens per GPU-second per bucket
+    of steps; each run's goodput from `run_efficiency`; the configuration diff from `JobStarted`.
+    """
+    from ui.compare import BucketRow, Run, assemble, choose_runs, config_of, step_bucket
+
+    lo, hi = plausible_bounds()
+    known = [
+        Run(str(job), str(run), int(started), str(family), int(gpus))
+        for job, run, started, family, gpus in _rows(
+            client,
+            f"SELECT job_id, run_id, {_ms('min(ts)')}, argMax(workload_family, ts), argMax(world_size, ts) "
+            f"FROM job_started WHERE {_PLAUSIBLE_TS} GROUP BY job_id, run_id",
+            lo=lo,
+            hi=hi,
+        )
+    ]
+    runs, family = choose_runs(known, jobs, run_ids)
+    if not runs:
+        raise NotFoundError("job", ", ".join([*jobs, *run_ids]) or "(none given)")
+    keys = [(r.job_id, r.run_id) for r in runs]
+    started = client.query(
+        "SELECT * FROM job_started WHERE (job_id, run_id) IN {runs:Array(Tuple(String, String))} ORDER BY ts",
+        parameters={"runs": keys},
+    )
+    records: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in started.result_rows:
+        record = dict(zip(started.column_names, row, strict=True))
+        records[(record["job_id"], record["run_id"])] = record  # ordered by time: the latest wins
+    for run in runs:
+        run.config = config_of(records.get((run.job_id, run.run_id), {}))
+    max_step = _rows(
+        client,
+        "SELECT max(step) FROM steps WHERE (job_id, run_id) IN {runs:Array(Tuple(String, String))}",
+        runs=keys,
+    )[0][0]
+    width = step_bucket(int(max_step or 0))
+    rows: dict[tuple[str, str], list[BucketRow]] = defaultdict(list)
+    segments = ", ".join(
+        f"avg({s}_s)" for s in ("data_wait", "forward", "backward", "optimizer", "comm", "checkpoint")
+    )
+    for r in _rows(
+        client,
+        "SELECT job_id, run_id, intDiv(step, {width:Int64}) * {width:Int64} AS s, uniqExact(step), avg(step_time_s), "
+        f"{segments}, avgIf(loss, rank = 0), sum(ifNull(tokens, 0)) FROM steps "
+        "WHERE (job_id, run_id) IN {runs:Array(Tuple(String, String))} AND NOT skipped "
+        "GROUP BY job_id, run_id, s ORDER BY job_id, run_id, s",
+        width=width,
+        runs=keys,
+    ):
+        rows[(r[0], r[1])].append(
+            BucketRow(
+                int(r[2]),
+                int(r[3]),
+                _finite(r[4]),
+                tuple(_finite(v) for v in r[5:11]),
+                _finite(r[11]),
+                int(r[12]),
+            )
+        )
+    goodput: dict[tuple[str, str], dict[str, Any]] = {}
+    for job in sorted({r.job_id for r in runs}):
+        try:
+            for efficiency_row in run_rows(client, job=job):
+                goodput[(efficiency_row["job_id"], efficiency_row["run_id"])] = efficiency_row
+        except QueryError:
+            pass  # a store without the efficiency views: goodput unknown
+    return assemble(runs, rows, width, goodput, family)
+
+
+def compare_of_job(client: Client, job_id: str) -> dict[str, Any] | None:
+    """`compare` for one job (its runs and its family's), None when the store knows no run of it."""
+    try:
+        return compare(client, [job_id])
+    except NotFoundError:
+        return None
+
+
+def _finite(value: Any) -> float | None:
+    if value is None:
+        return None
+    f = float(value)
+    return f if math.isfinite(f) else None
 
 
 # --- alert page --------------------------------------------------------------------------------------

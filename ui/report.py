@@ -55,6 +55,7 @@ def write_report(
         return {"kind": "alert", "alerts": len(evidence.get("alerts", [])), "bytes": out.stat().st_size}
     assert job_id is not None
     data = queries.job_page(client, job_id, t0, t1, prices=prices)
+    data["compare"] = queries.compare_of_job(client, job_id)  # its runs next to its workload family's
     _atomic_write(out, report_html("job", job_id, f"job {job_id}", data, generated))
     return {"kind": "job", "alerts": len(data["alerts"]), "bytes": out.stat().st_size}
 

@@ -217,8 +217,22 @@ def make_app(
             )
         )
 
+    async def compare_page(request: web.Request) -> web.Response:
+        return html_page("compare", None, "compare runs")
+
+    async def api_compare(request: web.Request) -> web.Response:
+        # ?job=J (its runs and its workload family's newest), or several ?job= / ?run= (exactly those).
+        jobs, run_ids = request.query.getall("job", []), request.query.getall("run", [])
+        if not jobs and not run_ids:
+            return _json({"error": "name a job (?job=...) or runs (?run=...) to compare"}, status=400)
+        return await run(queries.compare, jobs, run_ids)
+
     async def api_version(request: web.Request) -> web.Response:
         return await run(queries.latest_version)
+
+    def with_compare(client: Client, page: dict[str, Any]) -> dict[str, Any]:
+        page["compare"] = queries.compare_of_job(client, page["job"]["job_id"])
+        return page
 
     async def report(request: web.Request) -> web.Response:
         # The same self-contained file `ranksight report` writes, for a store only this process may open.
@@ -226,7 +240,7 @@ def make_app(
 
         kind, key = request.match_info["kind"], request.match_info["key"]
         fns: dict[str, Callable[..., dict[str, Any]]] = {
-            "jobs": lambda client, key: queries.job_page(client, key, prices=prices),
+            "jobs": lambda client, key: with_compare(client, queries.job_page(client, key, prices=prices)),
             "alerts": queries.alert_page,
         }
         fn = fns.get(kind)
@@ -290,6 +304,8 @@ def make_app(
             web.get("/api/jobs/{job_id:[^/]+}/efficiency", api_job_efficiency),
             web.get("/api/alerts/{alert_id:[^/]+}", api_alert),
             web.get("/api/version", api_version),
+            web.get("/compare", compare_page),
+            web.get("/api/compare", api_compare),
             web.get("/reports/{kind}/{key:[^/]+}", report),
             web.get("/runbooks/", runbook),
             web.get("/runbooks/{rule:[^/]+}", runbook),

@@ -343,9 +343,15 @@
     { key: 'wait', index: 5, label: 'data-loader wait' },
   ];
 
+  // The job's time panels share one window; the compare charts (steps or tokens on x) do not.
+  const timeCharts = () => Object.entries(RS.charts).filter(([k]) => !k.startsWith('compare_')).map(([, c]) => c);
+
   function renderJobCharts(container, data) {
-    for (const c of Object.values(RS.charts)) c.dispose();
-    RS.charts = {};
+    for (const [key, c] of Object.entries(RS.charts)) {
+      if (key.startsWith('compare_') || key === 'history') continue;
+      c.dispose();
+      delete RS.charts[key];
+    }
     container.replaceChildren();
     const buckets = bucketAxis(data);
     RS.buckets = buckets;
@@ -416,7 +422,7 @@
       { name: 'lr', data: data.steps.lr, yAxisIndex: 1, unit: '', lineStyle: { width: 1, type: 'dashed' } },
     ], 'grad norm', { yAxis: [{ type: 'value', name: 'grad', scale: true, splitNumber: 3 }, { type: 'value', name: 'lr', scale: true, splitNumber: 3, axisLabel: { formatter: (v) => Number(v).toExponential(1) } }], grid: GRID }));
 
-    for (const chart of Object.values(RS.charts)) {
+    for (const chart of timeCharts()) {
       chart.on('datazoom', () => onZoom(chart));
     }
     window.addEventListener('resize', () => Object.values(RS.charts).forEach((c) => c.resize()));
@@ -500,7 +506,7 @@
     RS.window = [t0, t1];
     RS.syncing = true;
     try {
-      for (const chart of Object.values(RS.charts)) {
+      for (const chart of timeCharts()) {
         if (chart === source || chart.isDisposed()) continue;
         if (isCategory(chart)) {
           const width = range.bucket_ms;
@@ -592,7 +598,8 @@
           ['nodes', (j.nodes || []).length > 8 ? `${j.nodes.length} nodes: ${j.nodes[0]} … ${j.nodes[j.nodes.length - 1]}` : (j.nodes || []).join(', ')], ['run', j.run_id], ['started', fmtDateTime(j.started_ms)],
           ['state', data.states.length ? data.states[data.states.length - 1].state : '-']]
           .map(([k, v]) => factPair(k, v))),
-      REPORT ? null : el('p', {}, el('a', { href: `/reports/jobs/${encodeURIComponent(j.job_id)}` }, 'download a self-contained report of this job')));
+      REPORT ? null : el('p', {}, el('a', { href: `/reports/jobs/${encodeURIComponent(j.job_id)}` }, 'download a self-contained report of this job'),
+        ' · ', el('a', { href: `/compare?job=${encodeURIComponent(j.job_id)}`, id: 'compare-link' }, j.workload_family ? 'compare with other runs of this workload family' : 'compare its runs')));
   }
 
   // Where the allocated GPU-hours went (docs/efficiency.md), then the queue wait (GPUs asked for, not allocated).
@@ -687,6 +694,8 @@
     root.replaceChildren(jobHeader(data), efficiencyPanel(data), el('h2', {}, 'Alerts'), alertList(data), toolbar(data), el('div', { id: 'charts' }));
     renderJobCharts(document.getElementById('charts'), data);
     if (data.efficiency === undefined && !REPORT) loadEfficiency(data.job.job_id);
+    // A report carries the comparison with the runs of the job's workload family; the served page links it.
+    if (data.compare) renderCompare(root, data.compare, root);
     RS.ready = true;
   }
 
@@ -799,6 +808,96 @@
     RS.ready = true;
   }
 
+  // --- compare page: runs overlaid by step or by tokens --------------------------------------------
+
+  const RUN_COLORS = ['#4c78a8', '#e45756', '#54a24b', '#b279a2', '#f58518', '#72b7b2', '#9d755d', '#eeca3b'];
+  const runLabel = (r) => `${r.job_id} · ${r.run_id}`;
+  const SEGMENT_NAMES = { data_wait: 'data wait', forward: 'forward', backward: 'backward', optimizer: 'optimizer', comm: 'communication', checkpoint: 'checkpoint' };
+
+  function xyTip(xName, unit) {
+    // Tooltip of an x/y chart (steps or tokens on x): the x value, then each run's value with its unit.
+    return (params) => {
+      const list = (Array.isArray(params) ? params : [params]).filter((p) => p && Array.isArray(p.value));
+      if (!list.length) return el('div', { class: 'tip' });
+      return tip(`${xName} ${fmtCompact(list[0].value[0])}`, ...list.map((p) => tipLine(p.color, `${p.seriesName}: `, p.value[1] === null ? '-' : `${fmtNum(p.value[1], 4)}${unit ? ` ${unit}` : ''}`)));
+    };
+  }
+
+  function compareOption(data, xKey, pick, yName, unit) {
+    const xName = xKey === 'step' ? 'step' : 'tokens';
+    return {
+      animation: false,
+      grid: { left: 70, right: 30, top: 30, bottom: 30 },
+      tooltip: { trigger: 'axis', formatter: xyTip(xName, unit) },
+      legend: { top: 0, type: 'scroll', textStyle: { fontSize: 11 } },
+      xAxis: { type: 'value', name: xName, nameLocation: 'end', scale: true, axisLabel: { formatter: (v) => fmtCompact(v) } },
+      yAxis: { type: 'value', name: yName, scale: true, splitNumber: 3 },
+      dataZoom: [{ type: 'inside', xAxisIndex: 0, filterMode: 'none' }],
+      series: data.runs.map((r, i) => ({
+        name: runLabel(r), type: 'line', showSymbol: false, connectNulls: false, color: RUN_COLORS[i % RUN_COLORS.length], lineStyle: { width: 1.5 },
+        data: data.series[i][xKey].map((x, k) => [x, pick(data.series[i])[k]]),
+      })),
+    };
+  }
+
+  function configTable(data, onlyDiffs) {
+    const differs = new Set(data.config.differs);
+    const keys = data.config.keys.filter((k) => !onlyDiffs || differs.has(k));
+    return el('table', { class: 'grid config', id: 'config-diff' },
+      el('thead', {}, el('tr', {}, el('th', {}, 'setting'), data.runs.map((r) => el('th', {}, runLabel(r))))),
+      el('tbody', {}, keys.map((k) => el('tr', { class: differs.has(k) ? 'differs' : 'same', 'data-key': k },
+        el('td', {}, k), data.runs.map((r) => el('td', {}, r.config[k] ?? ''))))));
+  }
+
+  function renderCompare(root, data, into) {
+    // `into`: a job report's section; otherwise the whole page.
+    RS.compare = data;
+    const state = RS.compareState || (RS.compareState = { x: 'step', segment: 'data_wait', onlyDiffs: true });
+    const box = el('div', { id: 'compare' });
+    const charts = el('div', { id: 'compare-charts' });
+    const draw = () => {
+      for (const key of Object.keys(RS.charts)) if (key.startsWith('compare_')) { RS.charts[key].dispose(); delete RS.charts[key]; }
+      charts.replaceChildren();
+      const panel = (key, title, option) => chartBox(charts, key, title, 210).setOption(option);
+      panel('compare_step_time', 'Step time, mean over ranks (s)', compareOption(data, state.x, (s) => s.step_time, 's', 's'));
+      panel('compare_segment', `Step segment: ${SEGMENT_NAMES[state.segment]}, mean over ranks (s)`, compareOption(data, state.x, (s) => s.segments[state.segment], 's', 's'));
+      panel('compare_loss', 'Loss (rank 0)', compareOption(data, state.x, (s) => s.loss, 'loss', ''));
+      panel('compare_throughput', 'Throughput per GPU (tokens/s per GPU)', compareOption(data, state.x, (s) => s.tokens_per_gpu_s, 'tokens/s', 'tokens/s per GPU'));
+      panel('compare_goodput', 'Goodput per run (productive / allocated GPU-hours, %)', {
+        animation: false, grid: { left: 70, right: 30, top: 20, bottom: 60 },
+        tooltip: { trigger: 'item', formatter: (p) => tip(p.name, tipLine(p.color, 'goodput: ', p.value === null ? 'unknown' : `${fmtFixed(p.value, 1)} %`)) },
+        xAxis: { type: 'category', data: data.runs.map(runLabel), axisLabel: { interval: 0, rotate: 15, fontSize: 10, width: 160, overflow: 'truncate' } },
+        yAxis: { type: 'value', name: '%', min: 0, max: 100 },
+        series: [{ type: 'bar', data: data.runs.map((r, i) => ({ value: r.goodput_pct, itemStyle: { color: RUN_COLORS[i % RUN_COLORS.length] } })) }],
+      });
+    };
+    const select = (name, options, current, onchange) => el('select', { name, onchange: (e) => { onchange(e.target.value); draw(); } },
+      options.map(([v, label]) => el('option', v === current ? { value: v, selected: true } : { value: v }, label)));
+    const diffBox = el('div', { id: 'config-box' }, configTable(data, state.onlyDiffs));
+    box.append(
+      into ? el('h2', {}, `Compare: ${data.family ? `runs of workload family ${data.family}` : 'runs'}`)
+        : el('div', { class: 'header' }, el('h1', {}, REPORT ? '' : el('a', { href: '/', class: 'crumb' }, 'fleet › '), 'Compare runs'),
+          el('p', {}, data.family ? `Runs of workload family ${data.family} (the newest ${data.runs.length}).` : `${data.runs.length} runs chosen.`)),
+      el('table', { class: 'grid runs-compared' },
+        el('thead', {}, el('tr', {}, ['', 'job', 'run', 'started', 'GPUs', 'outcome', 'goodput'].map((h) => el('th', {}, h)))),
+        el('tbody', {}, data.runs.map((r, i) => el('tr', { 'data-run': r.run_id },
+          el('td', {}, el('i', { class: 'swatch', style: `background:${RUN_COLORS[i % RUN_COLORS.length]}` })),
+          el('td', {}, el('a', { href: jobHref(r.job_id) }, r.job_id)), el('td', {}, r.run_id), el('td', { class: 'nowrap' }, fmtDateTime(r.started_ms)),
+          el('td', { class: 'num' }, r.gpus), el('td', {}, r.outcome || '-'), el('td', { class: 'num' }, r.goodput_pct === null ? '—' : `${fmtFixed(r.goodput_pct, 1)} %`))))),
+      el('div', { class: 'toolbar' },
+        'x axis ', select('x', [['step', 'by step'], ['tokens', 'by tokens']], state.x, (v) => { state.x = v; }),
+        'segment ', select('segment', Object.entries(SEGMENT_NAMES), state.segment, (v) => { state.segment = v; }),
+        el('span', { class: 'muted' }, `buckets of ${data.bucket_steps} step${data.bucket_steps === 1 ? '' : 's'}`)),
+      charts,
+      el('h2', {}, 'Configuration (JobStarted)'),
+      el('label', {}, el('input', { type: 'checkbox', id: 'only-diffs', checked: state.onlyDiffs, onchange: (e) => { state.onlyDiffs = e.target.checked; diffBox.replaceChildren(configTable(data, state.onlyDiffs)); } }),
+        ` only settings that differ (${data.config.differs.length} of ${data.config.keys.length})`),
+      diffBox);
+    if (into) into.append(box); else root.replaceChildren(box);
+    draw();
+    RS.ready = true;
+  }
+
   // --- live updates and start ---------------------------------------------------------------------
 
   async function poll(root, page, initial) {
@@ -834,6 +933,8 @@
         renderJob(root, REPORT ? REPORT.data : await getJSON(`/api/jobs/${encodeURIComponent(page.id)}${location.search}`));
       } else if (page.kind === 'alert') {
         renderAlert(root, REPORT ? REPORT.data : await getJSON(`/api/alerts/${encodeURIComponent(page.id)}`));
+      } else if (page.kind === 'compare') {
+        renderCompare(root, REPORT ? REPORT.data : await getJSON(`/api/compare${location.search}`));
       }
     } catch (err) {
       showError(root, err.message);

@@ -282,6 +282,10 @@ def test_every_endpoint_answers_hostile_values_as_stored(hostile_ui: HostileUi) 
             zoom = get("/" + _path("api", "jobs", job_id), **{"from": t0, "to": t0 + 120_000}).json()
             assert zoom["gpus"]["source"] == "gpu_samples" and zoom["gpus"]["cells"][0]
             assert zoom["heatmap"]["source"] == "steps" and zoom["heatmap"]["cells"][0]
+            compared = get("/api/compare", job=job_id).json()
+            assert [r["job_id"] for r in compared["runs"]] == [job_id]
+            assert compared["runs"][0]["config"]["model_name"] == started["model_name"]
+            assert compared["series"][0]["step"] and compared["family"] == started["workload_family"]
             efficiency = get("/" + _path("api", "jobs", job_id, "efficiency")).json()
             assert efficiency is not None and efficiency["runs"] >= 1
             html = get("/" + _path("jobs", job_id)).text
@@ -459,6 +463,11 @@ def test_no_script_runs_on_any_page_or_report_and_values_read_literally(
         assert "runbook: javascript:" in text  # shown, not linked
         assert any(XSS in t for t in tab.hover_tooltips())
         tab.assert_nothing_ran(f"alert page {alert_id[-20:]}")
+
+    tab.open(f"{hostile_ui.url}compare?job={urllib.parse.quote(job_id, safe='')}")
+    assert job_id in tab.page.inner_text("#app")
+    assert any(job_id in t for t in tab.hover_tooltips())
+    tab.assert_nothing_ran("compare page")
 
     tab.page.goto(hostile_ui.url + "runbooks/straggler")
     assert tab.page.locator("article.runbook h1").inner_text().startswith("straggler")
