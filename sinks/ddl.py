@@ -1,11 +1,12 @@
 """ClickHouse tables for every ranksight record, generated from the Avro schemas, and versioned migrations.
 
 One raw table per record type (columns mapped from the Avro fields by `clickhouse_type`), the
-derived window tables, the alert table, the `baselines` view and two per-minute roll-ups.
+derived window tables, the alert table, the `baselines` view, two per-minute roll-ups and the
+efficiency roll-ups and views (`sinks.efficiency_sql`).
 Every table records the Kafka position of each row (`_topic`, `_partition`, `_offset`): the
 sink uses it to skip offsets already stored after a crash, and users use it to trace a row back.
-`migrate()` applies the missing versions; every statement is `IF NOT EXISTS`, so concurrent or
-repeated runs are harmless.
+`migrate()` applies the missing versions; every statement is `IF NOT EXISTS` (a view `OR REPLACE`,
+a roll-up's backfill only into an empty roll-up), so concurrent or repeated runs are harmless.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError as _DriverError
 
 from schemas.records import RECORD_TYPES, default_schemas
+from sinks.efficiency_sql import ROLLUP_TIME_COLUMNS, backfill_sql, rollup_sql, rollup_view_sql, view_sql
 from sinks.errors import ClickHouseError
 
 __all__ = [
@@ -308,7 +310,12 @@ def _baselines_sql() -> str:
 
 # --- roll-ups ---------------------------------------------------------------------------------------
 
-ROLLUP_TABLES: dict[str, str] = {"gpu_minute": "gpu_samples", "job_step_minute": "steps"}
+ROLLUP_TABLES: dict[str, str] = {
+    "gpu_minute": "gpu_samples",
+    "job_step_minute": "steps",
+    "run_step_progress": "steps",  # efficiency: sinks/efficiency_sql.py
+    "gpu_energy_minute": "gpu_samples",
+}
 
 
 def _rollup_sql(ttl_days: int | None) -> list[str]:
@@ -387,9 +394,15 @@ MIGRATIONS: tuple[Migration, ...] = (
     # already made them in version 1). Fields added to existing records arrive by `_sync_columns`.
     Migration(5, "evaluation events", lambda ttl: [create_table_sql(table_for("EvaluationEvent"), ttl)]),
     Migration(6, "checkpoint restore tests", lambda ttl: [create_table_sql(table_for("RestoreTest"), ttl)]),
-    # Views over the raw tables (functions at the end of this module): no data of their own.
-    Migration(7, "efficiency and goodput views", lambda ttl: [_run_efficiency_sql(), _job_efficiency_sql()]),
+    # Version 7 made the efficiency views over the raw tables; version 9 replaces them (views hold
+    # no data), so a fresh store goes straight to the roll-ups.
+    Migration(7, "efficiency and goodput views (replaced by version 9)", lambda ttl: []),
     Migration(8, "remediation decisions", lambda ttl: [create_table_sql(table_for("ActionTaken"), ttl)]),
+    Migration(
+        9,
+        "efficiency roll-ups fed by inserts (per-step run progress, per-minute GPU energy), views over them",
+        lambda ttl: [*rollup_sql(ttl, DEDUP_WINDOW), *backfill_sql(), *rollup_view_sql(), *view_sql()],
+    ),
 )
 
 _MIGRATIONS_TABLE = (
@@ -433,7 +446,7 @@ _TTL_RE = re.compile(r"toIntervalDay\((\d+)\)")
 
 def _ttl_tables() -> dict[str, str]:
     tables = {spec.name: spec.time_column for spec in table_specs().values()}
-    tables.update({"gpu_minute": "minute", "job_step_minute": "minute"})
+    tables.update({"gpu_minute": "minute", "job_step_minute": "minute", **ROLLUP_TIME_COLUMNS})
     return tables
 
 
@@ -475,233 +488,6 @@ def _sync_ttl(client: Client, ttl_days: int | None) -> None:
             )
 
 
-# --- efficiency and goodput (docs/efficiency.md) -------------------------------------------------------
+# --- efficiency and goodput (docs/efficiency.md; the SQL lives in sinks/efficiency_sql.py) ----------
 
 EFFICIENCY_VIEWS: tuple[str, ...] = ("run_efficiency", "job_efficiency")
-
-_MS = "toUnixTimestamp64Milli"
-
-
-def _run_efficiency_sql() -> str:
-    # One row per (job, run), computed from the raw tables at query time, so it moves as the run goes
-    # and is final once the run has ended. Every formula is in docs/efficiency.md.
-    return f"""CREATE VIEW IF NOT EXISTS run_efficiency AS
-WITH
-runs AS (
-    SELECT job_id, run_id, min(ts) AS started, argMax(world_size, ts) AS gpus,
-        argMax(gpu_class, ts) AS gpu_class, argMax(workload_family, ts) AS workload_family,
-        argMax(team, ts) AS team, argMax(owner, ts) AS owner, argMax(length(nodes), ts) AS node_count
-    FROM job_started GROUP BY job_id, run_id
-),
-ordered AS (
-    SELECT *, started = max(started) OVER (PARTITION BY job_id) AS is_last FROM runs
-),
-rank_steps AS (
-    SELECT job_id, run_id, step, rank, max(step_time_s) AS rank_step_s, any(ifNull(tokens, 0)) AS rank_tokens,
-        any(ifNull(samples, 0)) AS rank_samples, max(skipped) AS rank_skipped, max(ts) AS rank_ts
-    FROM steps GROUP BY job_id, run_id, step, rank
-),
-job_steps AS (
-    SELECT job_id, run_id, step, max(rank_step_s) AS step_s, sum(rank_tokens) AS tokens,
-        sum(rank_samples) AS samples, max(rank_skipped) AS skipped, max(rank_ts) AS ts
-    FROM rank_steps GROUP BY job_id, run_id, step
-),
-checkpoint_each AS (
-    SELECT job_id, run_id, checkpoint_id,
-        ifNull(maxIf(duration_s, phase IN ('completed', 'failed')), 0) AS write_s,
-        countIf(phase = 'verified') > 0 AS verified, maxIf(step, phase = 'verified') AS verified_step,
-        maxIf(ts, phase = 'verified') AS verified_ts
-    FROM checkpoints GROUP BY job_id, run_id, checkpoint_id
-),
-run_checkpoints AS (
-    SELECT job_id, run_id, sum(write_s) AS checkpoint_s, countIf(verified) AS verified_n,
-        maxIf(verified_step, verified) AS last_verified_step, maxIf(verified_ts, verified) AS last_verified_ts
-    FROM checkpoint_each GROUP BY job_id, run_id
-),
-run_evaluations AS (
-    SELECT job_id, run_id, sum(eval_s) AS evaluation_total_s FROM (
-        SELECT job_id, run_id, evaluation_id, ifNull(maxIf(duration_s, phase IN ('completed', 'failed')), 0) AS eval_s
-        FROM evaluations GROUP BY job_id, run_id, evaluation_id
-    ) GROUP BY job_id, run_id
-),
-activity AS (
-    SELECT job_id, run_id, max(ts) AS last_ts FROM (
-        SELECT job_id, run_id, ts FROM job_steps
-        UNION ALL SELECT job_id, run_id, ts FROM checkpoints
-        UNION ALL SELECT job_id, run_id, ts FROM evaluations
-    ) GROUP BY job_id, run_id
-),
-run_steps AS (
-    SELECT s.job_id AS job_id, s.run_id AS run_id, count() AS steps, sum(s.step_s) AS step_s,
-        sumIf(s.step_s, s.skipped) AS skipped_s,
-        sumIf(s.step_s, NOT s.skipped AND NOT (c.verified_n > 0 AND s.step <= c.last_verified_step)) AS unsaved_s,
-        sumIf(s.tokens, NOT s.skipped) AS tokens,
-        sumIf(s.tokens, NOT s.skipped AND NOT (c.verified_n > 0 AND s.step <= c.last_verified_step)) AS unsaved_tokens,
-        sumIf(s.samples, NOT s.skipped) AS samples,
-        sumIf(s.samples, NOT s.skipped AND NOT (c.verified_n > 0 AND s.step <= c.last_verified_step)) AS unsaved_samples
-    FROM job_steps AS s LEFT JOIN run_checkpoints AS c ON s.job_id = c.job_id AND s.run_id = c.run_id
-    GROUP BY s.job_id, s.run_id
-),
-job_last AS (
-    SELECT job_id, argMax(state, ts) AS state, max(ts) AS state_ts FROM job_states GROUP BY job_id
-),
-attributed AS (
-    SELECT g.job_id AS job_id, r.run_id AS run_id, g.node AS node, g.gpu_uuid AS gpu_uuid,
-        max(g.energy_mj) - min(g.energy_mj) AS energy_mj
-    FROM (
-        SELECT assumeNotNull(job_id) AS job_id, node, gpu_uuid, ts, assumeNotNull(energy_mj) AS energy_mj
-        FROM gpu_samples WHERE ifNull(job_id, '') != '' AND energy_mj IS NOT NULL
-    ) AS g ASOF INNER JOIN runs AS r ON g.job_id = r.job_id AND g.ts >= r.started
-    GROUP BY g.job_id, r.run_id, g.node, g.gpu_uuid
-),
-bound AS (
-    SELECT b.job_id AS job_id, b.run_id AS run_id, b.node AS node, b.gpu_uuid AS gpu_uuid, b.bound_ts AS bound_ts,
-        a.last_ts AS last_ts
-    FROM (
-        SELECT job_id, run_id, node, assumeNotNull(gpu_uuid) AS gpu_uuid, min(ts) AS bound_ts
-        FROM rank_bound WHERE gpu_uuid IS NOT NULL GROUP BY job_id, run_id, node, gpu_uuid
-    ) AS b INNER JOIN activity AS a ON b.job_id = a.job_id AND b.run_id = a.run_id
-),
-unattributed AS (
-    SELECT b.job_id AS job_id, b.run_id AS run_id, b.node AS node, b.gpu_uuid AS gpu_uuid,
-        max(g.energy_mj) - min(g.energy_mj) AS energy_mj
-    FROM (
-        SELECT node, gpu_uuid, ts, assumeNotNull(energy_mj) AS energy_mj
-        FROM gpu_samples WHERE ifNull(job_id, '') = '' AND energy_mj IS NOT NULL
-    ) AS g INNER JOIN bound AS b ON g.node = b.node AND g.gpu_uuid = b.gpu_uuid
-    WHERE g.ts >= b.bound_ts AND g.ts <= b.last_ts
-    GROUP BY b.job_id, b.run_id, b.node, b.gpu_uuid
-),
-run_energy AS (
-    SELECT job_id, run_id, sum(energy_mj) AS energy_mj
-    FROM (SELECT * FROM attributed UNION ALL SELECT * FROM unattributed) GROUP BY job_id, run_id
-),
-base AS (
-    SELECT r.job_id AS job_id, r.run_id AS run_id, r.started AS started, r.gpus AS gpus,
-        r.gpu_class AS gpu_class, r.workload_family AS workload_family, r.team AS team, r.owner AS owner,
-        r.node_count AS node_count, r.is_last AS is_last,
-        multiIf(
-            NOT r.is_last, 'restarted',
-            j.state_ts < r.started, 'running',
-            j.state IN ('pending', 'restarting'), 'restarted',
-            j.state IN ('completed', 'failed', 'preempted'), j.state,
-            'running'
-        ) AS outcome,
-        greatest(r.started, a.last_ts, if(r.is_last AND outcome != 'running', j.state_ts, r.started)) AS ended,
-        s.steps AS steps, s.step_s AS step_s, s.skipped_s AS skipped_s, s.unsaved_s AS unsaved_s,
-        s.tokens AS tokens_all, s.unsaved_tokens AS unsaved_tokens, s.samples AS samples_all,
-        s.unsaved_samples AS unsaved_samples, c.checkpoint_s AS checkpoint_s, c.verified_n AS verified_n,
-        c.last_verified_step AS verified_step, c.last_verified_ts AS verified_ts, e.evaluation_total_s AS evaluation_s,
-        w.energy_mj AS energy_mj
-    FROM ordered AS r
-    LEFT JOIN activity AS a ON r.job_id = a.job_id AND r.run_id = a.run_id
-    LEFT JOIN run_steps AS s ON r.job_id = s.job_id AND r.run_id = s.run_id
-    LEFT JOIN run_checkpoints AS c ON r.job_id = c.job_id AND r.run_id = c.run_id
-    LEFT JOIN run_evaluations AS e ON r.job_id = e.job_id AND r.run_id = e.run_id
-    LEFT JOIN run_energy AS w ON r.job_id = w.job_id AND r.run_id = w.run_id
-    LEFT JOIN job_last AS j ON r.job_id = j.job_id
-)
-SELECT job_id, run_id, team, owner, gpu_class, workload_family, node_count, gpus, outcome,
-    started, ended, ({_MS}(ended) - {_MS}(started)) / 1000 AS wall_s,
-    gpus * wall_s / 3600 AS allocated_gpu_h,
-    steps, step_s,
-    if(outcome IN ('restarted', 'failed', 'preempted'), unsaved_s, 0) AS restart_lost_s,
-    skipped_s,
-    step_s - skipped_s - restart_lost_s AS productive_s,
-    checkpoint_s, evaluation_s,
-    greatest(0, wall_s - step_s - checkpoint_s - evaluation_s) AS stall_s,
-    if(wall_s > 0, 100 * productive_s / wall_s, NULL) AS goodput_pct,
-    tokens_all - if(outcome IN ('restarted', 'failed', 'preempted'), unsaved_tokens, 0) AS tokens,
-    samples_all - if(outcome IN ('restarted', 'failed', 'preempted'), unsaved_samples, 0) AS samples,
-    if(allocated_gpu_h > 0, tokens / allocated_gpu_h, NULL) AS tokens_per_gpu_h,
-    if(allocated_gpu_h > 0, samples / allocated_gpu_h, NULL) AS samples_per_gpu_h,
-    if(productive_s > 0 AND gpus > 0, tokens / (productive_s * gpus), NULL) AS tokens_per_gpu_s,
-    energy_mj / 3.6e9 AS energy_kwh,
-    if(tokens > 0, energy_kwh / (tokens / 1e9), NULL) AS kwh_per_billion_tokens,
-    if(outcome IN ('restarted', 'failed', 'preempted'),
-        ({_MS}(ended) - {_MS}(if(verified_n > 0, greatest(verified_ts, started), started))) / 1000, 0
-    ) AS failed_work_s,
-    verified_n AS verified_checkpoints, if(verified_n > 0, verified_step, NULL) AS last_verified_step
-FROM base"""
-
-
-def _job_efficiency_sql() -> str:
-    # Per job: its runs added up, queue wait from the scheduler, and scaling against single-node runs.
-    return f"""CREATE VIEW IF NOT EXISTS job_efficiency AS
-WITH
-queue_attempts AS (
-    SELECT job_id, submit_ts,
-        if(countIf(state = 'running') > 0, minIf(ts, state = 'running'),
-           if(countIf(state IN ('completed', 'failed')) > 0, minIf(ts, state IN ('completed', 'failed')), now64(3))
-        ) AS left_queue
-    FROM job_states WHERE submit_ts IS NOT NULL GROUP BY job_id, submit_ts
-),
-queue AS (
-    SELECT job_id, sum(greatest(0, {_MS}(left_queue) - {_MS}(assumeNotNull(submit_ts)))) / 1000 AS queue_s
-    FROM queue_attempts GROUP BY job_id
-),
-queue_fallback AS (
-    SELECT job_id, ({_MS}(minIf(ts, state = 'running')) - {_MS}(minIf(ts, state = 'pending'))) / 1000 AS queue_s
-    FROM job_states GROUP BY job_id
-    HAVING countIf(submit_ts IS NOT NULL) = 0 AND countIf(state = 'pending') > 0 AND countIf(state = 'running') > 0
-),
-states AS (
-    SELECT job_id, max(restart_count) AS s_restarts, argMax(state, ts) AS s_state,
-        ifNull(argMaxIf(team, ts, team IS NOT NULL), '') AS s_team,
-        ifNull(argMaxIf(owner, ts, owner IS NOT NULL), '') AS s_owner, min(ts) AS s_first, max(ts) AS s_last
-    FROM job_states GROUP BY job_id
-),
-family AS (
-    SELECT workload_family, quantileExact(0.5)(tokens_per_gpu_s) AS single_node_tokens_per_gpu_s
-    FROM run_efficiency
-    WHERE node_count = 1 AND workload_family != '' AND tokens_per_gpu_s > 0 AND outcome != 'running'
-    GROUP BY workload_family
-),
-runs AS (
-    SELECT job_id, count() AS j_runs, argMax(team, started) AS j_team, argMax(owner, started) AS j_owner,
-        argMax(gpu_class, started) AS j_gpu_class, argMax(workload_family, started) AS j_workload_family,
-        argMax(node_count, started) AS j_node_count, argMax(gpus, started) AS j_gpus,
-        argMax(outcome, started) AS j_last_outcome, min(started) AS j_first_started, max(ended) AS j_last_ended,
-        sum(allocated_gpu_h) AS j_allocated_gpu_h,
-        sum(gpus * productive_s) / 3600 AS j_productive_gpu_h,
-        sum(gpus * stall_s) / 3600 AS j_stall_gpu_h,
-        sum(gpus * restart_lost_s) / 3600 AS j_restart_gpu_h,
-        sum(gpus * skipped_s) / 3600 AS j_skipped_gpu_h,
-        sum(gpus * checkpoint_s) / 3600 AS j_checkpoint_gpu_h,
-        sum(gpus * evaluation_s) / 3600 AS j_evaluation_gpu_h,
-        sum(gpus * failed_work_s) / 3600 AS j_failed_work_gpu_h,
-        sum(tokens) AS j_tokens, sum(samples) AS j_samples, sum(energy_kwh) AS j_energy_kwh,
-        sum(productive_s * gpus) AS j_productive_gpu_s
-    FROM run_efficiency GROUP BY job_id
-),
-ids AS (
-    -- Jobs known only from the scheduler (queued, or run without the SDK) are listed too.
-    SELECT DISTINCT job_id FROM (SELECT job_id FROM runs UNION ALL SELECT job_id FROM states)
-)
-SELECT i.job_id AS job_id, if(r.j_runs > 0, r.j_team, st.s_team) AS team,
-    if(r.j_runs > 0, r.j_owner, st.s_owner) AS owner, r.j_gpu_class AS gpu_class,
-    r.j_workload_family AS workload_family, r.j_node_count AS node_count, r.j_gpus AS gpus,
-    if(r.j_runs > 0, r.j_last_outcome, if(st.s_state = 'restarting', 'restarted', st.s_state)) AS outcome,
-    r.j_runs AS runs, greatest(toInt64(r.j_runs) - 1, toInt64(st.s_restarts)) AS restarts,
-    if(r.j_runs > 0, r.j_first_started, st.s_first) AS started,
-    if(r.j_runs > 0, r.j_last_ended, st.s_last) AS ended,
-    if(q.job_id != '', q.queue_s, if(f.job_id != '', f.queue_s, NULL)) AS queue_s,
-    r.j_allocated_gpu_h AS allocated_gpu_h, r.j_productive_gpu_h AS productive_gpu_h,
-    r.j_stall_gpu_h AS stall_gpu_h, r.j_restart_gpu_h AS restart_gpu_h, r.j_skipped_gpu_h AS skipped_gpu_h,
-    r.j_checkpoint_gpu_h AS checkpoint_gpu_h, r.j_evaluation_gpu_h AS evaluation_gpu_h,
-    if(r.j_allocated_gpu_h > 0, 100 * r.j_productive_gpu_h / r.j_allocated_gpu_h, NULL) AS goodput_pct,
-    if(r.j_allocated_gpu_h > 0, 100 * r.j_failed_work_gpu_h / r.j_allocated_gpu_h, NULL) AS failed_work_pct,
-    r.j_tokens AS tokens, r.j_samples AS samples,
-    if(r.j_allocated_gpu_h > 0, r.j_tokens / r.j_allocated_gpu_h, NULL) AS tokens_per_gpu_h,
-    if(r.j_allocated_gpu_h > 0, r.j_samples / r.j_allocated_gpu_h, NULL) AS samples_per_gpu_h,
-    r.j_energy_kwh AS energy_kwh,
-    if(r.j_tokens > 0, r.j_energy_kwh / (r.j_tokens / 1e9), NULL) AS kwh_per_billion_tokens,
-    if(r.j_productive_gpu_s > 0, r.j_tokens / r.j_productive_gpu_s, NULL) AS tokens_per_gpu_s,
-    if(r.j_node_count > 1 AND fam.single_node_tokens_per_gpu_s > 0 AND r.j_productive_gpu_s > 0,
-       (r.j_tokens / r.j_productive_gpu_s) / fam.single_node_tokens_per_gpu_s, NULL) AS scaling_efficiency
-FROM ids AS i
-LEFT JOIN runs AS r ON i.job_id = r.job_id
-LEFT JOIN states AS st ON i.job_id = st.job_id
-LEFT JOIN queue AS q ON i.job_id = q.job_id
-LEFT JOIN queue_fallback AS f ON i.job_id = f.job_id
-LEFT JOIN family AS fam ON r.j_workload_family = fam.workload_family"""

@@ -1,6 +1,9 @@
 """Reading the efficiency views (`job_efficiency`, `run_efficiency`) and pricing GPU time.
 
-The views hold the measured quantities (docs/efficiency.md); money is a setting, so cost is
+The views hold the measured quantities (docs/efficiency.md), computed from roll-ups that the
+inserts maintain (`sinks.efficiency_sql`). Asked for one job, the same statements run with the job
+bound as a parameter, so they read that job's roll-up rows only (a 512-rank, 2-hour job answers in
+well under a second), not every job's. Money is a setting, so cost is
 computed here from a price per GPU-hour by GPU class: a job's cost is its allocated GPU-hours
 times its class's price, and the cost per successful run divides the cost of every run (failed
 ones included) by the runs that completed.
@@ -17,9 +20,10 @@ import yaml
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError as _DriverError
 
+from sinks.efficiency_sql import job_efficiency_sql, run_efficiency_sql
 from sinks.errors import QueryError, SinkError
 
-__all__ = ["PriceList", "PriceListError", "job_rows", "run_rows", "summarise"]
+__all__ = ["PriceList", "PriceListError", "family_jobs", "job_rows", "run_rows", "summarise"]
 
 
 class PriceListError(SinkError):
@@ -78,23 +82,41 @@ def _query(client: Client, sql: str, parameters: dict[str, Any]) -> list[dict[st
     return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
 
 
-def _where(job: str | None, team: str | None) -> tuple[str, dict[str, Any]]:
-    clauses, params = [], {}
-    if job:
-        clauses.append("job_id = %(job)s")
-        params["job"] = job
+def family_jobs(client: Client, job: str) -> list[str]:
+    """The job and the single-node jobs of its workload family (its scaling baseline)."""
+    rows = _query(
+        client,
+        "SELECT DISTINCT job_id FROM job_started WHERE job_id = %(job)s OR (length(nodes) = 1 AND "
+        "workload_family != '' AND workload_family IN "
+        "(SELECT workload_family FROM job_started WHERE job_id = %(job)s))",
+        {"job": job},
+    )
+    return sorted({job, *(str(r["job_id"]) for r in rows)})
+
+
+def _source(client: Client, view: str, job: str | None, team: str | None) -> tuple[str, dict[str, Any]]:
+    """`FROM ...` of a view, or of its statement for one job (bound as parameters), and the parameters."""
+    params: dict[str, Any] = {}
+    if job and view == "job_efficiency":
+        params.update(job=job, jobs=family_jobs(client, job))
+        source = f"({job_efficiency_sql(job=True)})"
+    elif job:
+        params.update(jobs=[job])
+        source = f"({run_efficiency_sql('job_id IN %(jobs)s')})"
+    else:
+        source = view
     if team:
-        clauses.append("team = %(team)s")
         params["team"] = team
-    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+        return f"{source} WHERE team = %(team)s", params
+    return source, params
 
 
 def job_rows(
     client: Client, prices: PriceList, *, job: str | None = None, team: str | None = None
 ) -> list[dict[str, Any]]:
     """`job_efficiency` rows (newest first) with `cost` and `cost_per_successful_run` added."""
-    where, params = _where(job, team)
-    rows = _query(client, f"SELECT * FROM job_efficiency{where} ORDER BY started DESC, job_id", params)
+    source, params = _source(client, "job_efficiency", job, team)
+    rows = _query(client, f"SELECT * FROM {source} ORDER BY started DESC, job_id", params)
     for row in rows:
         row["cost"] = _cost(row, prices)
         row["cost_per_successful_run"] = row["cost"] if row["outcome"] == "completed" else None
@@ -105,8 +127,8 @@ def run_rows(
     client: Client, *, job: str | None = None, team: str | None = None, prices: PriceList | None = None
 ) -> list[dict[str, Any]]:
     """`run_efficiency` rows of the selected jobs, in start order (with `cost` when priced)."""
-    where, params = _where(job, team)
-    rows = _query(client, f"SELECT * FROM run_efficiency{where} ORDER BY job_id, started", params)
+    source, params = _source(client, "run_efficiency", job, team)
+    rows = _query(client, f"SELECT * FROM {source} ORDER BY job_id, started", params)
     if prices is not None:
         for row in rows:
             row["cost"] = _cost(row, prices)

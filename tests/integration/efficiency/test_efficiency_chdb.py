@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from typing import Any
@@ -11,8 +12,9 @@ from clickhouse_connect.driver.client import Client
 
 from schemas.records import Event
 from schemas.topics import topic_for
+from sinks.efficiency_sql import STALL_INTERVAL_FACTOR
 from sinks.writer import ClickHouseSink
-from tests.integration.efficiency.scenario import S, scenario
+from tests.integration.efficiency.scenario import S, T, job_started, scenario, state, steps
 
 LOST = ("restarted", "failed", "preempted")
 
@@ -42,23 +44,32 @@ def expected_runs(events: list[Event]) -> dict[tuple[str, str], dict[str, Any]]:
 
         per_step: dict[int, dict[str, Any]] = {}
         for r in mine("StepCompleted"):
-            s = per_step.setdefault(r["step"], {"s": 0.0, "tok": 0, "skip": False, "ts": 0})
+            s = per_step.setdefault(r["step"], {"s": 0.0, "tok": 0, "skip": False, "ts": 0, "reports": 0})
             s["s"] = max(s["s"], r["step_time_s"])
             s["tok"] += r["tokens"]
             s["skip"] = s["skip"] or r["skipped"]
             s["ts"] = max(s["ts"], r["ts"])
+            s["reports"] += 1
+        for s in per_step.values():  # a rank-step reported twice counts once
+            s["tok"] = round(s["tok"] * min(1.0, js["world_size"] / s["reports"]))
         ckpts, evals = mine("CheckpointEvent"), mine("EvaluationEvent")
         verified = [r for r in ckpts if r["phase"] == "verified"]
         vstep = max((r["step"] for r in verified), default=None)
         vts = max((r["ts"] for r in verified), default=None)
-        write_s = defaultdict(float)
+        write_s: dict[str, float] = defaultdict(float)
+        pause_end: dict[tuple[str, str], int] = {}
         for r in ckpts:
             if r["phase"] in ("completed", "failed"):
                 write_s[r["checkpoint_id"]] = max(write_s[r["checkpoint_id"]], r.get("duration_s") or 0.0)
-        eval_s = defaultdict(float)
+                key = ("c", r["checkpoint_id"])
+                pause_end[key] = max(pause_end.get(key, 0), r["ts"])
+        eval_s: dict[str, float] = defaultdict(float)
         for r in evals:
             if r["phase"] in ("completed", "failed"):
                 eval_s[r["evaluation_id"]] = max(eval_s[r["evaluation_id"]], r.get("duration_s") or 0.0)
+                key = ("e", r["evaluation_id"])
+                pause_end[key] = max(pause_end.get(key, 0), r["ts"])
+        pauses = [(end, (write_s if kind == "c" else eval_s)[i]) for (kind, i), end in pause_end.items()]
         activity = max([s["ts"] for s in per_step.values()] + [r["ts"] for r in ckpts + evals])
         states = sorted((r for r in by_type["JobStateChanged"] if r["job_id"] == job), key=lambda r: r["ts"])
         last = states[-1] if states else None
@@ -75,9 +86,27 @@ def expected_runs(events: list[Event]) -> dict[tuple[str, str], dict[str, Any]]:
         def saved(step: int, vstep: int | None = vstep) -> bool:
             return vstep is not None and step <= vstep
 
-        step_s = sum(s["s"] for s in per_step.values())
-        skipped_s = sum(s["s"] for s in per_step.values() if s["skip"])
-        unsaved_s = sum(s["s"] for n, s in per_step.items() if not s["skip"] and not saved(n))
+        # The heartbeat (docs/efficiency.md): each step's interval since the previous completion, less
+        # the pauses that ended in it; a step is credited its step time, capped by that, and by one
+        # median interval when the interval is over STALL_INTERVAL_FACTOR of them. The rest is stall.
+        beats = sorted(per_step.items(), key=lambda kv: (kv[1]["ts"], kv[0]))
+        previous, open_s = js["ts"], list[float]()
+        for _, st in beats:
+            first = not open_s
+            paused = sum(length for end, length in pauses if (first or previous < end) and end <= st["ts"])
+            open_s.append(max(0.0, max(0, st["ts"] - previous) / S - paused))
+            previous = st["ts"]
+        gaps = sorted(max(0, b["ts"] - a["ts"]) / S for (_, a), (_, b) in itertools.pairwise(beats))
+        normal = gaps[len(gaps) // 2] if gaps else 0.0  # quantileExact(0.5): the upper middle
+        work: dict[int, float] = {}
+        for (n, st), o in zip(beats, open_s, strict=True):
+            credit = normal if normal > 0 and o > STALL_INTERVAL_FACTOR * normal else o
+            work[n] = min(st["s"], credit)
+        last_step = beats[-1][1]["ts"] if beats else js["ts"]
+        tail_pause = sum(length for end, length in pauses if end > last_step)
+        step_s = sum(work.values())
+        skipped_s = sum(work[n] for n, s in per_step.items() if s["skip"])
+        unsaved_s = sum(work[n] for n, s in per_step.items() if not s["skip"] and not saved(n))
         lost = outcome in LOST
         restart_lost = unsaved_s if lost else 0.0
         tokens = sum(s["tok"] for n, s in per_step.items() if not s["skip"] and not (lost and not saved(n)))
@@ -112,8 +141,9 @@ def expected_runs(events: list[Event]) -> dict[tuple[str, str], dict[str, Any]]:
             "skipped_s": skipped_s,
             "checkpoint_s": sum(write_s.values()),
             "evaluation_s": sum(eval_s.values()),
-            "stall_s": max(0.0, wall - step_s - sum(write_s.values()) - sum(eval_s.values())),
-            "goodput_pct": 100 * productive / wall,
+            "step_s": step_s,
+            "stall_s": sum(open_s) - step_s + max(0.0, (ended - last_step) / S - tail_pause),
+            "goodput_pct": min(100.0, 100 * productive / wall),
             "tokens": tokens,
             "tokens_per_gpu_h": tokens / (gpus * wall / 3600),
             "energy_kwh": kwh,
@@ -232,3 +262,110 @@ def test_the_cli_prints_plain_text_with_costs_and_a_team_total(
     assert missing.exit_code == 1 and "no runs recorded for job nope" in missing.output
     bad = CliRunner().invoke(app, ["efficiency", "--price", "H100"])
     assert bad.exit_code == 1 and "CLASS=USD_PER_GPU_HOUR" in bad.output
+
+
+def _hung_job(step_s: float = 1.0, stall_s: float = 360.0) -> list[Event]:
+    """One 2-rank run of 40 steps; step 20 waits `stall_s` for data inside the step (its step time says so)."""
+    started = T + 3600 * S
+    ev = [job_started("hung", "h1", started, world=2, nodes=["n5"], family="llm-hung")]
+    ev += steps("hung", "h1", 1, 19, started, ranks=2, step_s=step_s)
+    stalled_from = started + int(19 * step_s * S)
+    ev += steps("hung", "h1", 20, 20, stalled_from, ranks=2, step_s=step_s + stall_s)
+    ev += steps("hung", "h1", 21, 40, stalled_from + int((step_s + stall_s) * S), ranks=2, step_s=step_s)
+    last = max(e.record["ts"] for e in ev)
+    ev.append(state("hung", last + 500, "completed", exit_code=0))
+    return ev
+
+
+def test_a_stall_inside_one_long_step_is_stall_time_not_productive(chdb: Client) -> None:
+    """Issue 24.4: a 6-minute data wait inside one step counts as stall, from the heartbeat."""
+    events = _hung_job()
+    store(chdb, events)
+    row = _rows(chdb, "SELECT * FROM run_efficiency")[0]
+    want = expected_runs(events)[("hung", "h1")]
+    for name, value in want.items():
+        assert row[name] == (value if isinstance(value, str) else pytest.approx(value, rel=1e-6, abs=1e-9)), (
+            name
+        )
+    # The numbers: 40 steps of about a second are the work; the 6 minutes are stall.
+    assert row["productive_s"] == pytest.approx(40.0, abs=0.5)
+    assert row["stall_s"] == pytest.approx(360.0, abs=1.0)
+    assert row["goodput_pct"] == pytest.approx(100 * row["productive_s"] / row["wall_s"])
+    assert row["goodput_pct"] < 11  # 40 s of 401 s; the old formula said 100 %
+    job = _rows(chdb, "SELECT * FROM job_efficiency")[0]
+    assert job["stall_gpu_h"] == pytest.approx(2 * row["stall_s"] / 3600)
+    assert job["goodput_pct"] == pytest.approx(row["goodput_pct"])
+
+
+def test_steps_longer_than_their_interval_never_make_goodput_exceed_100(chdb: Client) -> None:
+    """Ranks overlap: each reports 1.2 s per step while steps complete every second (100.01 % was seen)."""
+    events = [e for e in _hung_job(stall_s=0.0) if e.type != "StepCompleted"]
+    started = events[0].record["ts"]
+    events += [
+        Event("StepCompleted", e.record | {"step_time_s": 1.2})
+        for e in steps("hung", "h1", 1, 40, started, ranks=2, step_s=1.0)
+    ]
+    store(chdb, events)
+    row = _rows(chdb, "SELECT * FROM run_efficiency")[0]
+    assert sum(1.2 for _ in range(40)) > row["wall_s"]  # the reported step times add up to more than the run
+    assert row["step_s"] == pytest.approx(40.0)  # each step credited its 1-second interval
+    assert row["productive_s"] + row["stall_s"] == pytest.approx(row["wall_s"])
+    assert row["goodput_pct"] == pytest.approx(100 * 40 / row["wall_s"]) and row["goodput_pct"] <= 100
+    assert _rows(chdb, "SELECT goodput_pct FROM job_efficiency")[0]["goodput_pct"] <= 100
+
+
+def test_the_roll_ups_hold_what_the_raw_tables_hold_and_a_retried_insert_counts_once(chdb: Client) -> None:
+    events = scenario()
+    store(chdb, events)  # `store` writes every batch twice: the second insert is deduplicated by its token
+    by_step = _rows(
+        chdb,
+        "SELECT job_id, run_id, step, sum(reports) AS reports, max(step_time_s) AS step_s, sum(tokens) AS tokens, "
+        "max(done_ts) AS done FROM run_step_progress GROUP BY ALL ORDER BY ALL",
+    )
+    raw = _rows(
+        chdb,
+        "SELECT job_id, run_id, step, count() AS reports, max(step_time_s) AS step_s, sum(tokens) AS tokens, "
+        "max(ts) AS done FROM steps GROUP BY ALL ORDER BY ALL",
+    )
+    assert by_step == raw and len(raw) == 10 + 8 + 20
+    energy = _rows(
+        chdb,
+        "SELECT job_id, node, gpu_uuid, min(energy_min) AS low, max(energy_max) AS high, "
+        "min(first_ts) AS first, max(last_ts) AS last FROM gpu_energy_minute GROUP BY ALL ORDER BY ALL",
+    )
+    raw_energy = _rows(
+        chdb,
+        "SELECT ifNull(job_id, '') AS job_id, node, gpu_uuid, min(energy_mj) AS low, max(energy_mj) AS high, "
+        "min(ts) AS first, max(ts) AS last FROM gpu_samples GROUP BY ALL ORDER BY ALL",
+    )
+    assert energy == raw_energy and len(energy) == 8
+
+
+def test_a_store_made_before_the_roll_ups_is_backfilled_by_the_migration(chdb_dsn: str) -> None:
+    """Rows stored at schema version 8 (no roll-ups) reach the roll-ups when version 9 is applied."""
+    from sinks.clickhouse import connect
+    from sinks.ddl import MIGRATIONS, applied_versions, migrate
+
+    client = connect(chdb_dsn)
+    applied_versions(client)  # the migrations table
+    for migration in MIGRATIONS:
+        if migration.version < 9:
+            for statement in migration.statements(30):
+                client.command(statement)
+            client.command(f"INSERT INTO schema_migrations VALUES ({migration.version}, 'old', now64(3))")
+    events = scenario()
+    store(client, events)
+    assert "run_step_progress" not in {r["name"] for r in _rows(client, "SHOW TABLES")}
+    assert migrate(client) == [9]
+    steps_rolled = _rows(client, "SELECT sum(reports) AS n FROM run_step_progress")[0]["n"]
+    assert steps_rolled == sum(1 for e in events if e.type == "StepCompleted")
+    rollups = next(m for m in MIGRATIONS if m.version == 9)
+    for statement in rollups.statements(30):  # applied again (a second migrating process): no change
+        client.command(statement)
+    assert _rows(client, "SELECT sum(reports) AS n FROM run_step_progress")[0]["n"] == steps_rolled
+    expected = expected_runs(events)
+    rows = {(r["job_id"], r["run_id"]): r for r in _rows(client, "SELECT * FROM run_efficiency")}
+    assert set(rows) == set(expected)
+    for key, want in expected.items():
+        assert rows[key]["productive_s"] == pytest.approx(want["productive_s"]), key
+        assert rows[key]["energy_kwh"] == pytest.approx(want["energy_kwh"]), key
