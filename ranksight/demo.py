@@ -32,6 +32,7 @@ from infra.kafka.quiet import quiet_logger
 from infra.kafka.topics import create_topics
 from producers.publisher import open_publisher
 from producers.simulator import load_scenario, paced, simulate
+from ranksight.commands.sink import sink_time_bound
 from ranksight.settings import Settings
 from schemas.codec import Codec
 from schemas.errors import RanksightError
@@ -339,6 +340,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             prefix + "sink",
             deadletter_topic=prefix + DEADLETTER,
             progress_interval_s=3600,
+            time_bound=sink_time_bound(),  # the worker's bound on event times (shipped config)
         )
         stop_sink = threading.Event()
         sink_thread = threading.Thread(target=sink.run, kwargs={"stop": stop_sink}, name="sink", daemon=True)

@@ -28,6 +28,7 @@ def serve(
     ),
 ) -> None:
     """Store every ranksight topic in ClickHouse and serve the UI on it, until Ctrl-C or SIGTERM."""
+    from ranksight.commands.sink import sink_time_bound
     from ranksight.commands.ui import open_store
     from schemas.codec import codec_from_settings
     from schemas.topics import DEADLETTER
@@ -58,6 +59,7 @@ def serve(
             batch_size=batch_size,
             batch_interval_s=batch_interval,
             progress_interval_s=3600,
+            time_bound=sink_time_bound(),  # the worker's bound on event times (shipped config)
         )
         server = UiServer(client, host, port)
         url = server.start()

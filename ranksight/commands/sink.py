@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -12,9 +13,19 @@ from ranksight.console import console, err_console, fail, say_store, user_errors
 from ranksight.signals import stop_signals
 
 if TYPE_CHECKING:
+    from schemas.eventtime import TimeBound
     from sinks.consumer import SinkConsumer
 
-__all__ = ["register"]
+__all__ = ["register", "sink_time_bound"]
+
+
+def sink_time_bound(config: Path | None = None) -> TimeBound:
+    """The worker's bound on event times (`engine.max_clock_skew_s`, `max_record_age_s`) from its config file."""
+    from schemas.eventtime import TimeBound
+    from streams.config import load_config
+
+    engine = load_config(config)
+    return TimeBound(engine.max_clock_skew_ms, engine.max_record_age_ms)
 
 
 def _prefixed(topic: str, prefix: str) -> str:
@@ -80,6 +91,12 @@ def sink(
         min=6.0,
         help="Seconds before a crashed sink's partitions move to another member.",
     ),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="The worker's detector config YAML (default: shipped): its engine.max_clock_skew_s and "
+        "engine.max_record_age_s bound the event times the sink stores.",
+    ),
 ) -> None:
     """Consume ranksight topics and write every record to its ClickHouse table; commit offsets after the insert."""
     from infra.kafka.quiet import quiet_logger
@@ -107,6 +124,7 @@ def sink(
             fail(str(exc), code=2)
         say_store(dsn)
         migrate(client, settings.ttl_days)
+        bound = sink_time_bound(config)
         names = [_prefixed(t, prefix) for t in _topic_list(topics)]
         consumer = SinkConsumer(
             kafka_conf,
@@ -120,6 +138,7 @@ def sink(
             progress_interval_s=progress_interval,
             progress=lambda stats: _print_progress(stats, _expired(consumer)),
             on_health=_metrics_publisher(metrics_port, prefix),
+            time_bound=bound,
         )
         stop = threading.Event()
         # Ctrl-C and SIGTERM (also when started with SIGINT ignored) end the loop; run() then

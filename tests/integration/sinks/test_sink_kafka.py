@@ -358,6 +358,25 @@ def test_sink_killed_mid_stream_and_restarted_stores_every_event_exactly_once(
     assert committed == end == len(events)
 
 
+def test_the_sink_command_reads_the_bound_from_the_workers_config(
+    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, tmp_path: Path
+) -> None:
+    """`ranksight sink --config` takes engine.max_clock_skew_s from the file the worker reads."""
+    now = int(time.time() * 1000)
+    ahead = Event("StepCompleted", sample_event("StepCompleted", 1, now).record | {"ts": now + 120_000})
+    on_time = sample_event("StepCompleted", 2, now)
+    _produce(kafka_bootstrap, topics, [ahead, on_time])
+    config = tmp_path / "detectors.yaml"
+    config.write_text("engine:\n  max_clock_skew_s: 60\n")
+    sink = _sink_process(
+        tmp_path / "home", kafka_bootstrap, topic_prefix, "--idle-exit", "3", "--config", str(config)
+    )
+    out, _ = sink.communicate(timeout=180)
+    assert sink.returncode == 0, out
+    # Two minutes ahead is within the shipped 300 s, not within this file's 60 s.
+    assert "sink stopped: inserted 1 rows" in out and "dead-lettered 1" in out, out
+
+
 def test_unreachable_kafka_is_one_clear_error(chdb: Client) -> None:
     sink = SinkConsumer({"bootstrap.servers": "127.0.0.1:1"}, chdb, ["rs.training.steps"], "g")
     try:
