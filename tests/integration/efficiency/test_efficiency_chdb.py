@@ -369,3 +369,51 @@ def test_a_store_made_before_the_roll_ups_is_backfilled_by_the_migration(chdb_ds
     for key, want in expected.items():
         assert rows[key]["productive_s"] == pytest.approx(want["productive_s"]), key
         assert rows[key]["energy_kwh"] == pytest.approx(want["energy_kwh"]), key
+
+
+def test_the_simulated_job_stall_counts_as_stall_in_the_command_and_the_job_panel(
+    chdb: Client, chdb_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The simulator's `job_stall` (every rank waits 8 minutes for data inside one step), as the
+    efficiency command and the job page's panel (`ui.queries.efficiency`) report it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from producers.simulator import load_scenario, simulate
+    from ranksight.cli import app
+    from sinks.ddl import migrate
+    from ui import queries
+
+    migrate(chdb, ttl_days=None)  # simulated time is in the past
+    events = list(simulate(load_scenario("job_stall"), 0).events())
+    store(chdb, events)
+    job = next(e.record["job_id"] for e in events if e.type == "JobStarted")
+    (want,) = expected_runs(events).values()
+    monkeypatch.setenv("CLICKHOUSE_URL", chdb_dsn)
+    monkeypatch.setenv("RANKSIGHT_TTL_DAYS", "3650")
+    try:
+        result = CliRunner().invoke(app, ["efficiency", "--json", "--runs", "--job", job])
+    finally:
+        migrate(chdb, ttl_days=None)
+    assert result.exit_code == 0, result.output
+    job_row, run_row = (json.loads(line) for line in result.stdout.splitlines())
+    gpus = run_row["gpus"]
+    # The 8-minute stall (and the start-up before the first step) is stall time, not productive.
+    assert run_row["stall_s"] == pytest.approx(want["stall_s"]) and run_row["stall_s"] > 8 * 60
+    assert job_row["stall_gpu_h"] == pytest.approx(gpus * run_row["stall_s"] / 3600)
+    assert job_row["stall_gpu_h"] >= gpus * 8 * 60 / 3600
+    assert run_row["productive_s"] == pytest.approx(want["productive_s"])
+    assert run_row["productive_s"] + run_row["stall_s"] + run_row["checkpoint_s"] + run_row[
+        "evaluation_s"
+    ] == pytest.approx(run_row["wall_s"], rel=1e-3)
+    # Goodput against the share of minutes with steps: 12 of the 20 minutes had none for 8.
+    assert job_row["goodput_pct"] == pytest.approx(100 * run_row["productive_s"] / run_row["wall_s"])
+    assert job_row["goodput_pct"] < 100 * (20 - 8) / 20
+    panel = queries.efficiency(chdb, job)
+    assert panel is not None
+    assert panel["goodput_pct"] == pytest.approx(job_row["goodput_pct"], rel=1e-5)
+    assert panel["spent_gpu_h"]["stall"] == pytest.approx(job_row["stall_gpu_h"], rel=1e-5)
+    assert panel["per_run"][0]["spent_gpu_h"]["stall"] == pytest.approx(
+        gpus * run_row["stall_s"] / 3600, rel=1e-5
+    )
