@@ -20,10 +20,10 @@ import yaml
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError as _DriverError
 
-from sinks.efficiency_sql import job_efficiency_sql, run_efficiency_sql
+from sinks.efficiency_sql import RUN_COLUMNS, job_efficiency_sql, run_efficiency_sql
 from sinks.errors import QueryError, SinkError
 
-__all__ = ["PriceList", "PriceListError", "family_jobs", "job_rows", "run_rows", "summarise"]
+__all__ = ["PriceList", "PriceListError", "family_jobs", "job_and_runs", "job_rows", "run_rows", "summarise"]
 
 
 class PriceListError(SinkError):
@@ -121,6 +121,29 @@ def job_rows(
         row["cost"] = _cost(row, prices)
         row["cost_per_successful_run"] = row["cost"] if row["outcome"] == "completed" else None
     return rows
+
+
+def job_and_runs(
+    client: Client, prices: PriceList, job: str
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """`job_rows(job=...)`'s row and `run_rows(job=..., prices=...)` from one statement (None, []: no such job).
+
+    A job page needs both: one statement plans and runs the efficiency SQL once instead of twice.
+    """
+    rows = _query(
+        client,
+        f"SELECT * FROM ({job_efficiency_sql(job=True, with_runs=True)})",
+        {"job": job, "jobs": family_jobs(client, job)},
+    )
+    if not rows:
+        return None, []
+    row = rows[0]
+    runs = [dict(zip(RUN_COLUMNS, values, strict=True)) for values in row.pop("run_rows")]
+    row["cost"] = _cost(row, prices)
+    row["cost_per_successful_run"] = row["cost"] if row["outcome"] == "completed" else None
+    for run in runs:
+        run["cost"] = _cost(run, prices)
+    return row, runs
 
 
 def run_rows(

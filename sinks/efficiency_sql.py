@@ -33,6 +33,7 @@ from __future__ import annotations
 __all__ = [
     "ENERGY_ROLLUP",
     "ROLLUP_TIME_COLUMNS",
+    "RUN_COLUMNS",
     "STALL_INTERVAL_FACTOR",
     "STEP_ROLLUP",
     "backfill_sql",
@@ -46,6 +47,15 @@ __all__ = [
 # A step interval longer than this many times the run's median interval is a stall (not a slow
 # step): far outside step-to-step noise, well inside the detector's `stall_interval_factor` (10).
 STALL_INTERVAL_FACTOR = 3.0
+
+# The columns of `run_efficiency`, in order (a test checks them against the view).
+RUN_COLUMNS: tuple[str, ...] = (
+    "job_id", "run_id", "team", "owner", "gpu_class", "workload_family", "node_count", "gpus", "outcome",
+    "started", "ended", "wall_s", "allocated_gpu_h", "steps", "step_s", "restart_lost_s", "skipped_s",
+    "productive_s", "checkpoint_s", "evaluation_s", "stall_s", "goodput_pct", "tokens", "samples",
+    "tokens_per_gpu_h", "samples_per_gpu_h", "tokens_per_gpu_s", "energy_kwh", "kwh_per_billion_tokens",
+    "failed_work_s", "verified_checkpoints", "last_verified_step",
+)  # fmt: skip
 
 STEP_ROLLUP = "run_step_progress"
 ENERGY_ROLLUP = "gpu_energy_minute"
@@ -382,8 +392,11 @@ def _accounted_sql() -> str:
     )
 
 
-def job_efficiency_sql(job: bool = False) -> str:
+def job_efficiency_sql(job: bool = False, with_runs: bool = False) -> str:
     """One row per job; with `job`, only the job bound to `%(job)s`, from the runs of the jobs in `%(jobs)s`.
+
+    `with_runs` adds `run_rows`: the job's `run_efficiency` rows as tuples (`RUN_COLUMNS`) in start
+    order, so a job page gets its job and run figures from one statement (planned and run once).
 
     `%(jobs)s` holds the job and the single-node jobs of its workload family (its scaling baseline):
     the caller looks them up first (`sinks.efficiency.family_jobs`), so every table is read with a
@@ -394,6 +407,13 @@ def job_efficiency_sql(job: bool = False) -> str:
     runs = f"({run_efficiency_sql('job_id IN %(jobs)s')})" if job else "run_efficiency"
     only = " WHERE job_id = %(job)s" if job else ""
     submitted = " AND job_id = %(job)s" if job else ""
+    started = RUN_COLUMNS.index("started") + 1
+    runs_detail = (
+        f",\n        arraySort(x -> x.{started}, groupArray(tuple({', '.join(RUN_COLUMNS)}))) AS j_run_rows"
+        if with_runs
+        else ""
+    )
+    runs_column = ",\n    r.j_run_rows AS run_rows" if with_runs else ""
     return f"""WITH
 queue_attempts AS (
     SELECT job_id, submit_ts,
@@ -438,7 +458,7 @@ job_runs AS (
         sum(gpus * evaluation_s) / 3600 AS j_evaluation_gpu_h,
         sum(gpus * failed_work_s) / 3600 AS j_failed_work_gpu_h,
         sum(tokens) AS j_tokens, sum(samples) AS j_samples, sum(energy_kwh) AS j_energy_kwh,
-        sum(productive_s * gpus) AS j_productive_gpu_s
+        sum(productive_s * gpus) AS j_productive_gpu_s{runs_detail}
     FROM run_rows{only} GROUP BY job_id
 ),
 ids AS (
@@ -466,7 +486,7 @@ SELECT i.job_id AS job_id, if(r.j_runs > 0, r.j_team, st.s_team) AS team,
     if(r.j_tokens > 0, r.j_energy_kwh / (r.j_tokens / 1e9), NULL) AS kwh_per_billion_tokens,
     if(r.j_productive_gpu_s > 0, r.j_tokens / r.j_productive_gpu_s, NULL) AS tokens_per_gpu_s,
     if(r.j_node_count > 1 AND r.j_family_tokens_per_gpu_s > 0 AND r.j_productive_gpu_s > 0,
-       (r.j_tokens / r.j_productive_gpu_s) / r.j_family_tokens_per_gpu_s, NULL) AS scaling_efficiency
+       (r.j_tokens / r.j_productive_gpu_s) / r.j_family_tokens_per_gpu_s, NULL) AS scaling_efficiency{runs_column}
 FROM ids AS i
 LEFT JOIN job_runs AS r ON i.job_id = r.job_id
 LEFT JOIN states AS st ON i.job_id = st.job_id

@@ -417,3 +417,18 @@ def test_the_simulated_job_stall_counts_as_stall_in_the_command_and_the_job_pane
     assert panel["per_run"][0]["spent_gpu_h"]["stall"] == pytest.approx(
         gpus * run_row["stall_s"] / 3600, rel=1e-5
     )
+
+
+def test_one_statement_gives_a_job_page_the_same_job_and_run_rows(loaded: tuple[Client, list[Event]]) -> None:
+    from sinks.efficiency import PriceList, job_and_runs, job_rows, run_rows
+    from sinks.efficiency_sql import RUN_COLUMNS
+
+    client, _ = loaded
+    assert tuple(r["name"] for r in _rows(client, "DESCRIBE run_efficiency")) == RUN_COLUMNS
+    prices = PriceList.parse(["H100-80GB=3"])
+    for job in ("big", "solo", "queued"):
+        row, runs = job_and_runs(client, prices, job)
+        assert row == job_rows(client, prices, job=job)[0], job
+        assert runs == run_rows(client, job=job, prices=prices), job
+    assert [r["run_id"] for r in job_and_runs(client, prices, "big")[1]] == ["r1", "r2"]
+    assert job_and_runs(client, prices, "nope") == (None, [])
