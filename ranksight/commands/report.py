@@ -13,7 +13,7 @@ from ranksight.console import console, fail, user_errors
 if TYPE_CHECKING:
     from schemas.records import Event
 
-__all__ = ["detected", "register", "replayed"]
+__all__ = ["detected", "recorded", "register", "replayed"]
 
 
 def detected(
@@ -34,6 +34,14 @@ def detected(
         yield event
         yield from engine.process(event)
     yield from engine.finish()
+
+
+def recorded(paths: list[Path]) -> Iterator[Event]:
+    """The recordings' events as stored, file after file (no detection, no time order: for aggregation)."""
+    from schemas.files import iter_container
+
+    for path in paths:
+        yield from iter_container(Path(path))
 
 
 def replayed(
@@ -81,11 +89,12 @@ def report(
                 if not Path(path).is_file():
                     fail(f"no such recording: {path}")
             result = report_from_events(
-                replayed(files, config=config, routing=routing),
+                lambda: replayed(files, config=config, routing=routing),
                 out,
                 job_id=job,
                 alert_id=alert,
                 prices=price_list,
+                sources=lambda: recorded(files),
             )
         else:
             from ranksight.commands.ui import open_store
