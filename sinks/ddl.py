@@ -423,6 +423,8 @@ def migrate(client: Client, ttl_days: int | None = 30) -> list[int]:
     applied: list[int] = []
     try:
         done = applied_versions(client)
+        # Existing tables first get the columns their records gained: a later version's views read them.
+        _sync_columns(client)
         for migration in MIGRATIONS:
             if migration.version in done:
                 continue

@@ -155,7 +155,7 @@ def test_client_is_shared_by_a_writer_thread_and_a_reader_thread(chdb: Client) -
 
 @pytest.mark.parametrize("command", [["sql", "SELECT 1"], ["sink"]])
 def test_commands_on_a_directory_held_by_another_process_say_so_and_exit_2(
-    tmp_path: Path, command: list[str]
+    tmp_path: Path, command: list[str], kafka_bootstrap: str
 ) -> None:
     home = tmp_path / "home"
     holder = subprocess.Popen(
@@ -166,7 +166,8 @@ def test_commands_on_a_directory_held_by_another_process_say_so_and_exit_2(
     )  # fmt: skip
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        env = {**os.environ, "RANKSIGHT_HOME": str(home), "KAFKA_BOOTSTRAP": "127.0.0.1:1"}
+        # A broker that answers: the sink checks Kafka before it opens the store.
+        env = {**os.environ, "RANKSIGHT_HOME": str(home), "KAFKA_BOOTSTRAP": kafka_bootstrap}
         env.pop("CLICKHOUSE_URL", None)
         started = time.monotonic()
         done = subprocess.run([RANKSIGHT, *command], env=env, capture_output=True, text=True, timeout=60)
@@ -203,11 +204,19 @@ def test_sql_error_is_one_line_exit_1(tmp_path: Path, statement: str) -> None:
     assert error.startswith("error: query failed:")
 
 
-def test_fields_added_to_a_record_become_columns_of_an_existing_table(chdb: Client) -> None:
-    """A store made before a record gained fields gets the new columns on the next migration."""
+def test_fields_added_to_a_record_become_columns_of_an_existing_table(chdb_dsn: str) -> None:
+    """A store made before a record gained fields gets the new columns on the next migration, before
+    the versions whose views read them (the efficiency roll-ups read `gpu_samples.job_id`)."""
+    chdb = connect(chdb_dsn)
+    applied_versions(chdb)
+    for migration in MIGRATIONS:
+        if migration.version < 9:
+            for statement in migration.statements(30):
+                chdb.command(statement)
+            chdb.command(f"INSERT INTO schema_migrations VALUES ({migration.version}, 'old', now64(3))")
     chdb.command("ALTER TABLE gpu_samples DROP COLUMN job_id")
     chdb.command("ALTER TABLE host_samples DROP COLUMN job_ids")
-    migrate(chdb)
+    assert 9 in migrate(chdb)
     columns = {
         (table, name)
         for table, name in chdb.query(
@@ -217,13 +226,14 @@ def test_fields_added_to_a_record_become_columns_of_an_existing_table(chdb: Clie
     assert ("gpu_samples", "job_id") in columns
     assert ("host_samples", "job_ids") in columns
     sink = ClickHouseSink(chdb)
-    event = sample_event("GpuSample", 0)
+    event = sample_event("GpuSample", 1)  # sample 0 has no energy reading (every fifth optional is null)
     event.record["job_id"] = "pretrain-1"
     sink.add("rs.telemetry.gpu", 0, 0, event)
     batch = sink.batch("rs.telemetry.gpu", 0)
     assert batch is not None
     sink.write(batch)
     assert chdb.query("SELECT job_id FROM gpu_samples").result_rows == [("pretrain-1",)]
+    assert chdb.query("SELECT job_id FROM gpu_energy_minute").result_rows == [("pretrain-1",)]
 
 
 def test_rows_older_than_the_ttl_are_dropped_by_chdb_and_counted_as_expired(chdb: Client) -> None:
