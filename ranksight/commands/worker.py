@@ -57,11 +57,18 @@ def worker(
         help="All input of a partition silent this many seconds while live: advance event time with the wall clock (0: off).",
     ),
     replication_factor: int = typer.Option(
-        1,
+        -1,
         "--replication-factor",
-        min=1,
+        min=-1,
         envvar="RANKSIGHT_REPLICATION_FACTOR",
-        help="Replication factor of the topics the worker creates (internal, changelogs); 3 on a real cluster.",
+        help="Replication factor of the topics the worker creates (internal, changelogs); -1: the broker's"
+        " default.replication.factor (3 on a 3-broker cluster).",
+    ),
+    max_held: int = typer.Option(
+        200_000,
+        "--max-held",
+        min=100,
+        help="Records a partition task holds for event-time alignment before the oldest leave (possibly late).",
     ),
     metrics_port: int = typer.Option(
         0,
@@ -124,6 +131,7 @@ def worker(
         stats_interval_s=stats_interval_s,
         align_idle_s=align_idle_s,
         align_pause_at=align_pause_at,
+        align_max_buffer=max_held,
         guard_s=guard_s,
         unbound_interval_ms=unbound_interval_ms,
         schema_registry_url=settings.schema_registry_url,

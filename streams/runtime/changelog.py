@@ -180,6 +180,7 @@ def _ends(reader: Any, ktp: Any, timeout_s: float = 60.0) -> tuple[int, int]:
     from confluent_kafka import KafkaError, KafkaException
 
     no_leader_yet = {
+        KafkaError._UNKNOWN_PARTITION,  # the client's metadata does not have the new topic yet
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.UNKNOWN_TOPIC_OR_PART,

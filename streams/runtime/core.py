@@ -76,8 +76,10 @@ class WorkerCore:
         codec: Codec | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        pausing: bool = True,
     ) -> None:
         self.options = options
+        self.pausing = pausing  # the runtime can pause partitions (backpressure)
         self.config = config or load_config(options.config_path)
         self.router = router or load_router(options.routing_path)
         self.codec = codec or worker_codec(options)
@@ -173,6 +175,8 @@ class WorkerCore:
 
     def _flow(self, tasks: Iterable[PartitionTask], now: float, actions: list[Action]) -> list[Action]:
         """Append the pauses and resumes these tasks' held records call for."""
+        if not self.pausing:
+            return actions
         pause: list[str] = []
         resume: list[str] = []
         for task in tasks:

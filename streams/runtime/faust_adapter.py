@@ -11,6 +11,11 @@ commits acknowledged offsets every `broker_commit_interval`). Faust's `exactly_o
 (against Apache Kafka 4.1 it committed offsets of aborted transactions); its tables are not used
 either: state is the changelog topics both runtimes share, read back at assignment.
 
+Backpressure: none beyond the aligners' cap (`align_max_buffer`: past it the oldest held records
+leave, possibly late). Faust's `pause_partitions` makes its fetch loop drop what it already fetched
+of a partition without moving back, and resuming with a seek did not bring the partition back
+reliably in our tests (a partition stayed unread with records left), so this runtime never pauses.
+
 Private Faust APIs this adapter relies on (checked against faust-streaming 0.11):
 `Consumer._committed_offset` (the committed offsets at assignment, for backlogs),
 `Consumer.highwater` / `highwaters` (public, but only filled by fetches), and in
@@ -83,15 +88,14 @@ class _FaustRuntime:
         self.options = options
         self.prefix = options.topic_prefix
         self.conf = kafka_config(options)
-        self.core = WorkerCore(options, self.lag)
+        # No pausing here (see the module docstring): the core never asks for it.
+        self.core = WorkerCore(options, self.lag, pausing=False)
         self.health = WorkerHealth(self.core, options.metrics_port)
         self.io = KafkaIO(
             self.conf,
             self.prefix,
             self._committed,
             self.health.produced,
-            pause=lambda tps: app.consumer.pause_partitions([self._ktp(tp) for tp in tps]),
-            resume=lambda tps: app.consumer.resume_partitions([self._ktp(tp) for tp in tps]),
         )
         self.unacked: dict[str, collections.deque[tuple[int, Any]]] = collections.defaultdict(
             collections.deque
@@ -211,7 +215,8 @@ def build_app(options: WorkerOptions) -> faust.App:
         datadir=str(options.workdir / "faust"),
         processing_guarantee="at_least_once",
         topic_partitions=options.partitions,
-        topic_replication_factor=options.replication_factor,
+        # Faust's own assignor topic; it cannot ask for the broker's default.
+        topic_replication_factor=max(1, options.replication_factor),
         broker_credentials=broker_credentials(options),
         web_enabled=False,
         consumer_auto_offset_reset="earliest",

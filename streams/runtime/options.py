@@ -77,7 +77,7 @@ class WorkerOptions:
     topic_prefix: str = ""
     runtime: Runtime = DEFAULT_RUNTIME
     partitions: int = 6
-    replication_factor: int = 1
+    replication_factor: int = -1  # of the topics the worker creates; -1: the broker's default
     config_path: Path | None = None
     routing_path: Path | None = None
     checkpoint_interval_ms: int = 10_000
