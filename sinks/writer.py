@@ -60,6 +60,8 @@ class SinkBatch:
     messages: int = 0
     rows: int = 0
     tables: dict[str, list[list[Any]]] = field(default_factory=dict)
+    # Per table, the highest offset of this partition it already stores (looked up once a batch).
+    stored: dict[str, int] = field(default_factory=dict)
 
     @property
     def token(self) -> str:
@@ -121,15 +123,24 @@ class ClickHouseSink:
     def add(self, topic: str, partition: int, offset: int, event: Event) -> bool:
         """Add one event; False when its table already stores this offset. Raises `InvalidRecordError`."""
         spec, row = event_row(event)
-        stored = self._high_water(spec.name, topic, partition)
-        batch = self._batch(topic, partition)
-        batch.note(offset)
+        # This runs for every record: one batch lookup, the offset noted inline (`SinkBatch.note`).
+        batch = self._batches.get((topic, partition))
+        if batch is None:
+            batch = self._batch(topic, partition)
+        table = spec.name
+        stored = batch.stored.get(table)
+        if stored is None:
+            stored = batch.stored[table] = self._high_water(table, topic, partition)
+        if batch.first_offset < 0:
+            batch.first_offset = offset
+        batch.last_offset = offset
+        batch.messages += 1
         if offset <= stored:
             self.stats.skipped_stored += 1
             return False
-        columns = batch.tables.get(spec.name)
+        columns = batch.tables.get(table)
         if columns is None:
-            columns = batch.tables[spec.name] = [[] for _ in spec.column_names]
+            columns = batch.tables[table] = [[] for _ in spec.column_names]
         for column, value in zip(columns, row, strict=False):
             column.append(value)
         columns[-3].append(topic)
