@@ -10,7 +10,11 @@ detectors' 30 s rank windows and a few alerts. Then measures, warm, median of --
   (d) the fleet page and a 10-minute zoom,
   (e) the efficiency panel (`job_efficiency` + `run_efficiency`) and the fleet's goodput column,
       which the pages fetch after they render (`/api/jobs/<job>/efficiency`, `/api/fleet/goodput`),
-      uncached (`ui.queries`) and cached by the server (60 s).
+      uncached (`ui.queries`) and cached by the server (60 s),
+  (f) the compare page's JSON (`/api/compare?job=`),
+  (g) overload: --burst (200) concurrent page loads against the default gate (4 queries at once,
+      8 waiting up to 5 s): how many answered 200 and 503, and the slowest answer,
+  (h) the page once the job completed: a cache hit.
 Target: (c) under 500 ms on this machine. Not part of the test suite.
 
     .venv/bin/python bench/bench_ui.py [--ranks 512] [--hours 2] [--repeat 5]
@@ -131,6 +135,29 @@ def _median_ms(fn: Callable[[], Any], repeat: int, name: str = "") -> tuple[floa
     return statistics.median(times), result
 
 
+def _burst(url: str, n: int) -> dict[str, Any]:
+    """`n` concurrent GETs: how many got 200 and 503, the slowest answer, the whole burst's time."""
+    import concurrent.futures
+
+    def one(_: int) -> tuple[int, float, str]:
+        started = time.perf_counter()
+        with httpx.Client(timeout=300) as http:
+            response = http.get(url)
+        return response.status_code, time.perf_counter() - started, response.headers.get("Retry-After", "")
+
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(one, range(n)))
+    return {
+        "ok": sum(1 for code, _, _ in results if code == 200),
+        "busy": sum(1 for code, _, _ in results if code == 503),
+        "retry_after": next((ra for code, _, ra in results if code == 503), "-"),
+        "slowest_s": max(t for _, t, _ in results),
+        "slowest_busy_s": max((t for code, t, _ in results if code == 503), default=0.0),
+        "wall_s": time.perf_counter() - started,
+    }
+
+
 def main() -> None:
     """Fill the store, measure, print."""
     parser = argparse.ArgumentParser(
@@ -139,6 +166,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=512)
     parser.add_argument("--hours", type=float, default=2.0)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--burst", type=int, default=200, help="concurrent page loads of the overload row")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-ui-") as tmp:
         dsn = f"chdb://{Path(tmp) / 'chdb'}"
@@ -163,6 +191,9 @@ def main() -> None:
                 "bare",
             )
             prices = PriceList.parse(["default=2.5"])
+            compare_uncached_ms, _ = _median_ms(
+                lambda: queries.compare(client, [JOB]), args.repeat, "compare"
+            )
             efficiency_ms, panel = _median_ms(
                 lambda: queries.efficiency(client, JOB, prices), args.repeat, "efficiency"
             )
@@ -181,11 +212,25 @@ def main() -> None:
                     cached_ms, _ = _median_ms(
                         lambda: http.get(f"{url}api/jobs/{JOB}/efficiency"), args.repeat, "cached"
                     )
+                    compare_ms, _ = _median_ms(
+                        lambda: http.get(f"{url}api/compare", params={"job": JOB}), args.repeat
+                    )
+                    # Overload: as many concurrent page loads as the issue measured (200), default gate.
+                    burst = _burst(f"{url}api/jobs/{JOB}", args.burst)
                     t0 = page["range"]["from_ms"] + 3600_000
                     zoom_ms, _ = _median_ms(
                         lambda: http.get(f"{url}api/jobs/{JOB}", params={"from": t0, "to": t0 + 600_000}),
                         args.repeat,
                         "zoom",
+                    )
+                    # A finished job's page is immutable: the second read is served from the cache.
+                    client.command(
+                        "INSERT INTO job_states (ts, job_id, run_id, state, reason, restart_count) VALUES "
+                        f"(toDateTime64('{START}', 3, 'UTC') + toIntervalHour(3), '{JOB}', '{JOB}-r0', 'completed', 'done', 0)"
+                    )
+                    finished_first = http.get(f"{url}api/jobs/{JOB}")
+                    finished_ms, finished = _median_ms(
+                        lambda: http.get(f"{url}api/jobs/{JOB}"), args.repeat, "cached_page"
                     )
             finally:
                 server.stop()
@@ -219,6 +264,19 @@ def main() -> None:
                 f"CPU {_CPU['goodput']:7.1f} ms"
             )
             print(f"(e) GET /api/jobs/{JOB}/efficiency, cached by the server     {cached_ms:8.1f} ms")
+            print(
+                f"(f) compare page of {JOB} (its one run), uncached (ui.queries.compare) {compare_uncached_ms:8.1f} ms  "
+                f"CPU {_CPU['compare']:7.1f} ms; GET /api/compare cached 60 s {compare_ms:6.1f} ms"
+            )
+            print(
+                f"(g) {args.burst} concurrent GET /api/jobs/{JOB}, --max-queries 4: "
+                f"{burst['ok']} x 200, {burst['busy']} x 503 (Retry-After {burst['retry_after']}, slowest 503 "
+                f"{burst['slowest_busy_s']:.2f} s), slowest answer {burst['slowest_s']:.1f} s, all in {burst['wall_s']:.1f} s"
+            )
+            print(
+                f"(h) GET /api/jobs/{JOB} once the job completed: first {finished_first.headers.get('X-Ranksight-Cache')}, "
+                f"then {finished.headers.get('X-Ranksight-Cache')} in {finished_ms:8.1f} ms"
+            )
         finally:
             close(dsn)
 

@@ -142,7 +142,8 @@ def _bucket(column_ms: str) -> str:
 _PLAUSIBLE_TS = (
     "ts BETWEEN fromUnixTimestamp64Milli({lo:Int64}, 'UTC') AND fromUnixTimestamp64Milli({hi:Int64}, 'UTC')"
 )
-_PLAUSIBLE_MINUTE = "toUnixTimestamp(minute) BETWEEN intDiv({lo:Int64}, 1000) AND intDiv({hi:Int64}, 1000)"
+# (The column stays bare so the sorting key and partitions prune: a function of `minute` would not.)
+_PLAUSIBLE_MINUTE = "minute BETWEEN toDateTime(intDiv({lo:Int64}, 1000), 'UTC') AND toDateTime(intDiv({hi:Int64}, 1000), 'UTC')"
 
 
 def plausible_bounds(now_ms: int | None = None) -> tuple[int, int]:
@@ -741,12 +742,16 @@ def _gpus(
     # across GPUs and the line of whichever GPU an alert names from the same columns.
     cells = _columns(
         client,
+        # The GPU's row: a hash look-up of "node/gpu" (a node name may hold '/', the GPU index never
+        # does: the key is unambiguous); indexOf over the key array per row was 3x slower at 512 GPUs.
         "SELECT intDiv(b - {t0:Int64}, {width:Int64}) AS x, "
-        "indexOf({keys:Array(Tuple(String, Int32))}, (node, gpu_index)) - 1 AS i, "
+        "transform(concat(node, '/', toString(gpu_index)), {names:Array(String)}, "
+        "range(toUInt32(length({names:Array(String)}))), -1) AS i, "
         f"{_r('util', 1)}, {_r('power', 1)}, {_r('sm_clock', 0)}, {_r('mem_used', 2)} FROM ({sql}) ORDER BY x, i",
         cluster=cluster,
         nodes=sorted({n for n, _ in keys}),
         keys=[(n, int(g)) for n, g in keys],
+        names=[f"{n}/{int(g)}" for n, g in keys],
         t0=t0,
         t1=t1,
         width=width,

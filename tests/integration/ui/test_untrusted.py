@@ -474,7 +474,16 @@ def test_no_script_runs_on_any_page_or_report_and_values_read_literally(
     tab.assert_nothing_ran("runbook")
     tab.context.close()
 
-    # Reports open from file:// under their own policy.
+    # Reports open from file:// under their own policy: downloaded from the UI, and written from a
+    # recording the way `ranksight report recording.avro` writes them (streamed, no store).
+    from ui.report import report_from_events
+
+    xss_events = hostile_ui.events["xss"]
+    report_from_events(lambda: iter(xss_events), hostile_ui.tmp / "recording-xss-job.html", job_id=job_id)
+    first_alert = next(iter(hostile_ui.alerts("xss")))
+    report_from_events(
+        lambda: iter(xss_events), hostile_ui.tmp / "recording-xss-alert.html", alert_id=first_alert
+    )
     for report in sorted(hostile_ui.tmp.glob("*-xss*.html")):
         offline = Watched(browser, offline=True)
         offline.open(report.as_uri())
