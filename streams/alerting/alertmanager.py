@@ -54,6 +54,8 @@ __all__ = [
 # Alert fields copied into labels (identity: Alertmanager groups and deduplicates by labels).
 # `job` is the conventional Alertmanager/Prometheus name for the job identity, `job_id` stays for
 # existing routes. run_id is deliberately not a label: a restarted run is the same alert.
+# `inhibited_by` (the alert_id of the cause that mutes it) is a label so Alertmanager routes and
+# silences can use the engine's verdict, including mutes Alertmanager cannot work out by itself.
 LABEL_FIELDS: tuple[str, ...] = (
     "team",
     "job_id",
@@ -65,6 +67,7 @@ LABEL_FIELDS: tuple[str, ...] = (
     "category",
     "cluster",
     "receiver",
+    "inhibited_by",
 )
 _ANNOTATIONS = (
     "summary",
@@ -77,7 +80,6 @@ _ANNOTATIONS = (
     "baseline",
     "owner",
     "group_key",
-    "inhibited_by",
 )
 _NUMERIC_ANNOTATIONS = ("observed", "expected")
 
@@ -329,6 +331,11 @@ def read_silences(url: str, *, timeout_s: float = 3.0, client: httpx.Client | No
     return SilenceReport(silences=silences, silenced=silenced)
 
 
+def _labels_changed(before: dict[str, Any], record: dict[str, Any]) -> bool:
+    """True when the alert's Alertmanager labels differ between two records of it."""
+    return to_alertmanager(before)["labels"] != to_alertmanager(record)["labels"]
+
+
 class AlertForwarder:
     """The firing set: restores it from history, sends new states, keeps firing alerts alive.
 
@@ -411,6 +418,12 @@ class AlertForwarder:
         out: list[dict[str, Any]] = []
         for record in coalesce(r for r in records if self._wanted(r)):
             key = alert_key(record)
+            before = self._firing.get(key)
+            if before is not None and _labels_changed(before[0], record):
+                # A cause fired after its symptom and muted it: `inhibited_by` is a label, so
+                # Alertmanager holds the unmuted alert apart; resolve it rather than let it lapse.
+                ended = max(int(now * 1000), int(record.get("ts") or 0), int(before[0]["starts_at"]))
+                out.append({**before[0], "status": "resolved", "ends_at": ended})
             if record.get("status") == "resolved":
                 self._firing.pop(key, None)
                 self._unsent_resolved[key] = record

@@ -17,9 +17,14 @@ The rendered tree (`ranksight alerts am-config --ownership FILE`):
   4. one route per category with its `group_by`, and under it one per severity with its
      `repeat_interval`;
 - the same children at the root for teams the file does not list;
-- inhibit rules from the routing file's `inhibit_rules` (alert fields -> Alertmanager labels: `rule`
-  is `alertname`, `labels.<x>` is `<x>`). `scope: node` becomes two rules: same `node`, or a
-  job-level target (`node=""`) of the job the source names; `scope: gpu` likewise with `gpu_uuid`.
+- inhibit rules from the routing file's inhibition graph, `inhibit_rules` (alert fields ->
+  Alertmanager labels: `rule` is `alertname`, `labels.<x>` is `<x>`). An edge of scope `job` is
+  one rule (`equal: [job]`, the target has a job); `node` becomes two rules: same `node`, or a
+  job-level target (`node=""`) of the job the source names; `gpu` likewise with `gpu_uuid`. An
+  edge's `after_s` (a resolved cause still explains later symptoms) has no Alertmanager form:
+- the engine's own verdict travels as the `inhibited_by` label, and the first route sends every
+  alert carrying it to `ranksight-muted`, a receiver that notifies nobody (the alert stays visible
+  in Alertmanager, as an inhibited one does), so a symptom the engine muted never pages or escalates.
 """
 
 from __future__ import annotations
@@ -35,14 +40,18 @@ from streams.alerting.grouping import InhibitRule
 from streams.alerting.ownership import CATEGORIES, JOB_TEAM, SEVERITIES, Ownership, TeamReceivers
 from streams.alerting.routing import Route
 
-__all__ = ["RenderedConfig", "label_for_field", "matcher", "render_alertmanager_config"]
+__all__ = ["MUTED_RECEIVER", "RenderedConfig", "label_for_field", "matcher", "render_alertmanager_config"]
+
+# Where alerts the engine muted (label `inhibited_by`) go: a receiver without notifiers.
+MUTED_RECEIVER = "ranksight-muted"
 
 _REGEX_SPECIAL = frozenset("\\.^$|?*+()[]{}")
 _HEADER = """\
 # Alertmanager configuration rendered by `ranksight alerts am-config` from {source}.
 # Regenerate it after editing the ownership or routing file; check it with `amtool check-config`.
 # Acknowledge a page by silencing it (amtool silence add / the Alertmanager UI): a critical page not
-# silenced within {after} escalates to the team's escalation receiver.
+# silenced within {after} escalates to the team's escalation receiver. An alert ranksight muted under
+# its cause (label inhibited_by) goes to {muted}, which notifies nobody.
 """
 
 
@@ -191,9 +200,14 @@ def _inhibit_rules(rules: Sequence[InhibitRule], warnings: list[str]) -> list[di
             )
             continue
         base = {"source_matchers": converted["source"], "target_matchers": converted["target"]}
-        if rule.scope:
+        if rule.scope == "job":
+            # `equal` holds when both lack the label: the target must name a job.
+            with_job = [*converted["target"], matcher("job", ".+", regex=True)]
+            out.append({**base, "target_matchers": with_job, "equal": sorted({*equal, "job"})})
+        elif rule.scope:
             scope_label = "node" if rule.scope == "node" else "gpu_uuid"
-            out.append({**base, "equal": [*equal, scope_label]})
+            own = [*converted["target"], matcher(scope_label, ".+", regex=True)]
+            out.append({**base, "target_matchers": own, "equal": [*equal, scope_label]})
             job_level = [*converted["target"], matcher(scope_label, "")]
             out.append({**base, "target_matchers": job_level, "equal": sorted({*equal, "job"})})
         else:
@@ -242,13 +256,21 @@ def render_alertmanager_config(
             "group_wait": am.group_wait,
             "group_interval": am.group_interval,
             "repeat_interval": am.repeat_interval["warning"],
-            "routes": [*team_routes, *others],
+            "routes": [
+                {"matchers": [matcher("inhibited_by", ".+", regex=True)], "receiver": MUTED_RECEIVER},
+                *team_routes,
+                *others,
+            ],
         },
         "inhibit_rules": _inhibit_rules(inhibit_rules, warnings),
         "receivers": [
-            {"name": name, **ownership.receivers.get(name, {})} for name in ownership.all_receivers()
+            *({"name": name, **ownership.receivers.get(name, {})} for name in ownership.all_receivers()),
+            {"name": MUTED_RECEIVER},
         ],
     }
     body = yaml.dump(config, Dumper=_NoAliases, sort_keys=False, default_flow_style=False, width=120)
-    text = _HEADER.format(source=source or ownership.source, after=am.escalate_after) + body
+    text = (
+        _HEADER.format(source=source or ownership.source, after=am.escalate_after, muted=MUTED_RECEIVER)
+        + body
+    )
     return RenderedConfig(config=config, text=text, warnings=tuple(warnings))

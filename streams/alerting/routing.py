@@ -22,16 +22,24 @@ cluster) gets it at its `page` receiver, and the job's team an informational cop
 categories in `inform_job_team` (`streams.alerting.ownership`). `explain(record)` says which
 route or ownership key decided each copy (`ranksight routing explain`).
 
-`inhibit_rules` (as in Alertmanager) say which firing root-cause alerts mute which symptoms; the
-engine applies them (`streams.alerting.grouping`) and marks muted alerts with `inhibited_by`:
+`inhibit_rules` is the inhibition graph: which firing cause mutes which symptoms, each edge with
+the scope it needs. The engine applies it (`streams.alerting.grouping`) and marks muted alerts
+with `inhibited_by`; `ranksight alerts am-config` renders it into Alertmanager inhibit rules:
 
 ```yaml
 inhibit_rules:
-  - source_match_re: {rule: "xid_error|ecc_uncorrectable"}
-    target_match_re: {rule: "straggler|gpu_imbalance"}
-    scope: node          # the target runs on the source's node (`gpu`: on the source's GPU)
-    equal: []            # alert fields that must be equal on both (e.g. [job_id])
+  - cause: ecc_uncorrectable          # one rule or a list
+    mutes: [xid_error]
+    scope: gpu                        # gpu | node | job: the symptom on the cause's GPU, node or job
+    after_s: 0                        # the cause explains symptoms beginning this long after it resolved
+    why: XID 48 is the double-bit ECC error itself
+  # Alertmanager's form is accepted too:
+  - source_match_re: {rule: "xid_error"}
+    target_match_re: {rule: "straggler"}
+    scope: gpu                        # optional here
+    equal: []                         # alert fields that must be equal on both (e.g. [job_id])
 ```
+The edges must not form a cycle (a cause muting its own cause).
 A router whose `drop_inhibited` is true routes inhibited alerts nowhere (`route_all` is empty).
 """
 
@@ -43,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from streams.alerting.grouping import InhibitRule
+from streams.alerting.grouping import SCOPES, InhibitRule, graph_cycle
 from streams.alerting.ownership import JOB_TEAM, Delivery, Ownership, load_ownership
 from streams.errors import RoutingError
 
@@ -85,6 +93,8 @@ _MATCHABLE = (
 _ROUTE_KEYS = {"match", "match_re", "team", "receiver", "continue"}
 _DEFAULT_KEYS = {"team", "fallback_team", "receiver"}
 _INHIBIT_KEYS = {"source_match", "source_match_re", "target_match", "target_match_re", "equal", "scope"}
+_EDGE_KEYS = {"cause", "mutes", "scope", "after_s", "why"}
+_RULE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _TOP_KEYS = ("routes", "default", "inhibit_rules", "drop_inhibited", "ownership", "runbook_base_url")
 
 
@@ -214,6 +224,11 @@ class Router:
         if not isinstance(inhibit_data, list):
             raise RoutingError(f"{source}: `inhibit_rules` must be a list of rules")
         inhibit = [_parse_inhibit(r, f"{source}: inhibit_rules[{i}]") for i, r in enumerate(inhibit_data)]
+        cycle = graph_cycle(inhibit)
+        if cycle:
+            raise RoutingError(
+                f"{source}: `inhibit_rules` form a cycle ({' -> '.join(cycle)}): a cause cannot mute its own cause"
+            )
         drop = data.get("drop_inhibited", False)
         if not isinstance(drop, bool):
             raise RoutingError(f"{source}: `drop_inhibited` must be true or false")
@@ -304,9 +319,42 @@ def _matchers(data: Any, key: str, where: str) -> tuple[dict[str, str], dict[str
     return match, match_re
 
 
+def _rule_names(value: Any, where: str) -> tuple[str, ...]:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names:
+        raise RoutingError(f"{where}: expected a rule name or a list of rule names")
+    for name in names:
+        if not isinstance(name, str) or not _RULE_NAME.fullmatch(name):
+            raise RoutingError(f"{where}: {name!r} is not a rule name (e.g. xid_error)")
+    return tuple(names)
+
+
+def _parse_edge(data: dict[str, Any], where: str) -> InhibitRule:
+    """`{cause, mutes, scope, after_s, why}`: one edge of the inhibition graph."""
+    bad = sorted(set(data) - _EDGE_KEYS)
+    if bad:
+        raise RoutingError(f"{where}: unknown key {bad[0]!r}; known: {', '.join(sorted(_EDGE_KEYS))}")
+    causes = _rule_names(data.get("cause"), f"{where}.cause")
+    symptoms = _rule_names(data.get("mutes"), f"{where}.mutes")
+    if set(causes) & set(symptoms):
+        raise RoutingError(f"{where}: a rule cannot mute itself ({sorted(set(causes) & set(symptoms))[0]})")
+    scope = data.get("scope")
+    if scope not in SCOPES:
+        raise RoutingError(f"{where}: `scope` must be one of {', '.join(SCOPES)}, not {scope!r}")
+    after = data.get("after_s", 0)
+    if isinstance(after, bool) or not isinstance(after, int | float) or after < 0:
+        raise RoutingError(f"{where}: `after_s` must be a number of seconds >= 0")
+    why = data.get("why") or ""
+    if not isinstance(why, str):
+        raise RoutingError(f"{where}: `why` must be a sentence")
+    return InhibitRule.edge(causes, symptoms, scope, after_s=float(after), why=why)
+
+
 def _parse_inhibit(data: Any, where: str) -> InhibitRule:
     if not isinstance(data, dict):
         raise RoutingError(f"{where}: an inhibit rule must be a mapping")
+    if "cause" in data or "mutes" in data:
+        return _parse_edge(data, where)
     bad = sorted(set(data) - _INHIBIT_KEYS)
     if bad:
         raise RoutingError(f"{where}: unknown key {bad[0]!r}; known: {', '.join(sorted(_INHIBIT_KEYS))}")
@@ -318,9 +366,11 @@ def _parse_inhibit(data: Any, where: str) -> InhibitRule:
     if not isinstance(equal, list):
         raise RoutingError(f"{where}: `equal` must be a list of alert fields")
     scope = data.get("scope") or ""
-    if scope not in ("", "node", "gpu"):
-        raise RoutingError(f"{where}: `scope` must be `node`, `gpu` or absent, not {scope!r}")
-    node_scope: Literal["", "node", "gpu"] = "node" if scope == "node" else "gpu" if scope == "gpu" else ""
+    if scope not in ("", *SCOPES):
+        raise RoutingError(f"{where}: `scope` must be one of {', '.join(SCOPES)} or absent, not {scope!r}")
+    node_scope: Literal["", "node", "gpu", "job"] = (
+        "node" if scope == "node" else "gpu" if scope == "gpu" else "job" if scope == "job" else ""
+    )
     return InhibitRule(
         source_match=source_match,
         source_match_re=source_re,

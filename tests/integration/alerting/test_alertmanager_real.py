@@ -232,7 +232,15 @@ def test_alertmanager_pages_owners_informs_job_teams_escalates_unsilenced_pages_
     client = AlertmanagerClient(am.url)
     try:
         forwarder = AlertForwarder(client.post, resend_s=60, ui_url=UI)
-        assert forwarder.handle_batch(copies) == len(copies)
+        # The XID first: Alertmanager's inhibitor learns of a source asynchronously, and a symptom
+        # posted with it may be flushed before (the engine's inhibited_by label covers that case).
+        xid = [c for c in copies if c["rule"] == "xid_error"]
+        assert forwarder.handle_batch(xid) == len(xid)
+        hooks.wait(
+            "the xid page", lambda: "xid_error" in {a["alertname"] for a in hooks.firing("infra-pager")}
+        )
+        rest = [c for c in copies if c["rule"] != "xid_error"]
+        assert forwarder.handle_batch(rest) == len(rest)
     finally:
         client.close()
 
@@ -275,3 +283,90 @@ def test_alertmanager_pages_owners_informs_job_teams_escalates_unsilenced_pages_
     hang1 = [c for c in copies if c["rule"] == "rank_hang" and c["rank"] == 1]
     assert hang3 and all(report.silenced_by(c) == (silence_id,) for c in hang3)
     assert hang1 and all(report.silenced_by(c) == () for c in hang1)
+
+
+def _edge_identity(rule: str, i: int, node: str) -> dict[str, Any]:
+    """Where `rule`'s detector puts its alert, on pair i's own node (tests/unit/streams/test_inhibition_graph.py)."""
+    gpu = {"node": node, "gpu_uuid": f"GPU-{node}-3", "gpu_index": 3}
+    if rule in ("xid_error", "ecc_uncorrectable", "gpu_throttling"):
+        return gpu
+    if rule in ("straggler", "rank_hang", "gpu_imbalance"):
+        return {**gpu, "rank": 3}
+    if rule in ("host_memory_pressure", "telemetry_missing", "network_degradation"):
+        return {"node": node}
+    return {}
+
+
+def test_alertmanager_mutes_each_edge_of_the_graph_and_nothing_out_of_it(
+    tmp_path: Path,
+    amtool: str,
+    hooks: Webhooks,
+    start_alertmanager: Callable[[Path], Alertmanager],
+) -> None:
+    """Every cause -> symptom pair of the shipped graph, each in its own job on its own node: the rendered
+    rules inhibit the symptom in Alertmanager; the same symptom alone (another job and node) pages; and a
+    symptom the engine muted (label inhibited_by) notifies nobody even with no cause in Alertmanager."""
+    config, router = _render(tmp_path, amtool, hooks.url)
+    am = start_alertmanager(config)
+    pairs = [(c, s) for rule in router.inhibit_rules for c in rule.causes for s in rule.symptoms]
+    assert len(pairs) >= 20
+    causes, records, symptoms, alone = [], [], [], []
+    for i, (cause, symptom) in enumerate(pairs):
+        job, node = f"j{i}", f"n{i}"
+        causes.append(
+            _record(cause, "infra", "critical", "llm-pretrain", job_id=job, **_edge_identity(cause, i, node))
+        )
+        sym = _record(
+            symptom, "platform", "warning", "llm-pretrain", job_id=job, **_edge_identity(symptom, i, node)
+        )
+        lone = _record(
+            symptom,
+            "platform",
+            "warning",
+            "llm-pretrain",
+            job_id=f"{job}-alone",
+            **_edge_identity(symptom, i, f"{node}a"),
+        )
+        records += [sym, lone]
+        symptoms.append(sym["fingerprint"])
+        alone.append(lone["fingerprint"])
+    engine_muted = _record("throughput_drop", "platform", "warning", "llm-pretrain", job_id="jm") | {
+        "inhibited_by": "id-of-a-resolved-stall"
+    }
+    records.append(engine_muted)
+    client = AlertmanagerClient(am.url)
+    try:
+        forwarder = AlertForwarder(client.post, resend_s=60, ui_url=UI)
+
+        def notified() -> set[str]:
+            return {a["labels"]["fingerprint"] for _, body in hooks.received for a in body["alerts"]}
+
+        # Causes first: Alertmanager's inhibitor learns of a source asynchronously, so a symptom that
+        # arrives with its cause in one post may be flushed before (the engine's label covers that case).
+        forwarder.handle_batch([copy for r in causes for copy in _routed(router, r)])
+        hooks.wait("every cause", lambda: {r["fingerprint"] for r in causes} <= notified())
+        forwarder.handle_batch([copy for r in records for copy in _routed(router, r)])
+
+        def status() -> dict[str, list[list[str]]]:
+            out: dict[str, list[list[str]]] = {}
+            for a in client.alerts():
+                out.setdefault(a["labels"]["fingerprint"], []).append(a["status"]["inhibitedBy"])
+            return out
+
+        # Every lone symptom pages (so Alertmanager has flushed its groups) and every paired one is inhibited.
+        try:
+            hooks.wait("every symptom without its cause", lambda: set(alone) <= notified())
+        except AssertionError:
+            raise AssertionError(f"never notified: {sorted(set(alone) - notified())}") from None
+        deadline = time.monotonic() + 60
+        while not all(all(s) for fp in symptoms for s in status().get(fp, [[]])):
+            assert time.monotonic() < deadline, {fp: status().get(fp) for fp in symptoms}
+            time.sleep(0.2)
+        held = status()
+    finally:
+        client.close()
+    assert all(held[fp] and all(held[fp]) for fp in symptoms)
+    assert all(held[fp] and not any(held[fp]) for fp in alone), {fp: held[fp] for fp in alone}
+    assert not set(symptoms) & notified(), sorted(set(symptoms) & notified())
+    muted = {name for name, body in hooks.received for a in body["alerts"] if a["labels"]["job"] == "jm"}
+    assert muted == set(), muted

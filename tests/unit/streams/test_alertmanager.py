@@ -136,6 +136,34 @@ def test_firing_alert_is_resent_every_interval_until_resolved() -> None:
     assert fwd.firing == 0
 
 
+def test_a_muted_alert_carries_its_cause_as_a_label_alertmanager_can_route_on() -> None:
+    p = to_alertmanager(_alert(inhibited_by="cause-1", group_key="node:n1@1"))
+    assert p["labels"]["inhibited_by"] == "cause-1"
+    assert "inhibited_by" not in to_alertmanager(_alert(inhibited_by=None))["labels"]
+    assert p["annotations"]["group_key"] == "node:n1@1"
+
+
+def test_a_symptom_muted_after_it_paged_resolves_its_unmuted_labels_in_alertmanager() -> None:
+    """A cause that fires after its symptom re-sends the symptom muted: Alertmanager sees a new label set,
+    so the forwarder resolves the old one rather than leave it firing until its keep-alive lapses."""
+    sent: list[list[dict[str, Any]]] = []
+    clock = FakeClock()
+    fwd = AlertForwarder(sent.append, resend_s=60, clock=clock)
+    fwd.handle(_alert())
+    clock.now += 5
+    fwd.handle(_alert(inhibited_by="cause-1", ts=1_767_225_665_000))
+    old, new = sent[-1]
+    # It ends when it was muted (never before it started, whatever the wall clock says).
+    assert "inhibited_by" not in old["labels"] and old["endsAt"] == "2026-01-01T00:01:05.000Z"
+    assert new["labels"]["inhibited_by"] == "cause-1" and "endsAt" in new
+    assert fwd.firing == 1 and fwd.firing_records()[0]["inhibited_by"] == "cause-1"
+    # Both states in one backlog: only the muted one is ever sent.
+    sent.clear()
+    fresh = AlertForwarder(sent.append, resend_s=60, clock=clock)
+    fresh.handle_batch([_alert(), _alert(inhibited_by="cause-1")])
+    assert [p["labels"].get("inhibited_by") for p in sent[0]] == ["cause-1"]
+
+
 def test_team_filter_drops_other_teams() -> None:
     sent: list[list[dict[str, Any]]] = []
     fwd = AlertForwarder(sent.append, team="infra", clock=FakeClock())
@@ -312,7 +340,7 @@ def test_shipped_alertmanager_config_groups_and_routes_on_labels_ranksight_sends
 
     root = Path(__file__).resolve().parents[3]
     config = yaml.safe_load((root / "infra/alertmanager/alertmanager.yml").read_text(encoding="utf-8"))
-    sent = set(to_alertmanager(_alert(labels={}))["labels"]) | {"gpu_uuid", "gpu_index"}
+    sent = set(to_alertmanager(_alert(labels={}))["labels"]) | {"gpu_uuid", "gpu_index", "inhibited_by"}
     route = config["route"]
     routes = list(_walk(route))
     used = {label for r in routes for label in r.get("group_by", [])}

@@ -122,15 +122,16 @@ def test_inhibit_rules_map_fields_to_labels_and_scopes_to_equal_labels() -> None
             scope="gpu",
         ),
         InhibitRule(
-            source_match={"rule": "job_stall"}, target_match={"rule": "rank_hang"}, equal=("job_id",)
+            source_match={"rule": "rank_hang"}, target_match={"rule": "job_stall"}, equal=("job_id",)
         ),
         InhibitRule(source_match={"suspected_layer": "gpu"}, target_match={"rule": "x"}),
+        InhibitRule.edge(["rank_hang"], ["job_stall", "zombie_job"], "job"),
     ]
     rendered = render_alertmanager_config(Ownership.from_dict(OWNERSHIP), rules)
     assert rendered.config["inhibit_rules"] == [
         {
             "source_matchers": ['alertname=~"xid_error|ecc_uncorrectable"'],
-            "target_matchers": ['alertname="straggler"'],
+            "target_matchers": ['alertname="straggler"', 'gpu_uuid=~".+"'],
             "equal": ["gpu_uuid"],
         },
         {
@@ -139,9 +140,15 @@ def test_inhibit_rules_map_fields_to_labels_and_scopes_to_equal_labels() -> None
             "equal": ["job"],
         },
         {
-            "source_matchers": ['alertname="job_stall"'],
-            "target_matchers": ['alertname="rank_hang"'],
+            "source_matchers": ['alertname="rank_hang"'],
+            "target_matchers": ['alertname="job_stall"'],
             "equal": ["job_id"],
+        },
+        {
+            # A job-scoped edge: the same `job` label, which the target must have (equal holds on two blanks).
+            "source_matchers": ['alertname=~"rank_hang"'],
+            "target_matchers": ['alertname=~"job_stall|zombie_job"', 'job=~".+"'],
+            "equal": ["job"],
         },
     ]
     assert rendered.warnings == ("inhibit_rules[2] left out: Alertmanager sees no label for suspected_layer",)

@@ -55,15 +55,26 @@ def test_a_node_fault_does_not_inhibit_a_straggler_on_another_node() -> None:
     assert straggler["group_key"].startswith("job:job-1@") and straggler["group_key"] != xid["group_key"]
 
 
-def test_a_job_stall_inhibits_the_rank_hang_it_explains() -> None:
+def test_a_hung_rank_mutes_the_job_stall_it_explains() -> None:
+    """The specific cause (rank 2 hung) mutes the general symptom (the job stalled), never the reverse."""
     events = training_job(seconds=100)
     events += [step("job-1", r, 101, T0 + 101_000) for r in (0, 1, 3)]  # rank 2 never finishes step 101
     events += [gpu_sample("node-01", 0, T0 + s * 1000) for s in range(100, 200, 5)]  # event time moves on
     alerts = _firing(events)
-    stall = next(a for a in alerts if a["rule"] == "job_stall")
+    stall = [a for a in alerts if a["rule"] == "job_stall"]
     hang = next(a for a in alerts if a["rule"] == "rank_hang")
-    assert hang["rank"] == 2 and hang["inhibited_by"] == stall["alert_id"]
-    assert hang["group_key"] == stall["group_key"] == f"job:job-1@{stall['starts_at']}"
+    assert hang["rank"] == 2 and hang["inhibited_by"] is None
+    assert stall and all(a["inhibited_by"] == hang["alert_id"] for a in stall)
+    assert stall[0]["group_key"] == hang["group_key"] == f"job:job-1@{hang['starts_at']}"
+
+
+def test_a_job_stall_without_a_hung_rank_pages() -> None:
+    events = training_job(seconds=100)  # every rank stops after step 100
+    events += [gpu_sample("node-01", 0, T0 + s * 1000) for s in range(100, 200, 5)]
+    alerts = _firing(events)
+    stall = [a for a in alerts if a["rule"] == "job_stall"]
+    assert stall and all(a["inhibited_by"] is None for a in stall)
+    assert not [a for a in alerts if a["rule"] == "rank_hang"]
 
 
 def test_without_inhibit_rules_nothing_is_inhibited_but_alerts_are_still_grouped() -> None:
@@ -146,9 +157,18 @@ def test_drop_inhibited_routes_an_inhibited_alert_nowhere() -> None:
     assert router.route_all({"team": "t", "inhibited_by": None}) == [("t", "default")]
 
 
-def test_the_shipped_routing_file_has_the_documented_inhibit_rules() -> None:
+def test_the_shipped_routing_file_has_the_documented_inhibition_graph() -> None:
     rules = load_router().inhibit_rules
-    assert [r.scope for r in rules] == ["gpu", "node", "", ""] and rules[2].equal == ("job_id",)
+    assert [(r.causes, r.scope) for r in rules] == [
+        (("rank_hang",), "job"),
+        (("evaluation_stuck",), "job"),
+        (("ecc_uncorrectable",), "gpu"),
+        (("xid_error", "ecc_uncorrectable", "gpu_throttling"), "gpu"),
+        (("host_memory_pressure", "telemetry_missing"), "node"),
+        (("straggler", "network_degradation", "baseline_deviation"), "job"),
+        (("job_stall",), "job"),
+    ]
+    assert all(r.why for r in rules)
 
 
 @pytest.mark.parametrize(
