@@ -25,23 +25,60 @@ def _fmt(value: float | None, pattern: str = "{:.1f}") -> str:
     return "-" if value is None else pattern.format(value)
 
 
-def _print_report(report: EvaluationReport) -> None:
+def _print_rules(report: EvaluationReport) -> None:
+    """Per alert rule: recall, time to detect (median, p90, max) and precision of its pages."""
+    from rich.table import Table
+
+    table = Table(title="per rule (each alert counted once; muted alerts are not pages)")
+    cols = (
+        "rule",
+        "labels",
+        "detected",
+        "recall",
+        "TTD median s",
+        "TTD p90 s",
+        "TTD max s",
+        "paged",
+        "matched",
+    )
+    for col in (*cols, "precision"):
+        table.add_column(col, justify="left" if col == "rule" else "right")
+    for rule, row in report.by_rule().items():
+        table.add_row(
+            rule,
+            str(row["labels"]),
+            str(row["detected"]),
+            _fmt(row["recall"], "{:.2f}"),
+            _fmt(row["median_ttd_s"]),
+            _fmt(row["p90_ttd_s"]),
+            _fmt(row["max_ttd_s"]),
+            str(row["paged"]),
+            str(row["matched"]),
+            _fmt(row["precision"], "{:.2f}"),
+        )
+    console.print(table)
+
+
+def _print_report(report: EvaluationReport, *, summary: bool = True) -> None:
+    """Per fault class, per scenario, what was missed; with `summary` the per-rule table and totals."""
     from rich.table import Table
 
     table = Table(title="detection by fault class")
-    for col in ("fault", "labels", "detected", "recall", "mean TTD s", "max TTD s", "resolved"):
+    cols = ("fault", "labels", "detected", "recall", "median TTD s", "p90 TTD s", "max TTD s", "resolved")
+    for col in cols:
         table.add_column(col, justify="left" if col == "fault" else "right")
     for fault, row in report.by_fault().items():
         resolved = f"{row['resolved']}/{row['transient']}" if row["transient"] else "-"
         if not row["labels"]:
-            table.add_row(fault, "0 (no alert expected)", "-", "-", "-", "-", "-")
+            table.add_row(fault, "0 (no alert expected)", "-", "-", "-", "-", "-", "-")
             continue
         table.add_row(
             fault,
             str(row["labels"]),
             str(row["detected"]),
             _fmt(row["recall"], "{:.2f}"),
-            _fmt(row["mean_ttd_s"]),
+            _fmt(row["median_ttd_s"]),
+            _fmt(row["p90_ttd_s"]),
             _fmt(row["max_ttd_s"]),
             resolved,
         )
@@ -64,6 +101,8 @@ def _print_report(report: EvaluationReport) -> None:
         for lab in s.labels:
             if lab.alert is not None and not lab.detected:
                 why = " (fired, wrong team)" if lab.wrong_team else ""
+                if lab.late_s is not None:
+                    why += f" (fired late, {lab.late_s:.0f} s after the fault began)"
                 console.print(
                     f"  missed in {s.name}: {lab.alert} for {lab.job_id} {lab.identity}{why}", highlight=False
                 )
@@ -72,7 +111,20 @@ def _print_report(report: EvaluationReport) -> None:
                     f"  not resolved in {s.name}: {lab.alert} for {lab.job_id} {lab.identity}",
                     highlight=False,
                 )
-    console.print(f"overall recall {report.recall:.2f}, precision {report.precision:.2f}")
+    if summary:
+        _print_rules(report)
+        _print_totals(report)
+
+
+def _print_totals(report: EvaluationReport) -> None:
+    muted = sum(s.inhibited for s in report.scenarios)
+    late = sum(s.muted_late for s in report.scenarios)
+    console.print(
+        f"overall recall {report.recall:.3f}, precision {report.precision:.3f} "
+        f"({sum(s.firing for s in report.scenarios)} paged alerts, {muted} muted by their cause, "
+        f"{late} muted only after they paged)",
+        highlight=False,
+    )
 
 
 def evaluate(
@@ -100,6 +152,11 @@ def evaluate(
         help="Evaluate N generated cases (faults and must-not-alert twins, from --seed) instead of files.",
     ),
     workers: int = typer.Option(1, "--workers", min=1, help="Processes for --generated cases."),
+    mute_grace: float = typer.Option(
+        30.0,  # streams.offline.evaluate.DEFAULT_MUTE_GRACE_S
+        "--mute-grace",
+        help="Seconds after an alert fired within which a cause's mute still stops its page (Alertmanager's group_wait).",
+    ),
 ) -> None:
     """Simulate every scenario, replay it offline, and print recall, precision and time to detect."""
     from ranksight.evaluation import scenario_cases
@@ -111,7 +168,7 @@ def evaluate(
         cfg = load_config(config)
         router = load_router(routing)
         if generated is not None:
-            _evaluate_generated(generated, seed, cfg, router, deadline, workers, fail_under)
+            _evaluate_generated(generated, seed, cfg, router, deadline, workers, fail_under, mute_grace)
             return
         files = scenario_files(scenarios or _default_scenarios())
         if only:
@@ -125,7 +182,12 @@ def evaluate(
             )
 
         report = evaluate_cases(
-            scenario_cases(files, seed), cfg, router, deadline_s=deadline, on_scenario=progress
+            scenario_cases(files, seed),
+            cfg,
+            router,
+            deadline_s=deadline,
+            on_scenario=progress,
+            mute_grace_s=mute_grace,
         )
     _print_report(report)
     if fail_under is not None and report.recall < fail_under:
@@ -133,7 +195,14 @@ def evaluate(
 
 
 def _evaluate_generated(
-    n: int, seed: int, cfg: Any, router: Any, deadline: float, workers: int, fail_under: float | None
+    n: int,
+    seed: int,
+    cfg: Any,
+    router: Any,
+    deadline: float,
+    workers: int,
+    fail_under: float | None,
+    mute_grace: float,
 ) -> None:
     """`--generated N`: score generated cases; print the summary and only the cases that went wrong."""
     import time
@@ -150,7 +219,13 @@ def _evaluate_generated(
             err_console.print(f"  {done[0]}/{n} generated cases", highlight=False)
 
     report = evaluate_cases(
-        generated_cases(n, seed), cfg, router, deadline_s=deadline, workers=workers, on_scenario=progress
+        generated_cases(n, seed),
+        cfg,
+        router,
+        deadline_s=deadline,
+        workers=workers,
+        on_scenario=progress,
+        mute_grace_s=mute_grace,
     )
     elapsed = time.monotonic() - began
     bad = EvaluationReport(
@@ -161,12 +236,14 @@ def _evaluate_generated(
         ]
     )
     if bad.scenarios:
-        _print_report(bad)
+        _print_report(bad, summary=False)
+    _print_rules(report)
     console.print(
         f"{n} generated cases (seed {seed}) in {elapsed:.1f}s, {sum(s.events for s in report.scenarios):,} events: "
-        f"recall {report.recall:.2f}, precision {report.precision:.2f}; {len(bad.scenarios)} case(s) went wrong",
+        f"recall {report.recall:.3f}, precision {report.precision:.3f}; {len(bad.scenarios)} case(s) went wrong",
         highlight=False,
     )
+    _print_totals(report)
     if fail_under is not None and report.recall < fail_under:
         fail(f"recall {report.recall:.2f} is below --fail-under {fail_under:.2f}")
 

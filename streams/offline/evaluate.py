@@ -6,16 +6,26 @@ composes them (`ranksight.evaluation`), so nothing here imports the simulator.
 A label is *detected* when an alert of its rule fires for the same job (and the same rank, GPU or
 node when the label names one) and the same team, between the fault's start and start +
 `deadline_s` (default 120 s: two windows) plus the rule's inherent delay (a zombie is only a
-zombie after its grace period; see `RULE_DELAY_PARAMS`), plus the ramp of a fault that ramps up (`detail.ramp`: due once at full strength). A firing alert that matches no label --
-neither its rule nor one of the rules the label says may co-fire (`also`) -- is a false positive;
-in the `healthy` and `long_checkpoint` scenarios every alert is one. An alert inhibited by a firing
-root cause (`inhibited_by`) is recorded but not paged, so precision does not count it; it still
-detects its label. A transient fault (label
-`end` set) must see its alert resolved after the end.
+zombie after its grace period; see `RULE_DELAY_PARAMS`), plus the ramp of a fault that ramps up
+(`detail.ramp`: due once at full strength). Its time to detect (TTD) is from the fault's start to
+that alert's first firing record.
+
+Alerts are counted once each, by `alert_id`: routing makes one record per receiver copy, and a
+cause that fires after its symptom re-sends the symptom's record muted. A firing alert that matches
+no label -- neither its rule nor one of the rules the label says may co-fire (`also`) -- is a false
+positive; in the `healthy` and `long_checkpoint` scenarios every alert is one. An alert muted by a
+root cause (`inhibited_by`) when it fired, or within `mute_grace_s` after (Alertmanager's
+`group_wait`: a notification waits that long, and the mute reaches it first), is recorded but not
+paged, so precision does not count it; muted later it paged, and counts. Either way it still
+detects its label. A transient fault (label `end` set) must see its alert resolved after the end.
+
+Per rule (`EvaluationReport.by_rule`): labels expecting the rule, detected, recall, TTD median and
+p90 (nearest rank), and the rule's paged alerts, those matching a label, and precision.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +40,7 @@ from streams.errors import EvaluationError
 
 __all__ = [
     "DEFAULT_DEADLINE_S",
+    "DEFAULT_MUTE_GRACE_S",
     "RULE_DELAY_PARAMS",
     "CaseSource",
     "EvaluationReport",
@@ -38,12 +49,15 @@ __all__ = [
     "ScenarioRun",
     "evaluate_alerts",
     "evaluate_cases",
+    "percentile",
     "replay_case",
     "rule_delay_ms",
     "scenario_files",
 ]
 
 DEFAULT_DEADLINE_S = 120.0
+# A symptom muted this soon after it fired never notified (Alertmanager's default group_wait).
+DEFAULT_MUTE_GRACE_S = 30.0
 # Rules that by definition cannot fire before a configured delay: (detector section, knob in s).
 RULE_DELAY_PARAMS: dict[str, tuple[str, str]] = {
     "zombie_job": ("progress", "zombie_grace_s"),
@@ -67,6 +81,7 @@ class LabelResult:
     resolved: bool | None = None  # None: not applicable (no end, or not detected)
     resolve_delay_s: float | None = None
     wrong_team: bool = False
+    late_s: float | None = None  # not detected, but its alert fired this long after the fault started
 
 
 @dataclass
@@ -80,6 +95,17 @@ class ScenarioResult:
     false_positives: list[dict[str, Any]] = field(default_factory=list)
     events: int = 0
     inhibited: int = 0  # firing alerts muted by a root cause (recorded, not paged: not scored)
+    muted_late: int = 0  # of `firing`: alerts muted by a cause only after they had paged
+    # rule -> [paged alerts, of them matching a label]
+    rules: dict[str, list[int]] = field(default_factory=dict)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) by nearest rank, None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100.0 * len(ordered)) - 1)]
 
 
 @dataclass
@@ -112,7 +138,39 @@ class EvaluationReport:
             ttd = [t for t in row.pop("ttd") if t is not None]
             row["recall"] = row["detected"] / row["labels"] if row["labels"] else None
             row["mean_ttd_s"] = sum(ttd) / len(ttd) if ttd else None
+            row["median_ttd_s"] = percentile(ttd, 50)
+            row["p90_ttd_s"] = percentile(ttd, 90)
             row["max_ttd_s"] = max(ttd) if ttd else None
+        return dict(sorted(out.items()))
+
+    def by_rule(self) -> dict[str, dict[str, Any]]:
+        """Per alert rule: labels expecting it, detected, recall, TTD (median, p90, max), paged alerts, precision."""
+        out: dict[str, dict[str, Any]] = {}
+
+        def row(rule: str) -> dict[str, Any]:
+            return out.setdefault(rule, {"labels": 0, "detected": 0, "ttd": [], "paged": 0, "matched": 0})
+
+        for lab in self.labels():
+            if lab.alert is None:
+                continue
+            r = row(lab.alert)
+            r["labels"] += 1
+            if lab.detected:
+                r["detected"] += 1
+                if lab.time_to_detect_s is not None:
+                    r["ttd"].append(lab.time_to_detect_s)
+        for scenario in self.scenarios:
+            for rule, (paged, matched) in scenario.rules.items():
+                r = row(rule)
+                r["paged"] += paged
+                r["matched"] += matched
+        for r in out.values():
+            ttd = r.pop("ttd")
+            r["recall"] = r["detected"] / r["labels"] if r["labels"] else None
+            r["median_ttd_s"] = percentile(ttd, 50)
+            r["p90_ttd_s"] = percentile(ttd, 90)
+            r["max_ttd_s"] = max(ttd) if ttd else None
+            r["precision"] = r["matched"] / r["paged"] if r["paged"] else None
         return dict(sorted(out.items()))
 
     @property
@@ -192,6 +250,29 @@ def _related(alert: dict[str, Any], label: dict[str, Any]) -> bool:
     return label.get("node") is None or alert.get("node") == label.get("node")
 
 
+def _alert_key(record: dict[str, Any]) -> str:
+    """One alert's identity across its copies and updates (records without an id: fingerprint and start)."""
+    if record.get("alert_id"):
+        return str(record["alert_id"])
+    return f"{record['fingerprint']}@{record.get('starts_at', '')}"
+
+
+def _unique_firing(
+    firing: list[dict[str, Any]], mute_grace_ms: int
+) -> list[tuple[dict[str, Any], bool, bool]]:
+    """Each firing alert once: (its first firing record, muted in time, muted only later), in firing order."""
+    by_alert: dict[str, list[dict[str, Any]]] = {}
+    for record in firing:
+        by_alert.setdefault(_alert_key(record), []).append(record)
+    out = []
+    for records in by_alert.values():
+        first = min(records, key=lambda a: a["ts"])
+        muted = [a["ts"] for a in records if a.get("inhibited_by")]
+        in_time = bool(muted) and min(muted) - first["ts"] <= mute_grace_ms
+        out.append((first, in_time, bool(muted) and not in_time))
+    return sorted(out, key=lambda x: (x[0]["ts"], _alert_key(x[0])))
+
+
 def evaluate_alerts(
     name: str,
     alerts: list[dict[str, Any]],
@@ -200,6 +281,7 @@ def evaluate_alerts(
     *,
     deadline_s: float = DEFAULT_DEADLINE_S,
     jobs: dict[str, dict[str, Any]] | None = None,
+    mute_grace_s: float = DEFAULT_MUTE_GRACE_S,
 ) -> ScenarioResult:
     """Score one scenario's alert records (Alert dicts, ms timestamps) against its labels.
 
@@ -232,6 +314,12 @@ def evaluate_alerts(
         good = [a for a in candidates if a["team"] == label.get("team")]
         lr.wrong_team = bool(candidates) and not good
         if not good:
+            later = [
+                a["ts"]
+                for a in firing
+                if a["rule"] == lr.alert and _identity_matches(a, label) and a["ts"] > deadline
+            ]
+            lr.late_s = (min(later) - start) / 1000.0 if later else None
             continue
         first = min(good, key=lambda a: a["ts"])
         lr.detected = True
@@ -246,14 +334,18 @@ def evaluate_alerts(
             lr.resolved = bool(after)
             if after:
                 lr.resolve_delay_s = (min(a["ts"] for a in after) - end) / 1000.0
-    for a in firing:
-        if a.get("inhibited_by"):
+    for a, muted, muted_late in _unique_firing(firing, int(mute_grace_s * 1000)):
+        if muted:
             result.inhibited += 1
             continue
         result.firing += 1
+        result.muted_late += int(muted_late)
+        counts = result.rules.setdefault(a["rule"], [0, 0])
+        counts[0] += 1
         explained = not quiet and any(_related(a, label) for label in labels)
         if explained:
             result.matched += 1
+            counts[1] += 1
         else:
             result.false_positives.append(a)
     return result
@@ -307,10 +399,14 @@ def replay_case(
     return ScenarioRun(name, out, list(labels), jobs, n)
 
 
-def _score(source: CaseSource, config: EngineConfig, router: Router, deadline_s: float) -> ScenarioResult:
+def _score(
+    source: CaseSource, config: EngineConfig, router: Router, deadline_s: float, mute_grace_s: float
+) -> ScenarioResult:
     name, events, labels = source()
     run = replay_case(name, events, labels, config, router)
-    result = evaluate_alerts(name, run.alerts, run.labels, config, deadline_s=deadline_s, jobs=run.jobs)
+    result = evaluate_alerts(
+        name, run.alerts, run.labels, config, deadline_s=deadline_s, jobs=run.jobs, mute_grace_s=mute_grace_s
+    )
     result.events = run.events
     return result
 
@@ -323,12 +419,15 @@ def evaluate_cases(
     deadline_s: float = DEFAULT_DEADLINE_S,
     workers: int = 1,
     on_scenario: Callable[[ScenarioResult], None] | None = None,
+    mute_grace_s: float = DEFAULT_MUTE_GRACE_S,
 ) -> EvaluationReport:
     """Replay and score every case. `workers` > 1 spreads the cases over processes; each case is
     scored alone and the report keeps the cases' order, so the result does not depend on it."""
     report = EvaluationReport()
     if workers <= 1:
-        results: Iterable[ScenarioResult] = (_score(src, config, router, deadline_s) for src in sources)
+        results: Iterable[ScenarioResult] = (
+            _score(src, config, router, deadline_s, mute_grace_s) for src in sources
+        )
         for result in results:
             report.scenarios.append(result)
             if on_scenario is not None:
@@ -337,7 +436,7 @@ def evaluate_cases(
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(_score, src, config, router, deadline_s) for src in sources]
+        futures = [pool.submit(_score, src, config, router, deadline_s, mute_grace_s) for src in sources]
         for future in futures:
             result = future.result()
             report.scenarios.append(result)

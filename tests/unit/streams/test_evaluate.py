@@ -87,3 +87,70 @@ def test_the_cli_prints_the_table_and_fails_under_the_recall_threshold() -> None
     assert "straggler_gpu" in result.output and "recall 1.00" in result.output
     bad = CliRunner().invoke(app, ["evaluate", "--only", "nope"])
     assert bad.exit_code == 1 and "no scenario named nope" in bad.output
+
+
+def test_each_alert_counts_once_whatever_its_receiver_copies_and_updates() -> None:
+    """Routing publishes one record per receiver copy; a late cause re-sends the symptom muted."""
+    copies = [
+        _alert(alert_id="a1", team="llm", receiver="llm-pager"),
+        _alert(alert_id="a1", team="infra", receiver="infra-pager"),
+        _alert("xid_error", alert_id="a2", team="infra", receiver="infra-pager"),
+        _alert("xid_error", alert_id="a2", team="llm", receiver="llm-chat"),
+    ]
+    r = evaluate_alerts("s", copies, [LABEL], CFG)
+    assert r.firing == 2 and r.matched == 1 and [a["rule"] for a in r.false_positives] == ["xid_error"]
+    assert r.rules == {"straggler": [1, 1], "xid_error": [1, 0]}
+
+
+def test_a_symptom_muted_within_the_grace_is_no_page_and_one_muted_later_is() -> None:
+    fired = T0 + 90_000
+    soon = [
+        _alert("xid_error", alert_id="a2"),
+        _alert("xid_error", alert_id="a2", ts=fired + 20_000, inhibited_by="c"),
+    ]
+    r = evaluate_alerts("s", soon, [LABEL], CFG)
+    assert r.firing == 0 and r.inhibited == 1 and r.false_positives == []
+    late = [
+        _alert("xid_error", alert_id="a2"),
+        _alert("xid_error", alert_id="a2", ts=fired + 40_000, inhibited_by="c"),
+    ]
+    r = evaluate_alerts("s", late, [LABEL], CFG)
+    assert r.firing == 1 and r.muted_late == 1 and len(r.false_positives) == 1
+    assert evaluate_alerts("s", late, [LABEL], CFG, mute_grace_s=60).firing == 0
+    # A muted alert still detects its label, at its first firing.
+    muted = evaluate_alerts("s", [_alert(alert_id="a1", inhibited_by="c")], [LABEL], CFG)
+    assert muted.labels[0].detected and muted.labels[0].time_to_detect_s == 90.0 and muted.firing == 0
+
+
+def test_the_report_gives_recall_ttd_percentiles_and_precision_per_rule() -> None:
+    from streams.offline.evaluate import EvaluationReport, percentile
+
+    assert percentile([], 50) is None
+    assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
+    assert percentile([float(x) for x in range(1, 11)], 90) == 9.0
+    results = []
+    for i, ttd in enumerate((10, 20, 30, 40)):
+        label = {**LABEL, "start": format_ts(T0 + i), "end": None}
+        results.append(
+            evaluate_alerts(f"s{i}", [_alert(alert_id=f"a{i}", ts=T0 + i + ttd * 1000)], [label], CFG)
+        )
+    missed = {**LABEL, "rank": 7}
+    results.append(evaluate_alerts("s9", [_alert("xid_error", alert_id="x")], [missed], CFG))
+    row = EvaluationReport(results).by_rule()
+    assert row["straggler"] == {
+        "labels": 5,
+        "detected": 4,
+        "paged": 4,
+        "matched": 4,
+        "recall": 0.8,
+        "median_ttd_s": 20.0,
+        "p90_ttd_s": 40.0,
+        "max_ttd_s": 40.0,
+        "precision": 1.0,
+    }
+    assert row["xid_error"]["paged"] == 1 and row["xid_error"]["precision"] == 0.0
+
+
+def test_a_label_detected_too_late_says_when_its_alert_came() -> None:
+    lab = evaluate_alerts("s", [_alert(ts=T0 + 200_000)], [LABEL], CFG).labels[0]
+    assert not lab.detected and lab.late_s == 200.0
