@@ -8,10 +8,15 @@ Rules (category `model`, identity per job):
   gets worse on held-out data (overfitting, a train/val data mismatch, leakage that stopped).
   Resolves after `resolve_evaluations` evaluations in a row whose validation loss does not rise
   beyond the noise (a single calm evaluation is noise too).
-- `validation_missing`: a job that validated at a regular period (learned from its last
-  `period_history` evaluations, in steps, at least `min_periods` intervals) trains on for more
-  than `missing_periods` periods past its last validation without another one. Resolves with the
-  next ValidationResult.
+- `validation_missing`: a job that validated at a regular period trains on for more than
+  `missing_periods` periods past its last validation without another one. Resolves with the next
+  ValidationResult. The period, in steps, is the median of the last `period_history` intervals
+  between evaluations once `min_periods` are seen. Before that, what a loop that evaluates every N
+  steps shows is enough (so evaluations that stop after the first or the second one are missed
+  too): two evaluations whose interval N divides their steps (within one step: loops count from 0
+  or 1, and may evaluate at step 0), or one evaluation at step s of a run the detector saw from its
+  first step (0 or 1): N = the steps trained before it (at least `min_period_steps`). A job seen
+  from the middle of a run with two evaluations off that grid waits for `min_periods` intervals.
 
 The validation loss is the first metric of `val_metrics` a ValidationResult carries; training
 loss is the mean finite `loss` of rank 0's steps. A new run id (restart) keeps the learned period
@@ -41,9 +46,19 @@ DEFAULTS: dict[str, Any] = {
     "sustain_evaluations": 3,  # diverging evaluations in a row before validation_divergence fires
     "resolve_evaluations": 2,  # evaluations in a row without a rise before it resolves (one calm one is noise)
     "period_history": 5,  # evaluation intervals (steps) the period is learned from (median)
-    "min_periods": 2,  # intervals seen before a period is trusted
+    "min_periods": 2,  # intervals seen before a period is trusted (fewer: only on the every-N-steps grid)
+    "min_period_steps": 10,  # a period inferred from one evaluation is at least this many steps
     "missing_periods": 1.5,  # training this many periods past the last validation -> missing
 }
+
+
+def _on_grid(step: int, period: float) -> bool:
+    """True when `step` is a multiple of `period` within one step (loops count steps from 0 or 1)."""
+    n = round(period)
+    if n < 1:
+        return False
+    rest = step % n
+    return rest <= 1 or rest >= n - 1
 
 
 def _median(values: list[int]) -> float:
@@ -67,6 +82,7 @@ class ValidationDetector(PerJobDetector):
         self._resolve = max(1, int(p["resolve_evaluations"]))
         self._history = max(1, int(p["period_history"]))
         self._min_periods = max(1, int(p["min_periods"]))
+        self._min_period_steps = max(1, int(p["min_period_steps"]))
         self._missing = float(p["missing_periods"])
 
     def new_job_state(self) -> dict[str, Any]:
@@ -81,6 +97,8 @@ class ValidationDetector(PerJobDetector):
             "calm": 0,  # evaluations in a row without a rise while diverging
             "last_val_step": None,
             "intervals": [],
+            "val_steps": [],  # steps of the first evaluations (until the period is learned from intervals)
+            "first_step": None,  # the lowest step rank 0 reported: 0 or 1 when the detector saw the run begin
             "top_step": None,
             "missing": None,
         }
@@ -107,14 +125,32 @@ class ValidationDetector(PerJobDetector):
             job["train_n"] += 1
         step = int(r["step"])
         job["top_step"] = step if job["top_step"] is None else max(job["top_step"], step)
-        last, intervals = job["last_val_step"], job["intervals"]
-        if last is None or len(intervals) < self._min_periods or job["missing"] is not None:
+        first = job.get("first_step")
+        job["first_step"] = step if first is None else min(first, step)
+        last = job["last_val_step"]
+        if last is None or job["missing"] is not None:
             return []
-        period = _median(intervals)
-        if step - last > self._missing * period:
+        period = self._period(job)
+        if period is not None and step - last > self._missing * period:
             job["missing"] = {"since": r["ts"], "period": period}
             return [self._missing_finding(r["job_id"], r["ts"], step, last, period, True)]
         return []
+
+    def _period(self, job: dict[str, Any]) -> float | None:
+        """The job's evaluation period in steps, or None while it is not known (see the module doc)."""
+        intervals = job["intervals"]
+        if len(intervals) >= self._min_periods:
+            return _median(intervals)
+        evals = job.get("val_steps") or []
+        if intervals:
+            period = _median(intervals)
+            on_grid = all(_on_grid(e, period) for e in evals)
+            return period if on_grid and period >= 1 else None
+        first = job.get("first_step")
+        if len(evals) == 1 and first is not None and first <= 1:
+            period = float(evals[0] - first + 1)  # steps trained before the first evaluation
+            return period if period >= self._min_period_steps else None
+        return None
 
     def _validation(self, r: dict[str, Any]) -> list[Finding]:
         job_id, ts, step = r["job_id"], r["ts"], int(r["step"])
@@ -124,6 +160,8 @@ class ValidationDetector(PerJobDetector):
         last = job["last_val_step"]
         if last is not None and step > last:
             job["intervals"] = [*job["intervals"], step - last][-self._history :]
+        if (last is None or step > last) and len(job.get("val_steps") or []) <= self._min_periods:
+            job["val_steps"] = [*(job.get("val_steps") or []), step]
         job["last_val_step"] = step
         if job["missing"] is not None:
             out.append(self._missing_finding(job_id, ts, step, last or step, job["missing"]["period"], False))

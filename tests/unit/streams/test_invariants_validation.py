@@ -80,10 +80,73 @@ def test_a_validation_that_stops_at_its_usual_period_is_missing_until_the_next_o
     assert [(f.rule, f.active) for f in back] == [("validation_missing", False)]
 
 
-def test_no_period_is_assumed_before_two_intervals_are_seen() -> None:
+def _missing(det: ValidationDetector, steps: range) -> list[Finding]:
+    return [f for s in steps for f in det.observe(step(s, 1.0)) if f.rule == "validation_missing"]
+
+
+def test_evaluations_that_stop_after_the_second_one_are_missing() -> None:
+    """Steps 1..200, evaluations at 100 and 200 (every 100 steps), then none."""
     det = ValidationDetector(Topology())
-    train(det, [2.0, 2.0])
-    assert [det.observe(step(s, 1.0)) for s in range(201, 2000)] == [[]] * 1799
+    assert train(det, [2.0, 2.0]) == []
+    out = _missing(det, range(201, 600))
+    assert [(f.active, f.ts) for f in out] == [(True, T0 + 351 * 1000)], "1.5 periods past step 200"
+    assert out[0].expected == 100.0
+    assert [f.active for f in det.observe(val(360, 2.0))] == [False]
+
+
+def test_evaluations_that_stop_after_the_first_one_are_missing() -> None:
+    """A run seen from its first step evaluates at step 100: the period is the 100 steps before it."""
+    det = ValidationDetector(Topology())
+    assert train(det, [2.0]) == []
+    out = _missing(det, range(101, 600))
+    assert [(f.active, f.ts) for f in out] == [(True, T0 + 251 * 1000)]
+    # Loops counting from 0 evaluate after 100 steps at step 99: the same period.
+    zero = ValidationDetector(Topology())
+    for s in range(0, 100):
+        zero.observe(step(s, 1.0))
+    zero.observe(val(99, 2.0))
+    assert [f.ts for f in _missing(zero, range(100, 600))] == [T0 + 250 * 1000]
+
+
+def test_runs_that_evaluate_on_schedule_never_miss() -> None:
+    for every in (20, 37, 100, 150):
+        det = ValidationDetector(Topology())
+        assert train(det, [2.0] * 12, every=every) == [], every
+    # One evaluation runs 0.3 periods late (within the 1.5-period tolerance), from the second one on.
+    for late_after in (1, 2, 5):
+        det = ValidationDetector(Topology())
+        out, s = [], 0
+        for k in range(1, 10):
+            due = 100 * k + (30 if k == late_after + 1 else 0)
+            while s < due:
+                s += 1
+                out += det.observe(step(s, 1.0))
+            out += det.observe(val(s, 2.0))
+        assert out == [], late_after
+    # Evaluating at step 0 too (before training) adds no false period.
+    det = ValidationDetector(Topology())
+    det.observe(step(0, 1.0))
+    det.observe(val(0, 2.0))
+    assert train(det, [2.0] * 4, start=0) == []
+
+
+def test_no_period_is_assumed_from_evaluations_off_the_every_n_steps_grid() -> None:
+    """A job first seen mid-run (step 5001) with two evaluations 200 steps apart at 5100 and 5300:
+    5100 is no multiple of 200, so the interval is not yet a period; a third evaluation makes one."""
+    det = ValidationDetector(Topology())
+    train(det, [2.0], start=5000)  # steps 5001..5100, evaluation at 5100
+    assert _missing(det, range(5101, 5300)) == []
+    det.observe(val(5299, 2.0))
+    assert _missing(det, range(5300, 7000)) == []
+    # One evaluation of a run the detector did not see begin teaches nothing either.
+    mid = ValidationDetector(Topology())
+    train(mid, [2.0], start=4900)
+    assert _missing(mid, range(5001, 9000)) == []
+    # Nor one at step 0 (an evaluation before training is no period).
+    zero = ValidationDetector(Topology())
+    zero.observe(step(0, 1.0))
+    zero.observe(val(0, 2.0))
+    assert _missing(zero, range(1, 3000)) == []
 
 
 def test_other_ranks_do_not_move_progress_or_training_loss() -> None:
