@@ -16,7 +16,16 @@ import yaml
 
 from streams.errors import ConfigError, StreamsError
 
-__all__ = ["DEFAULT_CONFIG_PATH", "EngineConfig", "deep_merge", "detector_section", "load_config"]
+__all__ = [
+    "DEFAULT_CONFIG_PATH",
+    "EngineConfig",
+    "config_section",
+    "deep_merge",
+    "detector_section",
+    "load_config",
+    "section_defaults",
+    "state_key",
+]
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent / "detectors.yaml"
 
@@ -32,10 +41,39 @@ _ENGINE_KEYS = {
 }
 
 
-def detector_section(cls: type) -> str:
-    """Config section of a detector class: `ImbalanceDetector` -> `imbalance`."""
+def _own_section(cls: type) -> str:
+    """The section named after a class: `ImbalanceDetector` -> `imbalance`."""
     name = cls.__name__
     return (name[: -len("Detector")] if name.endswith("Detector") else name).lower()
+
+
+def config_section(cls: type) -> str:
+    """Config section a detector class reads: its `section` ClassVar, else its name (`ImbalanceDetector` -> `imbalance`).
+
+    Rules split out of one detector keep reading its section (`XidErrorDetector` reads
+    `infrastructure`), so the knobs users set before the split keep working.
+    """
+    section = getattr(cls, "section", None)
+    return section if isinstance(section, str) and section else _own_section(cls)
+
+
+def state_key(cls: type) -> str:
+    """Key of a detector class's state in an engine snapshot: unique per class.
+
+    A class with a section of its own keeps the section as its key (a snapshot taken before other
+    rules were split off still restores it); a class sharing a section is `section/ClassName`.
+    """
+    section = config_section(cls)
+    return section if section == _own_section(cls) else f"{section}/{cls.__name__}"
+
+
+def detector_section(cls: type) -> str:
+    """What `streams/engine.py` keys a detector's snapshot state by: `state_key(cls)`.
+
+    It was also the config section while every section had one class; rules split out of one
+    detector share its section (`config_section`) and need a state key each.
+    """
+    return state_key(cls)
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -110,7 +148,7 @@ class EngineConfig:
         detectors = data.get("detectors") or {}
         if not isinstance(detectors, dict):
             raise ConfigError(f"{source}: `detectors` must be a mapping of detector name -> knobs")
-        known_sections = {detector_section(c): c for c in ALL_DETECTORS}
+        known_sections = {config_section(c) for c in ALL_DETECTORS}
         params: dict[str, dict[str, Any]] = {}
         for section, knobs in sorted(detectors.items()):
             if section not in known_sections:
@@ -122,7 +160,7 @@ class EngineConfig:
                 knobs = {}
             if not isinstance(knobs, dict):
                 raise ConfigError(f"{source}: detectors.{section} must be a mapping of knob -> value")
-            defaults = _module_defaults(known_sections[section])
+            defaults = section_defaults(section)
             if defaults is not None:
                 for knob in sorted(knobs):
                     if knob not in defaults:
@@ -166,7 +204,7 @@ class EngineConfig:
 
     def params_for(self, cls: type) -> dict[str, Any]:
         """Parameters for one detector class (its section; the module DEFAULTS fill the rest)."""
-        return dict(self.detectors.get(detector_section(cls), {}))
+        return dict(self.detectors.get(config_section(cls), {}))
 
 
 def _module_defaults(cls: type) -> dict[str, Any] | None:
@@ -175,6 +213,24 @@ def _module_defaults(cls: type) -> dict[str, Any] | None:
     module = sys.modules.get(cls.__module__)
     defaults = getattr(module, "DEFAULTS", None)
     return defaults if isinstance(defaults, dict) else None
+
+
+def section_defaults(section: str) -> dict[str, Any] | None:
+    """Every knob of a config section with its default: the DEFAULTS of each rule module reading it.
+
+    None when a class of the section has no DEFAULTS (its knobs are not known, so not checked).
+    """
+    from streams.detectors import ALL_DETECTORS  # late: detectors import nothing from here
+
+    out: dict[str, Any] = {}
+    for cls in ALL_DETECTORS:
+        if config_section(cls) != section:
+            continue
+        defaults = _module_defaults(cls)
+        if defaults is None:
+            return None
+        out.update(defaults)
+    return out
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> EngineConfig:

@@ -187,17 +187,12 @@ class EvaluationReport:
 
 
 def _knob(config: EngineConfig, section: str, knob: str) -> float:
-    """A detector knob from the config, else from the detector module's DEFAULTS (0 if unknown)."""
-    import sys
-
-    from streams.config import detector_section
-    from streams.detectors import ALL_DETECTORS
+    """A detector knob from the config, else from the DEFAULTS of the section's rules (0 if unknown)."""
+    from streams.config import section_defaults
 
     value = config.detectors.get(section, {}).get(knob)
     if value is None:
-        for cls in ALL_DETECTORS:
-            if detector_section(cls) == section:
-                value = getattr(sys.modules[cls.__module__], "DEFAULTS", {}).get(knob)
+        value = (section_defaults(section) or {}).get(knob)
     return float(value or 0)
 
 

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from streams.config import EngineConfig, deep_merge, load_config
+from streams.config import (
+    EngineConfig,
+    config_section,
+    deep_merge,
+    detector_section,
+    load_config,
+    state_key,
+)
 from streams.detectors import ALL_DETECTORS
 from streams.errors import ConfigError
 
@@ -70,3 +77,22 @@ def test_every_loaded_detector_has_a_section_or_defaults() -> None:
         "ImbalanceDetector",
         "BaselineDetector",
     }
+
+
+def _shared_sections() -> dict[str, list[type]]:
+    """Config sections read by more than one detector class (rules split out of one detector)."""
+    by_section: dict[str, list[type]] = {}
+    for cls in ALL_DETECTORS:
+        by_section.setdefault(config_section(cls), []).append(cls)
+    return {s: classes for s, classes in by_section.items() if len(classes) > 1}
+
+
+def test_every_detector_class_keeps_its_state_under_a_key_of_its_own() -> None:
+    keys = [state_key(cls) for cls in ALL_DETECTORS]
+    assert len(keys) == len(set(keys))
+    shared = {cls for classes in _shared_sections().values() for cls in classes}
+    for cls in ALL_DETECTORS:
+        section = config_section(cls)
+        # A class alone in its section keeps the section (older snapshots still restore it).
+        expected = f"{section}/{cls.__name__}" if cls in shared else section
+        assert state_key(cls) == detector_section(cls) == expected
