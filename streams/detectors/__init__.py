@@ -19,7 +19,13 @@ _DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
     ("streams.detectors.imbalance", "ImbalanceDetector"),
     ("streams.detectors.baseline", "BaselineDetector"),
     ("streams.detectors.throughput", "ThroughputDetector"),
-    ("streams.detectors.numerical", "NumericalDetector"),
+    # Rules split out of one detector keep its config section and its place, in the order its
+    # findings of one event came out of it (a replay gives the same alerts in the same order).
+    # Section `numerical`.
+    ("streams.detectors.nonfinite_loss", "NonfiniteLossDetector"),
+    ("streams.detectors.nonfinite_grad", "NonfiniteGradDetector"),
+    ("streams.detectors.loss_divergence", "LossDivergenceDetector"),
+    ("streams.detectors.grad_spike", "GradSpikeDetector"),
     ("streams.detectors.recovery", "RecoveryDetector"),
     ("streams.detectors.resource", "ResourceDetector"),
     ("streams.detectors.infrastructure", "InfrastructureDetector"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from streams.config import (
     deep_merge,
     detector_section,
     load_config,
+    section_defaults,
     state_key,
 )
 from streams.detectors import ALL_DETECTORS
@@ -85,6 +87,36 @@ def _shared_sections() -> dict[str, list[type]]:
     for cls in ALL_DETECTORS:
         by_section.setdefault(config_section(cls), []).append(cls)
     return {s: classes for s, classes in by_section.items() if len(classes) > 1}
+
+
+def test_rules_split_out_of_one_detector_read_its_section_with_the_same_knobs() -> None:
+    shared = _shared_sections()
+    assert {"numerical"} <= set(shared)
+    cfg = EngineConfig.default()
+    for section, classes in shared.items():
+        defaults = section_defaults(section)
+        assert defaults is not None
+        # The shipped file names every knob of the section once, as the one detector did.
+        assert dict(cfg.detectors[section]) == defaults, section
+        for cls in classes:
+            assert cfg.params_for(cls) == cfg.detectors[section]
+            own = sys.modules[cls.__module__].DEFAULTS
+            # A knob several rules read has one default.
+            assert {k: defaults[k] for k in own} == own, cls.__name__
+
+
+def test_a_knob_of_a_split_rule_is_set_in_its_old_section(tmp_path: Path) -> None:
+    from streams.detectors.grad_spike import GradSpikeDetector
+    from streams.detectors.nonfinite_grad import NonfiniteGradDetector
+
+    f = tmp_path / "c.yaml"
+    f.write_text("detectors: {numerical: {grad_spike_factor: 5.0, skipped_overflow_steps: 4}}\n")
+    cfg = load_config(f)
+    assert cfg.params_for(GradSpikeDetector)["grad_spike_factor"] == 5.0
+    assert cfg.params_for(NonfiniteGradDetector)["skipped_overflow_steps"] == 4
+    f.write_text("detectors: {numerical: {grad_spike_factr: 5.0}}\n")
+    with pytest.raises(ConfigError, match=r"numerical\.grad_spike_factr.*grad_spike_factor"):
+        load_config(f)
 
 
 def test_every_detector_class_keeps_its_state_under_a_key_of_its_own() -> None:

@@ -11,8 +11,11 @@ from hypothesis import strategies as st
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.grad_spike import GradSpikeDetector
 from streams.detectors.infrastructure import InfrastructureDetector
-from streams.detectors.numerical import NumericalDetector
+from streams.detectors.loss_divergence import LossDivergenceDetector
+from streams.detectors.nonfinite_grad import NonfiniteGradDetector
+from streams.detectors.nonfinite_loss import NonfiniteLossDetector
 from streams.detectors.platform import PlatformDetector
 from streams.detectors.recovery import RecoveryDetector
 from streams.detectors.resource import ResourceDetector
@@ -28,7 +31,10 @@ from tests.unit.streams.builders import (
 )
 
 DETECTORS: list[type[Detector]] = [
-    NumericalDetector,
+    NonfiniteLossDetector,
+    NonfiniteGradDetector,
+    LossDivergenceDetector,
+    GradSpikeDetector,
     RecoveryDetector,
     ResourceDetector,
     InfrastructureDetector,

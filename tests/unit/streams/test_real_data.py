@@ -15,8 +15,9 @@ import pytest
 from producers.importers import convert_nanogpt, convert_pai, convert_pythia
 from schemas.files import write_container
 from schemas.records import Event
+from streams.config import config_section
+from streams.detectors import ALL_DETECTORS
 from streams.detectors.base import Finding, Topology
-from streams.detectors.numerical import NumericalDetector
 from streams.offline.replay import replay_offline
 
 REPO = Path(__file__).resolve().parents[3]
@@ -41,14 +42,17 @@ def real() -> Path:
 
 
 def numerical_findings(events: Any) -> list[Finding]:
-    """NumericalDetector alone, advanced as the engine does (watermark 5 s behind)."""
+    """The numerical rules alone (section `numerical`), advanced as the engine does (watermark 5 s behind)."""
     topo = Topology()
-    det = NumericalDetector(topo)
+    dets = [cls(topo) for cls in ALL_DETECTORS if config_section(cls) == "numerical"]
+    assert {r for d in dets for r in d.rules} == NUMERICAL
     out: list[Finding] = []
     for ev in events:
         topo.observe(ev)
-        out += det.observe(ev)
-        out += det.advance(ev.record["ts"] - 5000)
+        for det in dets:
+            out += det.observe(ev)
+        for det in dets:
+            out += det.advance(ev.record["ts"] - 5000)
     return out
 
 

@@ -1,0 +1,39 @@
+"""Rule `nonfinite_loss`: a job's training loss is NaN or infinite.
+
+Category `model`, critical, one identity per job (the first rank that showed it is named). Fires
+at once on a StepCompleted whose `loss` is NaN or infinite; resolves when finite losses have
+resumed for `nonfinite_resolve_steps` steps past the last non-finite one. Steps without a loss are
+not judged. See `nonfinite.py` for the condition.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from schemas.records import Event
+from streams.detectors.base import Finding
+from streams.detectors.nonfinite import NONFINITE_DEFAULTS, NonfiniteDetector
+
+__all__ = ["DEFAULTS", "NonfiniteLossDetector"]
+
+DEFAULTS: dict[str, Any] = {**NONFINITE_DEFAULTS}
+
+
+class NonfiniteLossDetector(NonfiniteDetector):
+    """A non-finite loss, per job."""
+
+    section: ClassVar[str] = "numerical"
+    stage: ClassVar[str] = "job"
+    rule: ClassVar[str] = "nonfinite_loss"
+    rules: ClassVar[tuple[str, ...]] = ("nonfinite_loss",)
+    what: ClassVar[str] = "loss"
+    history_metric: ClassVar[str] = "nonfinite_loss_steps"
+
+    def observe(self, event: Event) -> list[Finding]:
+        """Check the loss of a StepCompleted."""
+        if event.type != "StepCompleted":
+            return []
+        r = event.record
+        job = self._job(r["job_id"])
+        loss = r.get("loss")
+        return self.check(job, r, loss) if loss is not None else []
