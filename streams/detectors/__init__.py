@@ -26,7 +26,10 @@ _DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
     ("streams.detectors.nonfinite_grad", "NonfiniteGradDetector"),
     ("streams.detectors.loss_divergence", "LossDivergenceDetector"),
     ("streams.detectors.grad_spike", "GradSpikeDetector"),
-    ("streams.detectors.recovery", "RecoveryDetector"),
+    # Section `recovery`.
+    ("streams.detectors.checkpoint_stuck", "CheckpointStuckDetector"),
+    ("streams.detectors.checkpoint_failed", "CheckpointFailedDetector"),
+    ("streams.detectors.checkpoint_stale", "CheckpointStaleDetector"),
     ("streams.detectors.resource", "ResourceDetector"),
     ("streams.detectors.infrastructure", "InfrastructureDetector"),
     ("streams.detectors.platform", "PlatformDetector"),

@@ -11,13 +11,15 @@ from hypothesis import strategies as st
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.checkpoint_failed import CheckpointFailedDetector
+from streams.detectors.checkpoint_stale import CheckpointStaleDetector
+from streams.detectors.checkpoint_stuck import CheckpointStuckDetector
 from streams.detectors.grad_spike import GradSpikeDetector
 from streams.detectors.infrastructure import InfrastructureDetector
 from streams.detectors.loss_divergence import LossDivergenceDetector
 from streams.detectors.nonfinite_grad import NonfiniteGradDetector
 from streams.detectors.nonfinite_loss import NonfiniteLossDetector
 from streams.detectors.platform import PlatformDetector
-from streams.detectors.recovery import RecoveryDetector
 from streams.detectors.resource import ResourceDetector
 from tests.unit.streams.builders import (
     T0,
@@ -35,7 +37,9 @@ DETECTORS: list[type[Detector]] = [
     NonfiniteGradDetector,
     LossDivergenceDetector,
     GradSpikeDetector,
-    RecoveryDetector,
+    CheckpointStuckDetector,
+    CheckpointFailedDetector,
+    CheckpointStaleDetector,
     ResourceDetector,
     InfrastructureDetector,
     PlatformDetector,

@@ -1,0 +1,85 @@
+"""Rule `checkpoint_failed`: a checkpoint of a job failed.
+
+Category `platform`, critical, one identity per job. A CheckpointEvent with phase `failed` fires
+at once (further failures update it: how many in a row, the latest error); the next `completed`
+or `verified` checkpoint of the job resolves it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from schemas.records import Event
+from streams.detectors.base import Finding, PerJobDetector
+from streams.detectors.history import add_point
+
+__all__ = ["DEFAULTS", "CheckpointFailedDetector"]
+
+DEFAULTS: dict[str, Any] = {}  # no knobs: every failure counts at once
+
+
+class CheckpointFailedDetector(PerJobDetector):
+    """Failed checkpoints per job, until one completes."""
+
+    section: ClassVar[str] = "recovery"
+    stage: ClassVar[str] = "job"
+    rules: ClassVar[tuple[str, ...]] = ("checkpoint_failed",)
+
+    def new_job_state(self) -> dict[str, Any]:
+        """The job's open failure (None while its checkpoints complete)."""
+        return {"failed": None}
+
+    def observe(self, event: Event) -> list[Finding]:
+        """A `failed` checkpoint fires; a `completed` or `verified` one resolves."""
+        if event.type != "CheckpointEvent":
+            return []
+        r = event.record
+        job_id, cid, phase, ts = r["job_id"], r["checkpoint_id"], r["phase"], r["ts"]
+        job = self._job(job_id)
+        if phase == "failed":
+            if job["failed"] is None:
+                job["failed"] = {
+                    "since": ts,
+                    "cid": cid,
+                    "step": r["step"],
+                    "error": r.get("error") or "",
+                    "n": 0,
+                }
+            failed = job["failed"]
+            failed["n"] += 1
+            failed["cid"], failed["error"] = cid, r.get("error") or failed["error"]
+            return [self._finding(job_id, failed, ts, True)]
+        if phase in ("completed", "verified") and job["failed"] is not None:
+            failed, job["failed"] = job["failed"], None
+            return [self._finding(job_id, failed, ts, False, resolved_by=cid)]
+        return []
+
+    def _finding(
+        self, job_id: str, failed: dict[str, Any], ts: int, active: bool, resolved_by: str = ""
+    ) -> Finding:
+        history = add_point(failed, ts, failed["n"] if active else 0)
+        summary = (
+            f"checkpoint {failed['cid']} of job {job_id} failed"
+            + (f": {failed['error']}" if failed["error"] else "")
+            + (f" ({failed['n']} failures in a row)" if failed["n"] > 1 else "")
+            if active
+            else f"checkpoint {resolved_by} of job {job_id} completed after {failed['n']} failed one(s)"
+        )
+        return Finding(
+            rule="checkpoint_failed",
+            key=(job_id,),
+            active=active,
+            ts=ts,
+            category="platform",
+            severity="critical",
+            job_id=job_id,
+            since=failed["since"],
+            invariant="every checkpoint that starts completes",
+            observed=float(failed["n"]),
+            expected=0.0,
+            summary=summary,
+            suspected_layer="checkpoint",
+            history_metric="failed_checkpoints",
+            history=history,
+            sustain_ms=0,
+        )
