@@ -32,7 +32,9 @@ _DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
     ("streams.detectors.checkpoint_stale", "CheckpointStaleDetector"),
     ("streams.detectors.resource", "ResourceDetector"),
     ("streams.detectors.infrastructure", "InfrastructureDetector"),
-    ("streams.detectors.platform", "PlatformDetector"),
+    # Section `platform`.
+    ("streams.detectors.long_pending", "LongPendingDetector"),
+    ("streams.detectors.restart_loop", "RestartLoopDetector"),
     ("streams.detectors.readiness", "ReadinessDetector"),
     ("streams.detectors.clock", "ClockDetector"),
     ("streams.detectors.datapath", "DatapathDetector"),

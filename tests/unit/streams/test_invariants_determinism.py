@@ -16,11 +16,12 @@ from streams.detectors.checkpoint_stale import CheckpointStaleDetector
 from streams.detectors.checkpoint_stuck import CheckpointStuckDetector
 from streams.detectors.grad_spike import GradSpikeDetector
 from streams.detectors.infrastructure import InfrastructureDetector
+from streams.detectors.long_pending import LongPendingDetector
 from streams.detectors.loss_divergence import LossDivergenceDetector
 from streams.detectors.nonfinite_grad import NonfiniteGradDetector
 from streams.detectors.nonfinite_loss import NonfiniteLossDetector
-from streams.detectors.platform import PlatformDetector
 from streams.detectors.resource import ResourceDetector
+from streams.detectors.restart_loop import RestartLoopDetector
 from tests.unit.streams.builders import (
     T0,
     checkpoint,
@@ -42,7 +43,8 @@ DETECTORS: list[type[Detector]] = [
     CheckpointStaleDetector,
     ResourceDetector,
     InfrastructureDetector,
-    PlatformDetector,
+    LongPendingDetector,
+    RestartLoopDetector,
 ]
 JOB = "job-1"
 
