@@ -35,7 +35,9 @@ _DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
     # Section `platform`.
     ("streams.detectors.long_pending", "LongPendingDetector"),
     ("streams.detectors.restart_loop", "RestartLoopDetector"),
-    ("streams.detectors.readiness", "ReadinessDetector"),
+    # Section `readiness`.
+    ("streams.detectors.restore_test_failed", "RestoreTestFailedDetector"),
+    ("streams.detectors.restore_test_stale", "RestoreTestStaleDetector"),
     ("streams.detectors.clock", "ClockDetector"),
     ("streams.detectors.datapath", "DatapathDetector"),
     ("streams.detectors.validation", "ValidationDetector"),

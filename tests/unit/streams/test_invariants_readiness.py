@@ -1,12 +1,12 @@
-"""ReadinessDetector: failed restore tests alert at once; the newest restore-tested checkpoint stays young."""
+"""The readiness rules: failed restore tests alert at once; the newest restore-tested checkpoint stays young."""
 
 from __future__ import annotations
 
 from schemas.records import Event
-from streams.detectors.base import Finding, Topology
-from streams.detectors.readiness import ReadinessDetector
+from streams.detectors.base import Detector, Finding, Topology
 from streams.engine import DetectionEngine
 from tests.unit.streams.builders import T0, job_started, job_state
+from tests.unit.streams.sections import SectionRules
 
 JOB = "job-1"
 HOUR = 3_600_000
@@ -30,7 +30,7 @@ def written(ts: int, cid: str) -> Event:
 
 
 def drive(
-    det: ReadinessDetector, events: list[Event], until: int | None = None, every: int = 600_000
+    det: Detector, events: list[Event], until: int | None = None, every: int = 600_000
 ) -> list[Finding]:
     out: list[Finding] = []
     last = T0
@@ -45,7 +45,7 @@ def drive(
 
 
 def test_a_failed_restore_test_fires_at_once_naming_what_failed_and_resolves_with_a_passing_one() -> None:
-    det = ReadinessDetector(Topology())
+    det = SectionRules("readiness", Topology())
     found = drive(
         det, [job_started(JOB, T0), written(T0 + 1000, "c1"), restore(T0 + 60_000, "c1", passed=False)]
     )
@@ -59,7 +59,7 @@ def test_a_failed_restore_test_fires_at_once_naming_what_failed_and_resolves_wit
 
 
 def test_stale_when_the_newest_restore_tested_checkpoint_is_older_than_the_job_policy() -> None:
-    det = ReadinessDetector(Topology())
+    det = SectionRules("readiness", Topology())
     events = [job_started(JOB, T0, restore_test_max_age_s=4 * 3600.0), written(T0 + HOUR, "c1"),
               restore(T0 + 2 * HOUR, "c1", passed=True)]  # fmt: skip
     found = [f for f in drive(det, events, until=T0 + 6 * HOUR) if f.rule == "restore_test_stale"]
@@ -71,7 +71,7 @@ def test_stale_when_the_newest_restore_tested_checkpoint_is_older_than_the_job_p
 
 
 def test_without_a_policy_the_default_applies_from_the_job_start_and_only_while_it_runs() -> None:
-    det = ReadinessDetector(Topology(), {"restore_test_max_age_s": 2 * 3600.0})
+    det = SectionRules("readiness", Topology(), {"restore_test_max_age_s": 2 * 3600.0})
     found = drive(det, [job_started(JOB, T0)], until=T0 + 3 * HOUR)
     assert [f.active for f in found if f.rule == "restore_test_stale"][:1] == [True]
     ended = drive(det, [job_state(JOB, T0 + 3 * HOUR + 1, "preempted")])
@@ -79,14 +79,14 @@ def test_without_a_policy_the_default_applies_from_the_job_start_and_only_while_
 
 
 def test_a_passing_restore_test_never_alerts_and_state_round_trips() -> None:
-    det = ReadinessDetector(Topology())
+    det = SectionRules("readiness", Topology())
     found = drive(
         det,
         [job_started(JOB, T0), written(T0 + 1000, "c1"), restore(T0 + 5000, "c1", passed=True)],
         until=T0 + 24 * HOUR,
     )
     assert found == []
-    again = ReadinessDetector(det.topology)
+    again = SectionRules("readiness", det.topology)
     again.from_bytes(det.to_bytes())
     assert again.to_bytes() == det.to_bytes()
 
