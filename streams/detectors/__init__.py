@@ -39,7 +39,9 @@ _DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
     ("streams.detectors.restore_test_failed", "RestoreTestFailedDetector"),
     ("streams.detectors.restore_test_stale", "RestoreTestStaleDetector"),
     ("streams.detectors.clock", "ClockDetector"),
-    ("streams.detectors.datapath", "DatapathDetector"),
+    # Section `datapath`.
+    ("streams.detectors.repeated_data", "RepeatedDataDetector"),
+    ("streams.detectors.data_errors", "DataErrorsDetector"),
     ("streams.detectors.validation", "ValidationDetector"),
     # Issue 23: one rule per file.
     ("streams.detectors.data_path_slow", "DataPathSlowDetector"),

@@ -8,7 +8,7 @@ import numpy as np
 from producers.training import Reporter
 from schemas.topics import TRAINING_EVENTS, TRAINING_STEPS
 from streams.detectors.base import Topology
-from streams.detectors.datapath import DatapathDetector
+from streams.detectors.repeated_data import RepeatedDataDetector
 from tests.integration.producers.test_producers_kafka import _consume
 
 
@@ -47,6 +47,6 @@ def test_a_stuck_loader_through_kafka_is_repeated_data_and_a_restore_test_arrive
     assert sample["batches"] == 24 and sample["batch_prep_s"] is not None
     (restore,) = [e.record for e in got if e.type == "RestoreTest"]
     assert restore["passed"] and restore["checkpoint_id"] == "job-loader-step4"
-    det = DatapathDetector(Topology(), {"window_steps": 8})
+    det = RepeatedDataDetector(Topology(), {"window_steps": 8})
     found = [f for e in steps for f in det.observe(e)]
     assert [(f.rule, f.active, f.key) for f in found][:1] == [("repeated_data", True, ("job-loader", "0"))]
