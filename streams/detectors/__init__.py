@@ -31,7 +31,13 @@ _DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
     ("streams.detectors.checkpoint_failed", "CheckpointFailedDetector"),
     ("streams.detectors.checkpoint_stale", "CheckpointStaleDetector"),
     ("streams.detectors.resource", "ResourceDetector"),
-    ("streams.detectors.infrastructure", "InfrastructureDetector"),
+    # Section `infrastructure`.
+    ("streams.detectors.telemetry_missing", "TelemetryMissingDetector"),
+    ("streams.detectors.xid_error", "XidErrorDetector"),
+    ("streams.detectors.ecc_uncorrectable", "EccUncorrectableDetector"),
+    ("streams.detectors.gpu_throttling", "GpuThrottlingDetector"),
+    ("streams.detectors.gpu_memory_pressure", "GpuMemoryPressureDetector"),
+    ("streams.detectors.host_memory_pressure", "HostMemoryPressureDetector"),
     # Section `platform`.
     ("streams.detectors.long_pending", "LongPendingDetector"),
     ("streams.detectors.restart_loop", "RestartLoopDetector"),

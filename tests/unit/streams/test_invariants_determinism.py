@@ -14,14 +14,19 @@ from streams.detectors.base import Detector, Finding, Topology
 from streams.detectors.checkpoint_failed import CheckpointFailedDetector
 from streams.detectors.checkpoint_stale import CheckpointStaleDetector
 from streams.detectors.checkpoint_stuck import CheckpointStuckDetector
+from streams.detectors.ecc_uncorrectable import EccUncorrectableDetector
+from streams.detectors.gpu_memory_pressure import GpuMemoryPressureDetector
+from streams.detectors.gpu_throttling import GpuThrottlingDetector
 from streams.detectors.grad_spike import GradSpikeDetector
-from streams.detectors.infrastructure import InfrastructureDetector
+from streams.detectors.host_memory_pressure import HostMemoryPressureDetector
 from streams.detectors.long_pending import LongPendingDetector
 from streams.detectors.loss_divergence import LossDivergenceDetector
 from streams.detectors.nonfinite_grad import NonfiniteGradDetector
 from streams.detectors.nonfinite_loss import NonfiniteLossDetector
 from streams.detectors.resource import ResourceDetector
 from streams.detectors.restart_loop import RestartLoopDetector
+from streams.detectors.telemetry_missing import TelemetryMissingDetector
+from streams.detectors.xid_error import XidErrorDetector
 from tests.unit.streams.builders import (
     T0,
     checkpoint,
@@ -42,7 +47,12 @@ DETECTORS: list[type[Detector]] = [
     CheckpointFailedDetector,
     CheckpointStaleDetector,
     ResourceDetector,
-    InfrastructureDetector,
+    TelemetryMissingDetector,
+    XidErrorDetector,
+    EccUncorrectableDetector,
+    GpuThrottlingDetector,
+    GpuMemoryPressureDetector,
+    HostMemoryPressureDetector,
     LongPendingDetector,
     RestartLoopDetector,
 ]
