@@ -26,6 +26,7 @@ class CacheHitCollapseDetector(LoaderSignalDetector):
     """The cache-hit ratio collapsing against the run's own baseline, per rank or node."""
 
     rule: ClassVar[str] = "cache_hit_collapse"
+    stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("cache_hit_collapse",)
     metrics: ClassVar[tuple[str, ...]] = ("cache_hit_ratio",)
     layer: ClassVar[str] = "storage"

@@ -33,6 +33,7 @@ _KEEP = 64  # checkpoints remembered per job (bounded state)
 class CheckpointRetentionDetector(PerJobDetector):
     """Whether retention leaves the job a verified checkpoint."""
 
+    stage: ClassVar[str] = "job"
     rules: ClassVar[tuple[str, ...]] = ("checkpoint_retention",)
 
     def new_job_state(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ _POINTS = 10
 class CheckpointVerifyFailedDetector(PerJobDetector):
     """Failed checkpoint verifications, one alert per job."""
 
+    stage: ClassVar[str] = "job"
     rules: ClassVar[tuple[str, ...]] = ("checkpoint_verify_failed",)
 
     def new_job_state(self) -> dict[str, Any]:

@@ -67,6 +67,7 @@ def _iso(ts: int) -> str:
 class ClockDetector(Detector):
     """Tracks sources whose records the engine rejected for their timestamps."""
 
+    stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("clock_skew",)
 
     def __init__(self, topology: Any, params: dict[str, Any] | None = None) -> None:

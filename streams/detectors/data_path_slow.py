@@ -36,6 +36,7 @@ class DataPathSlowDetector(LoaderSignalDetector):
     """Read latency or batch preparation time rising against the run's own baseline, per rank or node."""
 
     rule: ClassVar[str] = "data_path_slow"
+    stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("data_path_slow",)
     metrics: ClassVar[tuple[str, ...]] = ("read_latency_s", "batch_prep_s")
     invariant: ClassVar[str] = (

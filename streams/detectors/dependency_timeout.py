@@ -28,6 +28,7 @@ _POINTS = 10
 class DependencyTimeoutDetector(PerJobDetector):
     """Collective and storage timeouts, one alert per job and kind."""
 
+    stage: ClassVar[str] = "job"
     rules: ClassVar[tuple[str, ...]] = ("dependency_timeout",)
 
     def new_job_state(self) -> dict[str, Any]:

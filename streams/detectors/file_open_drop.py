@@ -27,6 +27,7 @@ class FileOpenDropDetector(LoaderSignalDetector):
     """The file-open rate dropping against the run's own baseline, per rank or node."""
 
     rule: ClassVar[str] = "file_open_drop"
+    stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("file_open_drop",)
     metrics: ClassVar[tuple[str, ...]] = ("file_opens_s",)
     layer: ClassVar[str] = "storage"

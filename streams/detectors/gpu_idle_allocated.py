@@ -32,6 +32,7 @@ _POINTS = 10
 class GpuIdleAllocatedDetector(PerJobDetector):
     """Allocated GPUs a job never uses during a run."""
 
+    stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("gpu_idle_allocated",)
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:

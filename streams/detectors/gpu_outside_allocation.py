@@ -30,6 +30,7 @@ _POINTS = 10
 class GpuOutsideAllocationDetector(Detector):
     """A job's bound processes on GPUs no rank of the job is bound to."""
 
+    stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("gpu_outside_allocation",)
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:

@@ -29,6 +29,7 @@ class LoaderWorkersLostDetector(LoaderSignalDetector):
     """Live loader workers below the configured count (or the run's own maximum), per rank or node."""
 
     rule: ClassVar[str] = "loader_workers_lost"
+    stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("loader_workers_lost",)
     metrics: ClassVar[tuple[str, ...]] = ("workers",)
     invariant: ClassVar[str] = "every data-loader worker a rank started stays alive"

@@ -38,6 +38,7 @@ _POINTS = 10
 class RankFailedDetector(PerJobDetector):
     """Failed ranks, one alert per job and rank, with the reason."""
 
+    stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("rank_failed",)
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:

@@ -23,6 +23,7 @@ __all__ = ["RankOutsideNodesDetector"]
 class RankOutsideNodesDetector(PerJobDetector):
     """Ranks bound on nodes outside the job's node list, one alert per job and node."""
 
+    stage: ClassVar[str] = "job"
     rules: ClassVar[tuple[str, ...]] = ("rank_outside_nodes",)
 
     def new_job_state(self) -> dict[str, Any]:

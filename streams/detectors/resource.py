@@ -24,6 +24,7 @@ DEFAULTS: dict[str, Any] = {
 class ResourceDetector(Detector):
     """Processes on a job's GPU that do not belong to the job."""
 
+    stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("foreign_process",)
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:

@@ -34,6 +34,7 @@ _POINTS = 10
 class StepSkipRateDetector(PerJobDetector):
     """The share of skipped steps over a window of the job's steps."""
 
+    stage: ClassVar[str] = "job"
     rules: ClassVar[tuple[str, ...]] = ("step_skip_rate",)
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
