@@ -11,6 +11,7 @@ import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -33,8 +34,18 @@ def _ch_time(ms: int) -> str:
     return f"toDateTime64('{datetime.fromtimestamp(ms / 1000, UTC):%Y-%m-%d %H:%M:%S}', 3, 'UTC')"
 
 
-def _expand(sql: str, values: dict[str, list[str]], t0: int, t1: int) -> str:
-    """The SQL the ClickHouse plugin would send: macros and variables replaced."""
+def _percent_encode(value: str) -> str:
+    """Grafana's `percentencode` format: encodeURIComponent plus `!'()*` (RFC 3986 unreserved kept)."""
+    return quote(value, safe="-_.~")
+
+
+def _expand(
+    sql: str, values: dict[str, list[str]], t0: int, t1: int, multi: frozenset[str] = frozenset()
+) -> str:
+    """The SQL the ClickHouse plugin would send: macros and variables replaced.
+
+    `multi`: the multi-value variables (Grafana formats their list as `{a,b}` before encoding it).
+    """
     sql = re.sub(
         r"\$__timeFilter\(([^)]+)\)",
         lambda m: f"({m[1]} >= {_ch_time(t0)} AND {m[1]} <= {_ch_time(t1)})",
@@ -49,8 +60,8 @@ def _expand(sql: str, values: dict[str, list[str]], t0: int, t1: int) -> str:
         .replace("$__toTime", _ch_time(t1))
     )
     for name, vals in values.items():
-        quoted = ", ".join("'" + v.replace("'", "\\'") + "'" for v in vals)
-        sql = sql.replace(f"${{{name}:singlequote}}", quoted).replace(f"${{{name}}}", vals[0] if vals else "")
+        text = "{" + ",".join(vals) + "}" if name in multi else (vals[0] if vals else "")
+        sql = sql.replace(f"${{{name}:percentencode}}", _percent_encode(text))
     assert "$" not in sql, f"unexpanded macro or variable in: {sql}"
     return sql
 
@@ -90,6 +101,10 @@ def test_the_four_dashboards_are_valid_and_use_the_provisioned_source() -> None:
                 assert target["datasource"]["uid"] == uid and target["rawSql"].strip()
 
 
+def _multi(board: dict[str, Any]) -> frozenset[str]:
+    return frozenset(v["name"] for v in board["templating"]["list"] if v.get("multi"))
+
+
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
 def test_every_query_of_a_dashboard_runs_on_the_store(path: Path, ui_store: UiStore) -> None:
     """Each variable and panel query runs on chDB over the simulated incident; panels show data."""
@@ -98,12 +113,45 @@ def test_every_query_of_a_dashboard_runs_on_the_store(path: Path, ui_store: UiSt
     t0, t1 = ui_store.start_ms - 3600_000, ui_store.start_ms + 24 * 3600_000
     values: dict[str, list[str]] = {}
     for var in board["templating"]["list"]:
-        found = [str(r[0]) for r in client.query(_expand(var["query"], values, t0, t1)).result_rows]
+        found = [
+            str(r[0]) for r in client.query(_expand(var["query"], values, t0, t1, _multi(board))).result_rows
+        ]
         assert found, f"variable {var['name']} has no values"
         values[var["name"]] = [STRAGGLER_JOB] if var["name"] == "job" else found
     for panel in board["panels"]:
         rows = 0
         for target in panel["targets"]:
-            rows += len(client.query(_expand(target["rawSql"], values, t0, t1)).result_rows)
+            rows += len(client.query(_expand(target["rawSql"], values, t0, t1, _multi(board))).result_rows)
         if panel["title"] not in MAY_BE_EMPTY:
             assert rows > 0, f"{path.stem}: panel {panel['title']!r} is empty"
+
+
+# A job id, team, cluster or node is whatever a record carried: quotes, backslashes, SQL, commas.
+HOSTILE = 'j\'); DROP TABLE steps; --\\ "x" ,{}'
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
+def test_a_hostile_variable_value_breaks_no_query(path: Path, ui_store: UiStore) -> None:
+    """Every variable set to a value with quotes and a backslash: each query still parses and runs, and finds
+    the rows of that very value (a job stored under the hostile id shows in the job dashboard)."""
+    board = json.loads(path.read_text())
+    # Only the percent-encoded form reaches SQL text (`singlequote` leaves a backslash that escapes the quote).
+    assert not re.findall(r"\$\{\w+(?::(?!percentencode\})[^}]*)?\}", path.read_text())
+    names = [v["name"] for v in board["templating"]["list"]]
+    values = {name: [HOSTILE] for name in names}
+    t0, t1 = ui_store.start_ms - 3600_000, ui_store.start_ms + 24 * 3600_000
+    for var in board["templating"]["list"]:
+        ui_store.client.query(_expand(var["query"], values, t0, t1, _multi(board)))
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            ui_store.client.query(_expand(target["rawSql"], values, t0, t1, _multi(board)))
+    if "job" in names:
+        # The value reaches ClickHouse unchanged: it matches a job stored under exactly that id.
+        sql = next(
+            t["rawSql"] for p in board["panels"] for t in p["targets"] if "FROM steps WHERE" in t["rawSql"]
+        )
+        probe = _expand(sql.split(" WHERE ")[1].split(" AND ")[0], values, t0, t1)
+        matched = ui_store.client.query(
+            f"SELECT {probe} FROM (SELECT {{v:String}} AS job_id)", parameters={"v": HOSTILE}
+        )
+        assert matched.result_rows == [(True,)]
