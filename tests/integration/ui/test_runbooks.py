@@ -54,7 +54,7 @@ def ui(ui_store: UiStore) -> Iterator[tuple[UiServer, str]]:
 
 
 def test_every_rules_runbook_page_is_served(ui: tuple[UiServer, str]) -> None:
-    """GET /runbooks/<rule> is 200 with that rule's page for every rule; /runbooks/ is the index."""
+    """GET /runbooks/<rule> is 200 with that rule's page for every rule; /runbooks/ is the index, linking each."""
     _, url = ui
     with httpx.Client(base_url=url, timeout=60) as http:
         index = http.get("/runbooks/")
@@ -66,6 +66,8 @@ def test_every_rules_runbook_page_is_served(ui: tuple[UiServer, str]) -> None:
                 "default-src"
             )
         assert http.get("/runbooks/no_such_rule").status_code == 404
+    # The index links every page (data_errors and three more were once missing from it).
+    assert [rule for rule in RULES if f'href="{rule}"' not in index.text] == []
 
 
 @pytest.fixture(scope="module")
