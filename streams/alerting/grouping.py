@@ -35,7 +35,17 @@ from typing import Any, Literal
 
 from streams.detectors.base import Topology
 
-__all__ = ["SCOPES", "AlertGrouper", "InhibitRule", "alert_field", "graph_cycle", "graph_levels"]
+__all__ = [
+    "SCOPES",
+    "SCOPE_WORDS",
+    "AlertGrouper",
+    "InhibitRule",
+    "alert_field",
+    "edge_for",
+    "graph_cycle",
+    "graph_levels",
+    "muted_by_text",
+]
 
 Scope = Literal["", "node", "gpu", "job"]
 # The scopes an edge of the graph can name: the symptom on the cause's GPU, node, or job.
@@ -154,6 +164,26 @@ class InhibitRule:
             job = target.get("job_id")
             return bool(job) and any(b.gpu_uuid == gpu for b in topology.ranks_of(str(job)))
         return True
+
+
+# How a page words an edge's scope ("straggler, muted by gpu_throttling on the same GPU").
+SCOPE_WORDS: dict[str, str] = {"gpu": "on the same GPU", "node": "on the same node", "job": "in the same job"}
+
+
+def edge_for(rules: Iterable[InhibitRule], cause: str, symptom: str) -> InhibitRule | None:
+    """The first graph edge by which rule `cause` mutes rule `symptom`, None when there is none."""
+    probe_cause, probe_symptom = {"rule": cause}, {"rule": symptom}
+    for rule in rules:
+        if rule.is_source(probe_cause) and rule.is_target(probe_symptom):
+            return rule
+    return None
+
+
+def muted_by_text(rules: Iterable[InhibitRule], cause: str, symptom: str) -> str:
+    """`"<symptom>, muted by <cause> on the same GPU"`: how a page folds a muted alert under its cause."""
+    edge = edge_for(rules, cause, symptom)
+    where = SCOPE_WORDS.get(edge.scope, "") if edge is not None else ""
+    return f"{symptom}, muted by {cause}" + (f" {where}" if where else "")
 
 
 def _edges(rules: Iterable[InhibitRule]) -> dict[str, set[str]]:

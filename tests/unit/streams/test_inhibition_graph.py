@@ -18,7 +18,14 @@ import pytest
 
 from streams.alerting.alertmanager import to_alertmanager
 from streams.alerting.amconfig import MUTED_RECEIVER, render_alertmanager_config
-from streams.alerting.grouping import AlertGrouper, InhibitRule, graph_cycle, graph_levels
+from streams.alerting.grouping import (
+    AlertGrouper,
+    InhibitRule,
+    edge_for,
+    graph_cycle,
+    graph_levels,
+    muted_by_text,
+)
 from streams.alerting.lifecycle import AlertTracker
 from streams.alerting.ownership import load_ownership
 from streams.alerting.routing import DEFAULT_ROUTING_PATH, Router, load_router
@@ -303,3 +310,15 @@ def test_the_rendered_config_routes_what_the_engine_muted_to_a_receiver_that_not
     labels = to_alertmanager({**record, "team": "t", "receiver": "x", "inhibited_by": "abc"})["labels"]
     assert labels["inhibited_by"] == "abc" and _holds(first["matchers"][0], labels)
     assert RENDERED.warnings == ()
+
+
+def test_pages_word_a_muted_alert_by_its_edge() -> None:
+    """What the fleet and job pages show for a muted alert (issue 20.4)."""
+    assert (
+        muted_by_text(RULES, "gpu_throttling", "straggler")
+        == "straggler, muted by gpu_throttling on the same GPU"
+    )
+    assert muted_by_text(RULES, "rank_hang", "job_stall") == "job_stall, muted by rank_hang in the same job"
+    assert muted_by_text(RULES, "host_memory_pressure", "straggler").endswith("on the same node")
+    assert edge_for(RULES, "job_stall", "rank_hang") is None
+    assert muted_by_text(RULES, "job_stall", "rank_hang") == "rank_hang, muted by job_stall"
