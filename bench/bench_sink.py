@@ -5,21 +5,21 @@ GpuSample and N StepCompleted events, then measures, one after the other:
   (a) a bare clickhouse-connect column insert of the same rows (copies of the tables, no views),
   (b) a bare confluent-kafka consumer loop reading the messages without decoding,
   (c) bare fastavro decoding of the message bodies,
-  (e) a bare consume + decode + insert loop: the same messages, poll size, batch size per
-      topic-partition and tables (the real ones, with their materialized views) as the sink,
-      without offsets, commits, dedup tokens or checks,
+  (e) a bare consume + decode + insert loop: the same messages, poll size, batches per
+      topic-partition cut the same way (size, or 1 s old) and tables (the real ones, with their
+      materialized views) as the sink, without offsets, commits, dedup tokens or checks,
   (d) the sink (`SinkConsumer`) end to end, with the time bound `ranksight sink` applies,
-(e) and (d) alternating `--rounds` times into freshly made tables (no insert dedup history), and
-prints the best (d) / (e) by wall time and by CPU time (on a shared machine CPU time is the
-steadier figure). Then scale-out on ONE job: M StepCompleted of one 512-rank job keyed by
-job and rank group (`job/group`, 8 ranks a group), so the job's steps spread over every partition
+(e) and (d) alternating `--rounds` times, each in a fresh process with its own new chDB directory
+(in one process both slowed down round after round), and prints (d) / (e) by wall time and by CPU
+time (on a shared machine CPU time is the steadier figure). Then scale-out on ONE job: M
+StepCompleted of one 512-rank job keyed by job and rank group (`job/group`, 8 ranks a group), so the job's steps spread over every partition
 of a 6-partition topic, stored by 1 and then by 2 sink processes (one consumer group; each
 process with its own chDB directory, as chDB allows one process per directory: with a ClickHouse
 server they would share one). Each process waits until the group has assigned every partition
 before the data is produced; rows/s = all rows / (last insert - first record read). Prints
 rows/s, CPU seconds and peak RSS. Not part of the test suite.
 
-    .venv/bin/python bench/bench_sink.py [--events 100000] [--batch-size 5000] [--scale-steps 200000]
+    .venv/bin/python bench/bench_sink.py [--events 100000] [--batch-size 5000] [--rounds 2] [--scale-steps 200000]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import io
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,7 @@ from sinks.samples import sample_events
 from streams.config import load_config
 
 POLL_BATCH = 1000  # the sink's default `poll_batch`: the bare loop polls the same
+BATCH_INTERVAL_S = 1.0  # the sink's default `batch_interval_s`: the bare loop cuts batches the same way
 
 
 @functools.cache
@@ -105,7 +107,8 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: one sink process of the scale-out
     args = parser.parse_args()
     if args.child:
-        _child(json.loads(args.child))
+        spec = json.loads(args.child)
+        _phase(spec) if "phase" in spec else _child(spec)
         return
 
     with tempfile.TemporaryDirectory(prefix="rs-bench-") as tmp:
@@ -197,74 +200,94 @@ def _run(bootstrap: str, tmp: Path, n: int, batch_size: int, rounds: int) -> Non
             schemaless_reader(io.BytesIO(value[10:]), parsed[value[2:10]], None)
     results.append(phase)
 
-    # (e) and (d), alternating, `rounds` times each into fresh tables: best of each (the machine is shared)
-    bares: list[Phase] = []
-    sinks: list[Phase] = []
+    close(dsn)
 
-    def run_bare(r: int) -> None:
-        _fresh_tables(client)
-        gc.collect()
-        with Phase("(e) bare consume + decode + insert loop", total) as phase:
-            _bare_loop(bootstrap, client, topics, batch_size, total, f"bench-bare-{r}")
-        _assert_stored(client, total, "bare loop")
-        bares.append(phase)
+    # (e) and (d), alternating `rounds` times, each in a fresh process with its own fresh chDB directory
+    # (in one process both slowed down round after round, whichever came first in a round won).
+    bares: list[dict[str, Any]] = []
+    sinks: list[dict[str, Any]] = []
+    for r in range(rounds):
+        for kind in ("bare", "sink") if r % 2 == 0 else ("sink", "bare"):
+            phase_spec = {"phase": kind, "bootstrap": bootstrap, "topics": topics, "group": f"bench-{kind}-{r}",
+                          "chdb": str(tmp / f"chdb-{kind}-{r}"), "batch_size": batch_size, "total": total,
+                          "deadletter": prefix + DEADLETTER}  # fmt: skip
+            (bares if kind == "bare" else sinks).append(_in_child(phase_spec))
+        print(
+            f"round {r + 1}: bare {bares[-1]['wall']:.2f} s wall {bares[-1]['cpu']:.2f} s CPU "
+            f"({bares[-1]['inserts']} inserts), sink {sinks[-1]['wall']:.2f} s wall {sinks[-1]['cpu']:.2f} s CPU "
+            f"({sinks[-1]['inserts']} inserts, {sinks[-1]['insert_s']:.2f} s inside them)"
+        )
+    for result in results:
+        print(result.line())
+    for name, runs in (
+        ("(e) bare consume + decode + insert loop", bares),
+        ("(d) sink: Kafka -> decode -> chDB", sinks),
+    ):
+        best = min(runs, key=lambda x: x["wall"])
+        print(
+            f"{name:<44} {total / best['wall']:>12,.0f} rows/s  {best['wall']:7.2f} s wall  "
+            f"{min(x['cpu'] for x in runs):7.2f} s CPU (best of {rounds}; process of its own)"
+        )
+    wall = min(x["wall"] for x in bares) / min(x["wall"] for x in sinks)
+    cpu = min(x["cpu"] for x in bares) / min(x["cpu"] for x in sinks)
+    median_cpu = statistics.median(b["cpu"] for b in bares) / statistics.median(x["cpu"] for x in sinks)
+    print(
+        f"sink / bare loop: {wall:.2f}x by wall time, {cpu:.2f}x by CPU time (best of {rounds}; "
+        f"{median_cpu:.2f}x median CPU; {min(x['cpu'] for x in sinks) / total * 1e6:.1f} vs "
+        f"{min(x['cpu'] for x in bares) / total * 1e6:.1f} µs CPU per row) (target >= 0.8x); "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
 
-    def run_sink(r: int) -> None:
-        _fresh_tables(client)
-        gc.collect()
+
+def _in_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one measured phase in a fresh process; its JSON result."""
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _phase(spec: dict[str, Any]) -> None:
+    """One (e) or (d) phase in this fresh process: set up, then time only the work."""
+    dsn = f"chdb://{spec['chdb']}"
+    client = connect(dsn)
+    migrate(client)
+    total, topics = int(spec["total"]), list(spec["topics"])
+    sink = None
+    if spec["phase"] == "sink":
         sink = SinkConsumer(
-            {"bootstrap.servers": bootstrap},
+            {"bootstrap.servers": spec["bootstrap"]},
             client,
             topics,
-            f"bench-sink-{r}",
-            deadletter_topic=prefix + DEADLETTER,
-            batch_size=batch_size,
+            spec["group"],
+            deadletter_topic=spec["deadletter"],
+            batch_size=spec["batch_size"],
+            batch_interval_s=BATCH_INTERVAL_S,
             poll_batch=POLL_BATCH,
             progress_interval_s=3600,
             time_bound=_time_bound(),
         )
-        with Phase("(d) sink: Kafka -> decode -> chDB", total) as phase:
-            # Until every message is read and stored (an idle timeout cut runs short on a loaded machine).
-            while sink.counters["consumed"] < total:
-                sink.poll_once()
-            sink.close()  # flushes and commits what is pending
-        stats = sink.stats()
-        _assert_stored(client, total, f"sink (consumed {stats['consumed']})")
-        sinks.append(phase)
-        inserts[r] = f"{stats['batches']} batches, {stats['insert_s']:.2f} s inside inserts"
-
-    inserts: dict[int, str] = {}
-    for r in range(rounds):
-        # Alternate which goes first: the first phase after a quiet spell runs on a calmer store.
-        for run in (run_bare, run_sink) if r % 2 == 0 else (run_sink, run_bare):
-            run(r)
-        print(
-            f"round {r + 1}: bare {bares[-1].wall:.2f} s wall {bares[-1].cpu:.2f} s CPU, sink {sinks[-1].wall:.2f} s "
-            f"wall {sinks[-1].cpu:.2f} s CPU ({inserts[r]})"
-        )
-    bare = min(bares, key=lambda p: p.wall)
-    best = min(sinks, key=lambda p: p.wall)
-    for result in [*results, bare, best]:
-        print(result.line())
-    bare_cpu, sink_cpu = min(p.cpu for p in bares), min(p.cpu for p in sinks)
-    print(
-        f"sink / bare loop, best of {rounds}: {bare.wall / best.wall:.2f}x by wall time, "
-        f"{bare_cpu / sink_cpu:.2f}x by CPU time ({sink_cpu / total * 1e6:.1f} vs {bare_cpu / total * 1e6:.1f} "
-        f"µs CPU per row) (target >= 0.8x); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
-    )
+    gc.collect()
+    wall, cpu = time.perf_counter(), _cpu()
+    if sink is None:
+        inserts = _bare_loop(spec["bootstrap"], client, topics, spec["batch_size"], total, spec["group"])
+        insert_s = 0.0
+    else:
+        # Until every message is read and stored (an idle timeout cut runs short on a loaded machine).
+        while sink.counters["consumed"] < total:
+            sink.poll_once()
+        sink.close()  # flushes and commits what is pending
+        inserts, insert_s = sink.stats()["inserts"], sink.stats()["insert_s"]
+    wall, cpu = time.perf_counter() - wall, _cpu() - cpu
+    _assert_stored(client, total, spec["phase"])
     close(dsn)
-
-
-def _fresh_tables(client: Any) -> None:
-    """Drop every table and view and migrate again: empty tables, no insert dedup history."""
-    rows = client.query(
-        "SELECT name, engine FROM system.tables WHERE database = currentDatabase() AND name NOT LIKE 'bench_%'"
-    ).result_rows
-    for name, engine in sorted(rows, key=lambda r: r[1] not in ("View", "MaterializedView")):
-        client.command(
-            f"DROP {'VIEW' if engine in ('View', 'MaterializedView') else 'TABLE'} IF EXISTS {name} SYNC"
-        )
-    migrate(client)
+    print(json.dumps({"wall": wall, "cpu": cpu, "inserts": inserts, "insert_s": insert_s}))
 
 
 def _assert_stored(client: Any, total: int, who: str) -> None:
@@ -276,8 +299,12 @@ def _assert_stored(client: Any, total: int, who: str) -> None:
 
 def _bare_loop(
     bootstrap: str, client: Any, topics: list[str], batch_size: int, total: int, group: str
-) -> None:
-    """Consume, decode, convert and insert per topic-partition batch; no commits, tokens or checks."""
+) -> int:
+    """Consume, decode, convert and insert per topic-partition batch; no commits, tokens or checks.
+
+    Batches are cut as the sink cuts them (`batch_size` messages, or `BATCH_INTERVAL_S` old after a
+    poll), so both make inserts of the same sizes; returns how many inserts it made.
+    """
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -288,12 +315,15 @@ def _bare_loop(
     )
     consumer.subscribe(topics)
     codec = Codec()
-    batches: dict[tuple[str, int], tuple[str, list[list[Any]]]] = {}
+    batches: dict[tuple[str, int], tuple[str, list[list[Any]], float]] = {}
     names: dict[str, list[str]] = {}
+    inserts = 0
 
     def insert(tp: tuple[str, int]) -> None:
-        table, cols = batches.pop(tp)
+        nonlocal inserts
+        table, cols, _ = batches.pop(tp)
         client.insert(table, data=cols, column_names=names[table], column_oriented=True)
+        inserts += 1
 
     seen = 0
     while seen < total:
@@ -305,7 +335,7 @@ def _bare_loop(
             spec, row = event_row(codec.decode(msg.value()))
             entry = batches.get(tp)
             if entry is None:
-                entry = batches[tp] = (spec.name, [[] for _ in spec.column_names])
+                entry = batches[tp] = (spec.name, [[] for _ in spec.column_names], time.monotonic())
                 names.setdefault(spec.name, list(spec.column_names))
             cols = entry[1]
             for col, value in zip(cols, row, strict=False):
@@ -315,9 +345,13 @@ def _bare_loop(
             cols[-1].append(msg.offset())
             if len(cols[-1]) >= batch_size:
                 insert(tp)
+        now = time.monotonic()
+        for tp in [tp for tp, (_, _, created) in batches.items() if now - created >= BATCH_INTERVAL_S]:
+            insert(tp)
     for tp in list(batches):
         insert(tp)
     consumer.close()
+    return inserts
 
 
 # --- scale-out: one job's steps over every partition, 1 and 2 sink processes -------------------------
