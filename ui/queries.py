@@ -26,6 +26,7 @@ from schemas.eventtime import MIN_EVENT_TS
 from sinks.efficiency import PriceList, job_rows, run_rows
 from sinks.errors import QueryError
 from ui.errors import NotFoundError
+from ui.rows import RowLayout, row_layout
 
 __all__ = [
     "BUCKET_STEPS_MS",
@@ -566,15 +567,40 @@ def _r(expr: str, digits: int = 4) -> str:
     return f"if(isFinite({expr}), round({expr}, {digits}), NULL)"
 
 
-def _rank_heatmap(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict[str, Any]:
-    """Per (bucket, rank): compute, step time, communication and data wait in seconds, as JSON columns."""
+_HEAT_COLUMNS = ["bucket index", "rank", "compute", "step", "comm", "wait"]
+# The per-rank values a heatmap cell shows, from the derived windows and from the step rows.
+_WINDOW_VALUES = ("compute_s", "step_time_s", "comm_s", "data_wait_s")
+_STEP_VALUES = (
+    "ifNull(forward_s, 0) + ifNull(backward_s, 0) + ifNull(optimizer_s, 0)",
+    "step_time_s",
+    "comm_s",
+    "data_wait_s",
+)
+
+
+def _rank_heatmap(
+    client: Client, job_id: str, t0: int, t1: int, width: int, layout: RowLayout | None = None
+) -> dict[str, Any]:
+    """Per (bucket, rank): compute, step time, communication and data wait in seconds, as JSON columns.
+
+    With a `layout` (`ui.rows`): per (bucket, row). A drill-down's rows are its ranks; a node (or
+    node group) row holds the row's worst value in the bucket (its slowest window) and which rank it was.
+    """
     params = {"job": job_id, "t0": t0, "t1": t1}
     if width >= _DERIVED_HOP_MS:
         where = f"{_JOB} AND {_between('window_start')}"
-        if _rows(client, f"SELECT count() FROM derived_rank_windows WHERE {where}", **params)[0][0]:
+        if _rows(
+            client,
+            f"SELECT count() FROM (SELECT 1 FROM derived_rank_windows WHERE {where} LIMIT 1)",
+            **params,
+        )[0][0]:
+            if layout is not None:
+                return _rows_heatmap(
+                    client, "derived_rank_windows", "window_start", _WINDOW_VALUES, layout, params, width
+                )
             return {
                 "source": "derived_rank_windows",
-                "columns": ["bucket index", "rank", "compute", "step", "comm", "wait"],
+                "columns": _HEAT_COLUMNS,
                 "cells": _columns(
                     client,
                     f"SELECT intDiv({_ms('window_start')} - {{t0:Int64}}, {{width:Int64}}) AS x, rank, "
@@ -585,9 +611,11 @@ def _rank_heatmap(client: Client, job_id: str, t0: int, t1: int, width: int) -> 
                     **params,
                 ),
             }
+    if layout is not None:
+        return _rows_heatmap(client, "steps", "ts", _STEP_VALUES, layout, params, width)
     return {
         "source": "steps",
-        "columns": ["bucket index", "rank", "compute", "step", "comm", "wait"],
+        "columns": _HEAT_COLUMNS,
         "cells": _columns(
             client,
             f"SELECT intDiv({_ms('ts')} - {{t0:Int64}}, {{width:Int64}}) AS x, rank, "
@@ -598,6 +626,44 @@ def _rank_heatmap(client: Client, job_id: str, t0: int, t1: int, width: int) -> 
             **params,
         ),
     }
+
+
+def _rows_heatmap(
+    client: Client,
+    table: str,
+    time_column: str,
+    values: tuple[str, ...],
+    layout: RowLayout,
+    params: dict[str, Any],
+    width: int,
+) -> dict[str, Any]:
+    """`_rank_heatmap` over a layout's rows: ranks of a drill-down (means), or node rows (worst and which rank)."""
+    per_row = layout.ranks_per_row
+    if per_row is not None:
+        row, where = "intDiv(rank, {per_row:Int32})", f"{_JOB} AND {_between(time_column)}"
+        mapping: dict[str, Any] = {"per_row": per_row}
+    else:
+        row = "transform(rank, {rank_keys:Array(Int32)}, {rank_rows:Array(Int32)}, -1)"
+        where = f"{_JOB} AND {_between(time_column)} AND rank IN {{rank_keys:Array(Int32)}}"
+        mapping = {"rank_keys": layout.rank_keys, "rank_rows": layout.rank_rows}
+    head = f"SELECT intDiv({_ms(time_column)} - {{t0:Int64}}, {{width:Int64}}) AS x, {row} AS row, "
+    if layout.grouped:
+        # One level: the slowest window of any of the row's ranks (a per-rank mean first would be a
+        # second aggregation over ranks x buckets, millions of groups at 16k ranks). Which rank it
+        # was for compute and step time, the slow views (each argMax costs as much as the max).
+        select = ", ".join([*(_r(f"max({v})") for v in values), *(f"argMax(rank, {v})" for v in values[:2])])
+        columns = ["bucket index", "row", "compute", "step", "comm", "wait", "compute rank", "step rank"]
+    else:
+        select = ", ".join(_r(f"avg({v})") for v in values)
+        columns = ["bucket index", "row", "compute", "step", "comm", "wait"]
+    cells = _columns(
+        client,
+        f"{head}{select} FROM {table} WHERE {where} GROUP BY x, row ORDER BY x, row",
+        width=width,
+        **mapping,
+        **params,
+    )
+    return {"source": table, "columns": columns, "cells": cells, "rows": layout.as_dict()}
 
 
 _SEGMENTS = ("data_wait_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "checkpoint_s")
@@ -698,49 +764,45 @@ def _validation(client: Client, job_id: str, t0: int, t1: int) -> dict[str, list
     return dict(out)
 
 
-def _gpus(
-    client: Client,
-    cluster: str,
-    ranks: list[dict[str, Any]],
-    t0: int,
-    t1: int,
-    width: int,
-) -> dict[str, Any]:
-    """Per (bucket, GPU of the job): activity, power, SM clock and memory used (GiB), as JSON columns."""
-    keys = sorted({(r["node"], r["gpu_index"]) for r in ranks if r["gpu_index"] is not None})
-    if not keys:
-        return {"source": None, "labels": [], "keys": [], "columns": [], "cells": []}
-    rank_of = {(r["node"], r["gpu_index"]): r["rank"] for r in ranks}
-    labels = [f"{node}/gpu{gpu} r{rank_of[(node, gpu)]}" for node, gpu in keys]
-    # Node names and GPU keys are parameters like every other value (a node may be named anything).
-    where = (
-        "cluster = {cluster:String} AND node IN {nodes:Array(String)} "
-        "AND (node, gpu_index) IN {keys:Array(Tuple(String, Int32))}"
-    )
+# Node names and GPU keys are parameters like every other value (a node may be named anything).
+_GPU_WHERE = (
+    "cluster = {cluster:String} AND node IN {nodes:Array(String)} "
+    "AND (node, gpu_index) IN {keys:Array(Tuple(String, Int32))}"
+)
+
+
+def _gpu_buckets(width: int) -> tuple[str, str]:
+    """The source and the SQL of per (bucket `b`, node, GPU) activity, power, SM clock, memory used (GiB)."""
     if width >= _MINUTE_MS:
-        source, sql = (
+        return (
             "gpu_minute",
             (
                 f"SELECT {_bucket('toUnixTimestamp(minute) * 1000')} AS b, node, gpu_index, "
                 "avgMerge(gpu_util_pct_avg) AS util, avgMerge(power_w_avg) AS power, "
                 "avgMerge(sm_clock_mhz_avg) AS sm_clock, max(mem_used_bytes_max) / 1073741824 AS mem_used "
-                f"FROM gpu_minute WHERE {where} "
+                f"FROM gpu_minute WHERE {_GPU_WHERE} "
                 "AND minute >= toDateTime(intDiv({t0:Int64}, 1000), 'UTC') "
                 "AND minute < toDateTime(intDiv({t1:Int64}, 1000), 'UTC') GROUP BY b, node, gpu_index"
             ),
         )
-    else:
-        source, sql = (
-            "gpu_samples",
-            (
-                f"SELECT {_bucket(_ms('ts'))} AS b, node, gpu_index, avg(gpu_util_pct) AS util, "
-                "avg(power_w) AS power, avg(sm_clock_mhz) AS sm_clock, max(mem_used_bytes) / 1073741824 AS mem_used "
-                f"FROM gpu_samples WHERE {where} AND {_between('ts')} GROUP BY b, node, gpu_index"
-            ),
-        )
-    # One row per (bucket, GPU) with every metric: the page draws the activity heatmap, the bands
-    # across GPUs and the line of whichever GPU an alert names from the same columns.
-    cells = _columns(
+    return (
+        "gpu_samples",
+        (
+            f"SELECT {_bucket(_ms('ts'))} AS b, node, gpu_index, avg(gpu_util_pct) AS util, "
+            "avg(power_w) AS power, avg(sm_clock_mhz) AS sm_clock, max(mem_used_bytes) / 1073741824 AS mem_used "
+            f"FROM gpu_samples WHERE {_GPU_WHERE} AND {_between('ts')} GROUP BY b, node, gpu_index"
+        ),
+    )
+
+
+def _gpu_keys(ranks: Sequence[dict[str, Any]]) -> list[tuple[str, int]]:
+    return sorted({(r["node"], int(r["gpu_index"])) for r in ranks if r["gpu_index"] is not None})
+
+
+def _gpu_cells(client: Client, sql: str, keys: list[tuple[str, int]], **params: Any) -> RawJson:
+    """One row per (bucket, GPU) with every metric: the page draws the activity heatmap, the bands
+    across GPUs and the line of whichever GPU an alert names from the same columns."""
+    return _columns(
         client,
         # The GPU's row: a hash look-up of "node/gpu" (a node name may hold '/', the GPU index never
         # does: the key is unambiguous); indexOf over the key array per row was 3x slower at 512 GPUs.
@@ -748,44 +810,191 @@ def _gpus(
         "transform(concat(node, '/', toString(gpu_index)), {names:Array(String)}, "
         "range(toUInt32(length({names:Array(String)}))), -1) AS i, "
         f"{_r('util', 1)}, {_r('power', 1)}, {_r('sm_clock', 0)}, {_r('mem_used', 2)} FROM ({sql}) ORDER BY x, i",
-        cluster=cluster,
         nodes=sorted({n for n, _ in keys}),
         keys=[(n, int(g)) for n, g in keys],
         names=[f"{n}/{int(g)}" for n, g in keys],
-        t0=t0,
-        t1=t1,
-        width=width,
+        **params,
     )
+
+
+_GPU_COLUMNS = ["bucket index", "gpu", "util", "power", "sm_clock", "mem_used"]
+
+
+def _gpus(
+    client: Client,
+    cluster: str,
+    ranks: list[dict[str, Any]],
+    t0: int,
+    t1: int,
+    width: int,
+    layout: RowLayout | None = None,
+    named: Sequence[tuple[str, int]] = (),
+) -> dict[str, Any]:
+    """Per (bucket, GPU of the job): activity, power, SM clock and memory used (GiB), as JSON columns.
+
+    With a grouped `layout` (`ui.rows`): per (bucket, node row) the least busy GPU's activity (and
+    which GPU), power and clock bands across the job's GPUs worked out by ClickHouse, and the lines of
+    the GPUs in `named` (the ones the page's alerts name).
+    """
+    keys = _gpu_keys(ranks)
+    if not keys:
+        return {"source": None, "labels": [], "keys": [], "columns": [], "cells": []}
+    if layout is not None and layout.grouped:
+        return _gpus_grouped(client, cluster, keys, layout, named, t0, t1, width)
+    rank_of = {(r["node"], r["gpu_index"]): r["rank"] for r in ranks}
+    labels = [f"{node}/gpu{gpu} r{rank_of[(node, gpu)]}" for node, gpu in keys]
+    source, sql = _gpu_buckets(width)
+    cells = _gpu_cells(client, sql, keys, cluster=cluster, t0=t0, t1=t1, width=width)
     return {
         "source": source,
         "labels": labels,
         "keys": [[n, g] for n, g in keys],
-        "columns": ["bucket index", "gpu", "util", "power", "sm_clock", "mem_used"],
+        "columns": _GPU_COLUMNS,
         "cells": cells,
     }
 
 
-def _hosts(client: Client, cluster: str, nodes: list[str], t0: int, t1: int, width: int) -> dict[str, Any]:
+_BANDED = ("power", "sm_clock", "mem_used")
+
+
+def _gpus_grouped(
+    client: Client,
+    cluster: str,
+    keys: list[tuple[str, int]],
+    layout: RowLayout,
+    named: Sequence[tuple[str, int]],
+    t0: int,
+    t1: int,
+    width: int,
+) -> dict[str, Any]:
+    # One level over the GPU rows of the job's nodes (no per-GPU mean first, no (node, GPU) key
+    # filter: both cost seconds at 16,384 GPUs): a row's cell is the least busy GPU-minute (or sample)
+    # of its nodes in the bucket; the bands are taken over every GPU-minute of the bucket.
+    if width >= _MINUTE_MS:
+        source, time_ms = "gpu_minute", "toUnixTimestamp(minute) * 1000"
+        util, power, clock = (
+            f"finalizeAggregation({c})" for c in ("gpu_util_pct_avg", "power_w_avg", "sm_clock_mhz_avg")
+        )
+        mem = "mem_used_bytes_max"
+        when = (
+            "minute >= toDateTime(intDiv({t0:Int64}, 1000), 'UTC') "
+            "AND minute < toDateTime(intDiv({t1:Int64}, 1000), 'UTC')"
+        )
+    else:
+        source, time_ms = "gpu_samples", _ms("ts")
+        util, power, clock, mem = "gpu_util_pct", "power_w", "sm_clock_mhz", "mem_used_bytes"
+        when = _between("ts")
+    rows = (
+        f"SELECT {time_ms} AS t, node, gpu_index, {util} AS util, {power} AS power, {clock} AS sm_clock, "
+        f"{mem} / 1073741824 AS mem_used FROM {source} WHERE cluster = {{cluster:String}} "
+        f"AND node IN {{nodes:Array(String)}} AND {when}"
+    )
+    params: dict[str, Any] = {
+        "cluster": cluster,
+        "nodes": layout.node_keys,
+        "t0": t0,
+        "t1": t1,
+        "width": width,
+    }
+    cells = _columns(
+        client,
+        "SELECT intDiv(t - {t0:Int64}, {width:Int64}) AS x, "
+        "transform(node, {node_keys:Array(String)}, {node_rows:Array(Int32)}, -1) AS i, "
+        f"{_r('min(util)', 1)}, argMin(concat(node, '/gpu', toString(gpu_index)), util) FROM ({rows}) "
+        "WHERE t >= {t0:Int64} GROUP BY x, i ORDER BY x, i",
+        node_keys=layout.node_keys,
+        node_rows=layout.node_rows,
+        **params,
+    )
+    bands: dict[str, dict[str, list[list[Any]]]] = {k: {"min": [], "median": [], "max": []} for k in _BANDED}
+    quantiles = ", ".join(f"min({k}), quantileExact(0.5)({k}), max({k})" for k in _BANDED)
+    for row in _rows(
+        client, f"SELECT {_bucket('t')} AS b, {quantiles} FROM ({rows}) GROUP BY b ORDER BY b", **params
+    ):
+        for i, k in enumerate(_BANDED):
+            digits = 0 if k == "sm_clock" else 2 if k == "mem_used" else 1
+            for j, part in enumerate(("min", "median", "max")):
+                bands[k][part].append([int(row[0]), _num(row[1 + 3 * i + j], digits)])
+    wanted = [key for key in keys if key in set(named)]
+    named_sql = _gpu_buckets(width)[1]
+    return {
+        "source": source,
+        "labels": layout.labels,
+        "keys": [],
+        "rows": layout.as_dict(),
+        # Only activity per row: power, clock and memory are the bands (reading an avg state per
+        # GPU-minute is most of this panel's cost at 16,384 GPUs).
+        "columns": ["bucket index", "row", "util", "least busy gpu"],
+        "cells": cells,
+        "bands": bands,
+        # The lines of the GPUs the page's alerts name, drawn over the bands when one is focused.
+        "named": {
+            "keys": [[n, g] for n, g in wanted],
+            "cells": _gpu_cells(client, named_sql, wanted, cluster=cluster, t0=t0, t1=t1, width=width)
+            if wanted
+            else [],
+        },
+    }
+
+
+def _hosts(
+    client: Client,
+    cluster: str,
+    nodes: list[str],
+    t0: int,
+    t1: int,
+    width: int,
+    named: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Host CPU, memory, retransmits and IB errors per node and bucket.
+
+    `named` (a page of many nodes): lines only for those nodes, and min / median / max bands across
+    all `nodes` per bucket, worked out by ClickHouse.
+    """
     if not nodes:
         return {"nodes": [], "cpu": {}, "mem_pct": {}, "retrans": {}, "ib_errors": {}}
-    out: dict[str, Any] = {"nodes": sorted(nodes), "cpu": {}, "mem_pct": {}, "retrans": {}, "ib_errors": {}}
-    for node, b, cpu, mem, retrans, ib in _rows(
-        client,
-        f"SELECT node, {_bucket(_ms('ts'))} AS b, avg(cpu_util_pct), "
-        "avg(100 * mem_used_bytes / nullIf(mem_total_bytes, 0)), avg(tcp_retrans_segs_s), max(ib_errors) "
-        "FROM host_samples WHERE cluster = {cluster:String} AND node IN {nodes:Array(String)} "
-        f"AND {_between('ts')} GROUP BY node, b ORDER BY node, b",
-        cluster=cluster,
-        nodes=list(nodes),
-        t0=t0,
-        t1=t1,
-        width=width,
+    lines = sorted(nodes) if named is None else sorted(set(named) & set(nodes))
+    out: dict[str, Any] = {"nodes": lines, "cpu": {}, "mem_pct": {}, "retrans": {}, "ib_errors": {}}
+    per_node = (
+        f"SELECT node, {_bucket(_ms('ts'))} AS b, avg(cpu_util_pct) AS cpu, "
+        "avg(100 * mem_used_bytes / nullIf(mem_total_bytes, 0)) AS mem, avg(tcp_retrans_segs_s) AS retrans, "
+        "max(ib_errors) AS ib FROM host_samples WHERE cluster = {cluster:String} AND node IN {nodes:Array(String)} "
+        f"AND {_between('ts')} GROUP BY node, b"
+    )
+    for node, b, cpu, mem, retrans, ib in (
+        _rows(client, f"{per_node} ORDER BY node, b", cluster=cluster, nodes=lines, t0=t0, t1=t1, width=width)
+        if lines
+        else []
     ):
         b = int(b)
         out["cpu"].setdefault(node, []).append([b, _num(cpu, 1)])
         out["mem_pct"].setdefault(node, []).append([b, _num(mem, 1)])
         out["retrans"].setdefault(node, []).append([b, _num(retrans, 1)])
         out["ib_errors"].setdefault(node, []).append([b, None if ib is None else int(ib)])
+    if named is not None:
+        # Over every sample of the nodes in the bucket (one level: a per-node mean first doubles the cost).
+        metrics = ("cpu", "mem_pct", "retrans")
+        bands: dict[str, dict[str, list[list[Any]]]] = {
+            k: {"min": [], "median": [], "max": []} for k in metrics
+        }
+        values = ("cpu_util_pct", "100 * mem_used_bytes / nullIf(mem_total_bytes, 0)", "tcp_retrans_segs_s")
+        for row in _rows(
+            client,
+            f"SELECT {_bucket(_ms('ts'))} AS b, "
+            + ", ".join(f"min({v}), quantileExact(0.5)({v}), max({v})" for v in values)
+            + " FROM host_samples WHERE cluster = {cluster:String} AND node IN {nodes:Array(String)} "
+            f"AND {_between('ts')} GROUP BY b ORDER BY b",
+            cluster=cluster,
+            nodes=list(nodes),
+            t0=t0,
+            t1=t1,
+            width=width,
+        ):
+            for i, k in enumerate(metrics):
+                for j, part in enumerate(("min", "median", "max")):
+                    bands[k][part].append([int(row[0]), _num(row[1 + 3 * i + j], 1)])
+        out["bands"] = bands
+        out["of"] = len(nodes)
     return out
 
 
@@ -890,11 +1099,14 @@ def job_page(
     target: int = TARGET_BUCKETS,
     prices: PriceList | None = None,
     with_efficiency: bool = True,
+    nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Every panel of a job's page over [t0, t1) (default: the job's whole span), on one time axis.
 
     The efficiency panel reads views that scan all the job's step rows (seconds for a big job): the
     server leaves it out (`with_efficiency=False`, no `efficiency` key) and answers it apart, cached.
+    A job of more than `ui.rows.MAX_RANK_ROWS` ranks gets one heatmap row per node (or group of
+    nodes) and bands across its GPUs and hosts; `nodes` drills down to those nodes' ranks.
     """
     meta = _job_meta(client, job_id)
     span = _job_span(client, job_id)
@@ -917,12 +1129,20 @@ def job_page(
     width = bucket_ms(end - start, target)
     start = start // width * width
     ranks = _ranks(client, job_id)
-    nodes = meta.get("nodes") or sorted({r["node"] for r in ranks})
-    heatmap = _rank_heatmap(client, job_id, start, end, width)
+    job_nodes = meta.get("nodes") or sorted({r["node"] for r in ranks})
+    layout = row_layout(ranks, nodes)
+    if nodes:
+        ranks = [r for r in ranks if r["node"] in set(nodes)]
+        if not ranks:
+            raise NotFoundError(f"rank of job {job_id!r} on node", ", ".join(nodes))
+    hosts_nodes = sorted({r["node"] for r in ranks}) if nodes else job_nodes
+    grouped = layout is not None and layout.grouped
+    heatmap = _rank_heatmap(client, job_id, start, end, width, layout)
     page: dict[str, Any] = {
         "job": meta,
         "range": {"from_ms": start, "to_ms": end, "bucket_ms": width, "span": list(span)},
-        "ranks": ranks,
+        # A grouped page names its rows, not its 16,384 ranks (a megabyte of JSON nobody draws).
+        "ranks": [] if grouped else ranks,
         "heatmap": heatmap,
         "steps": _step_series(
             client,
@@ -933,8 +1153,25 @@ def job_page(
             heatmap["source"] == "derived_rank_windows",
         ),
         "validation": _validation(client, job_id, start, end),
-        "gpus": _gpus(client, meta.get("cluster", ""), ranks, start, end, width),
-        "hosts": _hosts(client, meta.get("cluster", ""), nodes, start, end, width),
+        "gpus": _gpus(
+            client,
+            meta.get("cluster", ""),
+            ranks,
+            start,
+            end,
+            width,
+            layout,
+            [(a["node"], int(a["gpu_index"])) for a in alerts if a["node"] and a["gpu_index"] is not None],
+        ),
+        "hosts": _hosts(
+            client,
+            meta.get("cluster", ""),
+            hosts_nodes,
+            start,
+            end,
+            width,
+            [a["node"] for a in alerts if a["node"]] if grouped else None,
+        ),
         "dataloader": _dataloader(client, job_id, start, end, width),
         "collectives": _collectives(client, job_id, start, end, width),
         "checkpoints": _phases(client, "checkpoints", "checkpoint_id", job_id, start, end),

@@ -198,11 +198,13 @@ def make_app(
     async def api_job(request: web.Request) -> web.Response:
         job_id = request.match_info["job_id"]
         t0, t1 = _int_param(request, "from"), _int_param(request, "to")
+        # ?node=<name> (repeatable): a big job's page drilled down to those nodes' ranks.
+        nodes = tuple(sorted(set(request.query.getall("node", []))))
         return await answer(
             finished(
-                ("job", job_id, t0, t1),
+                ("job", job_id, t0, t1, *nodes),
                 lambda: job_id,
-                lambda client: queries.job_page(client, job_id, t0, t1, with_efficiency=False),
+                lambda client: queries.job_page(client, job_id, t0, t1, with_efficiency=False, nodes=nodes),
             )
         )
 

@@ -204,8 +204,8 @@
 
   // --- job page: charts on one time axis ----------------------------------------------------------
 
-  function chartBox(container, key, title, height, extra) {
-    const box = el('section', { class: 'panel', id: `panel-${key}` }, el('h3', {}, title, extra || null), el('div', { class: 'chart', style: `height:${height}px` }));
+  function chartBox(container, key, title, height, extra, below) {
+    const box = el('section', { class: 'panel', id: `panel-${key}` }, el('h3', {}, title, extra || null), below || null, el('div', { class: 'chart', style: `height:${height}px` }));
     container.append(box);
     const chart = echarts.init(box.querySelector('.chart'), null, { renderer: 'canvas' });
     RS.charts[key] = chart;
@@ -250,6 +250,8 @@
 
   function gpuBands(data, buckets, column) {
     // Min, median and max across the job's GPUs per bucket: one outlier GPU shows as a gap from the median.
+    // A job of many GPUs has them worked out by the server (its cells are per node row).
+    if (data.gpus.bands) return data.gpus.bands[Object.keys(GPU_COLUMNS).find((k) => GPU_COLUMNS[k] === column)];
     const [xs] = data.gpus.cells;
     const values = data.gpus.cells[column] || [];
     const byBucket = new Map();
@@ -270,8 +272,10 @@
   }
 
   function gpuSeries(data, buckets, gpu, column) {
-    const [xs, ids] = data.gpus.cells;
-    const values = data.gpus.cells[column] || [];
+    // A grouped page carries the lines of the GPUs its alerts name apart (`gpus.named`).
+    const cells = data.gpus.rows ? data.gpus.named.cells : data.gpus.cells;
+    const [xs, ids] = cells;
+    const values = cells[column] || [];
     const out = [];
     for (let i = 0; i < (xs || []).length; i++) if (ids[i] === gpu) out.push([buckets[xs[i]], values[i]]);
     return out;
@@ -297,17 +301,19 @@
     return fixedRange ? [`${top} busy`, `${bottom} idle`] : [`${top} slow`, `${bottom} fast`];
   }
 
-  function heatmapOption(data, buckets, rows, columns, valueIndex, name, unit, fixedRange) {
-    // columns: [bucket index[], row index[], value columns...] as ClickHouse wrote them.
+  function heatmapOption(data, buckets, rows, columns, valueIndex, name, unit, fixedRange, whoIndex, whoLabel) {
+    // columns: [bucket index[], row index[], value columns...] as ClickHouse wrote them. `whoIndex`: the
+    // column naming the rank (or GPU) a grouped row's value came from, shown as `whoLabel` in the tooltip.
     const points = [];
     let lo = Infinity, hi = -Infinity;
     const [times, rowIds] = columns;
     const values = columns[valueIndex] || [];
+    const who = whoIndex === undefined ? null : columns[whoIndex] || [];
     for (let i = 0; i < (times || []).length; i++) {
       const v = values[i];
       const x = times[i];
-      if (v === null || v === undefined || x < 0 || x >= buckets.length) continue;
-      points.push([x, rowIds[i], v]);
+      if (v === null || v === undefined || x < 0 || x >= buckets.length || rowIds[i] < 0) continue;
+      points.push(who ? [x, rowIds[i], v, who[i]] : [x, rowIds[i], v]);
       if (v < lo) lo = v;
       if (v > hi) hi = v;
     }
@@ -327,7 +333,9 @@
     return {
       animation: false,
       grid: { ...GRID, top: 10 },
-      tooltip: { formatter: (p) => tip(rows[p.value[1]], tipLine(null, `${fmtTime(buckets[p.value[0]])}: `, `${fmtNum(p.value[2], 4)} ${unit}`)) },
+      tooltip: { formatter: (p) => tip(rows[p.value[1]], tipLine(null, `${fmtTime(buckets[p.value[0]])}: `, `${fmtNum(p.value[2], 4)} ${unit}`),
+        p.value[3] === undefined ? null : tipLine(null, `${whoLabel}: `, String(p.value[3])),
+        p.value[3] === undefined || REPORT ? null : el('div', { class: 'tip-summary' }, 'click: this row\'s ranks')) },
       xAxis: { type: 'category', data: buckets, axisLabel: { formatter: (v) => (data.range.bucket_ms < 60000 ? fmtTime(Number(v)) : fmtTime(Number(v)).slice(0, 5)), hideOverlap: true }, splitArea: { show: false } },
       yAxis: { type: 'category', data: rows, inverse: true, axisLabel: { fontSize: 10, hideOverlap: true, color: (v) => (RS.focusRows && RS.focusRows.has(v) ? '#d62728' : '#6e7079') } },
       visualMap: { type: 'continuous', min: lo, max: hi, calculable: true, orient: 'vertical', right: 0, top: 'middle', itemHeight: 120, text: legendText(lo, hi, unit, fixedRange), inRange: { color: fixedRange ? IDLE_IS_HOT : SLOW_IS_HOT } },
@@ -355,23 +363,33 @@
     container.replaceChildren();
     const buckets = bucketAxis(data);
     RS.buckets = buckets;
-    const rankLabels = data.ranks.length ? data.ranks.map((r) => `r${r.rank} ${r.node}/${r.gpu_index ?? '?'}`) : [];
-    const maxRank = (data.heatmap.cells[1] || []).reduce((m, r) => Math.max(m, r), -1);
+    // A big job's rows are nodes (or groups of nodes), a drill-down's its nodes' ranks (`heatmap.rows`).
+    const rows = data.heatmap.rows || null;
+    const rankLabels = rows ? rows.labels.slice() : data.ranks.length ? data.ranks.map((r) => `r${r.rank} ${r.node}/${r.gpu_index ?? '?'}`) : [];
+    const maxRank = rows ? -1 : (data.heatmap.cells[1] || []).reduce((m, r) => Math.max(m, r), -1);
     for (let r = rankLabels.length; r <= maxRank; r++) rankLabels.push(`r${r}`);
+    const grouped = rows && rows.kind !== 'rank';
+    const rankOption = (m) => heatmapOption(data, buckets, rankLabels, data.heatmap.cells, m.index, m.label, 's', undefined, grouped && m.index < 4 ? m.index + 4 : undefined, 'worst rank');
 
     timeline(container, data);
 
     const metricSelect = el('select', { class: 'metric', onchange: (e) => {
       const m = HEATMAP_METRICS.find((x) => x.key === e.target.value);
-      RS.charts.heatmap.setOption(heatmapOption(data, buckets, rankLabels, data.heatmap.cells, m.index, m.label, 's'), true);
+      RS.charts.heatmap.setOption(rankOption(m), true);
       RS.heatmapMetric = m.key;
       applyFocus();
       applyWindow();
     } }, HEATMAP_METRICS.map((m) => el('option', { value: m.key }, m.label)));
-    const heat = chartBox(container, 'heatmap', 'Per-rank time per step (ranks × time): a straggler is a stripe', Math.min(560, Math.max(200, rankLabels.length * HEAT_ROW_PX + 50)), metricSelect);
-    heat.setOption(heatmapOption(data, buckets, rankLabels, data.heatmap.cells, 2, HEATMAP_METRICS[0].label, 's'));
+    const heatTitle = !rows ? 'Per-rank time per step (ranks × time): a straggler is a stripe'
+      : grouped ? `Worst rank per ${rows.kind} (${rows.labels.length} rows of ${rows.ranks} ranks × time): a straggler is a stripe on its node's row; click a row for its ranks`
+        : `Ranks of ${rows.drill.join(', ')} (${rows.labels.length} of ${rows.ranks}) × time`;
+    const heat = chartBox(container, 'heatmap', heatTitle, Math.min(560, Math.max(200, rankLabels.length * HEAT_ROW_PX + 50)), metricSelect,
+      rows && !REPORT ? drillLinks(data, rows) : null);
+    heat.setOption(rankOption(HEATMAP_METRICS[0]));
+    if (grouped && !REPORT) heat.on('click', (p) => { if (p.value) location.assign(drillHref(data, rows.nodes[p.value[1]])); });
     RS.heatmapMetric = 'compute';
     RS.rankLabels = rankLabels;
+    RS.rows = rows;
 
     const seg = data.steps.segments;
     chartBox(container, 'segments', `Step segments, mean over ranks, seconds (${data.steps.segments_source === 'steps' ? 'from the step rows' : 'from the derived rank windows: compute = forward + backward + optimizer; zoom in for the split'})`, 190).setOption(timeOption(data,
@@ -384,7 +402,8 @@
     const gpuLabels = data.gpus.labels;
     if (gpuLabels.length) {
       const gpuHeat = chartBox(container, 'gpu_util', `GPU activity % per GPU (${data.gpus.source})`, Math.min(560, Math.max(200, gpuLabels.length * HEAT_ROW_PX + 50)));
-      gpuHeat.setOption(heatmapOption(data, buckets, gpuLabels, data.gpus.cells, 2, 'GPU activity', '%', [0, 100]));
+      gpuHeat.setOption(heatmapOption(data, buckets, gpuLabels, data.gpus.cells, 2, data.gpus.rows ? 'GPU activity (least busy GPU of the row)' : 'GPU activity', '%', [0, 100],
+        data.gpus.rows ? 3 : undefined, 'least busy GPU'));
       for (const [key, title, unit] of [['power', 'GPU power (W): min / median / max over the job\'s GPUs', 'W'], ['sm_clock', 'SM clock (MHz)', 'MHz'], ['mem_used', 'GPU memory used (GiB)', 'GiB']]) {
         const bands = gpuBands(data, buckets, GPU_COLUMNS[key]);
         chartBox(container, `gpu_${key}`, title, 150).setOption(timeOption(data, [
@@ -396,8 +415,16 @@
     }
 
     const nodes = data.hosts.nodes;
+    const hostBands = data.hosts.bands;
     for (const [key, title, unit] of [['cpu', 'Host CPU % (job\'s nodes)', '%'], ['mem_pct', 'Host memory used %', '%'], ['retrans', 'TCP retransmits / s', '/s']]) {
-      chartBox(container, `host_${key}`, title, 150).setOption(timeOption(data, nodes.map((n) => ({ name: n, data: data.hosts[key][n] || [] })), unit));
+      // Many nodes: min / median / max across them, and the lines of the nodes the alerts name.
+      const series = nodes.map((n) => ({ name: n, data: data.hosts[key][n] || [] }));
+      const bandSeries = hostBands ? [
+        { name: 'median', data: hostBands[key].median, color: '#4c78a8' },
+        { name: 'min', data: hostBands[key].min, color: '#9ecae9', lineStyle: { width: 1, type: 'dashed' } },
+        { name: 'max', data: hostBands[key].max, color: '#9ecae9', lineStyle: { width: 1, type: 'dashed' } },
+      ] : [];
+      chartBox(container, `host_${key}`, hostBands ? `${title}: min / median / max over ${data.hosts.of} nodes` : title, 150).setOption(timeOption(data, [...bandSeries, ...series], unit));
     }
 
     const dl = data.dataloader;
@@ -546,6 +573,32 @@
     if (label) label.textContent = `focus: ${a.rule} · ${where(a)}`;
   }
 
+  function focusRow(f) {
+    // The heatmap row of a focused alert: its rank's row, or on a grouped page the row of its node.
+    const rows = RS.rows;
+    if (!rows) return f.rank !== null ? RS.rankLabels[f.rank] : undefined;
+    if (rows.kind === 'rank') return f.rank === null ? undefined : RS.rankLabels.find((l) => l.startsWith(`r${f.rank} `));
+    const i = rows.nodes.findIndex((ns) => ns.includes(f.node));
+    return i >= 0 ? RS.rankLabels[i] : undefined;
+  }
+
+  function drillHref(data, nodes) {
+    // The same page (and time range) drilled down to these nodes' ranks.
+    const params = new URLSearchParams(location.search);
+    params.delete('node');
+    for (const n of nodes) params.append('node', n);
+    return `/jobs/${encodeURIComponent(data.job.job_id)}?${params}`;
+  }
+
+  function drillLinks(data, rows) {
+    // Under a grouped heatmap: how to drill down; on a drill-down: the way back to every node.
+    if (rows.kind !== 'rank') return el('p', { class: 'muted drill' }, `${rows.ranks} ranks on ${rows.nodes.reduce((n, r) => n + r.length, 0)} nodes: each cell is the row's slowest window (the tooltip names its rank); click a row to see its ranks.`);
+    const params = new URLSearchParams(location.search);
+    params.delete('node');
+    const back = `/jobs/${encodeURIComponent(data.job.job_id)}${params.toString() ? `?${params}` : ''}`;
+    return el('p', { class: 'drill' }, `Drill-down: the ranks of ${rows.drill.join(', ')}. `, el('a', { href: back, id: 'drill-up' }, 'all nodes'));
+  }
+
   function rowMark(rows, row) {
     // A frame around the row (category bands: from the centre of the row above to the one below).
     const i = rows.indexOf(row);
@@ -559,15 +612,20 @@
     const data = RS.data.evidence || RS.data;
     if (!f) return;
     RS.focusRows = new Set();
-    if (RS.charts.heatmap && f.rank !== null && RS.rankLabels[f.rank] !== undefined) {
-      RS.focusRows.add(RS.rankLabels[f.rank]);
-      RS.charts.heatmap.setOption({ series: [{ markArea: rowMark(RS.rankLabels, RS.rankLabels[f.rank]) }] });
+    const rankRow = focusRow(f);
+    if (RS.charts.heatmap && rankRow !== undefined) {
+      RS.focusRows.add(rankRow);
+      RS.charts.heatmap.setOption({ series: [{ markArea: rowMark(RS.rankLabels, rankRow) }] });
     }
-    const gpuIndex = data.gpus.keys.findIndex((k) => k[0] === f.node && k[1] === f.gpu_index);
+    const gpuKeys = data.gpus.rows ? data.gpus.named.keys : data.gpus.keys;
+    const gpuIndex = gpuKeys.findIndex((k) => k[0] === f.node && k[1] === f.gpu_index);
+    if (data.gpus.rows && rankRow !== undefined && RS.charts.gpu_util) {
+      RS.charts.gpu_util.setOption({ series: [{ markArea: rowMark(data.gpus.labels, rankRow) }] });
+    }
     if (gpuIndex >= 0) {
-      const label = data.gpus.labels[gpuIndex];
+      const label = data.gpus.rows ? `${f.node}/gpu${f.gpu_index}` : data.gpus.labels[gpuIndex];
       RS.focusRows.add(label);
-      RS.charts.gpu_util && RS.charts.gpu_util.setOption({ series: [{ markArea: rowMark(data.gpus.labels, label) }] });
+      if (!data.gpus.rows) RS.charts.gpu_util && RS.charts.gpu_util.setOption({ series: [{ markArea: rowMark(data.gpus.labels, label) }] });
       for (const key of ['power', 'sm_clock', 'mem_used']) {
         const chart = RS.charts[`gpu_${key}`];
         if (!chart) continue;
