@@ -28,12 +28,14 @@ from schemas.records import Event
 from sinks.ddl import table_specs
 from sinks.efficiency import PriceList
 from sinks.rows import row_converter
+from ui.alerts import copies_of, fold_muted, routed_copies
 from ui.compare import SEGMENTS, BucketRow, Run, assemble, choose_runs, config_of, step_bucket
 from ui.errors import NotFoundError, UiError
 from ui.queries import (
     _ALERT_MARGIN_MS,
     _DERIVED_HOP_MS,
     _MINUTE_MS,
+    ACTION_COLUMNS,
     TARGET_BUCKETS,
     TERMINAL_STATES,
     _num,
@@ -106,6 +108,9 @@ class Scan:
     last_step: dict[tuple[str, str], int] = field(default_factory=dict)
     newest_minute: int | None = None
     events: int = 0
+    # Alerts that name no job (a node's), by alert_id: the causes that may mute a job's alerts.
+    unjobbed: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    actions: list[dict[str, Any]] = field(default_factory=list)  # remediation decisions (few)
 
     def feed(self, event: Event) -> None:
         """Take one event into account."""
@@ -154,8 +159,11 @@ class Scan:
             seen = job.ranks.get(r["rank"])
             if seen is None or r["ts"] >= seen[0]:
                 job.ranks[r["rank"]] = (r["ts"], r)
+        elif kind == "ActionTaken":
+            self.actions.append(r)
         elif kind == "Alert":
             if not r.get("job_id"):
+                self.unjobbed.setdefault(r["alert_id"], []).append(r)
                 return
             job = self.jobs[r["job_id"]]
             job.alerts.setdefault(r["alert_id"], []).append(r)
@@ -167,7 +175,36 @@ class Scan:
         for job in self.jobs.values():
             if alert_id in job.alerts:
                 return sorted(job.alerts[alert_id], key=lambda a: a["ts"])
-        return []
+        return sorted(self.unjobbed.get(alert_id, []), key=lambda a: a["ts"])
+
+    def all_alerts(self) -> dict[str, list[dict[str, Any]]]:
+        """Every alert's records by alert_id, job or not."""
+        out = dict(self.unjobbed)
+        for job in self.jobs.values():
+            out.update(job.alerts)
+        return out
+
+    def fold(self, alerts: list[dict[str, Any]], kinds: dict[str, str] | None = None) -> None:
+        """`ui.alerts.fold_muted` as `ui.queries` does it: causes outside `alerts` are looked up."""
+        known = {a["alert_id"] for a in alerts}
+        missing = {a["inhibited_by"] for a in alerts if a["inhibited_by"] and a["inhibited_by"] not in known}
+        everything = self.all_alerts()
+        others = _alert_rows({i: everything[i] for i in missing if i in everything}, self.lo, self.hi, kinds)
+        fold_muted(alerts, {a["alert_id"]: a for a in others})
+
+    def actions_of(self, key: str, value: str) -> list[dict[str, Any]]:
+        """`ui.queries._actions`: the remediation decisions whose `key` is `value`, oldest first."""
+        out = []
+        for r in sorted(
+            (a for a in self.actions if a.get(key) == value), key=lambda a: (a["ts"], a["action_id"])
+        ):
+            action = {k: r.get(k) for k in ACTION_COLUMNS}
+            action["ts"] = int(r["ts"])
+            action["firing_since"] = r.get("firing_since")
+            action["dry_run"] = bool(action["dry_run"])
+            action["checkpoint_age_s"] = _num(action["checkpoint_age_s"], 1)
+            out.append(action)
+        return out
 
 
 def scan(events: Iterable[Event]) -> Scan:
@@ -179,7 +216,9 @@ def scan(events: Iterable[Event]) -> Scan:
     return result
 
 
-def _alert_rows(records: dict[str, list[dict[str, Any]]], lo: int, hi: int) -> list[dict[str, Any]]:
+def _alert_rows(
+    records: dict[str, list[dict[str, Any]]], lo: int, hi: int, kinds: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     # `ui.queries._alerts`: one row per alert from its plausible records.
     out = []
     for alert_id, all_records in records.items():
@@ -213,6 +252,9 @@ def _alert_rows(records: dict[str, list[dict[str, Any]]], lo: int, hi: int) -> l
                 "updated_ms": latest["ts"],
                 "suspected_layer": first.get("suspected_layer"),
                 "runbook_url": first.get("runbook_url"),
+                "fingerprint": first.get("fingerprint"),
+                "inhibited_by": latest.get("inhibited_by") or "",
+                "copies": copies_of([(a["team"], a["receiver"]) for a in kept], kinds),
             }
         )
     return sorted(out, key=lambda a: a["starts_ms"])
@@ -233,6 +275,7 @@ class _Frame:
     nodes: list[str]
     gpu_keys: list[tuple[str, int]]
     alerts: list[dict[str, Any]]
+    actions: list[dict[str, Any]]
 
 
 def _meta(job_id: str, job: _Job) -> dict[str, Any]:
@@ -255,13 +298,16 @@ def _meta(job_id: str, job: _Job) -> dict[str, Any]:
     }
 
 
-def _frame(found: Scan, job_id: str, t0: int | None, t1: int | None, target: int) -> _Frame:
+def _frame(
+    found: Scan, job_id: str, t0: int | None, t1: int | None, target: int, kinds: dict[str, str] | None = None
+) -> _Frame:
     job = found.jobs.get(job_id)
     if job is None:
         raise NotFoundError("job", job_id)
     meta = _meta(job_id, job)
     span = (job.minutes[0], job.minutes[1] + _MINUTE_MS) if job.minutes else None
-    alerts = _alert_rows(job.alerts, found.lo, found.hi)
+    alerts = _alert_rows(job.alerts, found.lo, found.hi, kinds)
+    found.fold(alerts, kinds)
     if span is None and not meta.get("started_ms") and not alerts:
         raise NotFoundError("job", job_id)
     if span is None:
@@ -286,7 +332,19 @@ def _frame(found: Scan, job_id: str, t0: int | None, t1: int | None, target: int
     ]
     nodes = meta.get("nodes") or sorted({r["node"] for r in ranks})
     keys = sorted({(r["node"], int(r["gpu_index"])) for r in ranks if r["gpu_index"] is not None})
-    return _Frame(job_id, start, end, width, span, meta, ranks, list(nodes), keys, alerts)
+    return _Frame(
+        job_id,
+        start,
+        end,
+        width,
+        span,
+        meta,
+        ranks,
+        list(nodes),
+        keys,
+        alerts,
+        found.actions_of("job_id", job_id),
+    )
 
 
 # --- pass 2: the panels ----------------------------------------------------------------------------
@@ -674,6 +732,7 @@ class Panels:
             "evaluations": self._phases_panel("evaluations"),
             "states": sorted(self.states, key=lambda s: s["ts"]),
             "alerts": f.alerts,
+            "actions": f.actions,
         }
 
     def compare_rows(self) -> dict[tuple[str, str], list[BucketRow]]:
@@ -705,6 +764,7 @@ def job_report(
     prices: PriceList | None = None,
     target: int = TARGET_BUCKETS,
     sources: EventSource | None = None,
+    kinds: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A job report's data from two passes: the job page, its efficiency panel, its comparison.
 
@@ -726,7 +786,7 @@ def job_report(
     if job_id not in found.jobs or (found.jobs[job_id].minutes is None and not found.jobs[job_id].started):
         jobs = sorted(j for j, info in found.jobs.items() if info.minutes is not None)
         raise UiError(f"job {job_id!r} is not in the recording (it holds: {', '.join(jobs) or 'none'})")
-    frame = _frame(found, job_id, t0, t1, target)
+    frame = _frame(found, job_id, t0, t1, target, kinds)
     runs, family, width = _compare_frame(found, job_id) if found.jobs[job_id].started else ([], "", 1)
     panels = Panels(frame, runs, width)
     tally.select([job_id] + [r.job_id for r in runs])
@@ -744,7 +804,9 @@ def job_report(
     return page
 
 
-def alert_report(events: EventSource, alert_id: str, *, target: int = TARGET_BUCKETS) -> dict[str, Any]:
+def alert_report(
+    events: EventSource, alert_id: str, *, target: int = TARGET_BUCKETS, kinds: dict[str, str] | None = None
+) -> dict[str, Any]:
     """An alert report's data: the alert (`ui.queries.alert_page`) and its job's panels around it."""
     found = scan(events())
     records = found.alert_records(alert_id)
@@ -772,11 +834,23 @@ def alert_report(events: EventSource, alert_id: str, *, target: int = TARGET_BUC
     ends = [r["ends_at"] for r in records if r.get("ends_at") is not None]
     alert["ends_ms"] = max(ends) if ends and latest["status"] == "resolved" else None
     alert["status"] = latest["status"]
+    alert["copies"] = routed_copies(records, kinds)
+    alert["inhibited_by"] = latest.get("inhibited_by") or ""
+    found.fold([alert], kinds)
+    muted = [
+        (min(r["starts_at"] for r in rs), other, rs[0]["rule"])
+        for other, rs in found.all_alerts().items()
+        if other != alert_id and any(r.get("inhibited_by") == alert_id for r in rs)
+    ]
+    alert["mutes"] = [{"alert_id": other, "rule": rule} for _, other, rule in sorted(muted)]
+    alert["actions"] = found.actions_of("alert_id", alert_id)
     evidence = None
     if alert.get("job_id"):
         window_end = (alert["ends_ms"] or latest["ts"]) + _ALERT_MARGIN_MS
         try:
-            frame = _frame(found, alert["job_id"], alert["starts_ms"] - _ALERT_MARGIN_MS, window_end, target)
+            frame = _frame(
+                found, alert["job_id"], alert["starts_ms"] - _ALERT_MARGIN_MS, window_end, target, kinds
+            )
         except NotFoundError:
             frame = None
         if frame is not None:

@@ -14,7 +14,7 @@ import json
 import math
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import pairwise
@@ -25,10 +25,12 @@ from clickhouse_connect.driver.client import Client
 from schemas.eventtime import MIN_EVENT_TS
 from sinks.efficiency import PriceList, job_rows, run_rows
 from sinks.errors import QueryError
+from ui.alerts import copies_of, fold_muted, routed_copies
 from ui.errors import NotFoundError
 from ui.rows import RowLayout, row_layout
 
 __all__ = [
+    "ACTION_COLUMNS",
     "BUCKET_STEPS_MS",
     "TARGET_BUCKETS",
     "alert_job",
@@ -224,29 +226,45 @@ _ALERT_COLUMNS = (
     f"{_ms('max(ts)')} AS updated_ms",
     "any(suspected_layer) AS suspected_layer",
     "any(runbook_url) AS runbook_url",
+    "any(fingerprint) AS fingerprint",
+    # The cause that muted it (the latest record's: a cause that fires later re-sends its symptom muted).
+    "argMax(ifNull(raw_inhibited_by, ''), ts) AS inhibited_by",
+    # Every routed copy (one record per team and receiver).
+    "arraySort(groupUniqArray((raw_team, raw_receiver))) AS copies",
 )
 _ALERT_KEYS = tuple(c.split(" AS ")[-1] for c in _ALERT_COLUMNS)
 
 
-def _alerts(client: Client, where: str = "1", **params: Any) -> list[dict[str, Any]]:
+def _alerts(
+    client: Client, where: str = "1", kinds: Mapping[str, str] | None = None, **params: Any
+) -> list[dict[str, Any]]:
+    """One row per alert (its records folded), its routed copies named with what they did (`kinds`)."""
     # The filter runs in a subquery: the aggregates' aliases reuse the column names. Records stamped
     # outside the plausible times are left out (one 2199 alert must not become the fleet's "now").
     lo, hi = plausible_bounds()
     sql = (
-        f"SELECT {', '.join(_ALERT_COLUMNS)} FROM (SELECT *, status AS raw_status, summary AS raw_summary "
+        f"SELECT {', '.join(_ALERT_COLUMNS)} FROM (SELECT *, status AS raw_status, summary AS raw_summary, "
+        "inhibited_by AS raw_inhibited_by, team AS raw_team, receiver AS raw_receiver "
         f"FROM alerts WHERE ({where}) "
         "AND ts BETWEEN fromUnixTimestamp64Milli({lo:Int64}, 'UTC') AND fromUnixTimestamp64Milli({hi:Int64}, 'UTC') "
         "AND starts_at BETWEEN fromUnixTimestamp64Milli({lo:Int64}, 'UTC') AND fromUnixTimestamp64Milli({hi:Int64}, 'UTC')) "
         "GROUP BY alert_id ORDER BY starts_ms"
     )
-    return [dict(zip(_ALERT_KEYS, row, strict=True)) for row in _rows(client, sql, lo=lo, hi=hi, **params)]
+    out = [dict(zip(_ALERT_KEYS, row, strict=True)) for row in _rows(client, sql, lo=lo, hi=hi, **params)]
+    for alert in out:
+        alert["copies"] = copies_of(alert["copies"], kinds)
+    return out
 
 
 # --- fleet -------------------------------------------------------------------------------------------
 
 
-def fleet(client: Client, goodput: bool = True) -> dict[str, Any]:
+def fleet(client: Client, goodput: bool = True, kinds: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Every job with its health, and the alerts firing and recently resolved (routed teams included).
+
+    A muted alert (`inhibited_by`) carries `muted_by` (its cause) and its cause `mutes`: the page
+    lists it under the cause, and a job's firing counts leave it out. `kinds`: receiver -> page,
+    inform or escalate (the ownership file's), so each routed copy says whether it paged.
 
     `goodput=False` leaves `goodput_pct` unset (None): the efficiency views scan every step row, so
     the server answers them apart (`fleet_goodput`, cached) and the page fills the column in after.
@@ -327,7 +345,8 @@ def fleet(client: Client, goodput: bool = True) -> dict[str, Any]:
         for job_id, pct in fleet_goodput(client).items():
             if job_id in jobs:
                 jobs[job_id]["goodput_pct"] = pct
-    alerts = _alerts(client)
+    alerts = _alerts(client, kinds=kinds)
+    fold_muted(alerts)
     data_now = max(
         [a["updated_ms"] for a in alerts] + [j["last_progress_ms"] or 0 for j in jobs.values()] + [0]
     )
@@ -344,7 +363,7 @@ def fleet(client: Client, goodput: bool = True) -> dict[str, Any]:
     ]
     for alert in firing:
         owner = jobs.get(alert["job_id"])
-        if owner is not None and alert["severity"] in owner["firing"]:
+        if owner is not None and alert["severity"] in owner["firing"] and not alert["muted_by"]:
             owner["firing"][alert["severity"]] += 1
     ordered = sorted(
         jobs.values(),
@@ -1100,6 +1119,7 @@ def job_page(
     prices: PriceList | None = None,
     with_efficiency: bool = True,
     nodes: Sequence[str] = (),
+    kinds: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Every panel of a job's page over [t0, t1) (default: the job's whole span), on one time axis.
 
@@ -1110,7 +1130,8 @@ def job_page(
     """
     meta = _job_meta(client, job_id)
     span = _job_span(client, job_id)
-    alerts = _alerts(client, _JOB, job=job_id)
+    alerts = _alerts(client, _JOB, kinds=kinds, job=job_id)
+    _fold(client, alerts)
     if span is None and not meta.get("started_ms") and not alerts:
         raise NotFoundError("job", job_id)
     if span is None:
@@ -1178,10 +1199,25 @@ def job_page(
         "evaluations": _phases(client, "evaluations", "evaluation_id", job_id, start, end),
         "states": _states(client, job_id, start, end),
         "alerts": alerts,
+        "actions": _actions(client, _JOB, job=job_id),
     }
     if with_efficiency:
         page["efficiency"] = efficiency(client, job_id, prices)
     return page
+
+
+def _fold(client: Client, alerts: list[dict[str, Any]]) -> None:
+    """`fold_muted` over a job's alerts; causes that are not among them (another job's, a node's) are read."""
+    known = {a["alert_id"] for a in alerts}
+    missing = sorted(
+        {a["inhibited_by"] for a in alerts if a["inhibited_by"] and a["inhibited_by"] not in known}
+    )
+    others = (
+        {a["alert_id"]: a for a in _alerts(client, "alert_id IN {ids:Array(String)}", ids=missing)}
+        if missing
+        else {}
+    )
+    fold_muted(alerts, others)
 
 
 # A job in one of these states writes nothing more until it is requeued (which is a new state row).
@@ -1306,8 +1342,12 @@ def alert_job(client: Client, alert_id: str) -> str | None:
     return str(rows[0][0]) if rows and rows[0][0] else None
 
 
-def alert_page(client: Client, alert_id: str) -> dict[str, Any]:
-    """Everything an alert carries (its latest record and its status history) and its job's evidence panels."""
+def alert_page(client: Client, alert_id: str, kinds: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Everything an alert carries (its latest record and its status history) and its job's evidence panels.
+
+    Also: each routed copy (team, receiver, paged or informed by `kinds`), the cause that muted it
+    or the alerts it mutes, and the remediation decisions taken on it (`actions`).
+    """
     rows = client.query(
         "SELECT * FROM alerts WHERE alert_id = {id:String} ORDER BY ts", parameters={"id": alert_id}
     )
@@ -1337,6 +1377,19 @@ def alert_page(client: Client, alert_id: str) -> dict[str, Any]:
     ends = [r["ends_at"] for r in records if r["ends_at"] is not None]
     alert["ends_ms"] = _plain(max(ends)) if ends and latest["status"] == "resolved" else None
     alert["status"] = latest["status"]
+    alert["copies"] = routed_copies(records, kinds)
+    alert["inhibited_by"] = latest.get("inhibited_by") or ""
+    _fold(client, [alert])
+    alert["mutes"] = [
+        {"alert_id": str(r[0]), "rule": str(r[1])}
+        for r in _rows(
+            client,
+            "SELECT alert_id, any(rule) FROM alerts WHERE inhibited_by = {id:String} AND alert_id != {id:String} "
+            "GROUP BY alert_id ORDER BY min(starts_at), alert_id",
+            id=alert_id,
+        )
+    ]
+    alert["actions"] = _actions(client, "alert_id = {id:String}", id=alert_id)
     window_end = (alert["ends_ms"] or _plain(latest["ts"])) + _ALERT_MARGIN_MS
     evidence = None
     if alert.get("job_id"):
@@ -1348,10 +1401,50 @@ def alert_page(client: Client, alert_id: str) -> dict[str, Any]:
                 alert["starts_ms"] - _ALERT_MARGIN_MS,
                 window_end,
                 with_efficiency=False,
+                kinds=kinds,
             )
         except NotFoundError:
             evidence = None
     return {"alert": alert, "evidence": evidence}
+
+
+# The columns of a remediation decision the pages show (`ActionTaken`, docs/operations.md).
+ACTION_COLUMNS = (
+    "action_id",
+    "alert_id",
+    "rule",
+    "job_id",
+    "run_id",
+    "scheduler",
+    "target",
+    "action",
+    "decision",
+    "reason_code",
+    "reason",
+    "dry_run",
+    "severity",
+    "checkpoint_age_s",
+    "detail",
+)
+
+
+def _actions(client: Client, where: str, **params: Any) -> list[dict[str, Any]]:
+    """Remediation decisions (acted, dry run, skipped and why, failed) from `actions`, oldest first."""
+    rows = _rows(
+        client,
+        f"SELECT {_ms('ts')}, {_ms('firing_since')}, {', '.join(ACTION_COLUMNS)} FROM actions WHERE {where} "
+        "ORDER BY ts, action_id",
+        **params,
+    )
+    out = []
+    for ts, firing_since, *values in rows:
+        action = dict(zip(ACTION_COLUMNS, values, strict=True))
+        action["ts"] = int(ts)
+        action["firing_since"] = None if firing_since is None else int(firing_since)
+        action["dry_run"] = bool(action["dry_run"])
+        action["checkpoint_age_s"] = _num(action["checkpoint_age_s"], 1)
+        out.append(action)
+    return out
 
 
 def _plain(value: Any) -> Any:

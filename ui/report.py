@@ -39,20 +39,24 @@ def write_report(
     t0: int | None = None,
     t1: int | None = None,
     prices: PriceList | None = None,
+    receivers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Write the report of a job (optionally a time range) or of an alert; returns what it holds."""
+    """Write the report of a job (optionally a time range) or of an alert; returns what it holds.
+
+    `receivers` (receiver -> page, inform or escalate) says which routed copies of an alert paged.
+    """
     if (job_id is None) == (alert_id is None):
         raise UiError("a report is of one job (--job) or one alert (--alert)")
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     data: dict[str, Any]
     if alert_id is not None:
-        data = queries.alert_page(client, alert_id)
+        data = queries.alert_page(client, alert_id, kinds=receivers)
         title = f"alert {data['alert']['rule']} on {data['alert'].get('job_id') or '-'}"
         _atomic_write(out, report_html("alert", alert_id, title, data, generated))
         evidence = data.get("evidence") or {}
         return {"kind": "alert", "alerts": len(evidence.get("alerts", [])), "bytes": out.stat().st_size}
     assert job_id is not None
-    data = queries.job_page(client, job_id, t0, t1, prices=prices)
+    data = queries.job_page(client, job_id, t0, t1, prices=prices, kinds=receivers)
     data["compare"] = queries.compare_of_job(client, job_id)  # its runs next to its workload family's
     _atomic_write(out, report_html("job", job_id, f"job {job_id}", data, generated))
     return {"kind": "job", "alerts": len(data["alerts"]), "bytes": out.stat().st_size}
@@ -66,6 +70,7 @@ def report_from_events(
     alert_id: str | None = None,
     prices: PriceList | None = None,
     sources: EventSource | None = None,
+    receivers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Write the report of a job or an alert from events (a replayed recording), in bounded memory.
 
@@ -77,7 +82,7 @@ def report_from_events(
         raise UiError("a report is of one job (--job) or one alert (--alert)")
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     if alert_id is not None:
-        data = digest.alert_report(events, alert_id)
+        data = digest.alert_report(events, alert_id, kinds=receivers)
         read = data.pop("_events")
         title = f"alert {data['alert']['rule']} on {data['alert'].get('job_id') or '-'}"
         _atomic_write(out, report_html("alert", alert_id, title, data, generated))
@@ -89,7 +94,7 @@ def report_from_events(
             "events": read,
         }
     assert job_id is not None
-    data = digest.job_report(events, job_id, prices=prices, sources=sources)
+    data = digest.job_report(events, job_id, prices=prices, sources=sources, kinds=receivers)
     read = data.pop("_events")
     _atomic_write(out, report_html("job", job_id, f"job {job_id}", data, generated))
     return {"kind": "job", "alerts": len(data["alerts"]), "bytes": out.stat().st_size, "events": read}

@@ -13,7 +13,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from aiohttp import web
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError as _DriverError
 
+from schemas.errors import RanksightError
 from sinks.efficiency import PriceList
 from ui import queries
 from ui.errors import NotFoundError, UiError
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 
 # The efficiency views scan every step row (seconds on a big store): their answers are kept this long.
 EFFICIENCY_CACHE_S = 60.0
+# Alertmanager's silences are read at most this often (every open fleet page polls).
+SILENCES_CACHE_S = 15.0
 # Request lines and headers may be long: a job id may be 10 kB of anything (aiohttp's default is 8 kB).
 MAX_LINE_BYTES = 64 * 1024
 
@@ -98,12 +101,18 @@ def make_app(
     queue_wait_s: float = DEFAULT_QUEUE_WAIT_S,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
     runbooks: Path | None = None,
+    receivers: Mapping[str, str] | None = None,
+    silences: Callable[[], Mapping[str, Any]] | None = None,
 ) -> web.Application:
     """The aiohttp application of the UI over a ClickHouse client (GPU-hours priced by `prices`).
 
     At most `max_queries` requests query the store at once; `2 * max_queries` more wait up to
     `queue_wait_s` for a turn and the rest are answered 503 with Retry-After (`ui.limits`). A
     finished job's answers are cached (`cache_bytes`). Runbooks are served from `runbooks`.
+    `receivers` (receiver -> page, inform or escalate, from the ownership file) says which routed
+    copies of an alert paged a team; `silences` reads Alertmanager's silences for the fleet page
+    (`{"silences": [...], "silenced": [{"fingerprint", "team", "silences"}]}`; the CLI wires
+    `streams.alerting.alertmanager.read_silences` when an Alertmanager URL is configured).
     """
     gate = QueryGate(max_queries, wait_s=queue_wait_s)
     pages = PageCache(cache_bytes)
@@ -180,7 +189,42 @@ def make_app(
         return html_page("alert", alert, f"alert {alert}")
 
     async def api_fleet(request: web.Request) -> web.Response:
-        return await run(queries.fleet, goodput=False)
+        return await run(queries.fleet, goodput=False, kinds=receivers)
+
+    silenced: list[tuple[float, dict[str, Any]]] = []
+
+    def read_silences() -> dict[str, Any]:
+        # Alertmanager may be down or slow: a failure is one sentence on the page, never an error page.
+        assert silences is not None
+        now = time.monotonic()
+        if silenced and now - silenced[0][0] <= SILENCES_CACHE_S:
+            return silenced[0][1]
+        try:
+            found = silences()
+            answer: dict[str, Any] = {
+                "configured": True,
+                "error": None,
+                "silences": list(found.get("silences") or []),
+                # fingerprint -> the silences muting any routed copy of that alert
+                "silenced": _by_fingerprint(found.get("silenced") or []),
+            }
+        except RanksightError as exc:
+            answer = {"configured": True, "error": str(exc), "silences": [], "silenced": {}}
+        except Exception as exc:  # a reader's bug must not take the fleet page down
+            log.warning("reading Alertmanager's silences failed: %r", exc)
+            answer = {
+                "configured": True,
+                "error": "Alertmanager's silences could not be read (the UI's log has the details)",
+                "silences": [],
+                "silenced": {},
+            }
+        silenced[:] = [(now, answer)]
+        return answer
+
+    async def api_fleet_silences(request: web.Request) -> web.Response:
+        if silences is None:
+            return _json({"configured": False, "error": None, "silences": [], "silenced": {}})
+        return _json(await asyncio.to_thread(read_silences))
 
     async def api_fleet_goodput(request: web.Request) -> web.Response:
         return await run(cached(("goodput",), queries.fleet_goodput))
@@ -204,7 +248,9 @@ def make_app(
             finished(
                 ("job", job_id, t0, t1, *nodes),
                 lambda: job_id,
-                lambda client: queries.job_page(client, job_id, t0, t1, with_efficiency=False, nodes=nodes),
+                lambda client: queries.job_page(
+                    client, job_id, t0, t1, with_efficiency=False, nodes=nodes, kinds=receivers
+                ),
             )
         )
 
@@ -215,7 +261,7 @@ def make_app(
             finished(
                 ("alert", alert_id),
                 lambda: queries.alert_job(client, alert_id),
-                lambda client: queries.alert_page(client, alert_id),
+                lambda client: queries.alert_page(client, alert_id, kinds=receivers),
             )
         )
 
@@ -244,8 +290,10 @@ def make_app(
 
         kind, key = request.match_info["kind"], request.match_info["key"]
         fns: dict[str, Callable[..., dict[str, Any]]] = {
-            "jobs": lambda client, key: with_compare(client, queries.job_page(client, key, prices=prices)),
-            "alerts": queries.alert_page,
+            "jobs": lambda client, key: with_compare(
+                client, queries.job_page(client, key, prices=prices, kinds=receivers)
+            ),
+            "alerts": lambda client, key: queries.alert_page(client, key, kinds=receivers),
         }
         fn = fns.get(kind)
         if fn is None:
@@ -304,6 +352,7 @@ def make_app(
             web.get("/alerts/{alert_id:[^/]+}", alert_page),
             web.get("/api/fleet", api_fleet),
             web.get("/api/fleet/goodput", api_fleet_goodput),
+            web.get("/api/fleet/silences", api_fleet_silences),
             web.get("/api/jobs/{job_id:[^/]+}", api_job),
             web.get("/api/jobs/{job_id:[^/]+}/efficiency", api_job_efficiency),
             web.get("/api/alerts/{alert_id:[^/]+}", api_alert),
@@ -320,6 +369,14 @@ def make_app(
     return app
 
 
+def _by_fingerprint(copies: list[Mapping[str, Any]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for copy in copies:
+        ids = out.setdefault(str(copy.get("fingerprint", "")), [])
+        ids.extend(str(i) for i in copy.get("silences") or () if str(i) not in ids)
+    return out
+
+
 class UiServer:
     """The UI served on host:port, in the foreground or on a background thread."""
 
@@ -333,13 +390,21 @@ class UiServer:
         max_queries: int = DEFAULT_MAX_QUERIES,
         queue_wait_s: float = DEFAULT_QUEUE_WAIT_S,
         runbooks: Path | None = None,
+        receivers: Mapping[str, str] | None = None,
+        silences: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self.client = client
         self.prices = prices
         self.host = host
         self.port = port
         self.app = make_app(
-            client, prices, max_queries=max_queries, queue_wait_s=queue_wait_s, runbooks=runbooks
+            client,
+            prices,
+            max_queries=max_queries,
+            queue_wait_s=queue_wait_s,
+            runbooks=runbooks,
+            receivers=receivers,
+            silences=silences,
         )
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

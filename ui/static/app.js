@@ -78,6 +78,35 @@
   const factPair = (label, value) => el('div', { class: 'fact' }, el('dt', {}, label), el('dd', {}, value === null || value === undefined || value === '' ? '-' : value));
   const badge = (severity, text) => el('span', { class: `badge ${severity}` }, text || severity);
 
+  // --- muted alerts and routed copies -------------------------------------------------------------
+
+  // "straggler, muted by gpu_throttling on the same GPU": a muted alert (`muted_by`) told by its cause.
+  const mutedText = (a) => `${a.rule}, muted by ${a.muted_by.rule || a.muted_by.alert_id}${a.muted_by.scope ? ` ${a.muted_by.scope}` : ''}`;
+
+  function folded(alerts) {
+    // Each alert, with the alerts it mutes right under it; a muted alert whose cause is not in the list
+    // stays where it is, marked. Returns [alert, cause or null] pairs in order.
+    const byId = new Map(alerts.map((a) => [a.alert_id, a]));
+    const out = [];
+    for (const a of alerts) {
+      if (a.muted_by && byId.has(a.muted_by.alert_id) && a.muted_by.alert_id !== a.alert_id) continue;
+      out.push([a, null]);
+      for (const id of a.mutes || []) if (byId.has(id) && id !== a.alert_id) out.push([byId.get(id), a]);
+    }
+    return out;
+  }
+
+  function copiesCell(a) {
+    // Every routed copy: its team, and whether it paged or only informed (when the UI knows the receivers).
+    const copies = a.copies && a.copies.length ? a.copies : [{ team: a.team, kind: null }];
+    return copies.map((c, i) => el('span', { class: 'copy', 'data-kind': c.kind || '' }, i ? ' · ' : null, el('strong', {}, c.team), c.kind ? ` ${c.kind}` : null));
+  }
+
+  function silencedBadge(a) {
+    const ids = RS.silences && RS.silences.silenced ? RS.silences.silenced[a.fingerprint] : null;
+    return ids && ids.length ? el('span', { class: 'badge silenced', title: `silenced in Alertmanager (${ids.join(', ')})` }, 'silenced') : null;
+  }
+
   // A URL from a record becomes a link only when it is http(s) or a path on this site: never
   // javascript:, data: or anything else a browser would run. Reports (file://) have no site paths.
   function safeHref(url) {
@@ -136,16 +165,41 @@
 
   function alertTable(alerts, resolved) {
     if (!alerts.length) return el('p', { class: 'muted' }, resolved ? 'none in the last 6 hours' : 'nothing firing');
+    // A muted alert is listed under its cause ("straggler, muted by gpu_throttling on the same GPU").
     return el('table', { class: 'grid alerts' },
       el('thead', {}, el('tr', {}, ['severity', 'rule', 'job', 'where', 'team', resolved ? 'fired → resolved' : 'since', 'summary'].map((h) => el('th', {}, h)))),
-      el('tbody', {}, alerts.map((a) => el('tr', { class: resolved ? 'row-resolved' : `row-${a.severity}`, 'data-alert': a.alert_id },
-        el('td', {}, badge(a.severity)),
+      el('tbody', {}, folded(alerts).map(([a, cause]) => el('tr', { class: `${resolved ? 'row-resolved' : `row-${a.severity}`}${a.muted_by ? ' row-muted' : ''}`, 'data-alert': a.alert_id, 'data-muted-by': a.muted_by ? a.muted_by.alert_id : null },
+        el('td', {}, cause ? el('span', { class: 'fold' }, '↳ ') : null, badge(a.muted_by ? 'muted' : a.severity, a.severity), silencedBadge(a)),
         el('td', {}, el('a', { href: alertHref(a) }, a.rule)),
         el('td', {}, el('a', { href: jobHref(a.job_id) }, a.job_id)),
         el('td', {}, where(a)),
-        el('td', {}, el('strong', {}, a.team)),
+        el('td', {}, copiesCell(a)),
         el('td', { class: 'nowrap' }, resolved ? `${fmtTime(a.starts_ms)} → ${fmtTime(a.ends_ms)}` : `${fmtTime(a.starts_ms)} (${fmtDuration((RS.data.now_ms || a.updated_ms) - a.starts_ms)})`),
-        el('td', { class: 'summary' }, a.summary, a.resolution ? el('div', { class: 'resolution' }, a.resolution) : null)))));
+        el('td', { class: 'summary' }, a.muted_by ? el('div', { class: 'muted-by' }, mutedText(a)) : null, a.summary, a.resolution ? el('div', { class: 'resolution' }, a.resolution) : null)))));
+  }
+
+  function silencesPanel() {
+    // Alertmanager's silences (acknowledgements), read through its v2 API when the UI is told where it is.
+    const s = RS.silences;
+    if (!s || !s.configured) return null;
+    if (s.error) return el('p', { class: 'muted', id: 'silences' }, `Alertmanager: ${s.error}`);
+    if (!s.silences.length) return el('p', { class: 'muted', id: 'silences' }, 'No silence active in Alertmanager.');
+    return el('div', { id: 'silences' }, el('h2', {}, `Silenced in Alertmanager (${s.silences.length})`),
+      el('table', { class: 'grid silences' },
+        el('thead', {}, el('tr', {}, ['silence', 'matchers', 'by', 'comment', 'until'].map((h) => el('th', {}, h)))),
+        el('tbody', {}, s.silences.map((x) => el('tr', { 'data-silence': x.id },
+          el('td', { class: 'nowrap' }, x.id), el('td', {}, x.matchers.map((m) => `${m.name}${m.op}${m.value}`).join(', ')),
+          el('td', {}, x.created_by), el('td', { class: 'summary' }, x.comment), el('td', { class: 'nowrap' }, x.ends_at))))));
+  }
+
+  async function loadSilences(root) {
+    try {
+      RS.silences = await getJSON('/api/fleet/silences');
+    } catch (err) {
+      RS.silences = { configured: true, error: err.message, silences: [], silenced: {} };
+    }
+    renderFleet(root, RS.data);
+    RS.silencesReady = true;
   }
 
   function goodputCell(j) {
@@ -193,7 +247,8 @@
     root.replaceChildren(
       el('div', { class: 'toolbar' }, el('h1', {}, 'Fleet'), select('team', data.teams, team), select('cluster', data.clusters, cluster),
         el('span', { class: 'muted' }, `data up to ${fmtDateTime(data.now_ms)}`)),
-      el('h2', {}, `Firing (${data.firing.filter(keep).length})`), alertTable(data.firing.filter(keep), false),
+      el('h2', {}, `Firing (${data.firing.filter(keep).filter((a) => !a.muted_by).length}${data.firing.filter(keep).some((a) => a.muted_by) ? `, ${data.firing.filter(keep).filter((a) => a.muted_by).length} muted under their cause` : ''})`), alertTable(data.firing.filter(keep), false),
+      silencesPanel(),
       el('h2', {}, `Jobs (${jobs.length})`),
       el('table', { class: 'grid jobs' },
         el('thead', {}, el('tr', {}, ['job', 'health', 'state', 'team', 'cluster', 'owner', 'ranks', 'step', 'last progress', 'step rate', 'goodput', 'minutes with steps (proxy)', 'model'].map((h) => el('th', {}, h)))),
@@ -728,14 +783,31 @@
   function alertList(data) {
     if (!data.alerts.length) return el('p', { class: 'muted' }, 'No alerts in this range.');
     const sorted = [...data.alerts].sort((a, b) => (a.status === b.status ? 0 : a.status === 'firing' ? -1 : 1) || SEVERITY_ORDER[a.severity] - SEVERITY_ORDER[b.severity] || a.starts_ms - b.starts_ms);
+    // A muted alert is listed under its cause, as on the fleet page.
     return el('table', { class: 'grid alerts' },
       el('thead', {}, el('tr', {}, ['', 'severity', 'status', 'rule', 'where', 'team', 'since', 'until', 'suspected layer', 'summary', ''].map((h) => el('th', {}, h)))),
-      el('tbody', {}, sorted.map((a) => el('tr', { 'data-alert': a.alert_id, class: `clickable row-${a.status}`, onclick: () => focusAlert(a), title: 'zoom every panel to this alert' },
-        el('td', {}, el('button', { class: 'zoom' }, 'zoom')),
-        el('td', {}, badge(a.severity)), el('td', {}, a.status), el('td', {}, a.rule), el('td', { class: 'nowrap' }, where(a)), el('td', { class: 'nowrap' }, el('strong', {}, a.team)),
+      el('tbody', {}, folded(sorted).map(([a, cause]) => el('tr', { 'data-alert': a.alert_id, 'data-muted-by': a.muted_by ? a.muted_by.alert_id : null, class: `clickable row-${a.status}${a.muted_by ? ' row-muted' : ''}`, onclick: () => focusAlert(a), title: 'zoom every panel to this alert' },
+        el('td', {}, cause ? el('span', { class: 'fold' }, '↳ ') : null, el('button', { class: 'zoom' }, 'zoom')),
+        el('td', {}, badge(a.muted_by ? 'muted' : a.severity, a.severity)), el('td', {}, a.muted_by ? `${a.status}, muted` : a.status), el('td', {}, a.rule), el('td', { class: 'nowrap' }, where(a)), el('td', {}, copiesCell(a)),
         el('td', { class: 'nowrap' }, fmtTime(a.starts_ms)), el('td', { class: 'nowrap' }, a.status === 'resolved' ? fmtTime(a.ends_ms) : 'firing'),
-        el('td', {}, a.suspected_layer), el('td', { class: 'summary' }, a.summary, a.resolution ? el('div', { class: 'resolution' }, a.resolution) : null),
+        el('td', {}, a.suspected_layer), el('td', { class: 'summary' }, a.muted_by ? el('div', { class: 'muted-by' }, mutedText(a)) : null, a.summary, a.resolution ? el('div', { class: 'resolution' }, a.resolution) : null),
         el('td', {}, el('a', { href: alertHref(a), onclick: (e) => e.stopPropagation() }, 'details'))))));
+  }
+
+  function actionsPanel(actions, id) {
+    // Remediation decisions (ActionTaken): what was done or would have been, by which scheduler, and why.
+    if (!actions || !actions.length) return el('p', { class: 'muted', id }, 'Remediation: no decision recorded.');
+    return el('div', { id }, el('h2', {}, `Remediation (${actions.length})`),
+      el('table', { class: 'grid actions' },
+        el('thead', {}, el('tr', {}, ['when', 'alert', 'action', 'decision', 'reason', 'scheduler', 'target', 'checkpoint age', 'answer'].map((h) => el('th', {}, h)))),
+        el('tbody', {}, actions.map((x) => el('tr', { 'data-action': x.action_id, 'data-decision': x.decision },
+          el('td', { class: 'nowrap' }, fmtDateTime(x.ts)),
+          el('td', {}, x.alert_id ? el('a', { href: alertHref(x) }, x.rule || x.alert_id) : x.rule),
+          el('td', {}, x.action), el('td', {}, el('strong', {}, x.decision), x.dry_run && x.decision !== 'dry_run' ? ' (dry run)' : null),
+          el('td', { class: 'summary' }, x.reason, x.reason_code ? el('div', { class: 'muted' }, x.reason_code) : null),
+          el('td', {}, x.scheduler), el('td', {}, x.target),
+          el('td', { class: 'nowrap' }, x.checkpoint_age_s === null || x.checkpoint_age_s === undefined ? '-' : fmtDuration(x.checkpoint_age_s * 1000)),
+          el('td', { class: 'summary' }, x.detail || '-'))))));
   }
 
   function toolbar(data) {
@@ -749,7 +821,7 @@
 
   function renderJob(root, data) {
     RS.data = data;
-    root.replaceChildren(jobHeader(data), efficiencyPanel(data), el('h2', {}, 'Alerts'), alertList(data), toolbar(data), el('div', { id: 'charts' }));
+    root.replaceChildren(jobHeader(data), efficiencyPanel(data), el('h2', {}, 'Alerts'), alertList(data), actionsPanel(data.actions, 'actions'), toolbar(data), el('div', { id: 'charts' }));
     renderJobCharts(document.getElementById('charts'), data);
     if (data.efficiency === undefined && !REPORT) loadEfficiency(data.job.job_id);
     // A report carries the comparison with the runs of the job's workload family; the served page links it.
@@ -847,7 +919,16 @@
         ...fact('current step', a.current_step), ...fact('last progress', fmtDateTime(a.last_progress_ts)),
         ...fact('model / dataset', `${a.model_version} / ${a.dataset_version}`), ...fact('fingerprint', a.fingerprint),
         ...fact('group', a.group_key), ...fact('inhibited by', a.inhibited_by),
+        ...fact('muted', a.muted_by ? el('a', { href: alertHref({ alert_id: a.muted_by.alert_id }), id: 'muted-by' }, mutedText(a)) : 'no'),
+        ...fact('mutes', (a.mutes || []).length ? a.mutes.map((m, i) => [i ? ', ' : null, el('a', { href: alertHref(m), class: 'mutes' }, m.rule)]) : 'nothing'),
         ...fact('labels', Object.entries(a.labels || {}).map(([k, v]) => `${k}=${v}`).join(', '))),
+      el('h2', {}, 'Routed copies'),
+      el('table', { class: 'grid copies' },
+        el('thead', {}, el('tr', {}, ['team', 'receiver', 'paged or informed', 'status', 'updated'].map((h) => el('th', {}, h)))),
+        el('tbody', {}, (a.copies || []).map((c) => el('tr', { 'data-team': c.team, 'data-kind': c.kind || '' },
+          el('td', {}, el('strong', {}, c.team)), el('td', {}, c.receiver), el('td', {}, c.kind || 'unknown (no ownership file given to the UI)'),
+          el('td', {}, c.status), el('td', { class: 'nowrap' }, fmtDateTime(c.updated_ms)))))),
+      actionsPanel(a.actions, 'alert-actions'),
       el('h2', {}, 'Status history'),
       el('table', { class: 'grid' }, el('tbody', {}, a.transitions.map((t) => el('tr', {}, el('td', { class: 'nowrap' }, fmtDateTime(t.ts)), el('td', {}, t.status), el('td', { class: 'summary' }, t.summary))))),
       el('section', { class: 'panel', id: 'panel-history' }, el('h3', {}, chartSpec.title), el('div', { id: 'history', class: 'chart', style: 'height:170px' })));
@@ -964,7 +1045,7 @@
       try {
         const v = JSON.stringify(await getJSON('/api/version'));
         if (v !== version) {
-          if (page.kind === 'fleet') { renderFleet(root, await getJSON('/api/fleet')); loadGoodput(root); }
+          if (page.kind === 'fleet') { renderFleet(root, await getJSON('/api/fleet')); loadGoodput(root); loadSilences(root); }
           else if (page.kind === 'job' && !RS.window) renderJob(root, await getJSON(`/api/jobs/${encodeURIComponent(page.id)}${location.search}`));
           else if (page.kind === 'alert') renderAlert(root, await getJSON(`/api/alerts/${encodeURIComponent(page.id)}`));
         }
@@ -986,7 +1067,7 @@
     try {
       if (page.kind === 'fleet') {
         renderFleet(root, REPORT ? REPORT.data : await getJSON('/api/fleet'));
-        if (!REPORT) loadGoodput(root);
+        if (!REPORT) { loadGoodput(root); loadSilences(root); }
       } else if (page.kind === 'job') {
         renderJob(root, REPORT ? REPORT.data : await getJSON(`/api/jobs/${encodeURIComponent(page.id)}${location.search}`));
       } else if (page.kind === 'alert') {

@@ -116,12 +116,17 @@ def test_fleet_lists_every_job_with_health_and_filters_by_team(
     _open(page, ui_url)
     listed = page.eval_on_selector_all("tr[data-job]", "rows => rows.map(r => r.dataset.job)")
     assert sorted(listed) == sorted(ui_store.jobs)
-    teams = page.eval_on_selector_all("table.alerts td strong", "cells => cells.map(c => c.textContent)")
-    routed = page.evaluate(
-        "() => [...window.ranksight.data.firing, ...window.ranksight.data.resolved].map(a => a.team)"
+    shown = page.eval_on_selector_all(
+        "table.alerts tr[data-alert]",
+        "rows => rows.map(r => [r.dataset.alert, [...r.querySelectorAll('.copy strong')].map(s => s.textContent)])",
     )
-    # Each alert row names the team it was routed to (routing decides which: by category, by label).
-    assert teams == routed and len(teams) >= 2 and all(teams)
+    routed = page.evaluate(
+        "() => Object.fromEntries([...window.ranksight.data.firing, ...window.ranksight.data.resolved]"
+        ".map(a => [a.alert_id, a.copies.map(c => c.team)]))"
+    )
+    # Each alert row names every team it was routed to (routing decides which: by category, by owner).
+    assert {alert: teams for alert, teams in shown} == routed and len(shown) >= 2
+    assert all(teams for _, teams in shown) and any(len(teams) > 1 for _, teams in shown)
     page.screenshot(path=str(shots / "fleet.png"), full_page=True)
     page.select_option("select[name=team]", "vision")
     assert page.eval_on_selector_all("tr[data-job]", "rows => rows.map(r => r.dataset.job)") == ["vit-h-0302"]
