@@ -77,6 +77,7 @@ def report(
     ranksight report incident.avro --job J -o report.html   replay a recording through the detectors
     ranksight report --alert ALERT_ID -o report.html        from ClickHouse (CLICKHOUSE_URL or chDB)
     """
+    from ranksight.commands.ui import open_store, receiver_kinds
     from sinks.efficiency import PriceList
     from ui.report import report_from_events, write_report
 
@@ -95,11 +96,17 @@ def report(
                 alert_id=alert,
                 prices=price_list,
                 sources=lambda: recorded(files),
+                receivers=receiver_kinds(routing),
             )
         else:
-            from ranksight.commands.ui import open_store
-
-            result = write_report(open_store(), out, job_id=job, alert_id=alert, prices=price_list)
+            result = write_report(
+                open_store(),
+                out,
+                job_id=job,
+                alert_id=alert,
+                prices=price_list,
+                receivers=receiver_kinds(routing),
+            )
     console.print(
         f"wrote {out} ({result['bytes'] / 1e6:.1f} MB, {result['alerts']} alerts); it opens without a network",
         highlight=False,

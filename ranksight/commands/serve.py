@@ -29,7 +29,7 @@ def serve(
 ) -> None:
     """Store every ranksight topic in ClickHouse and serve the UI on it, until Ctrl-C or SIGTERM."""
     from ranksight.commands.sink import sink_time_bound
-    from ranksight.commands.ui import open_store
+    from ranksight.commands.ui import open_store, receiver_kinds, silence_reader
     from schemas.codec import codec_from_settings
     from schemas.topics import DEADLETTER
     from sinks.clickhouse import describe_dsn
@@ -61,7 +61,13 @@ def serve(
             progress_interval_s=3600,
             time_bound=sink_time_bound(),  # the worker's bound on event times (shipped config)
         )
-        server = UiServer(client, host, port)
+        server = UiServer(
+            client,
+            host,
+            port,
+            receivers=receiver_kinds(),
+            silences=silence_reader(settings.alertmanager_url),
+        )
         url = server.start()
         stop = threading.Event()
         with stop_signals(on_stop=stop.set, name="serve") as signals:

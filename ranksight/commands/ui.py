@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -12,7 +13,7 @@ from ranksight.console import console, fail, user_errors
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["open_store", "register"]
+__all__ = ["open_store", "receiver_kinds", "register", "silence_reader"]
 
 HOST_HELP = "Address to listen on (127.0.0.1: this machine only; 0.0.0.0 exposes the UI to the network)."
 
@@ -41,6 +42,40 @@ def open_store(migrate_schema: bool = True) -> Client:
     return client
 
 
+def receiver_kinds(routing: Path | None = None) -> dict[str, str]:
+    """Receiver -> page, inform or escalate, from the ownership file the routing file names (pages say
+    which routed copy of an alert paged a team and which only informed it)."""
+    from streams.alerting.routing import load_router
+
+    ownership = load_router(routing).ownership
+    if ownership is None:
+        return {}
+    specs = [*ownership.teams.values(), ownership.other_teams]
+    kinds: dict[str, str] = {}
+    for kind in ("inform", "escalate", "page"):  # a receiver that pages anyone is a paging receiver
+        kinds.update({getattr(spec, kind): kind for spec in specs if getattr(spec, kind)})
+    return kinds
+
+
+def silence_reader(url: str | None) -> Callable[[], dict[str, Any]] | None:
+    """Reads Alertmanager's active silences and what they mute, for the fleet page; None without a URL."""
+    if not url:
+        return None
+    from streams.alerting.alertmanager import read_silences
+
+    def read() -> dict[str, Any]:
+        report = read_silences(url)
+        return {
+            "silences": [s.as_dict() for s in report.active()],
+            "silenced": [
+                {"fingerprint": fp, "team": team, "silences": list(ids)}
+                for (fp, team), ids in sorted(report.silenced.items())
+            ],
+        }
+
+    return read
+
+
 def ui(
     host: str = typer.Option("127.0.0.1", "--host", help=HOST_HELP),
     port: int = typer.Option(8088, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
@@ -64,6 +99,11 @@ def ui(
         "--runbooks",
         help="Folder of runbook pages served at /runbooks/<rule> (default: docs/runbooks).",
     ),
+    routing: Path | None = typer.Option(
+        None,
+        "--routing",
+        help="Routing YAML whose ownership file names paging and informing receivers (default: shipped).",
+    ),
 ) -> None:
     """Serve the web UI: fleet, job pages on one time axis, alert pages. Ctrl-C to stop."""
     import faulthandler
@@ -77,7 +117,10 @@ def ui(
     # `kill -USR1 <pid>` prints every thread's stack to stderr: for a UI that does not answer or stop.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     with user_errors():
+        from ranksight.settings import load_settings
+
         price_list = PriceList.parse(price, PriceList.load(prices) if prices else None)
+        kinds = receiver_kinds(routing)
         client = open_store()
         server = UiServer(
             client,
@@ -87,8 +130,9 @@ def ui(
             max_queries=max_queries,
             queue_wait_s=queue_wait,
             runbooks=runbooks,
+            receivers=kinds,
+            silences=silence_reader(load_settings().alertmanager_url),
         )
-        from ranksight.settings import load_settings
 
         dsn = describe_dsn(load_settings().clickhouse_dsn())
         # Its own SIGINT/SIGTERM handlers: started by `cmd &` or nohup, a process inherits SIGINT
