@@ -31,11 +31,14 @@ from sinks.rows import row_converter
 from ui.alerts import copies_of, fold_muted, routed_copies
 from ui.compare import SEGMENTS, BucketRow, Run, assemble, choose_runs, config_of, step_bucket
 from ui.errors import NotFoundError, UiError
+from ui.facts import PROGRESS_WINDOW_S, checkpoint_facts, progress_panel
 from ui.queries import (
     _ALERT_MARGIN_MS,
     _DERIVED_HOP_MS,
     _MINUTE_MS,
     ACTION_COLUMNS,
+    DATAPATH_METRICS,
+    MAX_FAULTS,
     TARGET_BUCKETS,
     TERMINAL_STATES,
     _num,
@@ -46,6 +49,8 @@ from ui.queries import (
 
 __all__ = ["EventSource", "alert_report", "job_report"]
 
+# JobStarted fields the page shows that a record may leave null: targets and the checkpoint policy.
+_OPTIONAL_STARTED = ("target_steps", "target_tokens", "target_epochs", "checkpoint_max_age_s")
 # What a derived rank window contributes to the page (kept from pass 1 when the detectors run once).
 _WINDOW_FIELDS = ("job_id", "window_start", "rank", "compute_s", "step_time_s", "comm_s", "data_wait_s")
 # A replayable stream of events: called once per pass.
@@ -95,6 +100,9 @@ class _Job:
     alert_max: int | None = None
     ranks: dict[int, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # rank -> (ts, binding)
     alerts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # JobStarted fields that may be null: the latest non-null value of each (ClickHouse's argMax skips nulls).
+    optional: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    latest_step: tuple[int, str] | None = None  # (ts, run) of the latest plausible step
 
 
 @dataclass
@@ -131,6 +139,8 @@ class Scan:
                 else (min(job.minutes[0], minute), max(job.minutes[1], minute))
             )
             job.steps = (ts, ts) if job.steps is None else (min(job.steps[0], ts), max(job.steps[1], ts))
+            if job.latest_step is None or ts > job.latest_step[0]:
+                job.latest_step = (ts, r.get("run_id") or "")
             if self.newest_minute is None or minute > self.newest_minute:
                 self.newest_minute = minute
         elif kind == "JobStarted":
@@ -142,6 +152,9 @@ class Scan:
                 job.started[run] = r
             if job.meta_latest is None or r["ts"] >= job.meta_latest["ts"]:
                 job.meta_latest = r
+            for name in _OPTIONAL_STARTED:
+                if r.get(name) is not None and (name not in job.optional or r["ts"] >= job.optional[name][0]):
+                    job.optional[name] = (r["ts"], r[name])
             job.started_min = r["ts"] if job.started_min is None else min(job.started_min, r["ts"])
             known = self.runs.get((r["job_id"], run))
             first = r["ts"] if known is None else min(known.started_ms, r["ts"])
@@ -276,6 +289,10 @@ class _Frame:
     gpu_keys: list[tuple[str, int]]
     alerts: list[dict[str, Any]]
     actions: list[dict[str, Any]]
+    latest_step: tuple[int, str] | None = None  # (ts, run) of the job's latest plausible step
+    state: str | None = None  # its latest state, any time
+    lo: int = 0
+    hi: int = 0
 
 
 def _meta(job_id: str, job: _Job) -> dict[str, Any]:
@@ -294,6 +311,10 @@ def _meta(job_id: str, job: _Job) -> dict[str, Any]:
         "nodes": list(r.get("nodes") or []),
         "gpu_class": r.get("gpu_class") or "",
         "workload_family": r.get("workload_family") or "",
+        "target_steps": job.optional.get("target_steps", (0, None))[1],
+        "target_tokens": job.optional.get("target_tokens", (0, None))[1],
+        "target_epochs": _num(job.optional.get("target_epochs", (0, None))[1], 6),
+        "checkpoint_max_age_s": _num(job.optional.get("checkpoint_max_age_s", (0, None))[1], 6),
         "started_ms": int(job.started_min or r["ts"]),
     }
 
@@ -344,6 +365,10 @@ def _frame(
         keys,
         alerts,
         found.actions_of("job_id", job_id),
+        job.latest_step,
+        job.state[1] if job.state else None,
+        found.lo,
+        found.hi,
     )
 
 
@@ -372,6 +397,14 @@ class Panels:
         self.collectives: dict[tuple[str, int], list[Any]] = {}
         self.phases: dict[str, dict[str, dict[str, Any]]] = {"checkpoints": {}, "evaluations": {}}
         self.states: list[dict[str, Any]] = []
+        # Progress: the latest run's steps of the window before its last step; epoch lengths.
+        self.window: dict[str, Any] | None = None
+        self.epochs: dict[int, list[int]] = {}
+        self.checkpoint_records: list[dict[str, Any]] = []
+        self.rank_faults: list[dict[str, Any]] = []
+        self.gpu_faults: dict[tuple[str, int], list[Any]] = {}
+        self.gpm: dict[tuple[int, int], list[_Mean]] = {}
+        self.datapath: dict[int, list[Any]] = {}
         self.compare_keys = {(r.job_id, r.run_id) for r in compare_runs or ()}
         self.compare_width = compare_width
         self.compare: dict[tuple[str, str, int], list[Any]] = {}
@@ -388,8 +421,10 @@ class Panels:
                 self._compare(r)
             if r["job_id"] == self.f.job_id:
                 self._step(r)
+                self._progress(r)
         elif kind == "GpuSample":
             self._gpu(r)
+            self._gpu_extra(r)
         elif kind == "HostSample":
             self._host(r)
         elif r.get("job_id") != self.f.job_id:
@@ -398,6 +433,19 @@ class Panels:
             self._window(r)
         elif kind == "DataLoaderSample":
             self._loader(r)
+            self._datapath(r)
+        elif kind == "RankFault":
+            if self.f.start <= r["ts"] < self.f.end:
+                self.rank_faults.append(
+                    {
+                        "ts": r["ts"],
+                        "rank": r["rank"],
+                        "node": r.get("node"),
+                        "kind": r["kind"],
+                        "detail": r.get("detail"),
+                        "exit_code": r.get("exit_code"),
+                    }
+                )
         elif kind == "CollectiveSample":
             self._collective(r)
         elif kind == "ValidationResult":
@@ -406,6 +454,8 @@ class Panels:
                     self.validation[name].append([r["ts"], _num(value, 5), r["step"]])
         elif kind in ("CheckpointEvent", "EvaluationEvent"):
             self._phase(kind, r)
+            if kind == "CheckpointEvent" and self.f.lo <= r["ts"] <= self.f.hi:
+                self.checkpoint_records.append(r)
         elif kind == "JobStateChanged" and self.f.start - 24 * 3600_000 <= r["ts"] < self.f.end:
             self.states.append(
                 {
@@ -599,7 +649,147 @@ class Panels:
             cell[3].add(r.get("loss"))
         cell[4] += r.get("tokens") or 0
 
+    def _progress(self, r: dict[str, Any]) -> None:
+        # `ui.queries._progress`: the latest run's plausible steps in the window before its last step.
+        f = self.f
+        if (
+            f.latest_step is None
+            or (r.get("run_id") or "") != f.latest_step[1]
+            or not f.lo <= r["ts"] <= f.hi
+        ):
+            return
+        epoch = r.get("epoch")
+        if epoch is not None:
+            span = self.epochs.setdefault(epoch, [r["step"], r["step"]])
+            span[0], span[1] = min(span[0], r["step"]), max(span[1], r["step"])
+        if r["ts"] < f.latest_step[0] - int(PROGRESS_WINDOW_S * 1000):
+            return
+        w = self.window
+        if w is None:
+            w = self.window = {"steps": set(), "tokens": None, "epoch": None}
+            w.update(first_step=r["step"], last_step=r["step"], first_ms=r["ts"], last_ms=r["ts"])
+        w["first_step"], w["last_step"] = min(w["first_step"], r["step"]), max(w["last_step"], r["step"])
+        w["first_ms"], w["last_ms"] = min(w["first_ms"], r["ts"]), max(w["last_ms"], r["ts"])
+        w["steps"].add(r["step"])
+        if r.get("tokens") is not None:
+            w["tokens"] = (w["tokens"] or 0) + r["tokens"]
+        if epoch is not None and (w["epoch"] is None or r["ts"] >= w["epoch"][0]):
+            w["epoch"] = (r["ts"], epoch)
+
+    def _gpu_extra(self, r: dict[str, Any]) -> None:
+        # GPM means and fault samples of the job's GPUs over the raw samples in [start, end).
+        f = self.f
+        if r["cluster"] != self.cluster or not f.start <= r["ts"] < f.end:
+            return
+        i = self.gpu_index.get((r["node"], r["gpu_index"]))
+        if i is None:
+            return
+        sm, tensor = r.get("sm_active_pct"), r.get("tensor_active_pct")
+        if sm is not None or tensor is not None:
+            x = (r["ts"] // f.width * f.width - f.start) // f.width
+            cell = self.gpm.setdefault((x, i), [_Mean(), _Mean()])
+            cell[0].add(sm)
+            cell[1].add(tensor)
+        xid, ecc = r.get("xid"), r.get("ecc_uncorrected")
+        if xid is not None or (ecc is not None and ecc > 0):
+            fault = self.gpu_faults.setdefault(
+                (r["node"], r["gpu_index"]), [r["ts"], r["ts"], set(), None, 0]
+            )
+            fault[0], fault[1] = min(fault[0], r["ts"]), max(fault[1], r["ts"])
+            if xid is not None:
+                fault[2].add(xid)
+                fault[4] += 1
+            if ecc is not None and (fault[3] is None or ecc > fault[3]):
+                fault[3] = ecc
+
+    def _datapath(self, r: dict[str, Any]) -> None:
+        b = self._bucket(r["ts"])
+        if b is None:
+            return
+        cell = self.datapath.get(b)
+        if cell is None:
+            cell = self.datapath[b] = [[] for _ in DATAPATH_METRICS] + [None, None]
+        workers, expected, read = r.get("workers"), r.get("workers_expected"), r.get("read_bytes_s")
+        values = {
+            "batch_prep_s": r.get("batch_prep_s"),
+            "read_latency_s": r.get("read_latency_s"),
+            "read_mb_s": None if read is None else read / 1000000,
+            "cache_hit_ratio": r.get("cache_hit_ratio"),
+            "workers_live": workers / expected if workers is not None and expected else None,
+            "file_opens_s": r.get("file_opens_s"),
+        }
+        for i, (name, _, _, _) in enumerate(DATAPATH_METRICS):
+            if values[name] is not None:
+                cell[i].append((values[name], r["rank"]))
+        n = len(DATAPATH_METRICS)
+        for j, key in enumerate(("errors", "file_open_errors")):
+            if r.get(key) is not None:
+                cell[n + j] = (cell[n + j] or 0) + r[key]
+
     # -- the page ---------------------------------------------------------------------------------
+
+    def _progress_panel(self) -> dict[str, Any]:
+        f = self.f
+        w = self.window
+        window = None
+        if w is not None:
+            window = {k: w[k] for k in ("first_step", "last_step", "first_ms", "last_ms", "tokens")}
+            window["steps"] = len(w["steps"])
+            window["epoch"] = None if w["epoch"] is None else w["epoch"][1]
+        meta = f.meta
+        epochs: list[tuple[int, int, int]] = []
+        if meta.get("target_epochs") and not (meta.get("target_steps") or meta.get("target_tokens")):
+            epochs = [(e, a, b) for e, (a, b) in sorted(self.epochs.items())]
+        return progress_panel(meta, window, epochs, f.state)
+
+    def _faults_panel(self) -> dict[str, Any]:
+        ranks = sorted(self.rank_faults, key=lambda x: (x["ts"], x["rank"], x["kind"]))[:MAX_FAULTS]
+        gpus = [
+            {
+                "node": node,
+                "gpu_index": gpu,
+                "first_ms": first,
+                "last_ms": last,
+                "xids": sorted(xids),
+                "xid_samples": count,
+                "ecc_uncorrected": ecc,
+            }
+            for (node, gpu), (first, last, xids, ecc, count) in sorted(self.gpu_faults.items())
+        ]
+        return {"ranks": ranks, "gpus": gpus}
+
+    def _gpm_panel(self) -> dict[str, Any]:
+        columns: list[list[Any]] = [[], [], [], []]
+        for (x, i), (sm, tensor) in sorted(self.gpm.items()):
+            columns[0].append(x)
+            columns[1].append(i)
+            columns[2].append(_ch(sm.value(), 1))
+            columns[3].append(_ch(tensor.value(), 1))
+        # ClickHouse writes no rows as `[]`.
+        return {
+            "columns": ["bucket index", "gpu", "sm_active", "tensor_active"],
+            "cells": columns if columns[0] else [],
+        }
+
+    def _datapath_panel(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        rows = sorted(self.datapath.items())
+        for i, (name, _, digits, low) in enumerate(DATAPATH_METRICS):
+            median: list[list[Any]] = []
+            worst: list[list[Any]] = []
+            for b, cell in rows:
+                values = cell[i]
+                if not values:
+                    continue
+                ordered = sorted(v for v, _ in values)
+                median.append([b, _num(ordered[len(ordered) // 2], digits)])
+                # argMin / argMax over the table's order (job, rank, time): of equal values, the lowest rank's.
+                value, rank = (min if low else max)(values, key=lambda p: (p[0], p[1] if low else -p[1]))
+                worst.append([b, _num(value, digits), rank])
+            out[name] = {"median": median, "worst": worst}
+        n = len(DATAPATH_METRICS)
+        out["errors"] = [[b, int(c[n] or 0), int(c[n + 1] or 0)] for b, c in rows if c[n] or c[n + 1]]
+        return out
 
     def _heatmap(self) -> dict[str, Any]:
         derived = self.f.width >= _DERIVED_HOP_MS and bool(self.windows)
@@ -733,6 +923,13 @@ class Panels:
             "states": sorted(self.states, key=lambda s: s["ts"]),
             "alerts": f.alerts,
             "actions": f.actions,
+            "datapath": self._datapath_panel(),
+            "gpm": self._gpm_panel(),
+            "faults": self._faults_panel(),
+            "progress": self._progress_panel(),
+            "checkpoint": checkpoint_facts(
+                self.checkpoint_records, f.span[1], f.meta.get("checkpoint_max_age_s")
+            ),
         }
 
     def compare_rows(self) -> dict[tuple[str, str], list[BucketRow]]:

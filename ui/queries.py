@@ -27,11 +27,14 @@ from sinks.efficiency import PriceList, job_rows, run_rows
 from sinks.errors import QueryError
 from ui.alerts import copies_of, fold_muted, routed_copies
 from ui.errors import NotFoundError
+from ui.facts import PROGRESS_WINDOW_S, checkpoint_facts, progress_panel
 from ui.rows import RowLayout, row_layout
 
 __all__ = [
     "ACTION_COLUMNS",
     "BUCKET_STEPS_MS",
+    "DATAPATH_METRICS",
+    "MAX_FAULTS",
     "TARGET_BUCKETS",
     "alert_job",
     "alert_page",
@@ -494,6 +497,8 @@ def _job_meta(client: Client, job_id: str) -> dict[str, Any]:
         "SELECT argMax(run_id, ts), argMax(team, ts), argMax(owner, ts), argMax(cluster, ts), "
         "argMax(model_name, ts), argMax(model_version, ts), argMax(dataset_version, ts), "
         "argMax(world_size, ts), argMax(nodes, ts), argMax(gpu_class, ts), argMax(workload_family, ts), "
+        "argMax(target_steps, ts), argMax(target_tokens, ts), argMax(target_epochs, ts), "
+        "argMax(checkpoint_max_age_s, ts), "
         f"{_ms('min(ts)')}, count() FROM job_started WHERE {_JOB} AND {_PLAUSIBLE_TS}",
         job=job_id,
         lo=lo,
@@ -514,7 +519,11 @@ def _job_meta(client: Client, job_id: str) -> dict[str, Any]:
         "nodes": list(r[8]),
         "gpu_class": r[9],
         "workload_family": r[10],
-        "started_ms": int(r[11]),
+        "target_steps": r[11],
+        "target_tokens": r[12],
+        "target_epochs": _num(r[13], 6),
+        "checkpoint_max_age_s": _num(r[14], 6),
+        "started_ms": int(r[15]),
     }
 
 
@@ -818,7 +827,16 @@ def _gpu_keys(ranks: Sequence[dict[str, Any]]) -> list[tuple[str, int]]:
     return sorted({(r["node"], int(r["gpu_index"])) for r in ranks if r["gpu_index"] is not None})
 
 
-def _gpu_cells(client: Client, sql: str, keys: list[tuple[str, int]], **params: Any) -> RawJson:
+_GPU_VALUES = (("util", 1), ("power", 1), ("sm_clock", 0), ("mem_used", 2))
+
+
+def _gpu_cells(
+    client: Client,
+    sql: str,
+    keys: list[tuple[str, int]],
+    values: Sequence[tuple[str, int]] = _GPU_VALUES,
+    **params: Any,
+) -> RawJson:
     """One row per (bucket, GPU) with every metric: the page draws the activity heatmap, the bands
     across GPUs and the line of whichever GPU an alert names from the same columns."""
     return _columns(
@@ -828,7 +846,7 @@ def _gpu_cells(client: Client, sql: str, keys: list[tuple[str, int]], **params: 
         "SELECT intDiv(b - {t0:Int64}, {width:Int64}) AS x, "
         "transform(concat(node, '/', toString(gpu_index)), {names:Array(String)}, "
         "range(toUInt32(length({names:Array(String)}))), -1) AS i, "
-        f"{_r('util', 1)}, {_r('power', 1)}, {_r('sm_clock', 0)}, {_r('mem_used', 2)} FROM ({sql}) ORDER BY x, i",
+        f"{', '.join(_r(v, digits) for v, digits in values)} FROM ({sql}) ORDER BY x, i",
         nodes=sorted({n for n, _ in keys}),
         keys=[(n, int(g)) for n, g in keys],
         names=[f"{n}/{int(g)}" for n, g in keys],
@@ -956,6 +974,197 @@ def _gpus_grouped(
     }
 
 
+# NVML GPM (Hopper and newer): what share of the interval the SMs and their tensor pipes were busy; a
+# collective spinning on a GPU keeps `util` at 100 % with little tensor work. Null on older GPUs.
+_GPM_FILTER = "(sm_active_pct IS NOT NULL OR tensor_active_pct IS NOT NULL)"
+
+
+def _gpm(
+    client: Client,
+    cluster: str,
+    ranks: list[dict[str, Any]],
+    t0: int,
+    t1: int,
+    width: int,
+    layout: RowLayout | None = None,
+) -> dict[str, Any]:
+    """SM and tensor-pipe activity per (bucket, GPU) from the raw samples (`gpu_minute` holds no GPM);
+    on a grouped page per (bucket, node row): its least active GPU. Empty cells where no GPU reports GPM."""
+    keys = _gpu_keys(ranks)
+    columns = ["bucket index", "gpu", "sm_active", "tensor_active"]
+    if not keys:
+        return {"columns": columns, "cells": []}
+    if layout is not None and layout.grouped:
+        params: dict[str, Any] = {
+            "cluster": cluster,
+            "nodes": layout.node_keys,
+            "t0": t0,
+            "t1": t1,
+            "width": width,
+        }
+        where = f"cluster = {{cluster:String}} AND node IN {{nodes:Array(String)}} AND {_between('ts')}"
+        if not _rows(
+            client,
+            f"SELECT count() FROM (SELECT 1 FROM gpu_samples WHERE {where} AND {_GPM_FILTER} LIMIT 1)",
+            **params,
+        )[0][0]:
+            return {"columns": ["bucket index", "row", "sm_active", "tensor_active"], "cells": []}
+        cells = _columns(
+            client,
+            f"SELECT intDiv({_ms('ts')} - {{t0:Int64}}, {{width:Int64}}) AS x, "
+            "transform(node, {node_keys:Array(String)}, {node_rows:Array(Int32)}, -1) AS i, "
+            f"{_r('min(sm_active_pct)', 1)}, {_r('min(tensor_active_pct)', 1)} FROM gpu_samples "
+            f"WHERE {where} AND {_GPM_FILTER} GROUP BY x, i ORDER BY x, i",
+            node_keys=layout.node_keys,
+            node_rows=layout.node_rows,
+            **params,
+        )
+        return {"columns": ["bucket index", "row", "sm_active", "tensor_active"], "cells": cells}
+    sql = (
+        f"SELECT {_bucket(_ms('ts'))} AS b, node, gpu_index, avg(sm_active_pct) AS sm_active, "
+        f"avg(tensor_active_pct) AS tensor_active FROM gpu_samples WHERE {_GPU_WHERE} AND {_between('ts')} "
+        f"AND {_GPM_FILTER} GROUP BY b, node, gpu_index"
+    )
+    cells = _gpu_cells(
+        client,
+        sql,
+        keys,
+        (("sm_active", 1), ("tensor_active", 1)),
+        cluster=cluster,
+        t0=t0,
+        t1=t1,
+        width=width,
+    )
+    return {"columns": columns, "cells": cells}
+
+
+# Rank faults shown at most (a crash loop of a 16k-rank job writes thousands).
+MAX_FAULTS = 500
+
+
+def _faults(
+    client: Client,
+    job_id: str,
+    cluster: str,
+    ranks: list[dict[str, Any]],
+    t0: int,
+    t1: int,
+    layout: RowLayout | None = None,
+) -> dict[str, Any]:
+    """Rank faults (`RankFault`: exception, exit, CUDA OOM, ...) and GPU faults (XID events, uncorrected ECC)
+    of the job's GPUs in the range."""
+    rank_faults = [
+        {"ts": int(r[0]), "rank": int(r[1]), "node": r[2], "kind": r[3], "detail": r[4], "exit_code": r[5]}
+        for r in _rows(
+            client,
+            f"SELECT {_ms('ts')}, rank, node, kind, detail, exit_code FROM rank_faults "
+            f"WHERE {_JOB} AND {_between('ts')} ORDER BY ts, rank, kind LIMIT {{limit:UInt32}}",
+            job=job_id,
+            t0=t0,
+            t1=t1,
+            limit=MAX_FAULTS,
+        )
+    ]
+    keys = _gpu_keys(ranks)
+    gpu_faults: list[dict[str, Any]] = []
+    if keys:
+        grouped = layout is not None and layout.grouped
+        where = "cluster = {cluster:String} AND node IN {nodes:Array(String)}" if grouped else _GPU_WHERE
+        params: dict[str, Any] = {
+            "cluster": cluster,
+            "nodes": sorted({n for n, _ in keys}),
+            "t0": t0,
+            "t1": t1,
+        }
+        if not grouped:
+            params["keys"] = [(n, int(g)) for n, g in keys]
+        for node, gpu, first, last, xids, ecc, xid_samples in _rows(
+            client,
+            f"SELECT node, gpu_index, {_ms('min(ts)')}, {_ms('max(ts)')}, "
+            "arraySort(groupUniqArrayIf(xid, xid IS NOT NULL)), max(ecc_uncorrected), countIf(xid IS NOT NULL) "
+            f"FROM gpu_samples WHERE {where} AND {_between('ts')} AND (xid IS NOT NULL OR ecc_uncorrected > 0) "
+            "GROUP BY node, gpu_index ORDER BY node, gpu_index",
+            **params,
+        ):
+            gpu_faults.append(
+                {
+                    "node": node,
+                    "gpu_index": int(gpu),
+                    "first_ms": int(first),
+                    "last_ms": int(last),
+                    "xids": [int(x) for x in xids],
+                    "xid_samples": int(xid_samples),
+                    "ecc_uncorrected": None if ecc is None else int(ecc),
+                }
+            )
+    return {"ranks": rank_faults, "gpus": gpu_faults}
+
+
+def _progress(client: Client, job_id: str, meta: dict[str, Any]) -> dict[str, Any]:
+    """Progress towards the target and the ETA (`ui.facts.progress_panel`), at the job's latest step."""
+    lo, hi = plausible_bounds()
+    latest = _rows(
+        client,
+        f"SELECT argMax(run_id, ts), {_ms('max(ts)')}, count() FROM steps WHERE {_JOB} AND {_PLAUSIBLE_TS} "
+        f"AND ts >= (SELECT max(minute) FROM job_step_minute WHERE {_JOB} AND {_PLAUSIBLE_MINUTE})",
+        job=job_id,
+        lo=lo,
+        hi=hi,
+    )
+    window = None
+    epochs: list[tuple[int, int, int]] = []
+    if latest and latest[0][2]:
+        run, last_ms = str(latest[0][0]), int(latest[0][1])
+        params = {"job": job_id, "run": run, "lo": lo, "hi": hi}
+        r = _rows(
+            client,
+            f"SELECT min(step), max(step), {_ms('min(ts)')}, {_ms('max(ts)')}, uniqExact(step), sum(tokens), "
+            f"argMax(epoch, ts) FROM steps WHERE {_JOB} AND run_id = {{run:String}} AND {_PLAUSIBLE_TS} "
+            "AND ts >= fromUnixTimestamp64Milli({from:Int64}, 'UTC')",
+            **params,
+            **{"from": last_ms - int(PROGRESS_WINDOW_S * 1000)},
+        )[0]
+        window = {
+            "first_step": int(r[0]),
+            "last_step": int(r[1]),
+            "first_ms": int(r[2]),
+            "last_ms": int(r[3]),
+            "steps": int(r[4]),
+            "tokens": r[5],
+            "epoch": r[6],
+        }
+        # Epoch lengths only matter for a target in epochs (a scan of the run's every step).
+        if meta.get("target_epochs") and not (meta.get("target_steps") or meta.get("target_tokens")):
+            epochs = [
+                (int(e), int(a), int(b))
+                for e, a, b in _rows(
+                    client,
+                    f"SELECT epoch, min(step), max(step) FROM steps WHERE {_JOB} AND run_id = {{run:String}} "
+                    f"AND {_PLAUSIBLE_TS} AND epoch IS NOT NULL GROUP BY epoch ORDER BY epoch",
+                    **params,
+                )
+            ]
+    state = _rows(client, f"SELECT argMax(state, ts), count() FROM job_states WHERE {_JOB}", job=job_id)
+    return progress_panel(meta, window, epochs, state[0][0] if state and state[0][1] else None)
+
+
+def _checkpoint_facts(
+    client: Client, job_id: str, now_ms: int, max_age_s: float | None
+) -> dict[str, Any] | None:
+    """The job's last and last verified checkpoint, its age at the page's end and retention (`ui.facts`)."""
+    lo, hi = plausible_bounds()
+    rows = _rows(
+        client,
+        f"SELECT checkpoint_id, step, phase, {_ms('ts')}, retention_keep, deleted FROM checkpoints "
+        f"WHERE {_JOB} AND {_PLAUSIBLE_TS}",
+        job=job_id,
+        lo=lo,
+        hi=hi,
+    )
+    keys = ("checkpoint_id", "step", "phase", "ts", "retention_keep", "deleted")
+    return checkpoint_facts([dict(zip(keys, r, strict=True)) for r in rows], now_ms, max_age_s)
+
+
 def _hosts(
     client: Client,
     cluster: str,
@@ -1014,6 +1223,51 @@ def _hosts(
                     bands[k][part].append([int(row[0]), _num(row[1 + 3 * i + j], 1)])
         out["bands"] = bands
         out["of"] = len(nodes)
+    return out
+
+
+# The data-path panel: per bucket, the median rank's value and the worst rank's (which rank it was),
+# "worst" being the highest latency or preparation time, or the lowest throughput, cache hit ratio or
+# share of live loader workers. Name, SQL of the value, digits, whether low is worst.
+DATAPATH_METRICS: tuple[tuple[str, str, int, bool], ...] = (
+    ("batch_prep_s", "batch_prep_s", 4, False),
+    ("read_latency_s", "read_latency_s", 5, False),
+    ("read_mb_s", "read_bytes_s / 1000000", 2, True),
+    ("cache_hit_ratio", "cache_hit_ratio", 4, True),
+    ("workers_live", "workers / nullIf(workers_expected, 0)", 3, True),
+    ("file_opens_s", "file_opens_s", 2, False),
+)
+
+
+def _datapath(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict[str, Any]:
+    """Data wait aside (the data-loader panel), the loader's own measurements: median and worst rank per
+    bucket, and the loader errors summed (`DataLoaderSample`)."""
+    parts = []
+    for _, value, _, low in DATAPATH_METRICS:
+        fn, pick = ("min", "argMin") if low else ("max", "argMax")
+        parts.append(f"quantileExact(0.5)({value}), {fn}({value}), {pick}(rank, {value})")
+    rows = _rows(
+        client,
+        f"SELECT {_bucket(_ms('ts'))} AS b, {', '.join(parts)}, sum(errors), sum(file_open_errors) "
+        f"FROM dataloader_samples WHERE {_JOB} AND {_between('ts')} GROUP BY b ORDER BY b",
+        job=job_id,
+        t0=t0,
+        t1=t1,
+        width=width,
+    )
+    out: dict[str, Any] = {}
+    for i, (name, _, digits, _) in enumerate(DATAPATH_METRICS):
+        median: list[list[Any]] = []
+        worst: list[list[Any]] = []
+        for r in rows:
+            value, rank = r[2 + 3 * i], r[3 + 3 * i]
+            if r[1 + 3 * i] is not None:
+                median.append([int(r[0]), _num(r[1 + 3 * i], digits)])
+            if value is not None:
+                worst.append([int(r[0]), _num(value, digits), int(rank)])
+        out[name] = {"median": median, "worst": worst}
+    n = 1 + 3 * len(DATAPATH_METRICS)
+    out["errors"] = [[int(r[0]), int(r[n] or 0), int(r[n + 1] or 0)] for r in rows if r[n] or r[n + 1]]
     return out
 
 
@@ -1194,6 +1448,11 @@ def job_page(
             [a["node"] for a in alerts if a["node"]] if grouped else None,
         ),
         "dataloader": _dataloader(client, job_id, start, end, width),
+        "datapath": _datapath(client, job_id, start, end, width),
+        "gpm": _gpm(client, meta.get("cluster", ""), ranks, start, end, width, layout),
+        "faults": _faults(client, job_id, meta.get("cluster", ""), ranks, start, end, layout),
+        "progress": _progress(client, job_id, meta),
+        "checkpoint": _checkpoint_facts(client, job_id, span[1], meta.get("checkpoint_max_age_s")),
         "collectives": _collectives(client, job_id, start, end, width),
         "checkpoints": _phases(client, "checkpoints", "checkpoint_id", job_id, start, end),
         "evaluations": _phases(client, "evaluations", "evaluation_id", job_id, start, end),

@@ -146,7 +146,9 @@
       return tip(fmtDateTime(t), ...list.map((p) => {
         const v = Array.isArray(p.value) ? p.value[1] : p.value;
         const unit = units[p.seriesName] || '';
-        return tipLine(p.color, `${p.seriesName}: `, v === null || v === undefined ? '-' : `${fmtNum(v, 4)}${unit ? ` ${unit}` : ''}`);
+        // A worst-rank point carries its rank third: [time, value, rank].
+        const rank = Array.isArray(p.value) && Number.isInteger(p.value[2]) ? ` (rank ${p.value[2]})` : '';
+        return tipLine(p.color, `${p.seriesName}: `, v === null || v === undefined ? '-' : `${fmtNum(v, 4)}${unit ? ` ${unit}` : ''}${rank}`);
       }));
     };
   }
@@ -456,9 +458,23 @@
 
     const gpuLabels = data.gpus.labels;
     if (gpuLabels.length) {
-      const gpuHeat = chartBox(container, 'gpu_util', `GPU activity % per GPU (${data.gpus.source})`, Math.min(560, Math.max(200, gpuLabels.length * HEAT_ROW_PX + 50)));
-      gpuHeat.setOption(heatmapOption(data, buckets, gpuLabels, data.gpus.cells, 2, data.gpus.rows ? 'GPU activity (least busy GPU of the row)' : 'GPU activity', '%', [0, 100],
-        data.gpus.rows ? 3 : undefined, 'least busy GPU'));
+      // GPM (Hopper and newer): SM and tensor-pipe activity tell a spinning collective (busy, no tensor work) from compute.
+      const gpm = data.gpm && (data.gpm.cells[0] || []).length ? data.gpm : null;
+      const gpuMetrics = [
+        { key: 'util', label: data.gpus.rows ? 'GPU activity (least busy GPU of the row)' : 'GPU activity', cells: data.gpus.cells, index: 2, who: data.gpus.rows ? 3 : undefined },
+        ...(gpm ? [{ key: 'sm_active', label: 'SM active (GPM)', cells: gpm.cells, index: 2 }, { key: 'tensor_active', label: 'tensor pipes active (GPM)', cells: gpm.cells, index: 3 }] : []),
+      ];
+      const gpuOption = (m) => heatmapOption(data, buckets, gpuLabels, m.cells, m.index, m.label, '%', [0, 100], m.who, 'least busy GPU');
+      const gpuSelect = gpm ? el('select', { class: 'metric', name: 'gpu-metric', onchange: (e) => {
+        const m = gpuMetrics.find((x) => x.key === e.target.value);
+        RS.charts.gpu_util.setOption(gpuOption(m), true);
+        RS.gpuMetric = m.key;
+        applyFocus();
+        applyWindow();
+      } }, gpuMetrics.map((m) => el('option', { value: m.key }, m.label))) : null;
+      const gpuHeat = chartBox(container, 'gpu_util', `GPU activity % per GPU (${data.gpus.source})${gpm ? '; SM and tensor activity from GPM' : ''}`, Math.min(560, Math.max(200, gpuLabels.length * HEAT_ROW_PX + 50)), gpuSelect);
+      gpuHeat.setOption(gpuOption(gpuMetrics[0]));
+      RS.gpuMetric = 'util';
       for (const [key, title, unit] of [['power', 'GPU power (W): min / median / max over the job\'s GPUs', 'W'], ['sm_clock', 'SM clock (MHz)', 'MHz'], ['mem_used', 'GPU memory used (GiB)', 'GiB']]) {
         const bands = gpuBands(data, buckets, GPU_COLUMNS[key]);
         chartBox(container, `gpu_${key}`, title, 150).setOption(timeOption(data, [
@@ -488,6 +504,29 @@
       { name: 'wait frac worst rank', data: dl.wait_frac_max.map((p) => [p[0], p[1]]), unit: '', lineStyle: { width: 1, type: 'dashed' } },
       { name: 'queue depth (mean)', data: dl.queue_depth_avg, yAxisIndex: 1, unit: 'batches' },
     ], 'frac', { yAxis: [{ type: 'value', name: 'frac', min: 0, splitNumber: 3 }, { type: 'value', name: 'queue', min: 0, splitNumber: 3 }], grid: GRID }));
+
+    // The loader's own measurements: median rank and worst rank (the tooltip names it) per bucket.
+    const dp = data.datapath;
+    if (dp) {
+      const scaled = (points, k) => points.map((p) => [p[0], p[1] === null ? null : p[1] * k, p[2]]);
+      const worstLine = { lineStyle: { width: 1, type: 'dashed' } };
+      const errors = dp.errors.reduce((n, e) => n + e[1], 0);
+      const failedOpens = dp.errors.reduce((n, e) => n + e[2], 0);
+      chartBox(container, 'datapath_latency', `Data path: storage read latency (ms) and batch preparation (s), median and worst rank${errors || failedOpens ? ` · ${errors} loader errors, ${failedOpens} failed opens` : ''}`, 160).setOption(timeOption(data, [
+        { name: 'read latency median', data: scaled(dp.read_latency_s.median, 1000), unit: 'ms' },
+        { name: 'read latency worst rank', data: scaled(dp.read_latency_s.worst, 1000), unit: 'ms', ...worstLine },
+        { name: 'batch prep median', data: dp.batch_prep_s.median, yAxisIndex: 1, unit: 's' },
+        { name: 'batch prep worst rank', data: dp.batch_prep_s.worst, yAxisIndex: 1, unit: 's', ...worstLine },
+      ], 'ms', { yAxis: [{ type: 'value', name: 'ms', min: 0, splitNumber: 3 }, { type: 'value', name: 's', min: 0, splitNumber: 3 }], grid: GRID }));
+      chartBox(container, 'datapath_supply', 'Data path: read throughput (MB/s), cache hit ratio and live loader workers (share), median and worst rank', 160).setOption(timeOption(data, [
+        { name: 'read MB/s median', data: dp.read_mb_s.median, unit: 'MB/s' },
+        { name: 'read MB/s worst rank', data: dp.read_mb_s.worst, unit: 'MB/s', ...worstLine },
+        { name: 'cache hits median', data: dp.cache_hit_ratio.median, yAxisIndex: 1, unit: '' },
+        { name: 'cache hits worst rank', data: dp.cache_hit_ratio.worst, yAxisIndex: 1, unit: '', ...worstLine },
+        { name: 'live workers worst rank', data: dp.workers_live.worst, yAxisIndex: 1, unit: '', ...worstLine },
+        { name: 'file opens/s median', data: dp.file_opens_s.median, unit: '/s', lineStyle: { width: 1, type: 'dotted' } },
+      ], 'MB/s', { yAxis: [{ type: 'value', name: 'MB/s', min: 0, splitNumber: 3 }, { type: 'value', name: 'share', min: 0, max: 1, splitNumber: 2 }], grid: GRID }));
+    }
 
     const ops = Object.keys(data.collectives);
     chartBox(container, 'collectives', 'Collectives: fraction of time in each op, bus bandwidth (GB/s)', 160).setOption(timeOption(data, [
@@ -711,8 +750,48 @@
           ['nodes', (j.nodes || []).length > 8 ? `${j.nodes.length} nodes: ${j.nodes[0]} … ${j.nodes[j.nodes.length - 1]}` : (j.nodes || []).join(', ')], ['run', j.run_id], ['started', fmtDateTime(j.started_ms)],
           ['state', data.states.length ? data.states[data.states.length - 1].state : '-']]
           .map(([k, v]) => factPair(k, v))),
+      progressFacts(data),
       REPORT ? null : el('p', {}, el('a', { href: `/reports/jobs/${encodeURIComponent(j.job_id)}` }, 'download a self-contained report of this job'),
         ' · ', el('a', { href: `/compare?job=${encodeURIComponent(j.job_id)}`, id: 'compare-link' }, j.workload_family ? 'compare with other runs of this workload family' : 'compare its runs')));
+  }
+
+  function progressFacts(data) {
+    // Progress towards the target and the ETA (sinks.progress.estimate), the checkpoint a restart would use.
+    const p = data.progress;
+    const c = data.checkpoint;
+    if (!p && !c) return null;
+    const facts = [];
+    if (p) {
+      facts.push(['progress', p.target_kind === null ? 'no target known (JobStarted carries none)'
+        : p.done === null ? `target ${fmtCompact(p.target)} ${p.target_kind}, no step yet`
+          : `${fmtCompact(p.done)} of ${fmtCompact(p.target)} ${p.target_kind} (${fmtFixed(100 * p.fraction, 1)} %)`]);
+      facts.push(['ETA', p.eta_s === null ? (p.state === 'completed' || p.state === 'failed' ? `none: ${p.state}` : '— (no target or no recent steps)')
+        : `${fmtDuration(p.eta_s * 1000)}, done ${fmtDateTime(p.finish_ms)} at ${fmtNum(p.rate_steps_s)} steps/s`]);
+    }
+    if (c) {
+      const v = c.last_verified;
+      facts.push(['last verified checkpoint', v ? `${v.id} (step ${v.step}), ${fmtDuration(c.verified_age_s * 1000)} old${c.stale ? ` — stale: policy ${fmtDuration(c.max_age_s * 1000)}` : ''}` : 'none verified']);
+      facts.push(['last checkpoint', c.last_completed ? `${c.last_completed.id} (step ${c.last_completed.step}) at ${fmtDateTime(c.last_completed.ts)}` : 'none completed']);
+      facts.push(['retention', `${c.retention_keep === null ? 'keep: unknown' : `keeps the newest ${c.retention_keep}`}; ${c.deleted.length} deleted${c.verified_deleted ? ' — including the latest verified one' : ''}${c.failed || c.verify_failed ? `; ${c.failed} failed, ${c.verify_failed} failed verification` : ''}`]);
+    }
+    return el('dl', { class: 'facts', id: 'job-progress' }, ...facts.map(([k, v]) => factPair(k, v)));
+  }
+
+  function faultsPanel(data) {
+    // Rank faults (exceptions, exits, CUDA OOM) and GPU faults (XID events, uncorrected ECC) in the range.
+    const f = data.faults;
+    if (!f || (!f.ranks.length && !f.gpus.length)) return el('p', { class: 'muted', id: 'faults' }, 'No rank or GPU fault in this range.');
+    return el('div', { id: 'faults' }, el('h2', {}, `Faults (${f.ranks.length} rank, ${f.gpus.length} GPU)`),
+      f.ranks.length ? el('table', { class: 'grid rank-faults' },
+        el('thead', {}, el('tr', {}, ['when', 'rank', 'node', 'kind', 'exit code', 'detail'].map((h) => el('th', {}, h)))),
+        el('tbody', {}, f.ranks.map((x) => el('tr', { 'data-rank': x.rank, 'data-kind': x.kind },
+          el('td', { class: 'nowrap' }, fmtDateTime(x.ts)), el('td', { class: 'num' }, x.rank), el('td', {}, x.node || '-'), el('td', {}, x.kind),
+          el('td', { class: 'num' }, x.exit_code ?? '-'), el('td', { class: 'summary' }, x.detail || '-'))))) : null,
+      f.gpus.length ? el('table', { class: 'grid gpu-faults' },
+        el('thead', {}, el('tr', {}, ['GPU', 'XIDs', 'XID samples', 'uncorrected ECC', 'first', 'last'].map((h) => el('th', {}, h)))),
+        el('tbody', {}, f.gpus.map((x) => el('tr', { 'data-gpu': `${x.node}/${x.gpu_index}` },
+          el('td', {}, `${x.node}/gpu${x.gpu_index}`), el('td', {}, x.xids.join(', ') || '-'), el('td', { class: 'num' }, x.xid_samples),
+          el('td', { class: 'num' }, x.ecc_uncorrected ?? '-'), el('td', { class: 'nowrap' }, fmtDateTime(x.first_ms)), el('td', { class: 'nowrap' }, fmtDateTime(x.last_ms)))))) : null);
   }
 
   // Where the allocated GPU-hours went (docs/efficiency.md), then the queue wait (GPUs asked for, not allocated).
@@ -821,7 +900,7 @@
 
   function renderJob(root, data) {
     RS.data = data;
-    root.replaceChildren(jobHeader(data), efficiencyPanel(data), el('h2', {}, 'Alerts'), alertList(data), actionsPanel(data.actions, 'actions'), toolbar(data), el('div', { id: 'charts' }));
+    root.replaceChildren(jobHeader(data), efficiencyPanel(data), el('h2', {}, 'Alerts'), alertList(data), actionsPanel(data.actions, 'actions'), faultsPanel(data), toolbar(data), el('div', { id: 'charts' }));
     renderJobCharts(document.getElementById('charts'), data);
     if (data.efficiency === undefined && !REPORT) loadEfficiency(data.job.job_id);
     // A report carries the comparison with the runs of the job's workload family; the served page links it.

@@ -89,6 +89,11 @@ def test_every_panel_of_a_job_report_equals_the_stores_page(
         streamed.pop("efficiency")
     assert _differences(store, streamed) == []
     assert streamed["heatmap"]["cells"][0] and streamed["gpus"]["cells"][0]  # not equal because empty
+    if job == STRAGGLER_JOB:  # the panels issue 23 added hold data here, so they were compared
+        assert streamed["datapath"]["read_latency_s"]["worst"] and streamed["gpm"]["cells"][0]
+        assert streamed["progress"]["eta_s"] and streamed["checkpoint"]["last_verified"]
+        muted = [a for a in streamed["alerts"] if a["muted_by"]]
+        assert muted and all(len(a["copies"]) == 2 for a in streamed["alerts"])
 
 
 def test_an_alert_report_equals_the_stores_alert_page(ui_store: UiStore, sources: tuple[Any, Any]) -> None:
@@ -105,6 +110,8 @@ def test_an_alert_report_equals_the_stores_alert_page(ui_store: UiStore, sources
     ]
     assert _differences(store, streamed) == []
     assert streamed["alert"]["history"] and streamed["evidence"]["heatmap"]["cells"][0]
+    # The straggler fired before its cause: gpu_throttling on the same GPU muted it; two routed copies.
+    assert streamed["alert"]["muted_by"]["rule"] == "gpu_throttling" and len(streamed["alert"]["copies"]) == 2
 
 
 def test_unknown_jobs_and_alerts_say_what_the_recording_holds(sources: tuple[Any, Any]) -> None:

@@ -118,6 +118,19 @@ def ops_client(ui_store: UiStore) -> Iterator[Client]:
                 "detail": f"scancel 4242 {HOSTILE}",
             },
         )
+    # Faults: rank 3 ran out of CUDA memory, rank 7 exited; GPU 2 of node-0000 reported XID 79 twice.
+    client.command(
+        "INSERT INTO rank_faults (ts, job_id, run_id, rank, node, kind, detail, exit_code) VALUES "
+        f"(toDateTime64('{START}', 3, 'UTC') + toIntervalSecond(600), '{JOB}', '{JOB}-r0', 3, 'node-0000', "
+        "'cuda_oom', {detail:String}, NULL), "
+        f"(toDateTime64('{START}', 3, 'UTC') + toIntervalSecond(610), '{JOB}', '{JOB}-r0', 7, 'node-0000', 'exit', '', 137)",
+        parameters={"detail": f"CUDA out of memory {HOSTILE}"},
+    )
+    client.command(
+        "INSERT INTO gpu_samples (ts, cluster, node, gpu_index, gpu_uuid, xid, ecc_uncorrected) SELECT "
+        f"toDateTime64('{START}', 3, 'UTC') + toIntervalSecond(500 + 10 * number), 'bench', 'node-0000', 2, 'GPU-2', "
+        "79, 0 FROM numbers(2)"
+    )
     yield client
     ui_store.client.command(f"DROP DATABASE IF EXISTS {DATABASE}")
 
@@ -159,6 +172,14 @@ def test_the_fleet_and_job_answers_fold_a_muted_alert_under_its_cause(ops_url: s
     ]
     assert alert["muted_by"]["rule"] == "gpu_throttling" and cause["mutes"] == [
         {"alert_id": "sym-1", "rule": "straggler"}
+    ]
+    # Faults of the job's ranks and GPUs.
+    assert [(f["rank"], f["kind"], f["exit_code"]) for f in job["faults"]["ranks"]] == [
+        (3, "cuda_oom", None),
+        (7, "exit", 137),
+    ]
+    assert [(g["node"], g["gpu_index"], g["xids"], g["xid_samples"]) for g in job["faults"]["gpus"]] == [
+        ("node-0000", 2, [79], 2)
     ]
     # Remediation decisions: on the job page and on their alert's page, oldest first.
     assert [(a["decision"], a["reason_code"]) for a in job["actions"]] == [
@@ -227,6 +248,14 @@ def test_pages_show_the_straggler_under_its_cause_who_was_paged_and_what_remedia
     decisions = page.eval_on_selector_all("#actions tr[data-action]", "rs => rs.map(r => r.dataset.decision)")
     assert decisions == ["skipped", "dry_run"]
     assert HOSTILE in page.inner_text("#actions")
+    assert page.eval_on_selector_all("#faults tr[data-kind]", "rs => rs.map(r => r.dataset.kind)") == [
+        "cuda_oom",
+        "exit",
+    ]
+    assert f"CUDA out of memory {HOSTILE}" in page.inner_text("#faults")
+    assert page.eval_on_selector_all("#faults tr[data-gpu]", "rs => rs.map(r => r.dataset.gpu)") == [
+        "node-0000/2"
+    ]
     _close(page)
 
     page = _open(browser, f"{ops_url}alerts/sym-1", width)
