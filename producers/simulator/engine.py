@@ -424,7 +424,7 @@ class _Engine:
             if nd != node:
                 continue
             for i, f in lst:
-                if f.type in ("xid_error", "ecc_uncorrectable"):
+                if f.type in ("xid_error", "ecc_uncorrectable", "ecc_correctable"):
                     instants.setdefault(g_index, []).append((f.start, i, f))
         for moments in instants.values():
             moments.sort(key=lambda x: (x[0], x[1]))
@@ -503,6 +503,8 @@ class _Engine:
                     if f.type == "ecc_uncorrectable":
                         ecc_u[g] += int(f.params.get("count", 1))
                         remap_u[g] += 1
+                    elif f.type == "ecc_correctable":
+                        ecc_c[g] += int(f.params.get("count", 1))  # single-bit: corrected, nothing remapped
                     xid = f.params.get("xid")
                     # A point event: it ends where it starts.
                     self.effects[i] = _Effect(t0, t0, {"xid": xid} if xid else {})
@@ -1199,7 +1201,7 @@ class _JobRun:
     def _loop(self, t: float) -> None:
         job, e = self.job, self.e
         hang = self._one("rank_hang")
-        stall = self._one("job_stall")
+        stall = self._one("job_stall") or self._one("stall_blip")  # a blip is a stall too short to report
         zombie = self._one("zombie")
         long_ckpt = self._one("long_checkpoint")
         failing = self._one("checkpoint_failure")

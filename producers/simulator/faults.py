@@ -96,6 +96,17 @@ FAULTS: dict[str, FaultKind] = {
             duration=480.0,
         ),
         _kind(
+            "stall_blip",
+            None,
+            (),
+            None,
+            "job",
+            "every rank stops stepping for a short while (5-10 step times, under the job's 60 s allowed"
+            " silence), then resumes: the step in flight spans it; must NOT be reported (no stall, no"
+            " throughput drop)",
+            duration=20.0,
+        ),
+        _kind(
             "long_checkpoint",
             None,
             (),
@@ -193,6 +204,17 @@ FAULTS: dict[str, FaultKind] = {
             "uncorrectable ECC errors on one GPU (counter increments, a row remapped, optional XID 48)",
             count=1,
             xid=48,
+            duration=0.0,
+        ),
+        _kind(
+            "ecc_correctable",
+            None,
+            (),
+            "gpu",
+            "gpu",
+            "correctable (single-bit) ECC errors on one GPU: its corrected counter goes up, nothing is"
+            " lost; must NOT be reported",
+            count=4,
             duration=0.0,
         ),
         _kind(

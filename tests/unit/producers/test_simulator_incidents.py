@@ -3,12 +3,13 @@ evaluation start events, unverified checkpoints, InfiniBand counters, and the ca
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from typing import Any
 
 import pytest
 
-from producers.simulator import ScenarioError, simulate
+from producers.simulator import FAULTS, ScenarioError, load_scenario, simulate
 from producers.simulator.generator import GENERATED_FAULTS, generate, generate_mappings
 from producers.simulator.scenario import scenario_from_mapping
 from schemas.files import parse_ts
@@ -216,16 +217,127 @@ def test_the_generator_is_a_pure_function_of_its_seed() -> None:
     assert generate_mappings(12, 7) != generate_mappings(12, 8)
 
 
+def _class(name: str) -> str:
+    return name.split("-", 3)[3].removesuffix("-twin")
+
+
 def test_generated_cases_pair_each_fault_with_a_must_not_alert_twin_and_cover_the_catalogue() -> None:
     cases = generate(300, 0)
-    kinds = set()
+    classes = set()
     for fault_case, twin in zip(cases[::2], cases[1::2], strict=True):
         assert twin.name == fault_case.name.replace(fault_case.name[:11], twin.name[:11]) + "-twin"
         assert [j.id for j in twin.jobs] == [j.id for j in fault_case.jobs]
-        (fault,) = fault_case.faults
-        kinds.add(fault.type)
-        assert all(f.type in ("long_checkpoint",) for f in twin.faults)  # nothing that should alert
-    assert kinds == set(GENERATED_FAULTS)
+        cls = _class(fault_case.name)
+        classes.add(cls)
+        if cls == "boundaries":
+            assert fault_case.faults == twin.faults == ()  # healthy runs: both must stay quiet
+        else:
+            (fault,) = fault_case.faults
+            assert FAULTS[fault.type].alert is not None
+        assert all(FAULTS[f.type].alert is None for f in twin.faults)  # nothing that should alert
+    assert classes == set(GENERATED_FAULTS)
     assert any(
         len({n for j in c.jobs for n in j.nodes if n == "node-01"}) and len(c.jobs) == 2 for c in cases
     )
+
+
+def test_every_cycle_of_pairs_covers_every_class_once() -> None:
+    per_cycle = 2 * len(GENERATED_FAULTS)
+    cases = generate_mappings(3 * per_cycle, 4)
+    for k in range(3):
+        cycle = cases[k * per_cycle : (k + 1) * per_cycle : 2]
+        assert sorted(_class(c["name"]) for c in cycle) == sorted(GENERATED_FAULTS)
+
+
+def test_generated_jobs_span_8_to_1024_ranks_and_network_faults_2_to_128_nodes_as_steps_and_ramps() -> None:
+    cases = generate_mappings(1000, 0)
+    worlds = [len(j["nodes"]) * j["gpus_per_node"] for c in cases for j in c["jobs"][:1]]
+    assert min(worlds) == 8 and max(worlds) == 1024 and {16, 32, 64, 128, 256, 1000} <= set(worlds)
+    network = [c for c in cases[::2] if _class(c["name"]) in ("network_degradation", "ib_degradation")]
+    nodes = {len(c["jobs"][0]["nodes"]) for c in network}
+    assert {2, 4, 8, 16, 32, 64, 128} <= nodes
+    ramps = {bool(c["faults"][0]["ramp"]) for c in network}
+    assert ramps == {True, False}
+    for c in network:  # one node of the job, the job's own
+        assert c["faults"][0]["node"] in c["jobs"][0]["nodes"]
+    stragglers = [c["faults"][0] for c in cases[::2] if _class(c["name"]) == "straggler_gpu"]
+    assert min(f["magnitude"] for f in stragglers) < 1.35 and all(f["magnitude"] >= 1.25 for f in stragglers)
+
+
+def test_stalls_are_15_to_30_step_times_and_their_twins_5_to_10() -> None:
+    cases = generate_mappings(400, 0)
+    pairs = [
+        (a, b) for a, b in zip(cases[::2], cases[1::2], strict=True) if _class(a["name"]) == "stall_steps"
+    ]
+    assert len(pairs) >= 8
+    for stall, blip in pairs:
+        step = stall["jobs"][0]["step_time"]
+        (f,), (g,) = stall["faults"], blip["faults"]
+        assert f["type"] == "job_stall" and 15 <= round(f["duration"] / step) <= 30 and f["duration"] >= 90
+        assert g["type"] == "stall_blip" and 5 <= round(g["duration"] / step) <= 10 and g["duration"] <= 42
+        # The run has six minutes of throughput history first; the case outlasts the stall by 5.
+        assert f["start"] >= 400 and stall["duration"] > f["start"] + f["duration"] + 299
+
+
+def test_ecc_on_a_shared_node_comes_with_and_without_xid_and_its_twin_corrects_errors() -> None:
+    cases = generate_mappings(400, 0)
+    pairs = [
+        (a, b) for a, b in zip(cases[::2], cases[1::2], strict=True) if _class(a["name"]) == "ecc_shared"
+    ]
+    assert {p[0]["faults"][0]["xid"] for p in pairs} == {48, None}
+    for ecc, twin in pairs:
+        assert (
+            len(ecc["jobs"]) == 2 and ecc["faults"][0]["node"] in ecc["jobs"][1]["nodes"]
+        )  # the shared node
+        assert twin["faults"][0]["type"] == "ecc_correctable"
+
+
+def test_simulated_hangs_fall_before_or_after_the_first_evaluation_and_stops_after_the_first_or_second() -> (
+    None
+):
+    """What the generator promises, read back from the simulated data."""
+    per_cycle = 2 * len(GENERATED_FAULTS)
+    cases = generate(4 * per_cycle, 0)
+    seen_hangs, seen_stops = set(), set()
+    for sc in cases[::2]:
+        cls = _class(sc.name)
+        if cls not in ("rank_hang", "validation_stop"):
+            continue
+        sim = simulate(sc.with_overrides(duration=min(sc.duration, 330.0)), 0)
+        events = list(sim.events())
+        (label,) = sim.labels
+        start = parse_ts(label["start"])
+        evaluated = [
+            e.record["ts"] for e in events if e.type == "ValidationResult" and e.record["ts"] < start
+        ]
+        if cls == "rank_hang":
+            before = "before the first evaluation" in sc.description
+            assert (evaluated == []) == before, sc.name
+            busy = sc.faults[0].params["gpus"] == "busy"
+            seen_hangs.add((busy, before))
+        else:
+            after = 1 if "after evaluation 1" in sc.description else 2
+            assert len(evaluated) == after, (sc.name, evaluated)
+            seen_stops.add(after)
+    assert seen_hangs == {(True, True), (True, False), (False, True), (False, False)}
+    assert seen_stops == {1, 2}
+
+
+def test_a_short_stall_and_corrected_ecc_errors_show_in_the_data_and_label_no_alert() -> None:
+    events, labels = _events(load_scenario("stall_blip").with_overrides(duration=600.0))
+    steps = sorted({e.record["ts"] for e in events if e.type == "StepCompleted" and e.record["rank"] == 0})
+    gaps = [b - a for a, b in itertools.pairwise(steps)]
+    assert 30_000 <= max(gaps) <= 40_000  # 32 s of silence in steps of 4 s
+    assert [lab["alert"] for lab in labels] == [None]
+    events, labels = _events(load_scenario("ecc_correctable").with_overrides(duration=600.0))
+    corrected = {
+        e.record["ts"] - T0: e.record["ecc_corrected"]
+        for e in events
+        if e.type == "GpuSample" and e.record["node"] == "node-01" and e.record["gpu_index"] == 2
+    }
+    before = max(t for t in corrected if t < 480_000)
+    after = min(t for t in corrected if t > 480_000)
+    assert corrected[after] - corrected[before] >= 4  # the fault's 4 (plus, rarely, a background one)
+    assert all(e.record["ecc_uncorrected"] in (0, None) for e in events if e.type == "GpuSample") and [
+        lab["alert"] for lab in labels
+    ] == [None]
