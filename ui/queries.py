@@ -34,6 +34,7 @@ __all__ = [
     "ACTION_COLUMNS",
     "BUCKET_STEPS_MS",
     "DATAPATH_METRICS",
+    "DETAIL_PANELS",
     "MAX_FAULTS",
     "TARGET_BUCKETS",
     "alert_job",
@@ -45,6 +46,7 @@ __all__ = [
     "finished_fingerprint",
     "fleet",
     "fleet_goodput",
+    "job_details",
     "job_page",
     "latest_version",
     "plausible_bounds",
@@ -995,14 +997,9 @@ def _gpm(
     if not keys:
         return {"columns": columns, "cells": []}
     if layout is not None and layout.grouped:
-        params: dict[str, Any] = {
-            "cluster": cluster,
-            "nodes": layout.node_keys,
-            "t0": t0,
-            "t1": t1,
-            "width": width,
-        }
+        params: dict[str, Any] = {"cluster": cluster, "nodes": layout.node_keys, "t0": t0, "t1": t1}
         where = f"cluster = {{cluster:String}} AND node IN {{nodes:Array(String)}} AND {_between('ts')}"
+        # Most fleets have no GPM (pre-Hopper GPUs): one sample tells, before a scan of every sample.
         if not _rows(
             client,
             f"SELECT count() FROM (SELECT 1 FROM gpu_samples WHERE {where} AND {_GPM_FILTER} LIMIT 1)",
@@ -1017,6 +1014,7 @@ def _gpm(
             f"WHERE {where} AND {_GPM_FILTER} GROUP BY x, i ORDER BY x, i",
             node_keys=layout.node_keys,
             node_rows=layout.node_rows,
+            width=width,
             **params,
         )
         return {"columns": ["bucket index", "row", "sm_active", "tensor_active"], "cells": cells}
@@ -1364,24 +1362,35 @@ def _states(client: Client, job_id: str, t0: int, t1: int) -> list[dict[str, Any
     ]
 
 
-def job_page(
+@dataclass(frozen=True)
+class _Frame:
+    """What every panel of a job page needs: identity, alerts, range and buckets, ranks and rows."""
+
+    job_id: str
+    meta: dict[str, Any]
+    span: tuple[int, int]
+    alerts: list[dict[str, Any]]
+    start: int
+    end: int
+    width: int
+    ranks: list[dict[str, Any]]
+    layout: RowLayout | None
+    hosts_nodes: list[str]
+
+    @property
+    def grouped(self) -> bool:
+        return self.layout is not None and self.layout.grouped
+
+
+def _job_frame(
     client: Client,
     job_id: str,
-    t0: int | None = None,
-    t1: int | None = None,
-    target: int = TARGET_BUCKETS,
-    prices: PriceList | None = None,
-    with_efficiency: bool = True,
-    nodes: Sequence[str] = (),
-    kinds: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """Every panel of a job's page over [t0, t1) (default: the job's whole span), on one time axis.
-
-    The efficiency panel reads views that scan all the job's step rows (seconds for a big job): the
-    server leaves it out (`with_efficiency=False`, no `efficiency` key) and answers it apart, cached.
-    A job of more than `ui.rows.MAX_RANK_ROWS` ranks gets one heatmap row per node (or group of
-    nodes) and bands across its GPUs and hosts; `nodes` drills down to those nodes' ranks.
-    """
+    t0: int | None,
+    t1: int | None,
+    target: int,
+    nodes: Sequence[str],
+    kinds: Mapping[str, str] | None,
+) -> _Frame:
     meta = _job_meta(client, job_id)
     span = _job_span(client, job_id)
     alerts = _alerts(client, _JOB, kinds=kinds, job=job_id)
@@ -1410,14 +1419,87 @@ def job_page(
         ranks = [r for r in ranks if r["node"] in set(nodes)]
         if not ranks:
             raise NotFoundError(f"rank of job {job_id!r} on node", ", ".join(nodes))
-    hosts_nodes = sorted({r["node"] for r in ranks}) if nodes else job_nodes
-    grouped = layout is not None and layout.grouped
-    heatmap = _rank_heatmap(client, job_id, start, end, width, layout)
+    hosts_nodes = sorted({r["node"] for r in ranks}) if nodes else list(job_nodes)
+    return _Frame(job_id, meta, span, alerts, start, end, width, ranks, layout, hosts_nodes)
+
+
+# The panels a big job's page answers apart (`job_details`): GPUs, hosts and the data loader, read
+# over every GPU, node and rank (a second or more at 16,384 ranks on the 2-core build machine).
+DETAIL_PANELS = ("gpus", "gpm", "hosts", "dataloader", "datapath", "collectives")
+
+
+def _details(client: Client, f: _Frame) -> dict[str, Any]:
+    cluster = f.meta.get("cluster", "")
+    alerts = f.alerts
+    return {
+        "gpus": _gpus(
+            client,
+            cluster,
+            f.ranks,
+            f.start,
+            f.end,
+            f.width,
+            f.layout,
+            [(a["node"], int(a["gpu_index"])) for a in alerts if a["node"] and a["gpu_index"] is not None],
+        ),
+        "gpm": _gpm(client, cluster, f.ranks, f.start, f.end, f.width, f.layout),
+        "hosts": _hosts(
+            client,
+            cluster,
+            f.hosts_nodes,
+            f.start,
+            f.end,
+            f.width,
+            [a["node"] for a in alerts if a["node"]] if f.grouped else None,
+        ),
+        "dataloader": _dataloader(client, f.job_id, f.start, f.end, f.width),
+        "datapath": _datapath(client, f.job_id, f.start, f.end, f.width),
+        "collectives": _collectives(client, f.job_id, f.start, f.end, f.width),
+    }
+
+
+def job_details(
+    client: Client,
+    job_id: str,
+    t0: int,
+    t1: int,
+    nodes: Sequence[str] = (),
+    target: int = TARGET_BUCKETS,
+) -> dict[str, Any]:
+    """The `DETAIL_PANELS` of a job page over the page's own range (its `from_ms` and `to_ms`)."""
+    f = _job_frame(client, job_id, t0, t1, target, nodes, None)
+    return {"range": {"from_ms": f.start, "to_ms": f.end, "bucket_ms": f.width}, **_details(client, f)}
+
+
+def job_page(
+    client: Client,
+    job_id: str,
+    t0: int | None = None,
+    t1: int | None = None,
+    target: int = TARGET_BUCKETS,
+    prices: PriceList | None = None,
+    with_efficiency: bool = True,
+    nodes: Sequence[str] = (),
+    kinds: Mapping[str, str] | None = None,
+    defer_details: bool = False,
+) -> dict[str, Any]:
+    """Every panel of a job's page over [t0, t1) (default: the job's whole span), on one time axis.
+
+    The efficiency panel reads views that scan all the job's step rows (seconds for a big job): the
+    server leaves it out (`with_efficiency=False`, no `efficiency` key) and answers it apart, cached.
+    A job of more than `ui.rows.MAX_RANK_ROWS` ranks gets one heatmap row per node (or group of
+    nodes) and bands across its GPUs and hosts; `nodes` drills down to those nodes' ranks. With
+    `defer_details`, such a grouped page leaves its `DETAIL_PANELS` out (`"details": "pending"`):
+    the server answers them apart (`job_details`) so the page draws before they are read.
+    """
+    f = _job_frame(client, job_id, t0, t1, target, nodes, kinds)
+    start, end, width, span = f.start, f.end, f.width, f.span
+    heatmap = _rank_heatmap(client, job_id, start, end, width, f.layout)
     page: dict[str, Any] = {
-        "job": meta,
+        "job": f.meta,
         "range": {"from_ms": start, "to_ms": end, "bucket_ms": width, "span": list(span)},
         # A grouped page names its rows, not its 16,384 ranks (a megabyte of JSON nobody draws).
-        "ranks": [] if grouped else ranks,
+        "ranks": [] if f.grouped else f.ranks,
         "heatmap": heatmap,
         "steps": _step_series(
             client,
@@ -1428,38 +1510,19 @@ def job_page(
             heatmap["source"] == "derived_rank_windows",
         ),
         "validation": _validation(client, job_id, start, end),
-        "gpus": _gpus(
-            client,
-            meta.get("cluster", ""),
-            ranks,
-            start,
-            end,
-            width,
-            layout,
-            [(a["node"], int(a["gpu_index"])) for a in alerts if a["node"] and a["gpu_index"] is not None],
-        ),
-        "hosts": _hosts(
-            client,
-            meta.get("cluster", ""),
-            hosts_nodes,
-            start,
-            end,
-            width,
-            [a["node"] for a in alerts if a["node"]] if grouped else None,
-        ),
-        "dataloader": _dataloader(client, job_id, start, end, width),
-        "datapath": _datapath(client, job_id, start, end, width),
-        "gpm": _gpm(client, meta.get("cluster", ""), ranks, start, end, width, layout),
-        "faults": _faults(client, job_id, meta.get("cluster", ""), ranks, start, end, layout),
-        "progress": _progress(client, job_id, meta),
-        "checkpoint": _checkpoint_facts(client, job_id, span[1], meta.get("checkpoint_max_age_s")),
-        "collectives": _collectives(client, job_id, start, end, width),
+        "faults": _faults(client, job_id, f.meta.get("cluster", ""), f.ranks, start, end, f.layout),
+        "progress": _progress(client, job_id, f.meta),
+        "checkpoint": _checkpoint_facts(client, job_id, span[1], f.meta.get("checkpoint_max_age_s")),
         "checkpoints": _phases(client, "checkpoints", "checkpoint_id", job_id, start, end),
         "evaluations": _phases(client, "evaluations", "evaluation_id", job_id, start, end),
         "states": _states(client, job_id, start, end),
-        "alerts": alerts,
+        "alerts": f.alerts,
         "actions": _actions(client, _JOB, job=job_id),
     }
+    if defer_details and f.grouped:
+        page["details"] = "pending"
+    else:
+        page.update(_details(client, f))
     if with_efficiency:
         page["efficiency"] = efficiency(client, job_id, prices)
     return page
@@ -1601,7 +1664,9 @@ def alert_job(client: Client, alert_id: str) -> str | None:
     return str(rows[0][0]) if rows and rows[0][0] else None
 
 
-def alert_page(client: Client, alert_id: str, kinds: Mapping[str, str] | None = None) -> dict[str, Any]:
+def alert_page(
+    client: Client, alert_id: str, kinds: Mapping[str, str] | None = None, defer_details: bool = False
+) -> dict[str, Any]:
     """Everything an alert carries (its latest record and its status history) and its job's evidence panels.
 
     Also: each routed copy (team, receiver, paged or informed by `kinds`), the cause that muted it
@@ -1661,6 +1726,7 @@ def alert_page(client: Client, alert_id: str, kinds: Mapping[str, str] | None = 
                 window_end,
                 with_efficiency=False,
                 kinds=kinds,
+                defer_details=defer_details,
             )
         except NotFoundError:
             evidence = None

@@ -249,8 +249,30 @@ def make_app(
                 ("job", job_id, t0, t1, *nodes),
                 lambda: job_id,
                 lambda client: queries.job_page(
-                    client, job_id, t0, t1, with_efficiency=False, nodes=nodes, kinds=receivers
+                    client,
+                    job_id,
+                    t0,
+                    t1,
+                    with_efficiency=False,
+                    nodes=nodes,
+                    kinds=receivers,
+                    defer_details=True,
                 ),
+            )
+        )
+
+    async def api_job_details(request: web.Request) -> web.Response:
+        # A big job's GPU, host and loader panels, over the range its page answered (?from=&to=).
+        job_id = request.match_info["job_id"]
+        t0, t1 = _int_param(request, "from"), _int_param(request, "to")
+        if t0 is None or t1 is None:
+            return _json({"error": "give the page's range: ?from=<ms>&to=<ms>"}, status=400)
+        nodes = tuple(sorted(set(request.query.getall("node", []))))
+        return await answer(
+            finished(
+                ("details", job_id, t0, t1, *nodes),
+                lambda: job_id,
+                lambda client: queries.job_details(client, job_id, t0, t1, nodes),
             )
         )
 
@@ -261,7 +283,7 @@ def make_app(
             finished(
                 ("alert", alert_id),
                 lambda: queries.alert_job(client, alert_id),
-                lambda client: queries.alert_page(client, alert_id, kinds=receivers),
+                lambda client: queries.alert_page(client, alert_id, kinds=receivers, defer_details=True),
             )
         )
 
@@ -355,6 +377,7 @@ def make_app(
             web.get("/api/fleet/silences", api_fleet_silences),
             web.get("/api/jobs/{job_id:[^/]+}", api_job),
             web.get("/api/jobs/{job_id:[^/]+}/efficiency", api_job_efficiency),
+            web.get("/api/jobs/{job_id:[^/]+}/details", api_job_details),
             web.get("/api/alerts/{alert_id:[^/]+}", api_alert),
             web.get("/api/version", api_version),
             web.get("/compare", compare_page),

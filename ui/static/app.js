@@ -401,6 +401,8 @@
     };
   }
 
+  const HOST_PANELS = [['cpu', 'Host CPU % (job\'s nodes)', '%'], ['mem_pct', 'Host memory used %', '%'], ['retrans', 'TCP retransmits / s', '/s']];
+
   const HEATMAP_METRICS = [
     { key: 'compute', index: 2, label: 'compute time (forward + backward + optimizer)' },
     { key: 'step', index: 3, label: 'step time' },
@@ -456,7 +458,9 @@
       { name: 'steps/s', data: data.steps.step_rate, yAxisIndex: 1, unit: 'steps/s' },
     ], 's', { yAxis: [{ type: 'value', name: 's', scale: true, splitNumber: 3 }, { type: 'value', name: 'steps/s', scale: true, splitNumber: 3 }], grid: GRID }));
 
-    const gpuLabels = data.gpus.labels;
+    // A big job's GPU, host and loader panels come apart (`/details`): a note holds their place meanwhile.
+    if (data.details === 'pending') container.append(el('p', { class: 'muted', id: 'details-pending' }, 'GPU, host and data-loader panels: reading every GPU, node and rank…'));
+    const gpuLabels = data.gpus ? data.gpus.labels : [];
     if (gpuLabels.length) {
       // GPM (Hopper and newer): SM and tensor-pipe activity tell a spinning collective (busy, no tensor work) from compute.
       const gpm = data.gpm && (data.gpm.cells[0] || []).length ? data.gpm : null;
@@ -485,9 +489,9 @@
       }
     }
 
-    const nodes = data.hosts.nodes;
-    const hostBands = data.hosts.bands;
-    for (const [key, title, unit] of [['cpu', 'Host CPU % (job\'s nodes)', '%'], ['mem_pct', 'Host memory used %', '%'], ['retrans', 'TCP retransmits / s', '/s']]) {
+    const nodes = data.hosts ? data.hosts.nodes : [];
+    const hostBands = data.hosts && data.hosts.bands;
+    for (const [key, title, unit] of data.hosts ? HOST_PANELS : []) {
       // Many nodes: min / median / max across them, and the lines of the nodes the alerts name.
       const series = nodes.map((n) => ({ name: n, data: data.hosts[key][n] || [] }));
       const bandSeries = hostBands ? [
@@ -499,7 +503,7 @@
     }
 
     const dl = data.dataloader;
-    chartBox(container, 'dataloader', 'Data loader: wait fraction (mean, worst rank) and queue depth', 160).setOption(timeOption(data, [
+    if (dl) chartBox(container, 'dataloader', 'Data loader: wait fraction (mean, worst rank) and queue depth', 160).setOption(timeOption(data, [
       { name: 'wait frac mean', data: dl.wait_frac_avg, unit: '' },
       { name: 'wait frac worst rank', data: dl.wait_frac_max.map((p) => [p[0], p[1]]), unit: '', lineStyle: { width: 1, type: 'dashed' } },
       { name: 'queue depth (mean)', data: dl.queue_depth_avg, yAxisIndex: 1, unit: 'batches' },
@@ -528,8 +532,8 @@
       ], 'MB/s', { yAxis: [{ type: 'value', name: 'MB/s', min: 0, splitNumber: 3 }, { type: 'value', name: 'share', min: 0, max: 1, splitNumber: 2 }], grid: GRID }));
     }
 
-    const ops = Object.keys(data.collectives);
-    chartBox(container, 'collectives', 'Collectives: fraction of time in each op, bus bandwidth (GB/s)', 160).setOption(timeOption(data, [
+    const ops = Object.keys(data.collectives || {});
+    if (data.collectives) chartBox(container, 'collectives', 'Collectives: fraction of time in each op, bus bandwidth (GB/s)', 160).setOption(timeOption(data, [
       ...ops.map((op) => ({ name: `${op} time frac`, data: data.collectives[op].time_frac, unit: '' })),
       ...ops.map((op) => ({ name: `${op} GB/s`, data: data.collectives[op].bus_bw_gbps, yAxisIndex: 1, unit: 'GB/s', lineStyle: { width: 1, type: 'dotted' } })),
     ], 'frac', { yAxis: [{ type: 'value', name: 'frac', min: 0, splitNumber: 3 }, { type: 'value', name: 'GB/s', min: 0, splitNumber: 3 }], grid: GRID }));
@@ -711,9 +715,10 @@
       RS.focusRows.add(rankRow);
       RS.charts.heatmap.setOption({ series: [{ markArea: rowMark(RS.rankLabels, rankRow) }] });
     }
-    const gpuKeys = data.gpus.rows ? data.gpus.named.keys : data.gpus.keys;
+    const gpus = data.gpus || { keys: [], labels: [] };
+    const gpuKeys = gpus.rows ? gpus.named.keys : gpus.keys;
     const gpuIndex = gpuKeys.findIndex((k) => k[0] === f.node && k[1] === f.gpu_index);
-    if (data.gpus.rows && rankRow !== undefined && RS.charts.gpu_util) {
+    if (gpus.rows && rankRow !== undefined && RS.charts.gpu_util) {
       RS.charts.gpu_util.setOption({ series: [{ markArea: rowMark(data.gpus.labels, rankRow) }] });
     }
     if (gpuIndex >= 0) {
@@ -895,7 +900,27 @@
       el('span', { id: 'window-label' }, 'whole range'),
       el('span', { id: 'focus-label', class: 'focus' }, ''),
       REPORT ? null : el('a', { id: 'window-link', href: '#', hidden: true, title: 'the page keeps the buckets of the whole range; this link re-reads the window at its own resolution' }, 'open this window at full resolution'),
-      el('span', { class: 'muted' }, `bucket ${fmtDuration(data.range.bucket_ms)} · heatmap from ${data.heatmap.source}${data.gpus.source ? ` · GPUs from ${data.gpus.source}` : ''} · scroll or pinch on any panel to zoom`));
+      el('span', { class: 'muted' }, `bucket ${fmtDuration(data.range.bucket_ms)} · heatmap from ${data.heatmap.source}${data.gpus && data.gpus.source ? ` · GPUs from ${data.gpus.source}` : ''} · scroll or pinch on any panel to zoom`));
+  }
+
+  async function loadDetails(data) {
+    // A big job's GPU, host and loader panels, read apart over the page's own range, then drawn in place.
+    const params = new URLSearchParams({ from: data.range.from_ms, to: data.range.to_ms });
+    for (const n of (data.heatmap.rows && data.heatmap.rows.drill) || []) params.append('node', n);
+    try {
+      const details = await getJSON(`/api/jobs/${encodeURIComponent(data.job.job_id)}/details?${params}`);
+      delete details.range;
+      if ((RS.data.evidence || RS.data) !== data) return; // the page moved on
+      Object.assign(data, details);
+      delete data.details;
+      renderJobCharts(document.getElementById('charts'), data);
+      if (RS.focus) applyFocus();
+      applyWindow();
+    } catch (err) {
+      const note = document.getElementById('details-pending');
+      if (note) note.textContent = `GPU, host and data-loader panels: ${err.message}`;
+    }
+    RS.detailsReady = true;
   }
 
   function renderJob(root, data) {
@@ -903,6 +928,7 @@
     root.replaceChildren(jobHeader(data), efficiencyPanel(data), el('h2', {}, 'Alerts'), alertList(data), actionsPanel(data.actions, 'actions'), faultsPanel(data), toolbar(data), el('div', { id: 'charts' }));
     renderJobCharts(document.getElementById('charts'), data);
     if (data.efficiency === undefined && !REPORT) loadEfficiency(data.job.job_id);
+    if (data.details === 'pending' && !REPORT) loadDetails(data);
     // A report carries the comparison with the runs of the job's workload family; the served page links it.
     if (data.compare) renderCompare(root, data.compare, root);
     RS.ready = true;
@@ -1020,6 +1046,7 @@
       renderJobCharts(document.getElementById('charts'), evidence);
       RS.charts.history = hist;
       focusAlert(evidence.alerts.find((x) => x.alert_id === a.alert_id) || a);
+      if (evidence.details === 'pending' && !REPORT) loadDetails(evidence);
     } else {
       root.append(el('p', { class: 'muted' }, 'The alert names no job with stored data: no evidence panels.'));
     }

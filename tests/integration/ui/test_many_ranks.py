@@ -73,7 +73,14 @@ def test_the_node_heatmap_shows_the_stragglers_node_and_the_drill_down_its_rank(
         page = http.get(f"/api/jobs/{JOB}").json()
         rows = page["heatmap"]["rows"]
         assert rows["kind"] == "node" and len(rows["labels"]) == 256 and rows["ranks"] == RANKS
-        assert page["ranks"] == [] and page["gpus"]["rows"]["kind"] == "node"
+        # The GPU, host and loader panels come apart, over the page's own range.
+        assert page["ranks"] == [] and page["details"] == "pending" and "gpus" not in page
+        span = {"from": page["range"]["from_ms"], "to": page["range"]["to_ms"]}
+        details = http.get(f"/api/jobs/{JOB}/details", params=span).json()
+        assert set(details) == {"range", "gpus", "gpm", "hosts", "dataloader", "datapath", "collectives"}
+        assert details["range"]["bucket_ms"] == page["range"]["bucket_ms"]
+        page.update(details)
+        assert page["gpus"]["rows"]["kind"] == "node"
         means = _second_half(page)
         hottest = max(means, key=lambda r: means[r])
         assert rows["labels"][hottest] == NODE, (rows["labels"][hottest], means[hottest])
@@ -94,6 +101,7 @@ def test_the_node_heatmap_shows_the_stragglers_node_and_the_drill_down_its_rank(
         assert min(v for _, v in page["gpus"]["bands"]["sm_clock"]["min"]) == 1500
 
         drill = http.get(f"/api/jobs/{JOB}", params={"node": NODE}).json()
+        assert "details" not in drill  # 8 ranks: every panel in one answer
         rows = drill["heatmap"]["rows"]
         assert rows["kind"] == "rank" and rows["drill"] == [NODE] and len(rows["labels"]) == 8
         means = _second_half(drill)
@@ -102,6 +110,7 @@ def test_the_node_heatmap_shows_the_stragglers_node_and_the_drill_down_its_rank(
         assert [r["rank"] for r in drill["ranks"]] == list(range(136, 144))
         assert len(drill["gpus"]["labels"]) == 8 and drill["hosts"]["nodes"] == [NODE]
         assert http.get(f"/api/jobs/{JOB}", params={"node": "no-such-node"}).status_code == 404
+        assert http.get(f"/api/jobs/{JOB}/details").status_code == 400  # the range is the page's
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +140,11 @@ def test_clicking_the_stragglers_node_row_drills_down_to_its_rank(
         page.wait_for_function(READY, timeout=120_000)
         assert page.evaluate("() => window.ranksight.error") is None
         assert page.evaluate("() => window.ranksight.rows.kind") == "node"
+        page.wait_for_function("() => window.ranksight.detailsReady === true", timeout=120_000)
         labels = page.evaluate("() => window.ranksight.charts.heatmap.getOption().yAxis[0].data")
         assert len(labels) == 256
+        gpu_rows = page.evaluate("() => window.ranksight.charts.gpu_util.getOption().yAxis[0].data")
+        assert gpu_rows == labels and page.locator("#details-pending").count() == 0
         alert = page.evaluate("() => window.ranksight.data.alerts.find(a => a.rule === 'straggler')")
         page.click(f"tr[data-alert='{alert['alert_id']}']")
         page.wait_for_function("() => window.ranksight.window !== null")
