@@ -471,9 +471,12 @@ def _sync_columns(client: Client) -> None:
 
 def _sync_ttl(client: Client, ttl_days: int | None) -> None:
     # Retention is a setting, not a schema version: an existing table is altered when it changes.
+    # Only tables that store rows: on a cluster (`sinks.cluster_ddl`) these names are Distributed
+    # tables, which take no TTL (their shards' local tables have the one the DDL was made with).
     tables = _ttl_tables()
     rows = client.query(
-        "SELECT name, engine_full FROM system.tables WHERE database = currentDatabase() AND name IN %(names)s",
+        "SELECT name, engine_full FROM system.tables WHERE database = currentDatabase() AND name IN %(names)s"
+        " AND engine LIKE '%%MergeTree'",
         parameters={"names": list(tables)},
     ).result_rows
     for name, engine_full in rows:
