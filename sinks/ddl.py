@@ -419,10 +419,25 @@ def applied_versions(client: Client) -> set[int]:
 
 
 def migrate(client: Client, ttl_days: int | None = 30) -> list[int]:
-    """Apply the missing schema versions and bring the TTL to `ttl_days`; returns the versions applied now."""
+    """Apply the missing schema versions and bring the TTL to `ttl_days`; returns the versions applied now.
+
+    On a cluster made by `sinks.cluster_ddl` it changes nothing, and raises when a version is missing.
+    """
     applied: list[int] = []
     try:
         done = applied_versions(client)
+        if _is_cluster(client):
+            # A cluster's schema (`sinks.cluster_ddl`) changes only through its own DDL, ON CLUSTER: a
+            # statement run here would reach this host alone, and a materialized view over a
+            # Distributed table would count rows twice.
+            missing = [str(m.version) for m in MIGRATIONS if m.version not in done]
+            if missing:
+                raise ClickHouseError(
+                    f"this ClickHouse store is a cluster without schema version(s) {', '.join(missing)}: "
+                    "apply them on one of its hosts with `ranksight sql --ddl --cluster <name> | "
+                    "clickhouse-client --multiquery`, then start again"
+                )
+            return applied
         # Existing tables first get the columns their records gained: a later version's views read them.
         _sync_columns(client)
         for migration in MIGRATIONS:
@@ -441,6 +456,14 @@ def migrate(client: Client, ttl_days: int | None = 30) -> list[int]:
     except _DriverError as exc:
         raise ClickHouseError(f"schema migration failed: {exc}") from exc
     return applied
+
+
+def _is_cluster(client: Client) -> bool:
+    # The cluster DDL makes `schema_migrations` a Distributed table; `applied_versions` made it here otherwise.
+    rows = client.query(
+        "SELECT engine FROM system.tables WHERE database = currentDatabase() AND name = 'schema_migrations'"
+    ).result_rows
+    return bool(rows) and rows[0][0] == "Distributed"
 
 
 _TTL_RE = re.compile(r"toIntervalDay\((\d+)\)")
