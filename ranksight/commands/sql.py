@@ -41,11 +41,46 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _print_ddl(cluster: str | None, ttl_days: int | None, replicas: bool) -> None:
+    """The schema as SQL statements, each ended by `;` and a blank line (clickhouse-client --multiquery)."""
+    from sinks.cluster_ddl import cluster_statements
+    from sinks.ddl import MIGRATIONS
+
+    if cluster is None:
+        statements = [s for migration in MIGRATIONS for s in migration.statements(ttl_days)]
+    else:
+        statements = cluster_statements(cluster, ttl_days, replicated=replicas)
+    sys.stdout.write(";\n\n".join(statements) + ";\n")
+
+
 def sql(
-    statement: str = typer.Argument(..., help='One SQL statement, e.g. "SELECT count() FROM steps".'),
+    statement: str | None = typer.Argument(
+        None, help='One SQL statement, e.g. "SELECT count() FROM steps" (none with --ddl).'
+    ),
     fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help="table, jsonl or csv."),
     demo: bool = typer.Option(
         False, "--demo", help="Query the store of the last `ranksight demo` (<home>/demo/chdb)."
+    ),
+    ddl: bool = typer.Option(
+        False,
+        "--ddl",
+        help="Print the schema's DDL instead (what migrations apply; connects to nothing).",
+    ),
+    cluster: str | None = typer.Option(
+        None,
+        "--cluster",
+        help="With --ddl: for this <remote_servers> cluster (replicated local tables behind Distributed ones).",
+    ),
+    ttl_days: int | None = typer.Option(
+        None,
+        "--ttl-days",
+        min=0,
+        help="With --ddl: retention in days, 0 for none (default RANKSIGHT_TTL_DAYS).",
+    ),
+    replicas: bool = typer.Option(
+        True,
+        "--replicas/--no-replicas",
+        help="With --cluster: Replicated* engines (Keeper), or plain shards.",
     ),
 ) -> None:
     """Run SQL on ranksight's ClickHouse (applies pending migrations first, so a fresh home works)."""
@@ -59,6 +94,15 @@ def sql(
 
     settings = load_settings()
     with user_errors():
+        if ddl:
+            if statement is not None or demo:
+                fail("--ddl prints the schema: give it no statement and no --demo")
+            _print_ddl(cluster, settings.ttl_days if ttl_days is None else ttl_days or None, replicas)
+            return
+        if cluster is not None or ttl_days is not None or not replicas:
+            fail("--cluster, --ttl-days and --no-replicas go with --ddl")
+        if statement is None:
+            fail('give one SQL statement, e.g. ranksight sql "SELECT count() FROM steps", or --ddl')
         if demo:
             if settings.clickhouse_url is not None:
                 fail("--demo reads the demo's chDB store; unset CLICKHOUSE_URL to use it")
