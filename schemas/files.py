@@ -206,6 +206,32 @@ def _compile(schema: Any, to_json: bool) -> Converter:
 
 
 _MISSING = object()
+_PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+
+
+def _inline_named(schema: Any, named: dict[str, Any] | None = None, namespace: str = "") -> Any:
+    """A copy of a schema (JSON form) whose references to named types it defined are replaced by
+    their definitions (the converters compile by structure, not by name)."""
+    named = {} if named is None else named
+    if isinstance(schema, str):
+        return named.get(schema, schema) if schema not in _PRIMITIVES else schema
+    if isinstance(schema, list):
+        return [_inline_named(b, named, namespace) for b in schema]
+    if not isinstance(schema, dict):
+        return schema
+    namespace = schema.get("namespace", namespace)
+    out = {
+        k: _inline_named(v, named, namespace) if k in ("type", "items", "values") else v
+        for k, v in schema.items()
+    }
+    if out.get("type") == "record":
+        out["fields"] = [{**f, "type": _inline_named(f["type"], named, namespace)} for f in schema["fields"]]
+        name = schema.get("name")
+        if name:
+            named[name] = out
+            if namespace and "." not in name:
+                named[f"{namespace}.{name}"] = out
+    return out
 
 
 def _compile_record(schema: dict[str, Any], to_json: bool) -> Converter:
@@ -240,8 +266,12 @@ class JsonlFormat:
 
     def __init__(self, schemas: SchemaSet | None = None) -> None:
         self.schemas = schemas or default_schemas()
-        self._to_json = {n: _compile_record(r.json, True) for n, r in self.schemas.records.items()}
-        self._from_json = {n: _compile_record(r.json, False) for n, r in self.schemas.records.items()}
+        self._to_json = {
+            n: _compile_record(_inline_named(r.json), True) for n, r in self.schemas.records.items()
+        }
+        self._from_json = {
+            n: _compile_record(_inline_named(r.json), False) for n, r in self.schemas.records.items()
+        }
 
     def to_line(self, event: Event) -> str:
         """One JSON line (no newline) for an event; field order is the schema's."""

@@ -21,6 +21,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 __all__ = [
     "EVENT_SCHEMA_NAME",
     "HISTORY_DIR",
+    "INTERNAL_RECORD_TYPES",
     "NAMESPACE",
     "RECORD_TYPES",
     "SCHEMA_DIR",
@@ -58,6 +59,9 @@ RECORD_TYPES: tuple[str, ...] = (
     "Alert",
     "ActionTaken",
 )
+# Records only the worker's stages exchange (rs.internal.summaries): known to the codec, not part
+# of the Event union of container files, and stored by no sink.
+INTERNAL_RECORD_TYPES: tuple[str, ...] = ("RankSummary", "StageProgress", "BaselineRun")
 
 
 class Event(NamedTuple):
@@ -155,7 +159,7 @@ class SchemaSet:
 
     def __post_init__(self) -> None:
         self.records = {}
-        for name in RECORD_TYPES:
+        for name in (*RECORD_TYPES, *INTERNAL_RECORD_TYPES):
             path = self.directory / f"{NAMESPACE}.{name}.avsc"
             self.records[name] = _record_schema(json.loads(path.read_text()))
         self.by_fingerprint = {r.fingerprint: r for r in self.records.values()}

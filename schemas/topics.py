@@ -25,6 +25,7 @@ __all__ = [
     "job_keys",
     "key_for",
     "off_topic_reason",
+    "shard_key",
     "telemetry_copies",
     "topic_for",
 ]
@@ -102,6 +103,10 @@ _KEY_FIELD: dict[str, str] = {
 }
 
 
+# Topics whose job-keyed records are keyed by job and node when they name a node (`shard_key`).
+_SHARDED = frozenset({TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_JOB})
+
+
 def topic_for(record_type: str) -> str:
     """The topic a record of this short type name is published to."""
     try:
@@ -138,41 +143,53 @@ def off_topic_reason(record_type: str, topic: str) -> str | None:
     return f"a {record_type} record does not belong on {name}"
 
 
+def shard_key(job_id: str, node: str | None) -> str:
+    """The key of a job's records from one node: job and node, so one job's load spreads over many
+    partitions while each rank's records (all from its node) stay in order. Just the job without one."""
+    return f"{job_id}/{node}" if node else str(job_id)
+
+
 def key_for(topic: str, record: dict) -> bytes | None:
-    """The partition key of a record on a topic: node for telemetry, job for training, team for alerts."""
+    """The partition key of a record on a topic: node for telemetry, job (and node, for a rank's
+    records that name it: `shard_key`) for training, team for alerts."""
     field = _KEY_FIELD.get(topic)
     if field is None:
         return None
     value = record.get(field)
-    return None if value is None else str(value).encode()
+    if value is None:
+        return None
+    if topic in _SHARDED:
+        return shard_key(str(value), record.get("node")).encode()
+    return str(value).encode()
 
 
 def job_keys(record_type: str, record: dict) -> list[str]:
-    """The jobs a telemetry record is attributed to, one `rs.telemetry.job` copy each (empty: unattributed).
+    """The job a telemetry record is attributed to, its `rs.telemetry.job` copy (empty: none).
 
-    A GpuSample names the job its GPU runs (`job_id`); a HostSample every job on its node (`job_ids`).
-    Unattributed telemetry (an idle GPU, an agent that knows no jobs) gets one node-keyed copy on
-    `rs.telemetry.unattributed` instead (see `telemetry_copies`).
+    A GpuSample names the job its GPU runs (`job_id`). A HostSample has none: a node's host signals
+    concern every job on it, so it goes by node (`rs.telemetry.unattributed`) and the worker sends
+    it to each job there, bound or named by its `job_ids`. So does unattributed telemetry (an idle
+    GPU, an agent that knows no jobs); see `telemetry_copies`.
     """
     if record_type == "GpuSample":
         job = record.get("job_id")
         return [str(job)] if job else []
-    if record_type == "HostSample":
-        return sorted({str(j) for j in record.get("job_ids") or () if j})
     return []
 
 
 def telemetry_copies(record_type: str, record: dict) -> list[tuple[str, bytes]]:
     """(topic, key) of the copies the worker reads of a telemetry record, besides its node-keyed original.
 
-    One per job on `rs.telemetry.job` keyed by job when attributed; else one on
-    `rs.telemetry.unattributed` keyed by node. Training records have none.
+    An attributed GpuSample: one on `rs.telemetry.job` keyed by its job and node (`shard_key`);
+    a HostSample or an unattributed GpuSample: one on `rs.telemetry.unattributed` keyed by node.
+    Training records have none.
     """
     if record_type not in ("GpuSample", "HostSample"):
         return []
     jobs = job_keys(record_type, record)
     if jobs:
-        return [(TELEMETRY_JOB, job.encode()) for job in jobs]
+        node = record.get("node")
+        return [(TELEMETRY_JOB, shard_key(job, node).encode()) for job in jobs]
     return [(TELEMETRY_UNATTRIBUTED, str(record["node"]).encode())]
 
 

@@ -37,6 +37,8 @@ from schemas.records import Event
 __all__ = ["SEGMENTS", "CheckpointReport", "EvaluationReport", "Reporter", "Step", "visible_gpu"]
 
 log = logging.getLogger(__name__)
+# Per-rank records that carry the rank's node: with the job it keys them (one job over many partitions).
+_NODE_KEYED = frozenset({"CollectiveSample", "DataLoaderSample"})
 
 SEGMENTS: tuple[str, ...] = ("data_wait", "forward", "backward", "optimizer", "comm", "checkpoint")
 _SEGMENT_SET = frozenset(SEGMENTS)
@@ -511,6 +513,8 @@ class Reporter:
         head: dict[str, Any] = {"ts": self._now_ms(), "job_id": ident.job_id, "run_id": ident.run_id}
         if per_rank:
             head["rank"] = ident.rank
+            if record_type in _NODE_KEYED:
+                head["node"] = ident.node
         self._emit(record_type, {**head, **fields})
 
     def _emit(self, record_type: str, record: dict[str, Any]) -> None:
@@ -572,6 +576,7 @@ class Reporter:
                     "job_id": ident.job_id,
                     "run_id": ident.run_id,
                     "rank": ident.rank,
+                    "node": ident.node,
                     "op": "comm",
                     "interval_s": interval / 1e9,
                     "count": 0,
@@ -702,6 +707,7 @@ class Reporter:
                 "job_id": ident.job_id,
                 "run_id": ident.run_id,
                 "rank": ident.rank,
+                "node": ident.node,
                 "step": step.step,
                 "samples": fields.get("samples"),
                 "tokens": fields.get("tokens"),
