@@ -21,7 +21,6 @@ __all__ = [
     "EngineConfig",
     "config_section",
     "deep_merge",
-    "detector_section",
     "load_config",
     "section_defaults",
     "state_key",
@@ -38,6 +37,7 @@ _ENGINE_KEYS = {
     "max_clock_skew_s",
     "clock_jump_sources",
     "max_record_age_s",
+    "summary_bucket_s",
 }
 
 
@@ -65,15 +65,6 @@ def state_key(cls: type) -> str:
     """
     section = config_section(cls)
     return section if section == _own_section(cls) else f"{section}/{cls.__name__}"
-
-
-def detector_section(cls: type) -> str:
-    """What `streams/engine.py` keys a detector's snapshot state by: `state_key(cls)`.
-
-    It was also the config section while every section had one class; rules split out of one
-    detector share its section (`config_section`) and need a state key each.
-    """
-    return state_key(cls)
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -120,6 +111,7 @@ class EngineConfig:
     max_clock_skew_ms: int = 300_000
     clock_jump_sources: int = 3
     max_record_age_ms: int = 0  # 0: off (replays and simulations publish old event times now)
+    summary_bucket_ms: int = 5_000  # the rank stage summarises each rank per this much event time
     detectors: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
@@ -175,6 +167,7 @@ class EngineConfig:
             skew = float(engine.get("max_clock_skew_s", 300))
             jump_sources = int(engine.get("clock_jump_sources", 3))
             max_age = float(engine.get("max_record_age_s", 0))
+            bucket = float(engine.get("summary_bucket_s", 5))
         except (TypeError, ValueError):
             raise ConfigError(
                 f"{source}: engine.allowed_lateness_s, engine.advance_every_s, engine.max_clock_skew_s, "
@@ -187,6 +180,8 @@ class EngineConfig:
             )
         if jump_sources < 1:
             raise ConfigError(f"{source}: engine.clock_jump_sources must be >= 1")
+        if not bucket > 0 or math.isinf(bucket):
+            raise ConfigError(f"{source}: engine.summary_bucket_s must be a finite number > 0")
         base_url = str(engine.get("runbook_base_url", "docs/runbooks/"))
         if not base_url.endswith("/"):
             base_url += "/"
@@ -199,6 +194,7 @@ class EngineConfig:
             max_clock_skew_ms=int(skew * 1000),
             clock_jump_sources=jump_sources,
             max_record_age_ms=int(max_age * 1000),
+            summary_bucket_ms=max(1, int(bucket * 1000)),
             detectors=params,
         )
 

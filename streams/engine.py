@@ -18,32 +18,40 @@ table and an offline replay reproduces production alerts.
 
 from __future__ import annotations
 
+import heapq
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from schemas.records import Event
+from schemas.topics import TELEMETRY_JOB, key_for, telemetry_copies, topic_for
 from streams.alerting.grouping import AlertGrouper
 from streams.alerting.lifecycle import AlertTracker, JobProgress
 from streams.alerting.routing import Router, load_router
-from streams.config import EngineConfig, detector_section
+from streams.config import EngineConfig, state_key
 from streams.detectors import ALL_DETECTORS
 from streams.detectors.base import Detector, Finding, Topology, dumps_state, loads_state
 from streams.detectors.clock import ClockDetector, source_of
 from streams.detectors.validate import clean
 from streams.errors import StreamsError
+from streams.runtime.routes import Holder, NodeRoutes, gpu_fault, partition_for  # pure routing
+from streams.summary import RankSummarizer
 
 __all__ = [
     "JUMP_RECORDS",
+    "LEADER_RANK",
     "MAX_EVENT_TS",
     "MIN_EVENT_TS",
     "REJECT_REASONS",
     "SNAPSHOT_VERSION",
     "DetectionEngine",
+    "StageEngine",
     "event_ts",
+    "stage_of",
+    "tiebreak",
 ]
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 2: one engine per stage (rank / job); 1 was one engine for everything
 _DERIVED = ("RankWindowStats", "JobWindowStats")
 
 # Event times outside 2000-01-01 .. 2200-01-01 are clocks reset to the epoch or seconds sent as
@@ -59,6 +67,67 @@ JUMP_RECORDS = 64
 REJECT_REASONS = ("out_of_range", "clock_ahead", "clock_behind")
 
 
+# Rules that run where a job's node's records are (the rank stage); every other rule runs on the
+# job's summaries (the job stage). A detector class says so itself with `stage`; this covers the
+# classes that do not yet.
+# What the rank stage passes to the job stage besides its summaries and alerts: job-level records
+# (from the engine that owns the job's key), bindings and rank faults, and the leader rank's steps
+# (the numerical, validation and skip rules read one rank's loss and gradient norm: the global ones).
+_JOB_LEVEL = frozenset(
+    {"JobStarted", "JobStateChanged", "CheckpointEvent", "EvaluationEvent", "ValidationResult", "RestoreTest"}
+)
+_FORWARDED = _JOB_LEVEL | {"RankBound", "RankFault"}
+LEADER_RANK = 0
+# Tie order of records of one event time in the job stage's input (then job, rank, node).
+_ORDER = {
+    "JobStarted": 0,
+    "RankBound": 1,
+    "JobStateChanged": 2,
+    "StepCompleted": 3,
+    "RankFault": 4,
+    "CheckpointEvent": 5,
+    "EvaluationEvent": 6,
+    "ValidationResult": 7,
+    "RestoreTest": 8,
+    "RankSummary": 9,
+    "Alert": 10,
+    "BaselineRun": 11,
+}
+
+
+# Offline (no Kafka timestamps), one engine judges every record's time against the newest accepted
+# one, as the single engine did, before the stages see it: the "gate". It raises clock_skew.
+_GATE_RULES = frozenset({"clock_skew"})
+
+
+def stage_of(cls: type[Detector]) -> str:
+    """The stage a detector class runs in (its `stage`)."""
+    if cls.stage not in ("rank", "job"):
+        raise StreamsError(f"detector {cls.__name__} names no stage (stage = 'rank' or 'job')")
+    return cls.stage
+
+
+def _to_job_stage(event: Event) -> bool:
+    """Whether the rank stage passes this record on to the job stage."""
+    if event.type in _FORWARDED:
+        return True
+    return event.type == "StepCompleted" and event.record.get("rank") == LEADER_RANK
+
+
+def tiebreak(event: Event) -> tuple[Any, ...]:
+    """The place of a record among the job stage's input of the same event time (type, job, rank,
+    node, ...): an order that does not depend on which rank stage sent it first."""
+    r = event.record
+    rank = r.get("rank")
+    return (
+        _ORDER.get(event.type, 99),
+        str(r.get("job_id") or ""),
+        -1 if rank is None else int(rank),
+        str(r.get("node") or ""),
+        str(r.get("fingerprint") or r.get("status") or ""),
+    )
+
+
 def event_ts(event: Event) -> int:
     """Event time of any ranksight record (window records: the window end)."""
     r = event.record
@@ -68,26 +137,53 @@ def event_ts(event: Event) -> int:
     return int(ts)
 
 
-class DetectionEngine:
-    """Every detector over one shared topology, an alert tracker and a router."""
+class StageEngine:
+    """One stage's detectors over one shared topology, an alert tracker and a router.
 
-    def __init__(self, config: EngineConfig | None = None, router: Router | None = None) -> None:
+    `stage` "rank" runs the rules of a job's node (and summarises its ranks for the job stage),
+    "job" the job-level rules on those summaries; None runs every detector on raw records in one
+    engine (detectors that read summaries then see none: only for tools that need no job rules).
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        router: Router | None = None,
+        stage: str | None = None,
+        holds: Callable[[str, str | None], bool] | None = None,
+    ) -> None:
         self.config = config if config is not None else EngineConfig.default()
         self.router = router if router is not None else load_router()
+        self.stage = stage
+        # Rank stage: whether this engine holds a job's records from a node (its partition is the
+        # one `shard_key(job, node)` lands on). A node's host or GPU fault reaches every partition
+        # with a job on that node; each reports it only for the jobs it holds there.
+        self.holds = holds
         self.topology = Topology()
         self.detectors: list[Detector] = [
-            cls(self.topology, self.config.params_for(cls)) for cls in ALL_DETECTORS
+            cls(self.topology, self.config.params_for(cls))
+            for cls in ALL_DETECTORS
+            if stage is None
+            or (stage == "gate" and set(cls.rules) <= _GATE_RULES)
+            or (stage != "gate" and stage_of(cls) == stage)
         ]
         # Detectors that produce derived events (window statistics) expose `drain_derived()`.
         self._drainers = [d.drain_derived for d in self.detectors if hasattr(d, "drain_derived")]
+        # Detectors that learn from completed runs (baselines) share what they learn through
+        # `BaselineRun` records: `drain_learned()` gives them, `adopt()` takes another's.
+        self._learners: list[Any] = [d for d in self.detectors if hasattr(d, "drain_learned")]
         self.tracker = AlertTracker(self.router.runbook_base_url or self.config.runbook_base_url)
         self.grouper = AlertGrouper(self.router.inhibit_rules, self.topology)
         self.progress: dict[str, JobProgress] = {}
         self.max_ts: int | None = None
         self.watermark: int | None = None
         self._advanced_to: int | None = None  # last watermark bucket the detectors advanced to
+        self._released_to: int | None = None  # rank stage: watermark of the last release to the job stage
         self._disabled = frozenset(self.config.disabled_rules)
-        self._clock = next(d for d in self.detectors if isinstance(d, ClockDetector))
+        self._clock = next((d for d in self.detectors if isinstance(d, ClockDetector)), None)
+        # The job stage reads what the rank stage already checked, in event-time order.
+        self._checks_time = stage != "job"
+        self._lateness_ms = 0 if stage == "job" else self.config.allowed_lateness_ms
         self._skew_ms = self.config.max_clock_skew_ms
         # 0 switches the "too old for its Kafka time" check off (the default: see detectors.yaml).
         self._max_age_ms = self.config.max_record_age_ms or 10**15
@@ -96,15 +192,44 @@ class DetectionEngine:
         self.stats: dict[str, Any] = _empty_stats()
         # Why the last `process` call rejected its record (one of REJECT_REASONS), None if it did not.
         self.rejection: str | None = None
+        # Rank stage: summaries, and what the job stage reads, released in event-time order once
+        # the watermark passes them (`drain_forwarded`).
+        self.summarizer = (
+            RankSummarizer(self.topology, self.config.summary_bucket_ms) if stage == "rank" else None
+        )
+        self._forward: list[tuple[int, tuple[Any, ...], int, Event]] = []
+        self._forward_seq = 0
+        self._forwarded: list[Event] = []
+        # (node, gpu_uuid) of GPUs this engine knows only from a fault shared with a co-located job
+        # it holds: of their alerts it raises only that job's (see `owns`).
+        self.foreign: set[tuple[Any, Any]] = set()
+        # Job stage: alerts the rank stage raised (for inhibition and healthy windows): fingerprint ->
+        # [job, firing, last change ts].
+        self._external: dict[str, list[Any]] = {}
 
     # -- the per-event path ------------------------------------------------------------
-    def process(self, event: Event, *, received_ts: int | None = None) -> list[Event]:
+    def process(
+        self, event: Event, *, received_ts: int | None = None, forward: bool = True, shared: bool = False
+    ) -> list[Event]:
         """Take one event; return the Alert and derived events it caused, in order.
 
         `received_ts` is when the record reached Kafka (its record timestamp, UTC ms), if known.
         A record whose time is impossible is rejected: nothing happens but counting it, and
-        `self.rejection` says why (None after an accepted or late record).
+        `self.rejection` says why (None after an accepted or late record). Rank stage: `forward`
+        False for a job-level event another engine forwards to the job stage (a broadcast copy);
+        `shared` True for a GPU sample of a co-located job's GPU (a fault it shares).
         """
+        if event.type == "Alert" and self.stage == "job":
+            self._observe_external(event.record)
+            return []
+        if event.type == "BaselineRun":
+            # Another job-stage partition's completed run: knowledge, not a record of this time.
+            for det in self._learners:
+                det.adopt(event.record)
+            return []
+        if not self._checks_time:
+            self.rejection = None
+            return self._accepted(event, event_ts(event), forward)
         ts = event_ts(event)
         if received_ts is not None and received_ts < MIN_EVENT_TS:
             received_ts = None  # Kafka's "no timestamp" (-1) or a producer's own broken clock
@@ -121,8 +246,16 @@ class DetectionEngine:
         if reason is not None:
             rejected = self.stats["rejected"]
             rejected[reason] = rejected.get(reason, 0) + 1
-            self._clock.rejected(event, received_ts if received_ts is not None else self.max_ts)
+            if self._clock is not None:
+                self._clock.rejected(event, received_ts if received_ts is not None else self.max_ts)
             return []
+        if shared and event.type == "GpuSample":
+            r = event.record
+            self.foreign.add((r["node"], r.get("gpu_uuid")))
+        return self._accepted(event, ts, forward)
+
+    def _accepted(self, event: Event, ts: int, forward: bool) -> list[Event]:
+        """A record whose time is believable: into the topology, the detectors, the summaries."""
         if self.watermark is not None and ts < self.watermark:
             self.stats["late_dropped"] += 1
             return []
@@ -139,6 +272,13 @@ class DetectionEngine:
         self.topology.observe(event)
         if event.type == "StepCompleted":
             self._progress(event.record)
+        elif event.type == "RankSummary" and event.record.get("last_step") is not None:
+            r = event.record
+            self._progress({"job_id": r["job_id"], "step": r["last_step"], "ts": r["last_step_ts"]})
+        if self.summarizer is not None:
+            self.summarizer.observe(event)
+            if forward and _to_job_stage(event):
+                self._queue(event)
         findings: list[Finding] = []
         for det in self.detectors:
             found = det.observe(event)
@@ -148,7 +288,9 @@ class DetectionEngine:
             self._handle(findings, out)
         if event.type == "JobStateChanged" and event.record["state"] in self.config.job_end_states:
             self._end_job(event.record["job_id"], ts, out)
-        self._move_watermark(self.max_ts - self.config.allowed_lateness_ms, out)
+            for det in self._learners:
+                out += [Event("BaselineRun", r) for r in det.drain_learned()]
+        self._move_watermark(self.max_ts - self._lateness_ms, out)
         return out
 
     def advance(self, watermark: int) -> list[Event]:
@@ -163,7 +305,75 @@ class DetectionEngine:
             return []
         out: list[Event] = []
         self._move_watermark(self.max_ts, out, force=True)
+        self._release(None)
+        if self.summarizer is not None:
+            self._released_to = max(self.max_ts, self.watermark or self.max_ts) + 1  # everything is out
         return out
+
+    # -- the job stage's input (rank stage) ---------------------------------------------
+    def _queue(self, event: Event) -> None:
+        self._forward_seq += 1
+        heapq.heappush(self._forward, (event_ts(event), tiebreak(event), self._forward_seq, event))
+
+    def _release(self, watermark: int | None) -> None:
+        """Move what the job stage may read now (up to `watermark`; None: everything) to the outbox."""
+        heap = self._forward
+        while heap and (watermark is None or heap[0][0] <= watermark):
+            self._forwarded.append(heapq.heappop(heap)[3])
+
+    def drain_forwarded(self) -> list[Event]:
+        """What the job stage reads, in event-time order, released since the last call (rank stage):
+        rank summaries, job-level records, bindings, faults, the leader rank's steps, its alerts."""
+        out, self._forwarded = self._forwarded, []
+        return out
+
+    def holds_forwards(self) -> bool:
+        """Whether records for the job stage wait here for the watermark (rank stage)."""
+        return bool(self._forward)
+
+    def release_front(self) -> int | None:
+        """Event time through which everything for the job stage has been released (rank stage;
+        None before the first release). Releases happen when the detectors advance (once per
+        `advance_every`, when the summaries of the buckets passed are made), and a record accepted
+        after one may carry the watermark's own time: hence one millisecond before it."""
+        return None if self._released_to is None else self._released_to - 1
+
+    def owns(self, alert: dict[str, Any]) -> bool:
+        """Whether this engine raises `alert`. Not when it is a node-level alert of a job whose records
+        from that node another engine holds, nor, for a GPU this engine knows only from a fault shared
+        with it, anything but the alert of a job it holds on that node (the GPU's own job and the
+        platform's are raised where the GPU's samples go)."""
+        job, node = alert.get("job_id"), alert.get("node")
+        if self.holds is None:
+            return True
+        if (node, alert.get("gpu_uuid")) in self.foreign:
+            return bool(job) and alert.get("rank") is None and self.holds(str(job), str(node))
+        if not job or not node or alert.get("rank") is not None:
+            return True  # a rank's alert is raised only where its records are
+        return self.holds(str(job), str(node))
+
+    # -- alerts of the rank stage (job stage) --------------------------------------------
+    def _observe_external(self, record: dict[str, Any]) -> None:
+        """An alert the rank stage raised: a cause the grouper may mute symptoms with, and a
+        reason its job's windows are not healthy (baselines learn from healthy windows only)."""
+        fp = str(record.get("fingerprint"))
+        firing = record.get("status") == "firing"
+        ts = int(record.get("ts") or 0)
+        entry = self._external.get(fp)
+        if entry is not None and entry[1] == firing:
+            return  # another routed copy of the same state
+        self._external[fp] = [record.get("job_id"), firing, ts]
+        self.grouper.annotate([dict(record)])
+        if not firing:
+            job = record.get("job_id")
+            self._external = {k: v for k, v in self._external.items() if v[1] or v[0] != job or k == fp}
+
+    def _job_healthy(self, job_id: str, window_start: int) -> bool:
+        if not self.tracker.job_healthy(job_id, window_start):
+            return False
+        return not any(
+            job == job_id and (firing or ts >= window_start) for job, firing, ts in self._external.values()
+        )
 
     def run(self, events: Iterable[Event]) -> list[Event]:
         """Process every event and finish; every output event, in order."""
@@ -199,7 +409,8 @@ class DetectionEngine:
         if len(run["sources"]) < self.config.clock_jump_sources and run["records"] < JUMP_RECORDS:
             return "clock_ahead"
         # The jump is genuine: its first records were rejected (and counted) but are no clock fault.
-        self._clock.forget_unreported(run["sources"])
+        if self._clock is not None:
+            self._clock.forget_unreported(run["sources"])
         self._jump = None
         self.stats["time_jumps"] += 1
         return None
@@ -228,6 +439,11 @@ class DetectionEngine:
             findings.extend(det.advance(wm))
         self._handle(findings, out)
         self._emit_alerts(self.tracker.advance(wm, self.topology, self.progress), out)
+        if self.summarizer is not None:
+            for summary in self.summarizer.advance(wm):
+                self._queue(summary)
+            self._release(wm)
+            self._released_to = wm
 
     def _handle(self, findings: list[Finding], out: list[Event]) -> None:
         """Findings -> alert records, plus derived events the detectors produced (fed back in)."""
@@ -249,7 +465,7 @@ class DetectionEngine:
             for event in derived:
                 if event.type == "JobWindowStats":
                     r = event.record
-                    r["healthy"] = self.tracker.job_healthy(r["job_id"], r["window_start"])
+                    r["healthy"] = self._job_healthy(r["job_id"], r["window_start"])
                 self.stats["derived"] += 1
                 out.append(event)
                 for det in self.detectors:
@@ -263,6 +479,8 @@ class DetectionEngine:
         return derived
 
     def _emit_alerts(self, records: list[dict[str, Any]], out: list[Event]) -> None:
+        if self.holds is not None:
+            records = [r for r in records if self.owns(r)]
         self.grouper.annotate(records)
         for record in records:
             by_rule = self.stats["by_rule"].setdefault(record["rule"], {"firing": 0, "resolved": 0})
@@ -270,11 +488,15 @@ class DetectionEngine:
             self.stats["alerts_firing" if record["status"] == "firing" else "alerts_resolved"] += 1
             for team, receiver in self.router.route_all(record):
                 out.append(Event("Alert", {**record, "team": team, "receiver": receiver}))
+            if self.summarizer is not None:
+                self._queue(Event("Alert", dict(record)))
 
     def _end_job(self, job_id: str, ts: int, out: list[Event]) -> None:
         self._emit_alerts(self.tracker.end_job(job_id, ts, self.topology, self.progress), out)
         for det in self.detectors:
             det.forget_job(job_id)
+        if self.summarizer is not None:
+            self.summarizer.forget_job(job_id)
         self.tracker.forget_job(job_id)
         self.progress.pop(job_id, None)
 
@@ -300,20 +522,33 @@ class DetectionEngine:
             "max_ts": self.max_ts,
             "watermark": self.watermark,
             "advanced_to": self._advanced_to,
+            "released_to": self._released_to,
             "jump": self._jump,
             "stats": self.stats,
             "topology": self.topology.state(),
             "progress": {k: [p.step, p.ts] for k, p in sorted(self.progress.items())},
             "tracker": self.tracker.state(),
             "grouper": self.grouper.state(),
-            "detectors": {detector_section(type(d)): d.state() for d in self.detectors},
+            "detectors": {state_key(type(d)): d.state() for d in self.detectors},
+            "summarizer": self.summarizer.state() if self.summarizer is not None else None,
+            "forward": [[ts, list(tb), seq, [e.type, e.record]] for ts, tb, seq, e in sorted(self._forward)],
+            "forward_seq": self._forward_seq,
+            # Released but not sent yet (a checkpoint may come between): sent again after a restore.
+            "forwarded": [[e.type, e.record] for e in self._forwarded],
+            "foreign": sorted([list(f) for f in self.foreign], key=str),
+            "external": {k: self._external[k] for k in sorted(self._external)},
         }
         return zlib.compress(dumps_state(state), 6)
 
     @classmethod
     def restore(
-        cls, data: bytes, config: EngineConfig | None = None, router: Router | None = None
-    ) -> DetectionEngine:
+        cls,
+        data: bytes,
+        config: EngineConfig | None = None,
+        router: Router | None = None,
+        stage: str | None = None,
+        holds: Callable[[str, str | None], bool] | None = None,
+    ) -> StageEngine:
         """An engine continuing exactly where `snapshot()` left off."""
         try:
             state = loads_state(zlib.decompress(data))
@@ -326,23 +561,32 @@ class DetectionEngine:
                 f"engine snapshot version {state.get('version')} is not supported (expected {SNAPSHOT_VERSION}); "
                 "delete it to start from empty state"
             )
-        engine = cls(config, router)
+        engine = cls(config, router, stage, holds)
         engine.max_ts = state["max_ts"]
         engine.watermark = state["watermark"]
         engine._advanced_to = state["advanced_to"]
+        engine._released_to = state.get("released_to")
         engine._jump = state.get("jump")
         engine.stats = {**_empty_stats(), **state["stats"]}
-        topo = Topology.from_state(state["topology"])
-        # Detectors hold a reference to the topology: update it in place.
-        engine.topology.jobs, engine.topology.bindings = topo.jobs, topo.bindings
-        engine.topology._by_gpu = topo._by_gpu
+        # Detectors hold a reference to the topology: load it in place.
+        engine.topology.load_state(state["topology"])
         engine.progress = {k: JobProgress(v[0], v[1]) for k, v in state["progress"].items()}
         engine.tracker.load_state(state["tracker"])
         engine.grouper.load_state(state.get("grouper", {}))
         for det in engine.detectors:
-            section = detector_section(type(det))
-            if section in state["detectors"]:
-                det.load_state(state["detectors"][section])
+            key = state_key(type(det))
+            if key in state["detectors"]:
+                det.load_state(state["detectors"][key])
+        if engine.summarizer is not None and state.get("summarizer"):
+            engine.summarizer.load_state(state["summarizer"])
+        engine._forward = [
+            (int(ts), tuple(tb), int(seq), Event(t, r)) for ts, tb, seq, (t, r) in state.get("forward", [])
+        ]
+        heapq.heapify(engine._forward)
+        engine._forward_seq = int(state.get("forward_seq", 0))
+        engine._forwarded = [Event(t, r) for t, r in state.get("forwarded", [])]
+        engine.foreign = {tuple(f) for f in state.get("foreign", [])}
+        engine._external = {k: list(v) for k, v in state.get("external", {}).items()}
         return engine
 
 
@@ -358,3 +602,304 @@ def _empty_stats() -> dict[str, Any]:
         "alerts_resolved": 0,
         "by_rule": {},
     }
+
+
+DEFAULT_PARTITIONS = 6  # as `ranksight worker --partitions`
+
+
+class DetectionEngine:
+    """Both stages of detection in one process: what the worker does over Kafka, for replays,
+    evaluation and tests, with the same answers.
+
+    Each record goes to the rank-stage engine of the partition its key lands on, as the publisher
+    and the worker key it (a rank's records by job and node, telemetry by the job its GPU runs,
+    unattributed telemetry through the same node -> job routes and thinning as the worker's side
+    path, a GPU fault also to its node's other jobs); job-level records to the job's partition, and
+    JobStarted / JobStateChanged to every partition too (the worker broadcasts them). Every rank
+    stage follows the newest event time, as the worker's idle tasks follow their worker's. What the
+    rank stages pass on (summaries, job-level records, bindings, faults, the leader rank's steps,
+    their alerts) reaches the job stage of the job's partition in event-time order.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        router: Router | None = None,
+        *,
+        partitions: int = DEFAULT_PARTITIONS,
+        unbound_interval_ms: int = 10_000,
+    ) -> None:
+        self.config = config if config is not None else EngineConfig.default()
+        self.router = router if router is not None else load_router()
+        self.partitions = partitions
+        # Offline the gate judges each record's time (the worker judges it against its Kafka timestamp).
+        self.gate = StageEngine(self.config, self.router, "gate")
+        self.rank_stages = [
+            StageEngine(self.config, self.router, "rank", Holder(p, partitions)) for p in range(partitions)
+        ]
+        self.job_stages = [StageEngine(self.config, self.router, "job") for _ in range(partitions)]
+        self.routes = NodeRoutes(unbound_interval_ms)
+        self.before_fault: dict[str, Event] = {}  # "node|gpu" -> its last healthy job-telemetry sample
+        self.max_ts: int | None = None
+        self.watermark: int | None = None
+        self.rejection: str | None = None
+        self._parts: dict[str, int] = {}  # key -> partition (the Java hash is costly in Python)
+        self._telemetry_front = MIN_EVENT_TS  # newest telemetry time of the input
+        # What the rank stages released, until every one of them has released through its time.
+        self._to_job: list[tuple[int, tuple[Any, ...], int, Event]] = []
+        self._to_job_seq = 0
+        self._shared: list[
+            tuple[int, Event]
+        ] = []  # (partition, copy) of a GPU fault shared with a co-located job
+
+    # -- views over both stages ----------------------------------------------------------
+    @property
+    def detectors(self) -> list[Detector]:
+        """Every detector of every stage engine."""
+        return [d for eng in (*self.rank_stages, *self.job_stages) for d in eng.detectors]
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Counters summed over the stages (records are counted by the gate, which judged each once)."""
+        out = _empty_stats()
+        _add_stats(out, self.gate.stats, records=True)
+        for eng in (*self.rank_stages, *self.job_stages):
+            _add_stats(out, eng.stats, records=False)
+        return out
+
+    def firing(self) -> list[str]:
+        """Fingerprints of alerts firing now, in both stages."""
+        return sorted({fp for eng in (*self.rank_stages, *self.job_stages) for fp in eng.firing()})
+
+    def baselines(self) -> list[dict[str, Any]]:
+        """Performance baselines learned so far."""
+        return [b for eng in self.job_stages for b in eng.baselines()]
+
+    # -- records in ----------------------------------------------------------------------
+    def _part(self, key: str) -> int:
+        part = self._parts.get(key)
+        if part is None:
+            if len(self._parts) > 100_000:
+                self._parts.clear()
+            part = self._parts[key] = partition_for(key.encode(), self.partitions)
+        return part
+
+    def _targets(self, event: Event) -> list[tuple[int, bool]]:
+        """(partition, forward to the job stage) of each copy of a record; a GPU fault's copies for
+        the node's other jobs go to `self._shared`."""
+        kind, r = event.type, event.record
+        if kind in _JOB_LEVEL:
+            own = self._part(str(r["job_id"]))
+            if kind == "JobStateChanged" and r["state"] in self.config.job_end_states:
+                self.routes.end_job(str(r["job_id"]))
+            if kind in ("JobStarted", "JobStateChanged"):
+                return [(p, p == own) for p in range(self.partitions)]
+            return [(own, True)]
+        if kind in ("StepCompleted", "CollectiveSample", "DataLoaderSample", "RankBound", "RankFault"):
+            if kind == "RankBound":
+                self.routes.bind(r)
+            topic = topic_for(kind)
+            return [(self._part((key_for(topic, r) or b"").decode()), True)]
+        if kind not in ("GpuSample", "HostSample"):
+            return []
+        copies = telemetry_copies(kind, r)
+        if copies and copies[0][0] == TELEMETRY_JOB:
+            parts = sorted({self._part(key.decode()) for _, key in copies})
+        else:
+            parts = sorted({self._part(key) for key in self.routes.route(event)})
+        if kind == "GpuSample":
+            self._shared_fault(event, parts)
+        return [(p, True) for p in parts]
+
+    def _shared_fault(self, event: Event, own: list[int]) -> None:
+        """A GPU fault also goes to the node's other jobs (after the sample before it), naming the
+        GPU's job, as the worker's side path sends it on (attributed or not): `self._shared`."""
+        r = event.record
+        gpu = f"{r['node']}|{r.get('gpu_uuid')}"
+        if not gpu_fault(r):
+            self.before_fault[gpu] = event
+            return
+        parts = sorted({self._part(key) for key in self.routes.colocated(event)} - set(own))
+        if not parts:
+            return
+        before = self.before_fault.pop(gpu, None)
+        if before is not None:
+            self._shared += [(p, self.routes.with_holder(before)) for p in parts]
+        named = self.routes.with_holder(event)
+        self._shared += [(p, named) for p in parts]
+
+    def process(self, event: Event, *, received_ts: int | None = None) -> list[Event]:
+        """Take one record; return the Alert and derived events it caused (both stages), in order.
+
+        The gate judges the record's time once (against `received_ts`, its Kafka time, when known;
+        else against the newest record of the whole input, where a gap is a jump only when several
+        sources agree) and drops it when it is late for the input's watermark; the stages then take
+        it as judged, so every count of records is the gate's.
+        """
+        late = self.gate.stats["late_dropped"]
+        out = self.gate.process(event, received_ts=received_ts)
+        self.rejection = self.gate.rejection
+        if self.rejection is not None or self.gate.stats["late_dropped"] != late:
+            return out
+        ts = event_ts(event)
+        if event.type in ("GpuSample", "HostSample") and ts > self._telemetry_front:
+            # Each rank stage hears some nodes; whether others still report is the input's.
+            self._telemetry_front = ts
+            for eng in self.rank_stages:
+                eng.topology.telemetry_front = ts
+        self._shared = []
+        for p, forward in self._targets(event):
+            out += self.rank_stages[p].process(event, received_ts=ts, forward=forward)
+        for p, copy in self._shared:
+            out += self.rank_stages[p].process(copy, received_ts=ts, shared=True)
+        self.max_ts = self.gate.max_ts
+        if self.max_ts is not None:
+            self._follow(self.max_ts - self.config.allowed_lateness_ms, out)
+        return out
+
+    def advance(self, watermark: int) -> list[Event]:
+        """Move event time forward without a record (e.g. a wall-clock guard)."""
+        out: list[Event] = []
+        self._follow(watermark, out)
+        return out
+
+    def _follow(self, watermark: int, out: list[Event]) -> None:
+        every = self.config.advance_every_ms
+        if self.watermark is not None and watermark // every <= self.watermark // every:
+            # The stages re-check time once per `advance_every` of event time (as each engine does);
+            # what a rank stage released meanwhile goes on at the next (in the same order).
+            return
+        self.watermark = watermark
+        out += self.gate.advance(watermark)
+        for eng in self.rank_stages:
+            out += eng.advance(watermark)
+        out += self._feed_job_stage()
+
+    def _feed_job_stage(self, *, final: bool = False) -> list[Event]:
+        """Pass what the rank stages released to the job stages in event-time order, as far as every
+        rank stage has released everything (the worker's markers); then the job stages follow that
+        front. `final`: the rank stages finished, everything goes."""
+        for eng in self.rank_stages:
+            for item in eng.drain_forwarded():
+                self._to_job_seq += 1
+                heapq.heappush(self._to_job, (event_ts(item), tiebreak(item), self._to_job_seq, item))
+        fronts = [eng.release_front() for eng in self.rank_stages]
+        front = None if final or None in fronts else min(f for f in fronts if f is not None)
+        if not final and front is None:
+            return []
+        out: list[Event] = []
+        heap = self._to_job
+        while heap and (front is None or heap[0][0] <= front):
+            item = heapq.heappop(heap)[3]
+            p = self._part(str(item.record.get("job_id") or ""))
+            out += self._share_learned(p, self.job_stages[p].process(item))
+        if front is not None:
+            for p, eng in enumerate(self.job_stages):
+                out += self._share_learned(p, eng.advance(front))
+        return out
+
+    def _share_learned(self, source: int, events: list[Event]) -> list[Event]:
+        """A job stage's output without its `BaselineRun` records, which go to every other job
+        stage at once (the worker sends them to every other job-stage partition)."""
+        if not any(e.type == "BaselineRun" for e in events):
+            return events
+        out: list[Event] = []
+        for event in events:
+            if event.type != "BaselineRun":
+                out.append(event)
+                continue
+            shared = Event("BaselineRun", {**event.record, "source": source})
+            for q, eng in enumerate(self.job_stages):
+                if q != source:
+                    eng.process(shared)
+        return out
+
+    def finish(self) -> list[Event]:
+        """End of a finite input: both stages advance to the last event time."""
+        out: list[Event] = self.gate.finish()
+        for eng in self.rank_stages:
+            out += eng.finish()
+        out += self._feed_job_stage(final=True)
+        for p, eng in enumerate(self.job_stages):
+            out += self._share_learned(p, eng.finish())
+        self.watermark = self.max_ts
+        return out
+
+    def run(self, events: Iterable[Event]) -> list[Event]:
+        """Process every event and finish; every output event, in order."""
+        out: list[Event] = []
+        for event in events:
+            out.extend(self.process(event))
+        out.extend(self.finish())
+        return out
+
+    # -- snapshots ---------------------------------------------------------------------
+    def snapshot(self) -> bytes:
+        """Both stages' state as deterministic, compressed bytes."""
+        state = {
+            "version": SNAPSHOT_VERSION,
+            "partitions": self.partitions,
+            "max_ts": self.max_ts,
+            "watermark": self.watermark,
+            "routes": {node: self.routes.state_of(node) for node in sorted(self.routes.nodes)},
+            "before_fault": {k: [e.type, e.record] for k, e in sorted(self.before_fault.items())},
+            "telemetry_front": self._telemetry_front,
+            "to_job": [[e.type, e.record] for _, _, _, e in sorted(self._to_job, key=lambda x: x[:3])],
+            "gate": self.gate.snapshot().hex(),
+            "rank": [eng.snapshot().hex() for eng in self.rank_stages],
+            "job": [eng.snapshot().hex() for eng in self.job_stages],
+        }
+        return zlib.compress(dumps_state(state), 6)
+
+    @classmethod
+    def restore(
+        cls, data: bytes, config: EngineConfig | None = None, router: Router | None = None
+    ) -> DetectionEngine:
+        """Both stages continuing exactly where `snapshot()` left off."""
+        try:
+            state = loads_state(zlib.decompress(data))
+        except (zlib.error, ValueError) as exc:
+            raise StreamsError(
+                f"engine snapshot is corrupt ({exc}); delete it to start from empty state"
+            ) from None
+        engine = cls(config, router, partitions=int(state["partitions"]))
+        engine.max_ts, engine.watermark = state["max_ts"], state["watermark"]
+        for node, node_state in state["routes"].items():
+            engine.routes.load(node, node_state)
+        engine.before_fault = {k: Event(t, r) for k, (t, r) in state["before_fault"].items()}
+        engine._telemetry_front = int(state.get("telemetry_front", MIN_EVENT_TS))
+        for t, r in state.get("to_job", []):
+            item = Event(t, r)
+            engine._to_job_seq += 1
+            engine._to_job.append((event_ts(item), tiebreak(item), engine._to_job_seq, item))
+        engine.gate = StageEngine.restore(bytes.fromhex(state["gate"]), engine.config, engine.router, "gate")
+        engine.rank_stages = [
+            StageEngine.restore(
+                bytes.fromhex(h), engine.config, engine.router, "rank", Holder(p, engine.partitions)
+            )
+            for p, h in enumerate(state["rank"])
+        ]
+        engine.job_stages = [
+            StageEngine.restore(bytes.fromhex(h), engine.config, engine.router, "job") for h in state["job"]
+        ]
+        for eng in engine.rank_stages:
+            eng.topology.telemetry_front = engine._telemetry_front
+        return engine
+
+
+def _add_stats(out: dict[str, Any], stats: dict[str, Any], *, records: bool) -> None:
+    """Sum one stage engine's counters into `out` (event counts only from the stages that took records)."""
+    for key, value in stats.items():
+        if key in ("events", "late_dropped", "rejected", "time_jumps", "invalid_values") and not records:
+            continue
+        if isinstance(value, dict):
+            target = out.setdefault(key, {})
+            for k, v in value.items():
+                if isinstance(v, dict):
+                    inner = target.setdefault(k, {})
+                    for kk, vv in v.items():
+                        inner[kk] = inner.get(kk, 0) + vv
+                else:
+                    target[k] = target.get(k, 0) + v
+        else:
+            out[key] = out.get(key, 0) + value

@@ -122,6 +122,7 @@ def _replay_offline(
 ) -> None:
     """Run the detectors over files in this process and write the alerts they raise."""
     from schemas.files import JsonlFormat, format_ts
+    from streams import gc_policy
     from streams.alerting.routing import load_router
     from streams.config import load_config
     from streams.engine import DetectionEngine
@@ -132,6 +133,7 @@ def _replay_offline(
     with user_errors():
         cfg = load_config(config)
         router = load_router(routing)
+        gc_policy.for_long_lived_state()  # the engine's state lives as long as the replay
         engine = DetectionEngine(cfg, router)
 
         def progress(n: int, ts: int) -> None:

@@ -105,10 +105,10 @@ def worker(
         check_broker(settings)
         from infra.kafka.topics import COPARTITIONED, check_partitions
         from streams.runtime.changelog import ROUTES_TABLE, SNAPSHOT_TABLE, changelog_topic
-        from streams.runtime.options import BINDINGS, TELEMETRY_BY_JOB
+        from streams.runtime.options import BINDINGS, CONTROL, SUMMARIES, TELEMETRY_BY_JOB
 
         prefix = settings.topic_prefix
-        joined = [prefix + t for t in (*COPARTITIONED, BINDINGS, TELEMETRY_BY_JOB)]
+        joined = [prefix + t for t in (*COPARTITIONED, BINDINGS, TELEMETRY_BY_JOB, CONTROL, SUMMARIES)]
         joined += [prefix + changelog_topic(group, table) for table in (SNAPSHOT_TABLE, ROUTES_TABLE)]
         check_partitions(settings.kafka_config(), joined, partitions)
         check_group_runtime(settings.kafka_config(), prefix + group, runtime)

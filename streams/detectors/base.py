@@ -117,10 +117,19 @@ class Topology:
     """
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self.jobs: dict[str, JobInfo] = {}
         self.bindings: dict[tuple[str, int], Binding] = {}
         self._by_gpu: dict[tuple[str, str], Binding] = {}
-        self._ranks: dict[str, list[Binding]] = {}  # job -> bindings by rank; rebuilt when a rank binds
+        self._by_job: dict[str, dict[int, Binding]] = {}  # job -> rank -> binding
+        self._by_node: dict[str, dict[tuple[str, int], Binding]] = {}  # node -> (job, rank) -> binding
+        self._ranks: dict[str, list[Binding]] = {}  # job -> bindings by rank; rebuilt after a rank binds
+        self._on_node: dict[tuple[str, str], list[Binding]] = {}  # (job, node) -> its bindings by rank
+        # Newest telemetry time of the whole input (set by the runtime around a stage engine, which
+        # hears only some nodes): a node's silence is news only while others still report.
+        self.telemetry_front: int | None = None
 
     def observe(self, event: Event) -> None:
         """Update jobs and bindings from JobStarted, JobStateChanged and RankBound."""
@@ -161,16 +170,27 @@ class Topology:
             if r.get("run_id"):
                 job.run_id = r["run_id"]
         elif event.type == "RankBound":
-            old = self.bindings.get((r["job_id"], r["rank"]))
-            if old is not None and old.gpu_uuid is not None:
-                self._by_gpu.pop((old.node, old.gpu_uuid), None)
             binding = Binding(
                 r["job_id"], r["rank"], r["node"], r.get("gpu_uuid"), r.get("gpu_index"), r["pid"], r["ts"]
             )
-            self.bindings[(r["job_id"], r["rank"])] = binding
-            if binding.gpu_uuid is not None:
-                self._by_gpu[(binding.node, binding.gpu_uuid)] = binding
-            self._ranks.pop(binding.job_id, None)
+            self._bind(binding)
+
+    def _bind(self, binding: Binding) -> None:
+        """Record a binding in every index (a rank bound again replaces its old place)."""
+        key = (binding.job_id, binding.rank)
+        old = self.bindings.get(key)
+        if old is not None:
+            if old.gpu_uuid is not None:
+                self._by_gpu.pop((old.node, old.gpu_uuid), None)
+            self._by_node.get(old.node, {}).pop(key, None)
+            self._on_node.pop((old.job_id, old.node), None)
+        self.bindings[key] = binding
+        if binding.gpu_uuid is not None:
+            self._by_gpu[(binding.node, binding.gpu_uuid)] = binding
+        self._by_job.setdefault(binding.job_id, {})[binding.rank] = binding
+        self._by_node.setdefault(binding.node, {})[key] = binding
+        self._ranks.pop(binding.job_id, None)
+        self._on_node.pop((binding.job_id, binding.node), None)
 
     def binding_for_gpu(self, node: str, gpu_uuid: str) -> Binding | None:
         """The rank bound to a GPU of a node, if any."""
@@ -180,13 +200,22 @@ class Topology:
         """Bindings of a job, by rank."""
         ranks = self._ranks.get(job_id)
         if ranks is None:
-            ranks = sorted((b for (j, _), b in self.bindings.items() if j == job_id), key=lambda b: b.rank)
-            self._ranks[job_id] = ranks
+            bound = self._by_job.get(job_id, {})
+            ranks = self._ranks[job_id] = [bound[r] for r in sorted(bound)]
+        return list(ranks)
+
+    def ranks_on_node(self, job_id: str, node: str) -> list[Binding]:
+        """Bindings of a job on one node, by rank (indexed: a 16k-rank job asks this per sample)."""
+        ranks = self._on_node.get((job_id, node))
+        if ranks is None:
+            here = self._by_node.get(node, {})
+            ranks = sorted((b for (j, _), b in here.items() if j == job_id), key=lambda b: b.rank)
+            self._on_node[(job_id, node)] = ranks
         return list(ranks)
 
     def bindings_on_node(self, node: str) -> list[Binding]:
         """Bindings on a node, ordered by job and rank."""
-        return sorted((b for b in self.bindings.values() if b.node == node), key=lambda b: (b.job_id, b.rank))
+        return [b for _, b in sorted(self._by_node.get(node, {}).items())]
 
     def active_jobs(self) -> list[JobInfo]:
         """Jobs currently running, ordered by id."""
@@ -203,13 +232,15 @@ class Topology:
     def from_state(cls, state: dict[str, Any]) -> Topology:
         """Rebuild from `state()`."""
         topo = cls()
-        topo.jobs = {k: JobInfo(**v) for k, v in state["jobs"].items()}
-        for b in state["bindings"]:
-            binding = Binding(**b)
-            topo.bindings[(binding.job_id, binding.rank)] = binding
-            if binding.gpu_uuid is not None:
-                topo._by_gpu[(binding.node, binding.gpu_uuid)] = binding
+        topo.load_state(state)
         return topo
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Replace everything with `state()` in place (detectors hold a reference to this object)."""
+        self._reset()
+        self.jobs = {k: JobInfo(**v) for k, v in state["jobs"].items()}
+        for b in state["bindings"]:
+            self._bind(Binding(**b))
 
 
 def dumps_state(state: Any) -> bytes:
@@ -231,6 +262,9 @@ class Detector:
     """
 
     rules: ClassVar[tuple[str, ...]] = ()
+    # "rank": runs where a job's node's records are (per rank, per node, per GPU); "job": on the
+    # job's records and the rank stage's summaries of its ranks (streams/engine.py).
+    stage: ClassVar[str] = ""
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         self.topology = topology

@@ -56,6 +56,8 @@ DEFAULTS: dict[str, Any] = {
 class BaselineDetector(Detector):
     """Learns per-workload baselines from completed healthy runs; flags runs that deviate."""
 
+    stage: ClassVar[str] = "job"  # reads the job's window statistics
+
     rules: ClassVar[tuple[str, ...]] = ("baseline_deviation",)
 
     def __init__(self, topology: Any, params: dict[str, Any] | None = None) -> None:
@@ -78,6 +80,7 @@ class BaselineDetector(Detector):
         self.history_points = int(p["history_points"])
         self.baselines_by_key: dict[str, list[dict[str, Any]]] = {}
         self.jobs: dict[str, dict[str, Any]] = {}
+        self.learned: list[dict[str, Any]] = []  # committed runs not yet shared (`drain_learned`)
 
     # -- input -------------------------------------------------------------------------
     def observe(self, event: Event) -> list[Finding]:
@@ -228,11 +231,53 @@ class BaselineDetector(Detector):
         if not counts or max(counts) < self.min_windows:
             return
         summary = {m: median(v) if len(v) >= self.min_windows else None for m, v in job["values"].items()}
-        runs = [run for run in self.baselines_by_key.get(job["key"], []) if run["job_id"] != job_id]
-        runs.append(
-            {"job_id": job_id, "run_id": job["run_id"], "end": ts, "windows": max(counts), "metrics": summary}
+        run = {
+            "job_id": job_id,
+            "run_id": job["run_id"],
+            "end": ts,
+            "windows": max(counts),
+            "metrics": summary,
+        }
+        self._add_run(job["key"], run)
+        self.learned.append(
+            {
+                "ts": ts,
+                "source": -1,  # the worker names its partition
+                "job_id": job_id,
+                "run_id": job["run_id"],
+                "baseline_key": job["key"],
+                "windows": max(counts),
+                "metrics": summary,
+            }
         )
-        self.baselines_by_key[job["key"]] = runs[-self.max_runs :]
+
+    def _add_run(self, key: str, run: dict[str, Any]) -> None:
+        """Keep the newest `max_runs` runs of a key, one per job, in completion order (the same
+        whichever order the runs arrive in)."""
+        runs = [r for r in self.baselines_by_key.get(key, []) if r["job_id"] != run["job_id"]]
+        runs.append(run)
+        runs.sort(key=lambda r: (r["end"], r["job_id"]))
+        self.baselines_by_key[key] = runs[-self.max_runs :]
+
+    def drain_learned(self) -> list[dict[str, Any]]:
+        """Runs committed since the last call, as `BaselineRun` records for the other job stages."""
+        out, self.learned = self.learned, []
+        return out
+
+    def adopt(self, record: dict[str, Any]) -> None:
+        """A run another job-stage partition committed (a `BaselineRun`)."""
+        if record.get("job_id") in self.jobs:
+            return  # this engine judges (or judged) the job itself: its own summary counts
+        self._add_run(
+            str(record["baseline_key"]),
+            {
+                "job_id": record["job_id"],
+                "run_id": record.get("run_id", ""),
+                "end": int(record["ts"]),
+                "windows": int(record["windows"]),
+                "metrics": dict(record["metrics"]),
+            },
+        )
 
     # -- export ------------------------------------------------------------------------
     def baselines(self) -> list[dict[str, Any]]:

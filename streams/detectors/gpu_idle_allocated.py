@@ -85,7 +85,7 @@ class GpuIdleAllocatedDetector(PerJobDetector):
         if binding is None and r.get("pids"):
             # Attributed by its processes: if they are the job's ranks (bound to other GPUs), they strayed
             # here (gpu_outside_allocation's case); the scheduler did not allocate this GPU to the job.
-            own = {b.pid for b in self.topology.ranks_of(job_id) if b.node == node}
+            own = {b.pid for b in self.topology.ranks_on_node(job_id, node)}
             if own.intersection(int(p) for p in r["pids"]):
                 return []
         key = f"{node}|{uuid}"

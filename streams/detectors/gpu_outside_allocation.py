@@ -77,7 +77,7 @@ class GpuOutsideAllocationDetector(Detector):
             b = bound.get(int(pid))
             if b is None or (owner is not None and owner.job_id == b.job_id):
                 continue
-            if any(x.gpu_uuid == uuid for x in self.topology.ranks_of(b.job_id) if x.node == node):
+            if any(x.gpu_uuid == uuid for x in self.topology.ranks_on_node(b.job_id, node)):
                 continue  # another rank of the job is bound to this GPU: it is the job's
             here.setdefault(b.job_id, []).append(b)
         out: list[Finding] = []

@@ -38,7 +38,8 @@ from typing import Any, ClassVar
 from schemas.records import Event
 from streams.detectors.base import Finding, JobAndHostDetector, JobInfo
 from streams.detectors.changepoint import RelativeSpeedCusum
-from streams.detectors.stats import finite, mean, median, robust_scorer
+from streams.detectors.stats import finite, mean, median, robust_scorer, weighted_median
+from streams.summary import stat_mean, stat_median
 
 __all__ = ["DEFAULTS", "ImbalanceDetector", "baseline_key"]
 
@@ -78,9 +79,10 @@ _THROTTLE_BITS = {
     0x80: "hw_power_brake",
 }
 
-# Step row layout (plain lists: they go into the snapshot as they are).
-_TS, _RANK, _BUSY, _COMPUTE, _WAIT, _COMM, _STEP_TIME, _TOKENS, _SAMPLES, _LOSS, _STEP = range(11)
-# GPU row layout.
+# A rank's steps over one summary bucket (plain lists: they go into the snapshot as they are); the
+# Stats are `streams.summary` ones ({n, sum, min, max, med, values}).
+_TS, _RANK, _BUSY, _COMPUTE, _WAIT, _COMM, _STEP_TIME, _TOKENS, _SAMPLES, _LOSS, _STEP, _N, _ATTR = range(13)
+# A rank's GPU over one bucket.
 _G_TS, _G_RANK, _G_UTIL, _G_POWER, _G_CLOCK, _G_REASONS, _G_MEM = range(7)
 
 
@@ -110,6 +112,8 @@ def _throttle_names(mask: int) -> list[str]:
 
 class ImbalanceDetector(JobAndHostDetector):
     """Per-job window statistics and the rank/GPU/network imbalance rules built on them."""
+
+    stage: ClassVar[str] = "job"  # reads the rank stage's summaries of the job's ranks
 
     rules: ClassVar[tuple[str, ...]] = ("straggler", "gpu_imbalance", "network_degradation")
 
@@ -172,49 +176,47 @@ class ImbalanceDetector(JobAndHostDetector):
         return job
 
     def observe(self, event: Event) -> list[Finding]:
-        """Buffer steps, GPU and host samples for the windows they fall in."""
+        """Buffer each rank's summary (steps, GPU) and each node's (host) for the windows they fall in."""
+        if event.type != "RankSummary":
+            return []
         r = event.record
-        if event.type == "StepCompleted":
-            compute = _opt_sum(r.get("forward_s"), r.get("backward_s"), r.get("optimizer_s"))
-            wait = r.get("data_wait_s")
-            busy = compute + (wait or 0.0) if compute is not None else r["step_time_s"]
-            job = self._job(r["job_id"], r["ts"])
+        ts = int(r["bucket_start"])
+        rank = r.get("rank")
+        if rank is None:
+            retrans = stat_mean([r.get("tcp_retrans_segs_s")])
+            if retrans is not None or r.get("ib_errors") is not None:
+                self.hosts.setdefault(r["node"], []).append([ts, retrans, r.get("ib_errors")])
+            return []
+        if r.get("steps"):
+            job = self._job(r["job_id"], ts)
             job["steps"].append(
                 [
-                    r["ts"],
-                    r["rank"],
-                    busy,
-                    compute,
-                    wait,
+                    ts,
+                    rank,
+                    r.get("busy_s"),
+                    r.get("compute_s"),
+                    r.get("data_wait_s"),
                     r.get("comm_s"),
-                    r["step_time_s"],
+                    r.get("step_time_s"),
                     r.get("tokens"),
                     r.get("samples"),
                     r.get("loss"),
-                    r["step"],
+                    r.get("last_step"),
+                    int(r["steps"]),
+                    [r["attr_step_time_s"], r["attr_idle_s"], r["attr_wait_s"], r["attr_comm_s"]],
                 ]
             )
-        elif event.type == "GpuSample":
-            binding = self.topology.binding_for_gpu(r["node"], r["gpu_uuid"])
-            if binding is not None and binding.job_id in self.jobs:
-                mem = r.get("mem_used_bytes")
-                total = r.get("mem_total_bytes")
-                self.jobs[binding.job_id]["gpu"].append(
-                    [
-                        r["ts"],
-                        binding.rank,
-                        r.get("gpu_util_pct"),
-                        r.get("power_w"),
-                        r.get("sm_clock_mhz"),
-                        r.get("clock_event_reasons") or 0,
-                        (mem / total) if mem is not None and total else None,
-                    ]
-                )
-        elif event.type == "HostSample" and (
-            r.get("tcp_retrans_segs_s") is not None or r.get("ib_errors") is not None
-        ):
-            self.hosts.setdefault(r["node"], []).append(
-                [r["ts"], r.get("tcp_retrans_segs_s"), r.get("ib_errors")]
+        if r.get("gpu_n") and r["job_id"] in self.jobs:
+            self.jobs[r["job_id"]]["gpu"].append(
+                [
+                    ts,
+                    rank,
+                    r.get("gpu_util_pct"),
+                    r.get("power_w"),
+                    r.get("sm_clock_mhz"),
+                    r.get("throttle_reasons") or 0,
+                    r.get("mem_frac"),
+                ]
             )
         return []
 
@@ -281,17 +283,17 @@ class ImbalanceDetector(JobAndHostDetector):
             rows = by_rank[rank]
             g = gpu_by_rank.get(rank, [])
             rank_stats[rank] = {
-                "steps": len(rows),
-                "busy": median(finite(r[_BUSY] for r in rows)),
-                "compute": median(finite(r[_COMPUTE] for r in rows)),
-                "wait": median(finite(r[_WAIT] for r in rows)),
-                "comm": median(finite(r[_COMM] for r in rows)),
-                "step_time": median(finite(r[_STEP_TIME] for r in rows)),
-                "util": mean(finite(x[_G_UTIL] for x in g)),
-                "power": mean(finite(x[_G_POWER] for x in g)),
-                "clock": mean(finite(x[_G_CLOCK] for x in g)),
+                "steps": sum(int(r[_N]) for r in rows),
+                "busy": stat_median([r[_BUSY] for r in rows]),
+                "compute": stat_median([r[_COMPUTE] for r in rows]),
+                "wait": stat_median([r[_WAIT] for r in rows]),
+                "comm": stat_median([r[_COMM] for r in rows]),
+                "step_time": stat_median([r[_STEP_TIME] for r in rows]),
+                "util": stat_mean([x[_G_UTIL] for x in g]),
+                "power": stat_mean([x[_G_POWER] for x in g]),
+                "clock": stat_mean([x[_G_CLOCK] for x in g]),
                 "reasons": _or_all(x[_G_REASONS] for x in g),
-                "mem": mean(finite(x[_G_MEM] for x in g)),
+                "mem": stat_mean([x[_G_MEM] for x in g]),
             }
         scored = {k: v for k, v in rank_stats.items() if v["steps"] >= self.min_steps and v["busy"]}
         job_busy = median([v["busy"] for v in scored.values()]) if scored else None
@@ -657,7 +659,7 @@ class ImbalanceDetector(JobAndHostDetector):
         """The job's node whose network looks at fault: InfiniBand port errors first, then TCP retransmits."""
         nodes = sorted(
             set(info.nodes if info and info.nodes else [])
-            | {b.node for b in self.topology.bindings.values() if info and b.job_id == info.job_id}
+            | {b.node for b in (self.topology.ranks_of(info.job_id) if info else [])}
         )
         ib = self._ib_node(nodes, start, end)
         if ib is not None:
@@ -772,21 +774,15 @@ class ImbalanceDetector(JobAndHostDetector):
             )
         if not steps:
             return
-        tps = finite(
-            (s[_TOKENS] / s[_STEP_TIME]) if s[_TOKENS] is not None and s[_STEP_TIME] else None for s in steps
-        )
+        # Each bucket's rate counts as many times as it has steps: the median over the window's steps.
+        tps = weighted_median((_rate(s[_TOKENS], s[_STEP_TIME]), _steps_in(s)) for s in steps)
         per_rank_sps = [
-            median(
-                finite(
-                    (s[_SAMPLES] / s[_STEP_TIME]) if s[_SAMPLES] is not None and s[_STEP_TIME] else None
-                    for s in rows
-                )
-            )
+            weighted_median((_rate(s[_SAMPLES], s[_STEP_TIME]), _steps_in(s)) for s in rows)
             for rows in _group(steps).values()
         ]
         sps = finite(per_rank_sps)
-        wait_frac = finite(
-            (s[_WAIT] / s[_STEP_TIME]) if s[_WAIT] is not None and s[_STEP_TIME] else None for s in steps
+        wait_frac = weighted_median(
+            (_rate(s[_WAIT]["sum"] if s[_WAIT] else None, s[_STEP_TIME]), _steps_in(s)) for s in steps
         )
         scores = finite(v["score"] for v in stats.values())
         self._derived.append(
@@ -801,14 +797,14 @@ class ImbalanceDetector(JobAndHostDetector):
                     "baseline_key": baseline_key(info) if info else "",
                     "healthy": True,
                     "ranks": len(stats),
-                    "last_step": max(int(s[_STEP]) for s in steps),
+                    "last_step": max(int(s[_STEP]) for s in steps if s[_STEP] is not None),
                     "step_time_s": median(finite(v["step_time"] for v in stats.values())),
-                    "tokens_per_s_per_gpu": median(tps),
+                    "tokens_per_s_per_gpu": tps,
                     "samples_per_s": math.fsum(sps) if sps else None,
-                    "data_wait_frac": median(wait_frac),
-                    "gpu_util_pct": mean(finite(g[_G_UTIL] for g in gpus)),
-                    "power_w": mean(finite(g[_G_POWER] for g in gpus)),
-                    "loss": median(finite(s[_LOSS] for s in steps)),
+                    "data_wait_frac": wait_frac,
+                    "gpu_util_pct": stat_mean([g[_G_UTIL] for g in gpus]),
+                    "power_w": stat_mean([g[_G_POWER] for g in gpus]),
+                    "loss": stat_median([s[_LOSS] for s in steps]),
                     "min_straggler_score": min(scores) if scores else None,
                     **_idle_attribution(steps),
                 },
@@ -837,17 +833,25 @@ def _group(steps: list[list[Any]]) -> dict[int, list[list[Any]]]:
     return out
 
 
+def _steps_in(row: list[Any]) -> float:
+    """How many steps a bucket row's step times cover."""
+    st = row[_STEP_TIME]
+    return float(st["n"]) if st else 0.0
+
+
+def _rate(amount: float | None, step_time: dict[str, Any] | None) -> float | None:
+    """Per second over a bucket's steps: an amount (tokens, samples, wait) over their step time."""
+    if amount is None or not step_time or not step_time["sum"]:
+        return None
+    return float(amount) / float(step_time["sum"])
+
+
 def _idle_attribution(steps: list[list[Any]]) -> dict[str, float | None]:
     """GPU idle time of a window's steps split into data wait, communication and other causes (fractions of step time)."""
-    total = idle = wait = comm = 0.0
-    for s in steps:
-        step_time, compute = s[_STEP_TIME], s[_COMPUTE]
-        if compute is None or not step_time or not math.isfinite(step_time) or step_time <= 0:
-            continue
-        total += step_time
-        idle += max(0.0, step_time - compute)
-        wait += s[_WAIT] or 0.0
-        comm += s[_COMM] or 0.0
+    total = math.fsum(s[_ATTR][0] for s in steps)
+    idle = math.fsum(s[_ATTR][1] for s in steps)
+    wait = math.fsum(s[_ATTR][2] for s in steps)
+    comm = math.fsum(s[_ATTR][3] for s in steps)
     if total <= 0:
         return {
             "gpu_idle_frac": None,

@@ -20,7 +20,8 @@ so the node's other ranks, whose samples of the same interval arrive one by one,
 first: one incident on a node is one alert.
 
 Whether the GPUs waited: the data wait of the rank's steps (StepCompleted `data_wait_s` over
-`step_time_s`, median of the last `wait_recent_steps`) against the same rank's normal data wait;
+`step_time_s`, median of the last `wait_recent_steps`, from the rank's first loader sample on)
+against the same rank's normal data wait;
 it waited when that grew by `wait_ratio` and by `wait_min_increase` of the step. A data-path
 problem the prefetching hides is reported as `info`, one that starves the GPUs as `warning`.
 """
@@ -158,8 +159,10 @@ class LoaderSignalDetector(PerJobDetector):
         wait, total = r.get("data_wait_s"), r.get("step_time_s")
         if wait is None or not total or total <= 0 or wait != wait or total != total:
             return
-        job = self._job(r["job_id"])
-        state, _ = self._rank(job, int(r["rank"]), r.get("run_id", ""))
+        job = self._jobs.get(r["job_id"])
+        state = job["ranks"].get(str(r["rank"])) if job is not None else None
+        if state is None or state["run"] != r.get("run_id", ""):
+            return  # no loader sample of this rank (and run) yet: nothing to judge its wait against
         frac = min(1.0, max(0.0, float(wait) / float(total)))
         recent: list[float] = state["wait"]
         recent.append(frac)
@@ -229,12 +232,14 @@ class LoaderSignalDetector(PerJobDetector):
 
     def _settle(self, job_id: str, job: dict[str, Any], rank: int, ts: int, changed: bool) -> list[Finding]:
         """Bring the emitted findings of the rank's node (or of the rank alone) in line with the ranks' states."""
+        if not changed and not job["emitted"]:
+            return []  # nothing active anywhere in the job (every rank that turned active was emitted)
         node = rank_place(self.topology, job_id, rank).node
         ranks = job["ranks"]
         if node is None:
             members = [rank]
         else:
-            members = sorted(b.rank for b in self.topology.ranks_of(job_id) if b.node == node)
+            members = [b.rank for b in self.topology.ranks_on_node(job_id, node)]
             if rank not in members:
                 members.append(rank)
         active = [m for m in members if ranks.get(str(m), {}).get("active")]
@@ -272,7 +277,7 @@ class LoaderSignalDetector(PerJobDetector):
         ranks = job["ranks"]
         if kind == "r":
             return [ranks[name]] if name in ranks else []
-        members = sorted(b.rank for b in self.topology.ranks_of(job_id) if b.node == name)
+        members = [b.rank for b in self.topology.ranks_on_node(job_id, name)]
         affected = [m for m in members if ranks.get(str(m), {}).get("active")] or members
         return [ranks[str(m)] for m in affected if str(m) in ranks]
 
@@ -292,7 +297,7 @@ class LoaderSignalDetector(PerJobDetector):
         kind, _, name = place.partition(":")
         states = self._states_of(job_id, job, place)
         if kind == "n":
-            members = sorted(b.rank for b in self.topology.ranks_of(job_id) if b.node == name)
+            members = [b.rank for b in self.topology.ranks_on_node(job_id, name)]
             affected = [m for m in members if job["ranks"].get(str(m), {}).get("active")] or members
             rank: int | None = None
             where = rank_place(self.topology, job_id, None, name)

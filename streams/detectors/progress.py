@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding
 from streams.detectors.stats import median
+from streams.summary import stat_mean
 
 __all__ = ["DEFAULTS", "ProgressDetector"]
 
@@ -82,7 +83,7 @@ def _blank_job() -> dict[str, Any]:
         "eval_ms": [],  # durations of recent evaluations, ms
         "eval_open": {},  # evaluation_id -> [started ts, expected ms or None]
         "eval_stuck": None,  # [evaluation_id, since] of an active evaluation_stuck
-        "eval_gap": False,  # a ValidationResult arrived: the next step's gap measures the evaluation
+        "eval_gap": False,  # time of a ValidationResult whose pause the next step after it measures (False: none)
         "paused": False,  # a checkpoint or evaluation closed since the last step: its gap is no interval
         "coll": {},  # str(rank) -> [[ts, time_s / interval_s], ...] recent samples
         "gpu": {},  # str(rank) -> [[ts, gpu_util_pct, power_w], ...] recent samples
@@ -98,6 +99,8 @@ def _blank_job() -> dict[str, Any]:
 
 class ProgressDetector(Detector):
     """Heartbeats per job and rank: stalls, hung ranks and zombie jobs."""
+
+    stage: ClassVar[str] = "job"  # reads the rank stage's summaries of the job's ranks
 
     rules: ClassVar[tuple[str, ...]] = ("job_stall", "rank_hang", "zombie_job", "evaluation_stuck")
 
@@ -123,11 +126,14 @@ class ProgressDetector(Detector):
 
     # -- events ------------------------------------------------------------------------
     def observe(self, event: Event) -> list[Finding]:
-        """Heartbeats from steps, checkpoints, validations, collectives and GPU samples."""
+        """Heartbeats from rank summaries (steps, collectives, GPU), checkpoints, evaluations and validations."""
         r = event.record
         t = event.type
+        if t == "RankSummary":
+            return self._summary(r)
         if t == "StepCompleted":
-            return self._step(r)
+            self._leader_step(r)
+            return []
         if t == "CheckpointEvent":
             job = self._job_of(r["job_id"])
             if r["phase"] == "started":
@@ -149,15 +155,10 @@ class ProgressDetector(Detector):
             if dur is not None and dur >= 0:
                 job["eval_ms"] = [*job["eval_ms"], int(dur * 1000)][-4:]
             job["last_activity"] = max(job["last_activity"] or 0, r["ts"])
-            job["eval_gap"] = job["paused"] = True
-        elif t == "CollectiveSample":
-            known = self.jobs.get(r["job_id"])
-            if known is not None and r["interval_s"] > 0:
-                key = str(r["rank"])
-                sample = [r["ts"], r["time_s"] / r["interval_s"]]
-                known["coll"][key] = [*known["coll"].get(key, []), sample][-_GPU_HISTORY:]
-        elif t == "GpuSample":
-            self._gpu(r)
+            # The next step after this time measures the evaluation (summaries of steps before it
+            # may still come: they are over a bucket's end).
+            job["eval_gap"] = int(r["ts"])
+            job["paused"] = True
         elif t == "RankFault" and r.get("kind") == "collective_timeout":
             return self._timeout(r)
         elif t == "JobStarted":
@@ -191,6 +192,19 @@ class ProgressDetector(Detector):
         job["eval_stuck"] = None
         return out
 
+    def _leader_step(self, r: dict[str, Any]) -> None:
+        """The leader rank's own step (the rank stage passes it on): after a ValidationResult its
+        first step measures the evaluation exactly, where a summary spreads the pause over the
+        bucket's steps. The summary that follows is then no interval sample."""
+        job = self.jobs.get(r["job_id"])
+        if job is None or not job["eval_gap"] or job["last_step_ts"] is None or r["ts"] <= job["eval_gap"]:
+            return
+        if job["max_step"] is not None and int(r["step"]) <= job["max_step"]:
+            return
+        self._learn_eval_gap(job, int(r["ts"]) - job["last_step_ts"])
+        job["eval_gap"] = False
+        job["paused"] = True
+
     def _learn_eval_gap(self, job: dict[str, Any], gap: int) -> None:
         """The pause between the steps around a ValidationResult is the evaluation's real length."""
         interval = self._interval_ms(job) or 0
@@ -213,22 +227,37 @@ class ProgressDetector(Detector):
         job["hang"] = [silent[0], job["ranks"][str(silent[0])][1]]
         return [self._hang_finding(r["job_id"], job, silent[0], r["ts"], True)]
 
-    def _gpu(self, r: dict[str, Any]) -> None:
-        binding = self.topology.binding_for_gpu(r["node"], r["gpu_uuid"])
-        if binding is None:
-            return
-        job = self.jobs.get(binding.job_id)
+    def _summary(self, r: dict[str, Any]) -> list[Finding]:
+        """One rank's bucket: its last step (a heartbeat), its collectives and its GPU."""
+        rank = r.get("rank")
+        if rank is None:
+            return []
+        out: list[Finding] = []
+        if r.get("last_step") is not None:
+            out = self._step(
+                {"job_id": r["job_id"], "rank": rank, "step": r["last_step"], "ts": r["last_step_ts"]}
+            )
+        job = self.jobs.get(r["job_id"])
         if job is None:
-            return
-        power = r.get("power_w")
-        if r.get("gpu_util_pct") is not None:
-            key = str(binding.rank)
-            row = [r["ts"], float(r["gpu_util_pct"]), None if power is None else float(power)]
+            return out
+        key = str(rank)
+        if r.get("coll_n") and r.get("coll_frac_last") is not None:
+            row = [r["coll_last_ts"], float(r["coll_frac_last"]), float(r["coll_frac_max"])]
+            job["coll"][key] = [*job["coll"].get(key, []), row][-_GPU_HISTORY:]
+        util, power = r.get("gpu_util_pct"), stat_mean([r.get("power_w")])
+        ts = r.get("gpu_last_ts")
+        if util and ts is not None:
+            row = [ts, float(util["sum"]) / int(util["n"]), power, float(util["min"]), float(util["max"])]
             job["gpu"][key] = [*job["gpu"].get(key, []), row][-_GPU_HISTORY:]
-        if power is not None and job["last_step_ts"] is not None and r["ts"] >= job["last_step_ts"]:
-            job["power_pending"] = [*job["power_pending"], round(float(power), 1)][-_POWER_HISTORY:]
-        if binding.pid in (r.get("pids") or ()):
-            job["pid_seen"] = max(job["pid_seen"] or 0, r["ts"])
+        if power is not None and ts is not None:
+            if r.get("steps") and r.get("last_step_ts") is not None and ts <= r["last_step_ts"]:
+                # Drawn before a step of the same bucket: what the GPUs draw while training.
+                job["power_train"] = [*job["power_train"], round(float(power), 1)][-_POWER_HISTORY:]
+            elif job["last_step_ts"] is not None and ts >= job["last_step_ts"]:
+                job["power_pending"] = [*job["power_pending"], round(float(power), 1)][-_POWER_HISTORY:]
+        if r.get("pid_seen_ts") is not None:
+            job["pid_seen"] = max(job["pid_seen"] or 0, int(r["pid_seen_ts"]))
+        return out
 
     def _job_of(self, job_id: str) -> dict[str, Any]:
         """The job's state, created on first sight (not a blank dict built per event)."""
@@ -245,9 +274,12 @@ class ProgressDetector(Detector):
         if prev is None or step >= prev[0]:
             job["ranks"][rank] = [step, ts]
         if job["max_step"] is None or step > job["max_step"]:
+            # A step from before the last ValidationResult (its bucket's summary came after it).
+            before_eval = bool(job["eval_gap"]) and ts <= job["eval_gap"]
             if job["last_step_ts"] is not None and not job["ckpt_open"] and not job["eval_open"]:
-                gap = ts - job["last_step_ts"]
-                if job["eval_gap"]:
+                # A summary can carry several steps: the gap per step is the interval.
+                gap = (ts - job["last_step_ts"]) // max(1, step - (job["max_step"] or step - 1))
+                if job["eval_gap"] and not before_eval:
                     self._learn_eval_gap(job, gap)
                 elif gap > 0 and not job["paused"]:
                     job["gaps"] = [*job["gaps"], gap][-self.interval_history :]
@@ -255,7 +287,8 @@ class ProgressDetector(Detector):
                         # Readings between two ordinary steps: what the GPUs draw while training.
                         job["power_train"] = [*job["power_train"], *job["power_pending"]][-_POWER_HISTORY:]
             job["power_pending"] = []
-            job["eval_gap"] = job["paused"] = False
+            if not before_eval:
+                job["eval_gap"] = job["paused"] = False
             job["max_step"] = step
             job["last_step_ts"] = max(job["last_step_ts"] or 0, ts)
             job["last_activity"] = max(job["last_activity"] or 0, ts)
@@ -302,7 +335,7 @@ class ProgressDetector(Detector):
                 out.extend(self._check_eval(job_id, job, watermark))
                 continue  # so is an evaluation, within its own timeout
             silent = watermark - job["last_activity"]
-            allowed = self._allowed_ms(job, watermark)
+            allowed = self._allowed_ms(job, watermark, silent)
             if silent <= allowed:
                 continue
             out.append(self._stall_finding(job_id, job, watermark, True, allowed))
@@ -343,7 +376,9 @@ class ProgressDetector(Detector):
     def _interval_ms(self, job: dict[str, Any]) -> float | None:
         return median(job["gaps"]) if len(job["gaps"]) >= 3 else None
 
-    def _allowed_ms(self, job: dict[str, Any], watermark: int) -> int:
+    def _allowed_ms(self, job: dict[str, Any], watermark: int, silent: int | None = None) -> int:
+        """How long the job may be silent now. The first-evaluation grace looks at every rank (its
+        shape), so it is only asked once the `silent` job is past the usual allowance."""
         interval = self._interval_ms(job)
         allowed = self.floor_ms
         if interval is not None:
@@ -354,6 +389,7 @@ class ProgressDetector(Detector):
             not job["eval_ms"]
             and not job["val_steps"]
             and self.eval_first_grace_ms > allowed
+            and (silent is None or silent > allowed)
             and self._looks_like_evaluation(job, watermark)
         ):
             allowed = self.eval_first_grace_ms
@@ -375,7 +411,7 @@ class ProgressDetector(Detector):
         if not steps or min(steps) < max(steps) or self._hung_rank(job, watermark) is not None:
             return False
         for samples in job["coll"].values():
-            recent = [f for t, f in samples if t > since]
+            recent = [x[1] for x in samples if x[0] > since]
             if recent and recent[-1] >= self.hang_coll_frac:
                 return False
         fresh = watermark - self.pid_recent_ms
@@ -426,25 +462,28 @@ class ProgressDetector(Detector):
         # Only a rank out of the collective in *every* sample since the stall began counts: the
         # first rank of a resuming job leaves the collective while its peers' samples still say
         # blocked, and that is recovery, not a hang.
-        coll = {int(k): [f for t, f in v if t > since] for k, v in job["coll"].items()}
+        # Rows [ts, last fraction, highest fraction] of the buckets since the stall began.
+        coll = {int(k): [x for x in v if x[0] > since] for k, v in job["coll"].items()}
         coll = {k: v for k, v in coll.items() if v}
         if len(coll) >= 2:
-            blocked = [k for k, v in coll.items() if v[-1] >= self.hang_coll_frac]
-            free = sorted(k for k, v in coll.items() if max(v) < self.hang_coll_frac)
+            blocked = [k for k, v in coll.items() if v[-1][1] >= self.hang_coll_frac]
+            free = sorted(k for k, v in coll.items() if max(x[-1] for x in v) < self.hang_coll_frac)
             if blocked and 0 < len(free) <= limit:
                 return free[0]
         # GPU activity since the stall began: a hung rank is out of line in *every* sample (its
         # lowest and highest reading on the same side of its peers); a GPU that only just came
         # back (a stalled job resuming) is not.
-        spans = {int(k): [x[1] for x in v if x[0] > since] for k, v in job["gpu"].items()}
+        # Rows [ts, mean, power, lowest, highest] of the rank's GPU per bucket since the stall began.
+        spans = {int(k): [x for x in v if x[0] > since] for k, v in job["gpu"].items()}
         spans = {k: v for k, v in spans.items() if len(v) >= self.hang_min_samples}
         if len(spans) >= 3:
-            mid = median([median(v) or 0.0 for v in spans.values()])
+            mid = median([median([x[1] for x in v]) or 0.0 for v in spans.values()])
             assert mid is not None
             odd = sorted(
                 k
                 for k, v in spans.items()
-                if min(v) - mid >= self.hang_gpu_gap or mid - max(v) >= self.hang_gpu_gap
+                if min(_low(x) for x in v) - mid >= self.hang_gpu_gap
+                or mid - max(_high(x) for x in v) >= self.hang_gpu_gap
             )
             if len(odd) == 1:
                 return odd[0]
@@ -572,3 +611,12 @@ class ProgressDetector(Detector):
     def forget_job(self, job_id: str) -> None:
         """Drop a finished job."""
         self.jobs.pop(job_id, None)
+
+
+def _low(row: list[Any]) -> float:
+    """A GPU row's lowest activity (snapshots before summaries held one sample: [ts, util, power])."""
+    return float(row[3]) if len(row) > 3 else float(row[1])
+
+
+def _high(row: list[Any]) -> float:
+    return float(row[4]) if len(row) > 4 else float(row[1])

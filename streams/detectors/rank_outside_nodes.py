@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector
+from streams.detectors.base import Finding, PerJobDetector, Topology
 from streams.detectors.placement import rank_place, ranks_text, short_host
 
 __all__ = ["RankOutsideNodesDetector"]
@@ -25,6 +25,11 @@ class RankOutsideNodesDetector(PerJobDetector):
 
     stage: ClassVar[str] = "job"
     rules: ClassVar[tuple[str, ...]] = ("rank_outside_nodes",)
+
+    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
+        super().__init__(topology, params)
+        # job -> (its JobStarted's node list, those nodes' short names): derived, not state.
+        self._listed_cache: dict[str, tuple[list[str], set[str]]] = {}
 
     def new_job_state(self) -> dict[str, Any]:
         """Open conditions by node, and how many checks found each (for the history)."""
@@ -39,12 +44,20 @@ class RankOutsideNodesDetector(PerJobDetector):
             return self._check(r["job_id"], r["ts"], int(r["rank"]))
         return []
 
+    def _listed(self, job_id: str, nodes: list[str]) -> set[str]:
+        """The job's allocation by short host name (made once per JobStarted: a 16k-rank job binds
+        16k ranks against the same 2k nodes)."""
+        known = self._listed_cache.get(job_id)
+        if known is None or known[0] is not nodes:
+            known = self._listed_cache[job_id] = (nodes, {short_host(n) for n in nodes})
+        return known[1]
+
     def _check(self, job_id: str, ts: int, only: int | None) -> list[Finding]:
         """Bring the open conditions in line with the bindings (all of them, or rank `only`'s)."""
         info = self.topology.jobs.get(job_id)
         if info is None or (not info.nodes and job_id not in self._jobs):
             return []
-        listed = {short_host(n) for n in info.nodes}
+        listed = self._listed(job_id, info.nodes)
         job = self._job(job_id)
         # node -> ranks outside, as wanted after this check
         wanted: dict[str, list[int]] = {n: list(c["ranks"]) for n, c in job["open"].items()}

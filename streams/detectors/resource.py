@@ -64,7 +64,7 @@ class ResourceDetector(Detector):
         if binding is not None:
             allowed = self._allowed.get((binding.job_id, node))
             if allowed is None:
-                allowed = frozenset(b.pid for b in self.topology.ranks_of(binding.job_id) if b.node == node)
+                allowed = frozenset(b.pid for b in self.topology.ranks_on_node(binding.job_id, node))
                 self._allowed[(binding.job_id, node)] = allowed
             foreign = sorted({int(p) for p in r.get("pids") or []} - allowed - {binding.pid})
         if not foreign:

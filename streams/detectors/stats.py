@@ -9,7 +9,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 
-__all__ = ["MAD_TO_SIGMA", "finite", "mad", "mean", "median", "quantile", "robust_scorer", "robust_z"]
+__all__ = [
+    "MAD_TO_SIGMA",
+    "finite",
+    "mad",
+    "mean",
+    "median",
+    "quantile",
+    "robust_scorer",
+    "robust_z",
+    "weighted_median",
+]
 
 # MAD of a normal distribution times this is its standard deviation.
 MAD_TO_SIGMA = 1.4826
@@ -28,6 +38,24 @@ def median(values: Sequence[float]) -> float | None:
     n = len(s)
     mid = n // 2
     return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2.0
+
+
+def weighted_median(pairs: Iterable[tuple[float | None, float]]) -> float | None:
+    """Median of (value, weight) pairs as if each value occurred `weight` times (finite values,
+    positive weights); None when there are none. A bucket's rate weighted by its steps gives the
+    median over steps that summaries no longer carry one by one."""
+    items = sorted((v, w) for v, w in pairs if v is not None and math.isfinite(v) and w > 0)
+    if not items:
+        return None
+    half = math.fsum(w for _, w in items) / 2.0
+    seen = 0.0
+    for i, (v, w) in enumerate(items):
+        seen += w
+        if seen > half:
+            return v
+        if seen == half:  # the middle falls between two values
+            return (v + items[i + 1][0]) / 2.0 if i + 1 < len(items) else v
+    return items[-1][0]
 
 
 def mean(values: Sequence[float]) -> float | None:

@@ -6,7 +6,9 @@ JobStarted) and has sent telemetry before sends no GpuSample/HostSample for more
 max(`missing_intervals` x its learned sample interval, `missing_min_s`), measured on the watermark
 (which the other nodes and the steps keep moving), while some other node's telemetry is still
 fresh (`require_live_peer`: when every node is silent, the pipeline or the input stopped, not one
-agent). Checked at most every `check_every_s`, re-reported at most every `reemit_s`; resolves on
+agent). A rank-stage engine hears only the nodes of the job/node keys it holds; the other nodes'
+freshness reaches it as `Topology.telemetry_front` (the newest telemetry time of the whole input
+offline, of every partition of the worker live). Checked at most every `check_every_s`, re-reported at most every `reemit_s`; resolves on
 the node's next sample.
 """
 
@@ -99,6 +101,9 @@ class TelemetryMissingDetector(Detector):
             nodes.update(b.node for b in self.topology.ranks_of(job.job_id))
         out: list[Finding] = []
         freshest = max((n["last"] for n in self._nodes.values()), default=None)
+        front = self.topology.telemetry_front
+        if front is not None and (freshest is None or front > freshest):
+            freshest = front
         if self._live_peer and (freshest is None or watermark - freshest > self._miss_min):
             # No node at all reports: the telemetry pipeline (or the input) stopped, not one
             # node's agent; the worker's wall-clock guard (docs/worker.md) covers that case.

@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 from schemas.records import Event
 from streams.detectors.base import Finding, JobAndHostDetector, Topology
 from streams.detectors.stats import finite, mean, median
+from streams.summary import stat_mean
 
 __all__ = ["DEFAULTS", "ThroughputDetector"]
 
@@ -89,6 +90,8 @@ def _window_profile(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 class ThroughputDetector(JobAndHostDetector):
     """A run against its own recent history: one `throughput_drop` per slowdown, with its cause."""
 
+    stage: ClassVar[str] = "job"  # reads the rank stage's summaries of the job's ranks
+
     rules: ClassVar[tuple[str, ...]] = ("throughput_drop",)
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
@@ -108,7 +111,6 @@ class ThroughputDetector(JobAndHostDetector):
         self.power_drop = float(p["power_drop_ratio"])
         self.cpu_rise = float(p["host_cpu_rise_pct"])
         # self.hosts: node -> [[ts, cpu_util_pct]]
-        self._own: dict[tuple[str, str], frozenset[int]] = {}  # (job, node) -> the job's pids there (cache)
 
     def _job(self, job_id: str) -> dict[str, Any]:
         job = self.jobs.get(job_id)
@@ -149,35 +151,29 @@ class ThroughputDetector(JobAndHostDetector):
             )
         elif event.type == "JobWindowStats":
             return self._window(r)
-        elif event.type == "GpuSample":
-            self._gpu(r)
-        elif event.type == "HostSample" and r.get("cpu_util_pct") is not None:
-            rows = self.hosts.setdefault(r["node"], [])
-            rows.append([int(r["ts"]), float(r["cpu_util_pct"])])
-            while rows and rows[0][0] < r["ts"] - _KEEP_MS:
-                rows.pop(0)
-        elif event.type == "RankBound":
-            self._own.clear()
+        elif event.type == "RankSummary":
+            self._summary(r)
         elif event.type == "JobStarted":
             self.jobs.pop(r["job_id"], None)  # a new run has a new normal
         return []
 
-    def _gpu(self, r: dict[str, Any]) -> None:
-        binding = self.topology.binding_for_gpu(r["node"], r["gpu_uuid"])
-        if binding is None or binding.job_id not in self.jobs:
+    def _summary(self, r: dict[str, Any]) -> None:
+        """A node's host CPU, and a process on a rank's GPU that is none of the job's, per bucket."""
+        ts = int(r["ts"])
+        if r.get("rank") is None:
+            cpu = stat_mean([r.get("cpu_util_pct")])
+            if cpu is not None:
+                rows = self.hosts.setdefault(r["node"], [])
+                rows.append([int(r["bucket_start"]), cpu])
+                while rows and rows[0][0] < ts - _KEEP_MS:
+                    rows.pop(0)
             return
-        pids = {int(p) for p in r.get("pids") or []}
-        if not pids:
+        job = self.jobs.get(r["job_id"])
+        if job is None:
             return
-        own = self._own.get((binding.job_id, r["node"]))
-        if own is None:
-            own = frozenset(b.pid for b in self.topology.ranks_of(binding.job_id) if b.node == r["node"])
-            self._own[(binding.job_id, r["node"])] = own
-        foreign = sorted(pids - own)
-        job = self.jobs[binding.job_id]
-        if foreign:
-            job["foreign"].append([int(r["ts"]), binding.rank, foreign[0]])
-        job["foreign"] = [f for f in job["foreign"] if f[0] >= r["ts"] - _KEEP_MS]
+        if r.get("foreign_pid") is not None:
+            job["foreign"].append([int(r["foreign_pid_ts"]), int(r["rank"]), int(r["foreign_pid"])])
+        job["foreign"] = [f for f in job["foreign"] if f[0] >= ts - _KEEP_MS]
 
     # -- judgement ---------------------------------------------------------------------
     def _window(self, r: dict[str, Any]) -> list[Finding]:

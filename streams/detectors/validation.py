@@ -70,6 +70,8 @@ def _median(values: list[int]) -> float:
 class ValidationDetector(PerJobDetector):
     """Validation loss against training loss, and the validation period, per job."""
 
+    stage: ClassVar[str] = "job"  # reads the job's validation results and its leader rank's steps
+
     rules: ClassVar[tuple[str, ...]] = ("validation_divergence", "validation_missing")
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:

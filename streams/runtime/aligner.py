@@ -29,10 +29,11 @@ def tp_key(topic: str, partition: int) -> str:
 LagFn = Callable[[str, int | None], int | None]
 
 
-# A held record: (event time, arrival sequence, partition, offset, item). A plain tuple: the heap
-# compares (ts, seq) in C, never reaching the rest (seq is unique); a dataclass with `order=True`
-# compared in Python and was half of the alignment time.
-_Held = tuple[int, int, str, int, Any]
+# A held record: (event time, tie order, arrival sequence, partition, offset, item). A plain tuple:
+# the heap compares (ts, order, seq) in C, never reaching the rest (seq is unique); a dataclass with
+# `order=True` compared in Python and was half of the alignment time. `order` (default ()) puts
+# records of one event time in an order that does not depend on their arrival (the job stage).
+_Held = tuple[int, tuple[Any, ...], int, str, int, Any]
 
 
 class Aligner:
@@ -83,10 +84,10 @@ class Aligner:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def push(self, tp: str, offset: int, ts: int, item: Any, now: float) -> None:
-        """Hold one decoded event of partition `tp`."""
+    def push(self, tp: str, offset: int, ts: int, item: Any, now: float, order: tuple[Any, ...] = ()) -> None:
+        """Hold one decoded event of partition `tp` (`order`: its place among records of the same time)."""
         self._seq += 1
-        heapq.heappush(self._heap, (ts, self._seq, tp, offset, item))
+        heapq.heappush(self._heap, (ts, order, self._seq, tp, offset, item))
         self._held_count[tp] = self._held_count.get(tp, 0) + 1
         if ts > self._last_ts.get(tp, ts - 1):
             self._last_ts[tp] = ts
@@ -186,7 +187,7 @@ class Aligner:
         while heap:
             if not (frontier is None or heap[0][0] <= frontier or len(heap) > self.max_buffer):
                 break
-            _, _, tp, offset, item = heapq.heappop(heap)
+            _, _, _, tp, offset, item = heapq.heappop(heap)
             done = released.get(tp)
             if done is None:
                 done = released[tp] = set()

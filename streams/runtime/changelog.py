@@ -1,7 +1,8 @@
 """The worker's state in Kafka: two compacted changelog topics, their keys, and reading them back.
 
-* `<group>-engine-snapshot-changelog`: key `engine@p` on partition p, the snapshot of task p's engine
-  (`streams.runtime.task` frames it: a header naming the offsets it covers, then the engine).
+* `<group>-engine-snapshot-changelog`: key `engine@p` on partition p, the snapshot of rank-stage task
+  p's engine, and `jobs@p` that of job-stage task p (`streams.runtime.task` frames them: a header
+  naming the offsets it covers, then the engine).
 * `<group>-node-routes-changelog`: key = node, on the partition of its bindings, the side path's
   routes of that node (empty value: none).
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streams.errors import StreamsError
-from streams.runtime.options import JOB_TOPICS, NODE_TOPICS, WorkerOptions
+from streams.runtime.options import INPUT_TOPICS, WorkerOptions
 from streams.runtime.routes import partition_for
 
 __all__ = [
@@ -77,7 +78,7 @@ def topic_specs(options: WorkerOptions) -> list[Any]:
 
     n = options.partitions
     defaults = {spec.name: spec for spec in DEFAULT_TOPIC_SPECS}
-    specs = [defaults.get(t) or TopicSpec(t, n, 7 * _DAY_MS) for t in (*NODE_TOPICS, *JOB_TOPICS)]
+    specs = [defaults.get(t) or TopicSpec(t, n, 7 * _DAY_MS) for t in INPUT_TOPICS]
     specs = [TopicSpec(s.name, n, s.retention_ms, s.cleanup_policy, s.extra) for s in specs]
     specs.append(
         TopicSpec(
@@ -98,7 +99,7 @@ def topic_specs(options: WorkerOptions) -> list[Any]:
 class Restored:
     """What the changelogs hold for some partitions: engine snapshots and node routes."""
 
-    snapshots: dict[int, bytes] = field(default_factory=dict)  # partition -> snapshot value
+    snapshots: dict[str, bytes] = field(default_factory=dict)  # "engine@p" / "jobs@p" -> snapshot value
     routes: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> routes state
 
 
@@ -109,8 +110,9 @@ def restore(conf: dict[str, Any], options: WorkerOptions, parts: set[int]) -> Re
     prefix, n = options.topic_prefix, options.partitions
     snapshots = _latest(conf, options, prefix + changelog_topic(options.app_id, SNAPSHOT_TABLE), parts)
     for key, (p, value) in snapshots.items():
-        if key_name(key) == f"engine@{p}" and value:
-            out.snapshots[p] = value
+        name = key_name(key)
+        if name in (f"engine@{p}", f"jobs@{p}") and value:
+            out.snapshots[name] = value
     routes = _latest(conf, options, prefix + changelog_topic(options.app_id, ROUTES_TABLE), parts)
     for key, (_, value) in routes.items():
         node = key_name(key)

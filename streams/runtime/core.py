@@ -7,7 +7,11 @@ the actions it returns in order (`streams.runtime.checkpoint.perform`). How many
 to read per input partition comes from the runtime (`lag`), which knows its consumer's view of the
 broker. Everything here is the same whichever runtime drives it, so both give the same alerts.
 
-* Partition p of every job-keyed topic meets in `PartitionTask` p (every record of a job does).
+* Two stages (issue 19): partition p of every job-keyed topic meets in rank-stage task p (a job's
+  records are keyed by job and node, so one job spreads over many partitions, while each rank's
+  stay in order); what the rank stages pass on reaches job-stage task p of `rs.internal.summaries`
+  (keyed by job), which runs the job-level rules. JobStarted / JobStateChanged read by the task of
+  the job's partition are copied to every rank-stage partition (`rs.internal.jobs`).
 * Unattributed telemetry takes the side path (`SidePath`), which never holds a job's own records back.
 * Event time moves without input too: a task whose inputs are all read follows the newest event time
   of this worker's other tasks (as the offline replay's one watermark does), and a wall-clock guard
@@ -23,15 +27,16 @@ import time
 from collections.abc import Callable, Iterable
 
 from schemas.codec import Codec
+from schemas.records import Event
 from schemas.topics import TELEMETRY_JOB, TRAINING_EVENTS
 from streams.alerting.routing import Router, load_router
 from streams.config import EngineConfig, load_config
 from streams.runtime.aligner import Aligner, LagFn
 from streams.runtime.changelog import Restored
-from streams.runtime.checkpoint import Action, Flow
+from streams.runtime.checkpoint import Action, Flow, Send
 from streams.runtime.guard import WallClockGuard
 from streams.runtime.intake import Intake, Record
-from streams.runtime.options import NODE_TOPICS, SIDE_FRONT_S, WorkerOptions
+from streams.runtime.options import CONTROL, NODE_TOPICS, SIDE_FRONT_S, SUMMARIES, WorkerOptions
 from streams.runtime.side_path import SidePath
 from streams.runtime.task import PartitionTask
 
@@ -97,7 +102,8 @@ class WorkerCore:
             self.codec, max_skew_ms, self.totals, self.dead_letters, wall_ms, monotonic, options.topic_prefix
         )
         self.guard = WallClockGuard(options.guard_s, options.guard_live_ms, self.config.allowed_lateness_ms)
-        self.tasks: dict[int, PartitionTask] = {}
+        self.tasks: dict[int, PartitionTask] = {}  # rank stage, by partition
+        self.job_tasks: dict[int, PartitionTask] = {}  # job stage, by partition
         self.side = SidePath(options, self.intake, self.totals, frozenset(self.config.job_end_states))
         self.assigned: set[int] = set()
         self._front_at = -1e18
@@ -109,9 +115,12 @@ class WorkerCore:
         """Partitions `parts` (of every input topic) are this worker's now, with their restored state."""
         now = self.monotonic()
         for p in sorted(parts - self.assigned):
-            task = PartitionTask(p, self.config, self.router, self.options, self.codec, self.intake, now)
-            task.restore(restored.snapshots.get(p))
-            self.tasks[p] = task
+            for kind, tasks in (("rank", self.tasks), ("job", self.job_tasks)):
+                task = PartitionTask(
+                    p, self.config, self.router, self.options, self.codec, self.intake, now, kind
+                )
+                task.restore(restored.snapshots.get(task.snapshot_name))
+                tasks[p] = task
         self.assigned |= parts
         self.side.assign(parts, restored.routes, now)
         log.info("assigned partitions %s", sorted(self.assigned))
@@ -129,6 +138,7 @@ class WorkerCore:
         """Partitions gone without a checkpoint (session lost): unacknowledged records will be
         redelivered to the next owner, which restores the last checkpoint."""
         self.tasks.clear()
+        self.job_tasks.clear()
         self.side.forget()
         self.assigned.clear()
         self.paused.clear()
@@ -136,7 +146,7 @@ class WorkerCore:
     def checkpoint_all(self) -> list[Action]:
         """A checkpoint of every task with uncommitted records, and of the side path."""
         now = self.monotonic()
-        actions: list[Action] = [task.checkpoint(now) for task in self.tasks.values() if task.uncommitted]
+        actions: list[Action] = [task.checkpoint(now) for task in self._all_tasks() if task.uncommitted]
         if self.side.uncommitted:
             actions.append(self.side.checkpoint())
         return actions
@@ -146,7 +156,7 @@ class WorkerCore:
         """A batch the consumer read (any topics, any partitions): hold, then release what may go."""
         now = self.monotonic()
         actions: list[Action] = []
-        touched: dict[int, PartitionTask] = {}
+        touched: dict[tuple[bool, int], PartitionTask] = {}
         routed = False
         for rec in records:
             self.consumed[rec.topic] += 1
@@ -154,7 +164,8 @@ class WorkerCore:
                 actions += self.side.receive(rec, now)
                 routed = True
                 continue
-            task = self.tasks.get(rec.partition)
+            tasks = self.job_tasks if rec.topic == SUMMARIES else self.tasks
+            task = tasks.get(rec.partition)
             if task is None:  # a record of a partition revoked a moment ago: redelivered to its owner
                 continue
             event, dead = task.receive(rec, now)
@@ -162,16 +173,26 @@ class WorkerCore:
                 actions += dead
             elif event is not None and rec.topic == TRAINING_EVENTS:
                 actions += self.side.binding_read(rec, event, self.assigned, now)
+                actions += self._broadcast(rec, event, now)
             elif event is not None and rec.topic == TELEMETRY_JOB:
                 actions += self.side.fault_read(rec, event, now)
-            touched[rec.partition] = task
+            touched[(rec.topic == SUMMARIES, rec.partition)] = task
         if now - self._front_at >= SIDE_FRONT_S:
             self._update_front(now)
         if routed:
             actions += self.side.drain(now, self.lag)
+        self._share_telemetry_front()
         for task in touched.values():
             actions += task.drain(now, self.lag, self.side.front, self.totals)
         return self._flow(touched.values(), now, actions)
+
+    def _share_telemetry_front(self) -> None:
+        """Each rank-stage engine hears the nodes of its keys: tell them all how fresh this worker's
+        telemetry is (a node's silence is news only while other nodes still report)."""
+        front = max((t.telemetry_ts for t in self.tasks.values() if t.telemetry_ts is not None), default=None)
+        if front is not None:
+            for task in self.tasks.values():
+                task.engine.topology.telemetry_front = front
 
     def _flow(self, tasks: Iterable[PartitionTask], now: float, actions: list[Action]) -> list[Action]:
         """Append the pauses and resumes these tasks' held records call for."""
@@ -190,6 +211,21 @@ class WorkerCore:
             actions.append(Flow(pause, resume))
         return actions
 
+    def _broadcast(self, rec: Record, event: Event, now: float) -> list[Action]:
+        """JobStarted / JobStateChanged read on the job's own partition: a copy for every other
+        rank-stage partition (its rules need the job's identity and state)."""
+        if event.type not in ("JobStarted", "JobStateChanged"):
+            return []
+        ts = self.intake.held_ts(rec, event)
+        return [
+            Send(CONTROL, rec.key, rec.value, partition=q, flight=self.side.controls.add(ts, q, now))
+            for q in range(self.options.partitions)
+            if q != rec.partition
+        ]
+
+    def _all_tasks(self) -> list[PartitionTask]:
+        return [*self.tasks.values(), *self.job_tasks.values()]
+
     def _update_front(self, now: float) -> None:
         self.side.fronts(self.tasks, self.assigned, self.lag, now)
         self._front_at = now
@@ -207,7 +243,8 @@ class WorkerCore:
             actions.append(self.side.checkpoint())
         newest = max((t.engine.max_ts for t in self.tasks.values() if t.engine.max_ts), default=None)
         wall_ms = self.wall_ms()
-        for task in self.tasks.values():
+        self._share_telemetry_front()
+        for task in self._all_tasks():
             if len(task.aligner):
                 actions += task.drain(now, self.lag, self.side.front, self.totals)
                 self._log_if_stuck(f"partition {task.partition}", task.aligner, now)

@@ -44,14 +44,7 @@ from streams.runtime.health import WorkerHealth
 from streams.runtime.intake import Record
 from streams.runtime.kafka_io import KafkaIO
 from streams.runtime.loop import ensure_topics
-from streams.runtime.options import (
-    ASK_ENDS_S,
-    JOB_TOPICS,
-    METRICS_S,
-    NODE_TOPICS,
-    WorkerOptions,
-    kafka_config,
-)
+from streams.runtime.options import ASK_ENDS_S, INPUT_TOPICS, METRICS_S, WorkerOptions, kafka_config
 
 __all__ = ["broker_credentials", "build_app", "run_faust"]
 
@@ -151,9 +144,7 @@ class _FaustRuntime:
 
     async def ask_ends(self) -> None:
         """Ask the broker for the end offsets of the assigned partitions no fetch has answered for."""
-        tps = [
-            self._ktp(tp_key(t, p)) for t in (*NODE_TOPICS, *JOB_TOPICS) for p in sorted(self.core.assigned)
-        ]
+        tps = [self._ktp(tp_key(t, p)) for t in INPUT_TOPICS for p in sorted(self.core.assigned)]
         unknown = [tp for tp in tps if self._fetched(tp) is None]
         if not unknown:
             return
@@ -234,7 +225,7 @@ def build_app(options: WorkerOptions) -> faust.App:
     )
     runtime = _FaustRuntime(app, options)
     app.ranksight_runtime = runtime  # type: ignore[attr-defined]
-    names = [prefix + t for t in (*NODE_TOPICS, *JOB_TOPICS)]
+    names = [prefix + t for t in INPUT_TOPICS]
     inputs = app.topic(*names, key_serializer="raw", value_serializer="raw")
 
     @app.agent(inputs, concurrency=1)

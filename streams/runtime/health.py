@@ -36,7 +36,7 @@ class WorkerHealth:
         """The worker's totals plus every task's counters, summed."""
         # Every counter present even before any task exists (the first progress line).
         out = {**dict.fromkeys(PartitionTask.COUNTS, 0), **self.core.totals}
-        for task in self.core.tasks.values():
+        for task in [*self.core.tasks.values(), *self.core.job_tasks.values()]:
             for k, v in task.counts.items():
                 out[k] = out.get(k, 0) + v if k != "snapshot_bytes" else max(out.get(k, 0), v)
         # Source records (telemetry + training) this worker has fully handled: the bench's progress.
@@ -62,18 +62,19 @@ class WorkerHealth:
     def watermark_delay_s(self) -> float | None:
         """Wall clock minus the oldest engine watermark."""
         marks = [t.engine.watermark for t in self.core.tasks.values() if t.engine.watermark]
+        marks += [t.engine.watermark for t in self.core.job_tasks.values() if t.engine.watermark]
         return (time.time() * 1000 - min(marks)) / 1000 if marks else None
 
     def held(self) -> int:
-        """Records held for alignment by every task."""
-        return sum(len(t.aligner) for t in self.core.tasks.values())
+        """Records held for alignment by every task of both stages."""
+        return sum(len(t.aligner) for t in [*self.core.tasks.values(), *self.core.job_tasks.values()])
 
     def publish_metrics(self) -> None:
         """Refresh what `/metrics` serves (no-op without a metrics port)."""
         if self.metrics_server is None:
             return
         firing: collections.Counter[str] = collections.Counter()
-        for task in self.core.tasks.values():
+        for task in [*self.core.tasks.values(), *self.core.job_tasks.values()]:
             firing.update(fp.split("/", 1)[0] for fp in task.engine.tracker.firing())
         self.metrics_server.publish(
             worker_metrics(
@@ -81,6 +82,7 @@ class WorkerHealth:
                 produced=self.produced,
                 totals=self.counters(),
                 dead_letters=self.core.dead_letters,
+                time_rejected=self.core.intake.time_rejected,
                 lag={t: n for t, n in self.source_lag().items() if n is not None},
                 watermark_delay_s=self.watermark_delay_s(),
                 firing_by_rule=firing,
@@ -99,7 +101,7 @@ class WorkerHealth:
         delay_s = self.watermark_delay_s()
         delay = "none yet" if delay_s is None else f"{delay_s:,.1f} s"
         log.info(
-            "worker: %s source events handled (%s/s), %s alerts, %s dead letters (%s clock-rejected),"
+            "worker: %s source events handled (%s/s), %s alerts, %s dead letters, %s clock-rejected,"
             " %s bad input; lag %s records; watermark delay %s (oldest partition); held %s + %s;"
             " partitions %s",
             f"{t['source_events']:,}",
@@ -126,6 +128,7 @@ def worker_metrics(
     totals: Mapping[str, int],
     dead_letters: Mapping[str, int],
     lag: Mapping[str, int],
+    time_rejected: Mapping[str, int] | None = None,
     watermark_delay_s: float | None,
     firing_by_rule: Mapping[str, int],
     held: int = 0,
@@ -156,9 +159,17 @@ def worker_metrics(
         Metric(
             "ranksight_worker_dead_letters",
             "counter",
-            "Records the worker sent to rs.deadletter, per reason (decode, clock_ahead, ...).",
+            "Records the worker sent to rs.deadletter, per reason (decode: of the topics only it reads).",
             ("reason",),
             {(r,): float(n) for r, n in sorted(dead_letters.items())},
+        ),
+        Metric(
+            "ranksight_worker_time_rejected",
+            "counter",
+            "Records the worker refused for their event time, per reason (clock_ahead, clock_behind,"
+            " out_of_range); the sink dead-letters the raw record.",
+            ("reason",),
+            {(r,): float(n) for r, n in sorted((time_rejected or {}).items())},
         ),
         Metric(
             "ranksight_worker_engine_errors",

@@ -27,7 +27,7 @@ from schemas.topics import (
 from streams.engine import MIN_EVENT_TS, event_ts
 from streams.errors import StreamsError
 from streams.runtime.checkpoint import Send
-from streams.runtime.options import BAD_LOG_S, BINDINGS, TELEMETRY_BY_JOB
+from streams.runtime.options import BAD_LOG_S, BINDINGS, CONTROL, SUMMARIES, TELEMETRY_BY_JOB
 
 __all__ = [
     "COMPONENT",
@@ -50,6 +50,24 @@ COMPONENT = "worker"
 _OWNED_TYPES: dict[str, frozenset[str]] = {
     # Bindings and job ends for the side path's routes, and GPU faults to share with co-located jobs.
     BINDINGS: frozenset({"RankBound", "JobStateChanged", "GpuSample"}),
+    CONTROL: frozenset({"JobStarted", "JobStateChanged"}),
+    SUMMARIES: frozenset(
+        {
+            "RankSummary",
+            "StageProgress",
+            "BaselineRun",
+            "JobStarted",
+            "JobStateChanged",
+            "CheckpointEvent",
+            "EvaluationEvent",
+            "ValidationResult",
+            "RestoreTest",
+            "RankBound",
+            "RankFault",
+            "StepCompleted",
+            "Alert",
+        }
+    ),
     TELEMETRY_BY_JOB: frozenset({"GpuSample", "HostSample"}),
     # Not internal, but no sink reads them (the sink stores telemetry once, node-keyed).
     TELEMETRY_JOB: frozenset({"GpuSample", "HostSample"}),
@@ -144,6 +162,7 @@ class Intake:
         self.max_skew_ms = max_skew_ms
         self.totals = totals
         self.dead_letters = dead_letters
+        self.time_rejected: collections.Counter[str] = collections.Counter()  # per reason
         self.wall_ms = wall_ms
         self.monotonic = monotonic
         self._bad_logged_at = -1e18
@@ -168,19 +187,20 @@ class Intake:
         return None, [self.dead_letter(rec, err)] if owned else []
 
     def rejected_for_time(self, rec: Record, err: ClockRejected) -> list[Send]:
-        """A record the engine refused for its time: dead-lettered by the topic's owner, once (the
-        sink applies the same bound to the topics it stores and dead-letters those)."""
-        return [self.dead_letter(rec, err)] if owns_dead_letters(rec.topic) else []
+        """A record the engine refused for its time: counted, never dead-lettered here. The sink
+        applies the same bound (`schemas.eventtime`) to the raw topics it stores and dead-letters
+        the record there, once; what the worker reads is that record or a copy of it (job-keyed and
+        unattributed telemetry, the internal topics)."""
+        self.time_rejected[err.reason] += 1
+        return []
 
     def dead_letter(self, rec: Record, err: Exception) -> Send:
         """The record as read, to `rs.deadletter` with why (headers)."""
         headers = deadletter_headers(
             err, self.prefix + rec.topic, rec.partition, rec.offset, component=COMPONENT
         )
-        if isinstance(err, ClockRejected):
-            headers.append(("x-reject-reason", err.reason.encode()))
         self.totals["deadletter"] += 1
-        self.dead_letters[err.reason if isinstance(err, ClockRejected) else "decode"] += 1
+        self.dead_letters["decode"] += 1
         return Send(DEADLETTER, rec.key, rec.value, headers=headers)
 
     def reference(self, rec: Record) -> int:

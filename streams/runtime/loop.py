@@ -19,6 +19,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
+from streams import gc_policy
 from streams.errors import StreamsError
 from streams.runtime.aligner import tp_key
 from streams.runtime.changelog import restore, topic_specs
@@ -29,9 +30,9 @@ from streams.runtime.intake import Record
 from streams.runtime.kafka_io import KafkaIO
 from streams.runtime.options import (
     ASK_ENDS_S,
-    JOB_TOPICS,
+    GC_SETTLE_S,
+    INPUT_TOPICS,
     METRICS_S,
-    NODE_TOPICS,
     WorkerOptions,
     kafka_config,
 )
@@ -76,7 +77,7 @@ class DirectWorker:
         self._ktps: dict[str, TopicPartition] = {}
         self._unprefixed: dict[str, str] = {}
         self.stopping = False
-        self._timers = dict.fromkeys(("tick", "ends", "metrics", "stats"), time.monotonic())
+        self._timers = dict.fromkeys(("tick", "ends", "metrics", "stats", "gc"), time.monotonic())
         self.consumer = Consumer(
             {
                 **self.conf,
@@ -128,7 +129,7 @@ class DirectWorker:
     def _ask_ends(self) -> None:
         """Ask the broker for the end offsets of the assigned partitions no fetch has answered for."""
         for p in sorted(self.core.assigned):
-            for topic in (*NODE_TOPICS, *JOB_TOPICS):
+            for topic in INPUT_TOPICS:
                 tp = tp_key(topic, p)
                 if self.consumer.get_watermark_offsets(self._ktp(tp), cached=True)[1] >= 0:
                     continue
@@ -164,7 +165,7 @@ class DirectWorker:
 
     # -- rebalances ------------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        names = {self.prefix + t for t in (*NODE_TOPICS, *JOB_TOPICS)}
+        names = {self.prefix + t for t in INPUT_TOPICS}
         parts = {tp.partition for tp in partitions if tp.topic in names}
         self.asked.clear()
         self.committed.clear()
@@ -179,6 +180,7 @@ class DirectWorker:
                 tp = tp_key(self._unprefix(ktp.topic), ktp.partition)
                 self.committed[tp] = self.committed_by_us[tp] = ktp.offset
         self.core.assign(parts, restore(self.conf, self.options, parts))
+        gc_policy.settle()  # a restored state is long-lived: out of the collector's way
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self.core.assigned:
@@ -201,7 +203,7 @@ class DirectWorker:
     def run(self) -> None:
         """Consume until stopped; then checkpoint every partition and leave the group."""
         ensure_topics(self.options, self.conf)
-        topics = [self.prefix + t for t in (*NODE_TOPICS, *JOB_TOPICS)]
+        topics = [self.prefix + t for t in INPUT_TOPICS]
         self.consumer.subscribe(
             topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
@@ -248,6 +250,8 @@ class DirectWorker:
             self.health.publish_metrics()
         if self._due("stats", self.options.stats_interval_s, now):
             self.health.log_progress()
+        if self._due("gc", GC_SETTLE_S, now):
+            gc_policy.settle()  # the state built since is out of the collector's way (streams/gc_policy.py)
 
 
 def _record(msg: Message, topic: str) -> Record:

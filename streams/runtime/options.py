@@ -22,17 +22,22 @@ __all__ = [
     "ASK_ENDS_S",
     "BAD_LOG_S",
     "BINDINGS",
+    "CONTROL",
     "DEFAULT_APP_ID",
     "DEFAULT_RUNTIME",
     "DELIVERY_TIMEOUT_S",
     "FORWARD_BATCH",
     "FORWARD_HOP_S",
+    "GC_SETTLE_S",
+    "INPUT_TOPICS",
     "JOB_TOPICS",
     "METRICS_S",
     "NODE_TOPICS",
     "RUNTIMES",
     "SIDE_FRONT_S",
     "SOURCE_TOPICS",
+    "STAGE_TOPICS",
+    "SUMMARIES",
     "TELEMETRY_BY_JOB",
     "Runtime",
     "WorkerOptions",
@@ -45,11 +50,21 @@ DEFAULT_APP_ID = "ranksight-detect"
 # re-keyed by job for the partition tasks. Both have the source topics' partition count.
 BINDINGS = "rs.internal.bindings"
 TELEMETRY_BY_JOB = "rs.internal.telemetry-by-job"
+# Two stages (issue 19): the rank stage (partition p of the job-keyed topics, a job's records keyed by
+# job and node) sends each job's summaries, job-level records and alerts to `SUMMARIES` keyed by job,
+# where the job stage of the job's partition reads them; JobStarted / JobStateChanged reach every
+# rank-stage task through `CONTROL` (a copy per partition).
+CONTROL = "rs.internal.jobs"
+SUMMARIES = "rs.internal.summaries"
 SOURCE_TOPICS: tuple[str, ...] = WORKER_SOURCES  # what producers write that the worker reads
 # The side path (unattributed telemetry, bindings) reads these, keyed by node ...
 NODE_TOPICS: tuple[str, ...] = (TELEMETRY_UNATTRIBUTED, BINDINGS)
-# ... the partition tasks these, keyed by job: partition p of each meets in task p.
-JOB_TOPICS: tuple[str, ...] = (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_JOB, TELEMETRY_BY_JOB)
+# ... the rank-stage tasks these, keyed by job (and node): partition p of each meets in task p ...
+JOB_TOPICS: tuple[str, ...] = (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_JOB, TELEMETRY_BY_JOB, CONTROL)
+# ... and the job-stage tasks this one.
+STAGE_TOPICS: tuple[str, ...] = (SUMMARIES,)
+# Everything a worker reads.
+INPUT_TOPICS: tuple[str, ...] = (*NODE_TOPICS, *JOB_TOPICS, *STAGE_TOPICS)
 
 Runtime = Literal["direct", "faust"]
 RUNTIMES: tuple[Runtime, ...] = ("direct", "faust")
@@ -59,6 +74,7 @@ DEFAULT_RUNTIME: Runtime = "direct"
 ASK_ENDS_S = 0.5  # how often the end offsets of partitions without a fetch answer are asked for
 BAD_LOG_S = 10.0  # bad input: one warning per this many seconds, with a count
 METRICS_S = 2.0  # how often the /metrics snapshot is refreshed
+GC_SETTLE_S = 60.0  # how often the worker freezes its long-lived state (streams/gc_policy.py)
 SIDE_FRONT_S = 0.05  # how often the side path's front is recomputed (it looks at every partition)
 FORWARD_HOP_S = 0.5  # a send to a partition another worker reads counts as pending this long
 FORWARD_BATCH = 500  # side-path records committed together once their forwards are delivered

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.records import Event
+from schemas.topics import shard_key
 
 __all__ = ["UNBOUND_KEY", "NodeRoutes", "gpu_fault", "murmur2", "partition_for"]
 
@@ -56,14 +57,53 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
+# Key of a GPU fault sent on to a co-located job's partition (the partition is chosen explicitly):
+# a key no job's records have, so that job's task knows the GPU is another job's.
+_SHARED = "\x00shared\x00"
+
+
+def shared_key(key: str) -> str:
+    """The key of a shared GPU fault sent to the partition `key` lands on."""
+    return _SHARED + key
+
+
+def is_shared(key: bytes | None) -> bool:
+    """Whether a re-keyed telemetry record is a GPU fault shared with a co-located job."""
+    return (key or b"").startswith(_SHARED.encode())
+
+
+class Holder:
+    """Whether one partition holds a job's records from a node (`shard_key`): the rank stage that
+    reports a node-level fault for that job, when every partition with a job on the node sees it."""
+
+    def __init__(self, partition: int, partitions: int) -> None:
+        self.partition, self.partitions = partition, partitions
+        self._memo: dict[tuple[str, str | None], bool] = {}
+
+    def __call__(self, job_id: str, node: str | None) -> bool:
+        known = self._memo.get((job_id, node))
+        if known is None:
+            if len(self._memo) > 100_000:
+                self._memo.clear()
+            key = shard_key(job_id, node).encode()
+            known = self._memo[(job_id, node)] = partition_for(key, self.partitions) == self.partition
+        return known
+
+
 @dataclass
 class _Node:
     gpus: dict[str, list[Any]] = field(default_factory=dict)  # gpu_uuid -> [job_id, ts of binding]
     jobs: dict[str, int] = field(default_factory=dict)  # job_id -> ts of its latest binding here
+    named: list[str] = field(default_factory=list)  # jobs the node's last HostSample named (job_ids)
 
 
 class NodeRoutes:
     """Node -> {GPU -> job, jobs on node}; where each telemetry sample goes (job keys).
+
+    A GpuSample goes to the job its GPU is bound to; a HostSample to every job on its node: bound
+    there, or named by the node's last HostSample (`job_ids`: the agent knows the node's jobs even
+    when their ranks send no RankBound). Those names are kept with the node's state but only
+    written down with a binding change; after a restart the node's next HostSample brings them back.
 
     `unbound_interval_ms` thins telemetry of GPUs / nodes with no job (one sample per GPU or node
     per interval of event time; samples carrying an XID, an uncorrectable ECC error or an OOM kill
@@ -93,9 +133,10 @@ class NodeRoutes:
         changed = []
         for name in sorted(self.nodes) if nodes is None else nodes:
             node = self.nodes.get(name)
-            if node is None or job_id not in node.jobs:
+            if node is None or (job_id not in node.jobs and job_id not in node.named):
                 continue
-            del node.jobs[job_id]
+            node.jobs.pop(job_id, None)
+            node.named = [j for j in node.named if j != job_id]
             node.gpus = {u: b for u, b in node.gpus.items() if b[0] != job_id}
             changed.append(name)
         return changed
@@ -103,9 +144,9 @@ class NodeRoutes:
     def state_of(self, node: str) -> dict[str, Any] | None:
         """JSON-able state of one node (None: nothing known)."""
         n = self.nodes.get(node)
-        if n is None or not (n.gpus or n.jobs):
+        if n is None or not (n.gpus or n.jobs or n.named):
             return None
-        return {"gpus": dict(sorted(n.gpus.items())), "jobs": dict(sorted(n.jobs.items()))}
+        return {"gpus": dict(sorted(n.gpus.items())), "jobs": dict(sorted(n.jobs.items())), "named": n.named}
 
     def load(self, node: str, state: dict[str, Any] | None) -> None:
         """Restore one node from `state_of`."""
@@ -113,7 +154,9 @@ class NodeRoutes:
             self.nodes.pop(node, None)
             return
         self.nodes[node] = _Node(
-            {k: list(v) for k, v in state["gpus"].items()}, {k: int(v) for k, v in state["jobs"].items()}
+            {k: list(v) for k, v in state["gpus"].items()},
+            {k: int(v) for k, v in state["jobs"].items()},
+            [str(j) for j in state.get("named", ())],
         )
 
     def forget_nodes(self, keep: Any) -> None:
@@ -123,7 +166,12 @@ class NodeRoutes:
 
     # -- routing -----------------------------------------------------------------------
     def route(self, event: Event) -> list[str]:
-        """Job keys this GpuSample / HostSample goes to (empty: dropped by the unbound thinning)."""
+        """Keys (job, or job and node: `shard_key`) this GpuSample / HostSample goes to (empty:
+        dropped by the unbound thinning); `jobs` gives the bare job ids."""
+        return [shard_key(job, event.record["node"]) if job else job for job in self.jobs(event)]
+
+    def jobs(self, event: Event) -> list[str]:
+        """Jobs this GpuSample / HostSample belongs to (empty: dropped by the unbound thinning)."""
         r = event.record
         node = self.nodes.get(r["node"])
         if event.type == "GpuSample":
@@ -131,13 +179,37 @@ class NodeRoutes:
             if bound is not None:
                 return [bound[0]]
             return self._unbound(f"{r['node']}|{r.get('gpu_uuid')}", r, gpu_fault(r))
-        jobs = sorted(node.jobs) if node is not None else []
+        if r.get("job_ids"):
+            if node is None:
+                node = self.nodes[r["node"]] = _Node()
+            node.named = sorted({str(j) for j in r["job_ids"] if j})
+        jobs = self._on(node) if node is not None else []
         if jobs:
             return jobs
         return self._unbound(f"{r['node']}|", r, bool(r.get("oom_kills")))
 
+    @staticmethod
+    def _on(node: _Node) -> list[str]:
+        """Jobs running on a node: bound there, or named by its agent's last HostSample."""
+        return sorted(set(node.jobs) | set(node.named))
+
+    def holder(self, event: Event) -> str | None:
+        """The job a GpuSample's GPU is bound to, if any."""
+        r = event.record
+        node = self.nodes.get(r["node"])
+        bound = node.gpus.get(r.get("gpu_uuid") or "") if node is not None else None
+        return str(bound[0]) if bound is not None else None
+
+    def with_holder(self, event: Event) -> Event:
+        """A GpuSample shared with a co-located job, naming its GPU's job: the sample's own
+        attribution, else the GPU's binding (which the co-located job's engine does not hold)."""
+        job = event.record.get("job_id") or self.holder(event)
+        if not job or job == event.record.get("job_id"):
+            return event
+        return Event(event.type, {**event.record, "job_id": job})
+
     def colocated(self, event: Event) -> list[str]:
-        """The other jobs running on the node of a GpuSample: those its GPU fault is shared with."""
+        """Keys of the other jobs running on the node of a GpuSample: those its GPU fault is shared with."""
         r = event.record
         node = self.nodes.get(r["node"])
         if node is None:
@@ -145,7 +217,7 @@ class NodeRoutes:
         own = r.get("job_id")
         bound = node.gpus.get(r.get("gpu_uuid") or "")
         mine = {own, bound[0] if bound is not None else None}
-        return [job for job in sorted(node.jobs) if job not in mine]
+        return [shard_key(job, r["node"]) for job in self._on(node) if job not in mine]
 
     def _unbound(self, ident: str, r: dict[str, Any], notable: bool) -> list[str]:
         ts = int(r["ts"])

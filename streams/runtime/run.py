@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from streams import gc_policy
 from streams.runtime.options import WorkerOptions
 from streams.runtime.stop import install_stop_deadline
 
@@ -18,6 +19,7 @@ def run_worker(options: WorkerOptions) -> None:
         level=getattr(logging, options.log_level.upper(), logging.WARNING),
         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
     )
+    gc_policy.for_long_lived_state()
     if options.runtime == "faust":
         from streams.runtime.faust_adapter import run_faust
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from schemas.records import Event
-from schemas.topics import TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED, TRAINING_EVENTS
+from schemas.topics import TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED, TRAINING_EVENTS, shard_key
 from streams.engine import MIN_EVENT_TS
 from streams.runtime.aligner import Aligner, LagFn, tp_key
 from streams.runtime.changelog import ROUTES_TABLE, changelog_topic, state_key
@@ -35,12 +35,13 @@ from streams.runtime.checkpoint import Action, Checkpoint, Send
 from streams.runtime.intake import Intake, Record
 from streams.runtime.options import (
     BINDINGS,
+    CONTROL,
     FORWARD_BATCH,
     FORWARD_HOP_S,
     TELEMETRY_BY_JOB,
     WorkerOptions,
 )
-from streams.runtime.routes import NodeRoutes, gpu_fault, partition_for
+from streams.runtime.routes import NodeRoutes, gpu_fault, partition_for, shared_key
 from streams.runtime.task import PartitionTask
 
 __all__ = ["InFlight", "SidePath"]
@@ -114,6 +115,7 @@ class SidePath:
         self.forwards = InFlight(TELEMETRY_BY_JOB)  # forwards the tasks have not read yet
         self.bindings = InFlight(BINDINGS)  # bindings the side path has not read yet
         self.faults = InFlight(BINDINGS)  # GPU fault copies the side path has not read yet
+        self.controls = InFlight(CONTROL)  # job-level copies a rank-stage task has not read yet
         # The last healthy job-telemetry sample of each GPU ("node|uuid"): sent along before the
         # GPU's first fault copy, since an ECC error is a counter going up between two samples.
         self.before_fault: dict[str, Record] = {}
@@ -139,6 +141,7 @@ class SidePath:
         self.forwards.clear()
         self.bindings.clear()
         self.faults.clear()
+        self.controls.clear()
         self.before_fault.clear()
         self.front = MIN_EVENT_TS
 
@@ -210,11 +213,12 @@ class SidePath:
             parts: dict[int, str] = {}
             if rec.topic == BINDINGS:
                 # A GPU fault a task read: to the node's other jobs, unless their task already has it.
-                own = partition_for(str(event.record.get("job_id") or "").encode(), self.n)
+                r = event.record
+                own = partition_for(shard_key(str(r.get("job_id") or ""), r["node"]).encode(), self.n)
                 for key in self.routes.colocated(event):
                     part = partition_for(key.encode(), self.n)
                     if part != own:
-                        parts.setdefault(part, key)
+                        parts.setdefault(part, shared_key(key))
                 self.totals["faults_shared"] += bool(parts)
             else:
                 for key in self.routes.route(event):
@@ -222,6 +226,8 @@ class SidePath:
                 self.totals["telemetry_in"] += 1
                 if not parts:
                     self.totals["unbound_thinned"] += 1
+                if event.type == "GpuSample":
+                    out += self._share_routed(rec, event, parts, now)
             if not parts:
                 continue
             ts = self.intake.held_ts(rec, event)
@@ -240,6 +246,43 @@ class SidePath:
                 self.totals["forwarded"] += 1
         if self.uncommitted >= FORWARD_BATCH:
             out.append(self.checkpoint())
+        return out
+
+    def _share_routed(self, rec: Record, event: Event, parts: dict[int, str], now: float) -> list[Action]:
+        """An unattributed GPU sample: a fault also goes to the node's other jobs (those not in
+        `parts`), after the GPU's last healthy sample, which their engines have not seen; both name
+        the GPU's job (its binding), which those engines do not hold."""
+        r = event.record
+        gpu = f"{r['node']}|{r.get('gpu_uuid')}"
+        if not gpu_fault(r):
+            self.before_fault[gpu] = rec
+            return []
+        shared: dict[int, str] = {}
+        for key in self.routes.colocated(event):
+            part = partition_for(key.encode(), self.n)
+            if part not in parts:
+                shared.setdefault(part, shared_key(key))
+        self.totals["faults_shared"] += bool(shared)
+        before = self.before_fault.pop(gpu, None)
+        copies = [rec] if before is None else [before, rec]
+        out: list[Action] = []
+        for copy in copies:
+            copy_event = event if copy is rec else self.intake.codec.decode(copy.value)
+            named = self.routes.with_holder(copy_event)
+            value = copy.value if named is copy_event else self.intake.codec.encode(named)
+            ts = self.intake.held_ts(copy, copy_event)
+            for part, key in sorted(shared.items()):
+                out.append(
+                    Send(
+                        TELEMETRY_BY_JOB,
+                        key.encode(),
+                        value,
+                        partition=part,
+                        timestamp_ms=copy.timestamp_ms,
+                        flight=self.forwards.add(ts, part, now),
+                    )
+                )
+                self.totals["forwarded"] += 1
         return out
 
     def _done(self, tp: str, offset: int) -> None:
@@ -292,7 +335,12 @@ class SidePath:
 
         pending = [
             ts
-            for ts in (self.forwards.oldest(task_read, assigned, now), self.aligner.oldest_held())
+            for ts in (
+                self.forwards.oldest(task_read, assigned, now),
+                self.faults.oldest(self.aligner.last_offset, assigned, now),
+                self.controls.oldest(task_read, assigned, now),
+                self.aligner.oldest_held(),
+            )
             if ts is not None
         ]
         waiting = [
@@ -312,7 +360,9 @@ class SidePath:
             tp = tp_key(TRAINING_EVENTS, p)
             left = lag(tp, task.aligner.last_offset(tp) if task else None)
             if left is None or left > 0:
-                waiting.append((task.aligner.last_ts(tp) if task else None) or MIN_EVENT_TS)
+                at = (task.aligner.last_ts(tp) if task else None) or MIN_EVENT_TS
+                waiting.append(at)
+                pending.append(at)  # may hold a JobStarted every rank-stage task needs a copy of
         self.aligner.set_upstream_front(min(waiting) if waiting else None)
         self.front = min(pending) if pending else None
         return self.front

@@ -1,12 +1,22 @@
-"""One partition's detection: its inputs in event-time order into one engine, and its snapshot.
+"""One partition's detection in one stage: its inputs in event-time order into one engine, and its snapshot.
 
 Pure: records and time in, actions out (`streams.runtime.checkpoint`); no Kafka or Faust here.
-Partition p of every job-keyed topic meets in task p (all records of a job do). The task holds
-records in an `Aligner` until every input that still has records to read has reached their event
-time, feeds them to its `DetectionEngine`, encodes the engine's outputs as sends, and checkpoints
-when due: its snapshot is one changelog value, a JSON header (sequence number, the next offset of
-every input partition the engine already holds, the newest telemetry time per source) and the
-engine's own snapshot.
+A worker runs two kinds of task per partition p (issue 19):
+
+* the rank stage: partition p of every job-keyed topic (a job's records keyed by job and node, so
+  one job spreads over many partitions) into a rank-stage engine, which runs the rules of a job's
+  node and summarises its ranks; what it passes on (`StageEngine.drain_forwarded`: summaries,
+  job-level records, bindings, faults, the leader rank's steps, its alerts) goes to
+  `rs.internal.summaries` keyed by job, followed by a `StageProgress` marker to every partition
+  saying how far it has sent everything;
+* the job stage: partition p of `rs.internal.summaries` into a job-stage engine, released in
+  event-time order (then a fixed tie order) once every rank-stage partition's marker has passed it.
+
+The task holds records in an `Aligner` until every input that still has records to read has
+reached their event time, feeds them to its engine, encodes the engine's outputs as sends, and
+checkpoints when due: its snapshot is one changelog value, a JSON header (sequence number, the next
+offset of every input partition the engine already holds, the newest telemetry time per source,
+the markers) and the engine's own snapshot.
 """
 
 from __future__ import annotations
@@ -18,18 +28,33 @@ from typing import Any
 from schemas.codec import Codec
 from schemas.errors import EncodeError
 from schemas.records import Event
-from schemas.topics import TELEMETRY_JOB, job_keys, key_for, topic_for
+from schemas.topics import (
+    TELEMETRY_JOB,
+    TRAINING_EVENTS,
+    TRAINING_STEPS,
+    job_keys,
+    key_for,
+    shard_key,
+    topic_for,
+)
 from streams.alerting.routing import Router
 from streams.config import EngineConfig
-from streams.engine import DetectionEngine, event_ts
+from streams.engine import MIN_EVENT_TS, StageEngine, event_ts, tiebreak
 from streams.errors import StreamsError
 from streams.runtime.aligner import Aligner, LagFn, tp_key
-from streams.runtime.changelog import SNAPSHOT_TABLE, changelog_topic, snapshot_key
+from streams.runtime.changelog import SNAPSHOT_TABLE, changelog_topic, state_key
 from streams.runtime.checkpoint import Action, Checkpoint, Send
 from streams.runtime.guard import WallClockGuard
 from streams.runtime.intake import ClockRejected, Intake, Record
-from streams.runtime.options import JOB_TOPICS, TELEMETRY_BY_JOB, WorkerOptions
-from streams.runtime.routes import partition_for
+from streams.runtime.options import (
+    CONTROL,
+    JOB_TOPICS,
+    STAGE_TOPICS,
+    SUMMARIES,
+    TELEMETRY_BY_JOB,
+    WorkerOptions,
+)
+from streams.runtime.routes import Holder, is_shared, partition_for
 
 __all__ = [
     "TASK_COUNTS",
@@ -44,12 +69,19 @@ log = logging.getLogger("ranksight.worker")
 
 
 def encode_snapshot(
-    seq: int, offsets: dict[str, int], engine_bytes: bytes, seen: dict[str, int] | None = None
+    seq: int,
+    offsets: dict[str, int],
+    engine_bytes: bytes,
+    seen: dict[str, int] | None = None,
+    markers: dict[str, list[Any]] | None = None,
 ) -> bytes:
-    """Changelog value: one JSON header line (sequence, next offset per source partition, telemetry seen) + the snapshot."""
+    """Changelog value: one JSON header line (sequence, next offset per source partition, telemetry
+    seen, the rank stages' markers) + the snapshot."""
     meta: dict[str, Any] = {"seq": seq, "offsets": dict(sorted(offsets.items()))}
     if seen:
         meta["seen"] = dict(sorted(seen.items()))
+    if markers:
+        meta["markers"] = dict(sorted(markers.items()))
     header = json.dumps(meta, separators=(",", ":"))
     return header.encode() + b"\n" + engine_bytes
 
@@ -62,6 +94,7 @@ def decode_snapshot_meta(value: bytes) -> tuple[dict[str, Any], bytes]:
         meta["seq"] = int(meta["seq"])
         meta["offsets"] = {str(k): int(v) for k, v in meta["offsets"].items()}
         meta["seen"] = {str(k): int(v) for k, v in meta.get("seen", {}).items()}
+        meta["markers"] = {str(k): list(v) for k, v in meta.get("markers", {}).items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StreamsError(
             f"engine snapshot header is corrupt ({exc}); delete the worker's changelog topic"
@@ -113,13 +146,15 @@ TASK_COUNTS: tuple[str, ...] = (
     "guard_advances",
     "front_advances",
     "clock_rejected",
-    "not_owned",  # alerts of another partition's job (its own task emits them)
     "flow_resets",  # paused partitions resumed because nothing was released (never expected)
+    "forwarded",  # records the rank stage passed to the job stage
+    "markers",  # StageProgress markers sent (rank stage) or read (job stage)
+    "repeated",  # job stage: a record the rank stage sent again after a restart, dropped
 )
 
 
 class PartitionTask:
-    """Partition p of the job-keyed topics: aligner, engine, and what a checkpoint must cover."""
+    """Partition p of one stage's topics: aligner, engine, and what a checkpoint must cover."""
 
     COUNTS = TASK_COUNTS
 
@@ -132,26 +167,30 @@ class PartitionTask:
         codec: Codec,
         intake: Intake,
         now: float,
-        inputs: tuple[str, ...] = JOB_TOPICS,
-        passive_topics: frozenset[str] = frozenset({TELEMETRY_BY_JOB}),
+        kind: str = "rank",
     ) -> None:
         self.partition = partition
+        self.kind = kind  # "rank" or "job": the stage this task runs
         self.config = config
         self.router = router
         self.options = options
         self.codec = codec
         self.intake = intake
-        self.inputs = inputs
+        self.inputs = JOB_TOPICS if kind == "rank" else STAGE_TOPICS
+        # Records another stage of this worker re-keyed (unattributed telemetry, control copies, the
+        # rank stages' summaries) hold the others back only while they are known to be coming.
+        passive_topics = frozenset({TELEMETRY_BY_JOB, CONTROL}) if kind == "rank" else frozenset({SUMMARIES})
         self.snapshot_topic = changelog_topic(options.app_id, SNAPSHOT_TABLE)
-        self.engine = DetectionEngine(config, router)
-        # Unattributed telemetry re-keyed by the side path never holds the job's own records back.
+        self.snapshot_name = f"{'engine' if kind == 'rank' else 'jobs'}@{partition}"
+        self.holds = Holder(partition, options.partitions) if kind == "rank" else None
+        self.engine = StageEngine(config, router, kind, self.holds)
         self.aligner = Aligner(
             options.align_idle_s,
             options.align_max_buffer,
             end_grace_s=options.align_end_grace_s,
             passive_topics=passive_topics,
         )
-        self.aligner.expect([tp_key(t, partition) for t in inputs], now)
+        self.aligner.expect([tp_key(t, partition) for t in self.inputs], now)
         self.seq = 0
         self.offsets: dict[str, int] = {}  # next offset per input partition already in the engine
         # Newest event time per telemetry source ("G|node|gpu", "H|node") already in the engine:
@@ -163,7 +202,14 @@ class PartitionTask:
         self.last_checkpoint_at: float | None = None  # monotonic time of the last checkpoint
         self.last_receive: float | None = None  # when a record last came (None: never)
         self.counts = dict.fromkeys(TASK_COUNTS, 0)
+        self.telemetry_ts: int | None = None  # newest telemetry sample fed to the engine
         self.checkpointed_offsets: dict[str, int] = {}  # the offsets of the last snapshot taken
+        # Job stage: each rank-stage partition's marker, str(source) -> [ts, idle].
+        self.markers: dict[str, list[Any]] = {}
+        # Rank stage: the last marker sent, [ts, idle].
+        self.marker_sent: list[Any] = [None, None]
+        # Job stage: (ts, order, value) of the records released at the newest time (repeats dropped).
+        self._released_at: tuple[int | None, set[tuple[Any, ...]]] = (None, set())
 
     # -- state -----------------------------------------------------------------------------
     def restore(self, value: bytes | None) -> None:
@@ -173,7 +219,10 @@ class PartitionTask:
             return
         meta, body = decode_snapshot_meta(value)
         self.seq, self.offsets, self.seen = meta["seq"], meta["offsets"], meta["seen"]
-        self.engine = DetectionEngine.restore(body, self.config, self.router)
+        # A rank-stage partition idle then may not be now (it restarts from its own checkpoint and
+        # sends again): wait for each one's next marker before following the worker past it.
+        self.markers = {k: [v[0], False] for k, v in meta["markers"].items()}
+        self.engine = StageEngine.restore(body, self.config, self.router, self.kind, self.holds)
         log.warning(
             "partition %d: restored engine snapshot seq=%d (%d bytes, %d alerts firing)",
             self.partition,
@@ -211,11 +260,11 @@ class PartitionTask:
         self.counts["checkpoints"] += 1
         self.counts["snapshot_bytes"] = len(body)
         self.uncommitted = 0
-        value = encode_snapshot(self.seq, offsets, body, self.seen)
+        value = encode_snapshot(self.seq, offsets, body, self.seen, self.markers)
         return Checkpoint(
-            f"partition {self.partition}",
+            f"partition {self.partition} ({self.kind} stage)",
             offsets,
-            [Send(self.snapshot_topic, snapshot_key(self.partition), value, partition=self.partition)],
+            [Send(self.snapshot_topic, state_key(self.snapshot_name), value, partition=self.partition)],
         )
 
     # -- records in ----------------------------------------------------------------------------
@@ -240,8 +289,38 @@ class PartitionTask:
             self._mark(tp, rec.offset)
             self.aligner.note(tp, rec.offset, None, now)
             return None, list(dead)
+        if self.kind == "job":
+            if event.type == "StageProgress":
+                self._marker(event.record)
+                self._mark(tp, rec.offset)
+                self.aligner.note(tp, rec.offset, None, now)
+                return None, []
+            self.aligner.push(tp, rec.offset, event_ts(event), (rec, event), now, tiebreak(event))
+            return event, []
         self.aligner.push(tp, rec.offset, self.intake.held_ts(rec, event), (rec, event), now)
         return event, []
+
+    def _marker(self, r: dict[str, Any]) -> None:
+        """A rank-stage partition says how far it has sent everything (never backwards)."""
+        self.counts["markers"] += 1
+        key, ts = str(r["source"]), int(r["ts"])
+        old = self.markers.get(key)
+        self.markers[key] = [
+            ts if old is None or old[0] is None else max(ts, int(old[0])),
+            bool(r.get("idle")),
+        ]
+
+    def stage_front(self) -> int | None:
+        """Job stage: the event time every rank-stage partition has sent everything through (the
+        oldest marker of those not idle; MIN while one has not said; None when all are idle)."""
+        fronts = []
+        for source in range(self.options.partitions):
+            marker = self.markers.get(str(source))
+            if marker is None:
+                return MIN_EVENT_TS
+            if not marker[1]:
+                fronts.append(int(marker[0]))
+        return min(fronts) if fronts else None
 
     def _mark(self, tp: str, offset: int) -> None:
         """This record is part of the state now (the next checkpoint's offsets cover it)."""
@@ -250,17 +329,89 @@ class PartitionTask:
             self.offsets[tp] = offset + 1
 
     def drain(self, now: float, lag: LagFn, front: int | None, totals: dict[str, int]) -> list[Action]:
-        """Feed the engine what the aligner releases; checkpoint when due."""
-        self.aligner.set_upstream_front(front)
+        """Feed the engine what the aligner releases; checkpoint when due. `front`: the side path's
+        (rank stage); the job stage holds at its markers' front."""
+        self.aligner.set_upstream_front(front if self.kind == "rank" else self.stage_front())
         out: list[Action] = []
+        due = False
+        # The batch left the aligner at once: a checkpoint waits for the end of it (its offsets
+        # would claim the records of the batch not yet in the engine).
         for tp, offset, (rec, event) in self.aligner.pop_ready(now, lag):
-            outputs, rejected = self._feed(tp, offset, rec, event, totals)
+            if self.kind == "job":
+                outputs = self._feed_job(tp, offset, rec, event)
+                rejected = None
+            else:
+                outputs, rejected = self._feed(tp, offset, rec, event, totals)
             if rejected is not None:
                 out += self.intake.rejected_for_time(rec, rejected)
                 continue
             alert = self._send_outputs(outputs, out)
-            if self.checkpoint_due(alert, now):
-                out.append(self.checkpoint(now))
+            due = self.checkpoint_due(alert, now) or due
+        if due:
+            out += self._marker_sends(idle=False)  # what the job stage reads goes out first
+            out.append(self.checkpoint(now))
+        if self.kind == "job":
+            # Every rank-stage partition sent everything through its marker: the job stage's event
+            # time follows them (a stall is judged on time passing, not only on records coming).
+            front = self.stage_front()
+            if (
+                front is not None
+                and front > MIN_EVENT_TS
+                and (self.engine.watermark is None or front > self.engine.watermark)
+            ):
+                out += self.advance(front, now)
+        return out + self._marker_sends(idle=False)
+
+    def _feed_job(self, tp: str, offset: int, rec: Record, event: Event) -> list[Event]:
+        """Job stage: one released record into the engine, unless the rank stage sent it again
+        (after its restart from a checkpoint) and it was just released."""
+        self._mark(tp, offset)
+        ts = event_ts(event)
+        ident = (tiebreak(event), rec.value)
+        at, seen = self._released_at
+        if at != ts:
+            self._released_at = (ts, {ident})
+        elif ident in seen:
+            self.counts["repeated"] += 1
+            return []
+        else:
+            seen.add(ident)
+        self.counts["processed"] += 1
+        return self.engine.process(event)
+
+    def _marker_sends(self, *, idle: bool) -> list[Action]:
+        """Rank stage: what it passed to the job stage since the last call, then (when its front
+        moved a bucket, or it went idle or busy) a marker to every job-stage partition."""
+        if self.kind != "rank":
+            return []
+        out: list[Action] = []
+        n = self.options.partitions
+        for item in self.engine.drain_forwarded():
+            try:
+                value = self.codec.encode(item)
+            except EncodeError as exc:
+                self.counts["unencodable"] += 1
+                log.error("dropped a record for the job stage the worker cannot encode: %s", exc)
+                continue
+            job = str(item.record.get("job_id") or "")
+            out.append(Send(SUMMARIES, job.encode(), value, partition=partition_for(job.encode(), n)))
+            self.counts["forwarded"] += 1
+        front = self.engine.release_front()
+        # Idle (the job stage stops waiting for it) only with nothing left to send: a record held
+        # for the watermark would be late once the job stage moved on.
+        idle = idle and not self.engine.holds_forwards()
+        last, was_idle = self.marker_sent
+        bucket = self.config.summary_bucket_ms
+        if front is None or (
+            last is not None and was_idle == idle and front < last + bucket and not (out and idle)
+        ):
+            return out
+        self.marker_sent = [front, idle]
+        marker = self.codec.encode(
+            Event("StageProgress", {"ts": front, "source": self.partition, "idle": idle})
+        )
+        out += [Send(SUMMARIES, None, marker, partition=q) for q in range(n)]
+        self.counts["markers"] += 1
         return out
 
     def _feed(
@@ -273,18 +424,26 @@ class PartitionTask:
         if rec.topic == TELEMETRY_JOB:
             # One source record, one count: a HostSample of N jobs has N copies; count the first.
             keys = job_keys(event.type, event.record)
-            if keys and (rec.key or b"") == keys[0].encode():
+            if keys and (rec.key or b"") == shard_key(keys[0], event.record.get("node")).encode():
                 totals["telemetry_in"] += 1
-        elif rec.topic != TELEMETRY_BY_JOB:
-            totals["training_in"] += 1
+        elif rec.topic in (TRAINING_STEPS, TRAINING_EVENTS):
+            totals["training_in"] += 1  # not the worker's own copies (control, summaries)
         ident = _telemetry_source(event)
-        if ident is not None and int(event.record["ts"]) <= self.seen.get(ident, -(2**63)):
-            self.counts["duplicates"] += 1
-            return [], None
+        if ident is not None:
+            ts = int(event.record["ts"])
+            if ts <= self.seen.get(ident, -(2**63)):
+                self.counts["duplicates"] += 1
+                return [], None
+            if self.telemetry_ts is None or ts > self.telemetry_ts:
+                self.telemetry_ts = ts
         engine = self.engine
         reference = self.intake.reference(rec)
+        # A copy of a job-level record this partition does not own (a broadcast), or a GPU fault a
+        # co-located job shares (its own job's engine raises that GPU's alerts).
+        forward = rec.topic != CONTROL
+        shared = rec.topic == TELEMETRY_BY_JOB and event.type == "GpuSample" and is_shared(rec.key)
         try:
-            outputs = engine.process(event, received_ts=reference)
+            outputs = engine.process(event, received_ts=reference, forward=forward, shared=shared)
         except Exception:
             # A record that breaks a detector must not crash-loop the worker (it would be
             # redelivered forever): log it with the traceback and go on without it.
@@ -309,19 +468,12 @@ class PartitionTask:
             if ts > self.seen.get(ident, -(2**63)):
                 self.seen[ident] = ts
 
-    def owns(self, output: Event) -> bool:
-        """True for an output of a job keyed to this partition. Another job's alert can arise here
-        only from telemetry shared across jobs (a GPU fault of a co-located job): its own task
-        raises that one, so this task does not emit it twice."""
-        job = output.record.get("job_id")
-        return job is None or partition_for(str(job).encode(), self.options.partitions) == self.partition
-
     def _send_outputs(self, outputs: list[Event], out: list[Action]) -> bool:
         """Encode the engine's outputs as sends; True when one of them is an alert."""
         alert = False
         for output in outputs:
-            if output.type == "Alert" and not self.owns(output):
-                self.counts["not_owned"] += 1
+            if output.type == "BaselineRun":
+                out += self._share_learned(output)
                 continue
             name = topic_for(output.type)
             self.counts["outputs"] += 1
@@ -337,6 +489,20 @@ class PartitionTask:
                 continue
             out.append(Send(name, key_for(name, output.record), value))
         return alert
+
+    def _share_learned(self, output: Event) -> list[Action]:
+        """Job stage: a run its baselines learned, to every other job-stage partition (what one
+        partition learns, all judge with; see `BaselineDetector.adopt`)."""
+        learned = Event("BaselineRun", {**output.record, "source": self.partition})
+        try:
+            value = self.codec.encode(learned)
+        except EncodeError as exc:
+            self.counts["unencodable"] += 1
+            log.error("dropped a learned baseline run the worker cannot encode: %s", exc)
+            return []
+        key = str(output.record.get("job_id") or "").encode()
+        n = self.options.partitions
+        return [Send(SUMMARIES, key, value, partition=q) for q in range(n) if q != self.partition]
 
     def flow(self, paused: set[str], now: float) -> tuple[list[str], list[str]]:
         """(partitions to pause, to resume): an input with `align_pause_at` records held is ahead
@@ -375,7 +541,7 @@ class PartitionTask:
         out: list[Action] = []
         if self._send_outputs(self.engine.advance(watermark), out):
             out.append(self.checkpoint(now))
-        return out
+        return out + self._marker_sends(idle=False)
 
     def all_read(self, lag: LagFn) -> bool:
         """Nothing held and no unread record on any input partition of this task."""
@@ -403,6 +569,11 @@ class PartitionTask:
             # replay too. (Not sooner: a backlog being published reads "all read" between two
             # producer batches, and records older than the advanced watermark would be late.)
             front = newest - self.config.allowed_lateness_ms
+            if self.kind == "job":
+                # The job stage never passes a rank-stage partition that has not sent everything
+                # (its records would be late here): it follows the worker only as far as the markers.
+                stage = self.stage_front()
+                front = front if stage is None else min(front, stage)
             if engine.watermark is None or front > engine.watermark:
                 self.counts["front_advances"] += 1
                 out += self.advance(front, now)
@@ -413,6 +584,8 @@ class PartitionTask:
             out += self.advance(wm, now)
         # Input went quiet: checkpoint what was read, so the committed offsets reach the end
         # (consumer lag reads 0 once caught up, and a restart replays nothing).
+        quiet = silent >= self.options.align_idle_s and self.all_read(lag)
+        out += self._marker_sends(idle=quiet)
         if silent >= self.options.align_idle_s and self.uncommitted:
             out.append(self.checkpoint(now))
         return out

@@ -1,5 +1,6 @@
-"""Telemetry is published node-keyed (for the sink) and once more for the worker: per job on
-rs.telemetry.job when attributed, node-keyed on rs.telemetry.unattributed when not."""
+"""Telemetry is published node-keyed (for the sink) and once more for the worker: an attributed
+GPU sample keyed by its job and node on rs.telemetry.job; a host sample (it concerns every job on
+its node) and an unattributed GPU sample node-keyed on rs.telemetry.unattributed."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def _read_all(bootstrap: str, topic: str, group: str, expected: int) -> list[tup
     return out
 
 
-def test_each_sample_gets_one_worker_copy_per_job_or_one_unattributed_and_the_node_topics_each_once(
+def test_each_sample_gets_one_worker_copy_and_the_node_topics_each_once(
     kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, group_id: str
 ) -> None:
     samples = [
@@ -59,13 +60,10 @@ def test_each_sample_gets_one_worker_copy_per_job_or_one_unattributed_and_the_no
     # The job-keyed copies are not extra events for the publisher's counts.
     assert stats["published"] == 4 and stats["delivered"] == 4, stats
 
-    by_job = _read_all(kafka_bootstrap, topics[TELEMETRY_JOB], group_id + "-job", 3)
+    by_job = _read_all(kafka_bootstrap, topics[TELEMETRY_JOB], group_id + "-job", 1)
     got = sorted((key, e.type, e.record["node"]) for key, _, e in by_job)
-    assert got == [
-        (b"job-a", "GpuSample", "node-01"),
-        (b"job-a", "HostSample", "node-01"),
-        (b"job-b", "HostSample", "node-01"),
-    ]
+    # Keyed by job and node: a giant job's telemetry spreads over the partitions with its ranks.
+    assert got == [(b"job-a/node-01", "GpuSample", "node-01")]
     # Co-partitioned with the training topics: the partition the worker expects for the job.
     for key, partition, _ in by_job:
         assert partition == partition_for(key, 6)
@@ -74,8 +72,11 @@ def test_each_sample_gets_one_worker_copy_per_job_or_one_unattributed_and_the_no
         node_keyed = _read_all(kafka_bootstrap, topics[name], f"{group_id}-{name}", 2)
         assert sorted(key for key, _, _ in node_keyed) == [b"node-01", b"node-02"], name
 
-    unattributed = _read_all(kafka_bootstrap, topics[TELEMETRY_UNATTRIBUTED], group_id + "-unattributed", 2)
+    # Host samples go by node whatever jobs they name (the worker sends them to every job on the
+    # node), and so does the idle GPU's sample.
+    unattributed = _read_all(kafka_bootstrap, topics[TELEMETRY_UNATTRIBUTED], group_id + "-unattributed", 3)
     assert sorted((key, e.type) for key, _, e in unattributed) == [
+        (b"node-01", "HostSample"),
         (b"node-02", "GpuSample"),
         (b"node-02", "HostSample"),
     ]

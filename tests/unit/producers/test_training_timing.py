@@ -352,7 +352,11 @@ def test_the_examples_hang_raises_job_stall_and_names_the_hung_rank_in_replay() 
     assert any(rule == "job_stall" for rule, _ in rules), rules
 
 
-def test_without_heartbeats_a_hang_of_every_rank_is_invisible_in_replay() -> None:
-    """The cause of the missing alert: while every rank is stuck nothing moves event time."""
+def test_without_heartbeats_a_hang_of_every_rank_shows_only_when_records_resume_in_replay() -> None:
+    """While every rank is stuck nothing moves event time: no rank can be named as the hung one.
+    When the steps resume, the job stage's time passes the silence before the summary of the new
+    steps reaches it (one bucket later), so the replay still shows the ~90 s stall, after the fact."""
     alerts = _alerts(_example_run(hang_rank=2, heartbeat_s=0))
-    assert not [a for a in alerts if a["rule"] in ("job_stall", "rank_hang")]
+    assert not [a for a in alerts if a["rule"] == "rank_hang"]
+    stalls = [a for a in alerts if a["rule"] == "job_stall"]
+    assert stalls and all(a["observed"] >= 60 for a in stalls)

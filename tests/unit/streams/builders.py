@@ -103,8 +103,11 @@ def step(
     grad_norm: float | None = 1.0,
     tokens: int | None = 65536,
     run_id: str | None = None,
+    node: str | None = None,
+    gpus_per_node: int = 8,
 ) -> Event:
-    """StepCompleted; compute is split 1/3 forward, 1/2 backward, 1/6 optimizer."""
+    """StepCompleted; compute is split 1/3 forward, 1/2 backward, 1/6 optimizer. Its node (the
+    SDK's) defaults to `rank_bound`'s: node-(rank // gpus_per_node + 1)."""
     return Event(
         "StepCompleted",
         {
@@ -112,6 +115,7 @@ def step(
             "job_id": job,
             "run_id": run_id or f"{job}-run-1",
             "rank": rank,
+            "node": node if node is not None else f"node-{rank // gpus_per_node + 1:02d}",
             "step": n,
             "samples": 16,
             "tokens": tokens,
@@ -244,8 +248,8 @@ def validation(job: str, ts: int, n: int, duration_s: float = 20.0) -> Event:
     )
 
 
-def collective(job: str, rank: int, ts: int, frac: float) -> Event:
-    """CollectiveSample: `frac` of a 5 s interval spent in allreduce."""
+def collective(job: str, rank: int, ts: int, frac: float, *, gpus_per_node: int = 8) -> Event:
+    """CollectiveSample: `frac` of a 5 s interval spent in allreduce (node as `rank_bound`'s)."""
     return Event(
         "CollectiveSample",
         {
@@ -253,6 +257,7 @@ def collective(job: str, rank: int, ts: int, frac: float) -> Event:
             "job_id": job,
             "run_id": f"{job}-run-1",
             "rank": rank,
+            "node": f"node-{rank // gpus_per_node + 1:02d}",
             "op": "allreduce",
             "interval_s": 5.0,
             "count": 5,
@@ -281,5 +286,5 @@ def training_job(
     n_steps = int(seconds / step_s)
     for i in range(1, n_steps + 1):
         ts = start + int(i * step_s * 1000)
-        events += [step(job, r, i, ts) for r in range(world_size)]
+        events += [step(job, r, i, ts, gpus_per_node=gpus_per_node) for r in range(world_size)]
     return events

@@ -11,7 +11,6 @@ from streams.config import (
     EngineConfig,
     config_section,
     deep_merge,
-    detector_section,
     load_config,
     section_defaults,
     state_key,
@@ -127,4 +126,4 @@ def test_every_detector_class_keeps_its_state_under_a_key_of_its_own() -> None:
         section = config_section(cls)
         # A class alone in its section keeps the section (older snapshots still restore it).
         expected = f"{section}/{cls.__name__}" if cls in shared else section
-        assert state_key(cls) == detector_section(cls) == expected
+        assert state_key(cls) == expected

@@ -28,10 +28,6 @@ RANK_RULES = frozenset(
         "clock_skew",
     }
 )
-# Classes in files owned elsewhere that do not say it yet (all job stage): for their owner to empty.
-NOT_YET = frozenset(
-    {"ProgressDetector", "ImbalanceDetector", "BaselineDetector", "ThroughputDetector", "ValidationDetector"}
-)
 
 
 @pytest.mark.parametrize("cls", ALL_DETECTORS, ids=lambda c: c.__name__)
@@ -39,8 +35,4 @@ def test_a_detector_class_runs_all_its_rules_in_the_stage_it_names(cls: type) ->
     rules = set(cls.rules)  # type: ignore[attr-defined]
     expected = "rank" if rules <= RANK_RULES else "job"
     assert rules <= RANK_RULES or not rules & RANK_RULES, "a class's rules run in one stage"
-    if cls.__name__ in NOT_YET:
-        assert not hasattr(cls, "stage"), f"{cls.__name__} names its stage now: remove it from NOT_YET"
-        assert expected == "job"
-        return
-    assert getattr(cls, "stage", None) == expected
+    assert cls.stage == expected  # type: ignore[attr-defined]

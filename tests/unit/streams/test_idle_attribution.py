@@ -9,6 +9,7 @@ from schemas.records import Event
 from streams.detectors.base import Topology
 from streams.detectors.imbalance import ImbalanceDetector
 from tests.unit.streams.builders import T0, job_started, job_state, rank_bound, step
+from tests.unit.streams.stages import job_stage_input
 
 RANKS = 4
 
@@ -21,7 +22,7 @@ def _windows(**segments: float | None) -> list[dict]:
     events += [rank_bound("job-1", r, T0) for r in range(RANKS)]
     events += [step("job-1", r, i, T0 + i * 1000, **segments) for i in range(1, 131) for r in range(RANKS)]  # type: ignore[arg-type]
     derived: list[Event] = []
-    for e in events:
+    for e in job_stage_input(events):
         topo.observe(e)
         det.observe(e)
         det.advance(e.record["ts"] - 5000)

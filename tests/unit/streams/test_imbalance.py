@@ -8,6 +8,7 @@ from schemas.records import Event
 from streams.detectors.base import Finding, Topology
 from streams.detectors.imbalance import ImbalanceDetector
 from tests.unit.streams.builders import T0, gpu_sample, host_sample, job_started, job_state, rank_bound, step
+from tests.unit.streams.stages import job_stage_input
 
 RANKS = 8
 
@@ -60,7 +61,7 @@ def _run(
     findings: list[Finding] = []
     derived: list[Event] = []
     last = None
-    for e in events:
+    for e in job_stage_input(events):
         topo.observe(e)
         findings += det.observe(e)
         second = e.record["ts"] // 1000

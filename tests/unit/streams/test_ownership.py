@@ -44,7 +44,7 @@ def _shared_node() -> list[Event]:
 
 def _steps(seconds: int) -> list[Event]:
     return [
-        step(job, r, s, T0 + s * 1000)
+        step(job, r, s, T0 + s * 1000, node="node-02" if job == "job-c" else "node-01")
         for s in range(1, seconds + 1)
         for job in ("job-a", "job-b", "job-c")
         for r in range(4)
@@ -122,6 +122,8 @@ def test_an_xid_on_a_shared_node_names_the_gpus_job_and_reaches_the_co_located_j
 def test_an_xid_on_an_unbound_gpu_goes_to_the_job_the_agent_attributed_it_to() -> None:
     events = _shared_node()[:6] + _steps(20)  # jobs started, no RankBound at all
     events = [e for e in events if e.type != "StepCompleted" or e.record["job_id"] != "job-c"]
+    # The node's agent knows its jobs (it attributes their GPUs): its host samples name them.
+    events += [_host("node-01", T0 + s * 1000, job_ids=["job-a", "job-b"]) for s in range(5, 20, 5)]
     xid = gpu_sample("node-01", 6, T0 + 10_000)
     xid.record.update(xid=48, job_id="job-b")
     plain = gpu_sample("node-01", 2, T0 + 10_000)

@@ -15,16 +15,18 @@ from tests.unit.streams.builders import (
     training_job,
     validation,
 )
+from tests.unit.streams.stages import job_stage_input
 
 
 def _run(
     events: list[Event], until_s: int, params: dict[str, object] | None = None
 ) -> tuple[ProgressDetector, list[Finding]]:
-    """Feed events, advancing the watermark second by second up to `until_s` after T0."""
+    """Feed events (summarised as the rank stage does), advancing the watermark second by second up
+    to `until_s` after T0."""
     topo = Topology()
     det = ProgressDetector(topo, params)
     out: list[Finding] = []
-    events = sorted(events, key=lambda e: e.record["ts"])
+    events = job_stage_input(events)
     i = 0
     for sec in range(until_s + 1):
         wm = T0 + sec * 1000

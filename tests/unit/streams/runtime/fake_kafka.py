@@ -19,7 +19,7 @@ from streams.engine import event_ts
 from streams.runtime.checkpoint import Action, Send, perform
 from streams.runtime.core import WorkerCore
 from streams.runtime.intake import Record
-from streams.runtime.options import JOB_TOPICS, NODE_TOPICS, WorkerOptions
+from streams.runtime.options import INPUT_TOPICS, WorkerOptions
 from streams.runtime.routes import partition_for
 from streams.runtime.side_path import InFlight
 
@@ -140,7 +140,7 @@ class Consumer:
         self.chunk = chunk
         self.sticky = sticky
         self.position: dict[str, int] = {}
-        for topic in (*NODE_TOPICS, *JOB_TOPICS):
+        for topic in INPUT_TOPICS:
             for p in range(kafka.partitions):
                 tp = f"{topic}:{p}"
                 self.position[tp] = committed.get(tp, 0)
@@ -248,8 +248,11 @@ def restored_from(kafka: FakeKafka, options: WorkerOptions) -> Any:
 
     out = Restored()
     for rec in kafka.records(changelog_topic(options.app_id, SNAPSHOT_TABLE)):
+        name = key_name(rec.key or b"")  # "engine@p" (rank stage) or "jobs@p" (job stage)
         if rec.value:
-            out.snapshots[rec.partition] = rec.value
+            out.snapshots[name] = rec.value
+        else:
+            out.snapshots.pop(name, None)
     for rec in kafka.records(changelog_topic(options.app_id, ROUTES_TABLE)):
         node = key_name(rec.key or b"")
         if rec.value:

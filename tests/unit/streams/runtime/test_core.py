@@ -84,7 +84,8 @@ def test_a_restarted_core_resumes_from_its_checkpoints_and_repeats_no_alert_id(
     io2 = FakeIO(kafka)
     io2.committed = dict(io.committed)
     core, _ = drive(kafka, options, io=io2, restored=restored)
-    assert {t.partition for t in core.tasks.values() if t.seq > 1} >= set(restored.snapshots)
+    tasks = [*core.tasks.values(), *core.job_tasks.values()]
+    assert {t.snapshot_name for t in tasks if t.seq >= 1} >= set(restored.snapshots)  # each resumed
     records = alerts_of(kafka, CODEC)
     assert _ids(records) == nan_loss_offline
     # At-least-once: a repeat is the same alert (same id and status), never a new one.
@@ -94,16 +95,18 @@ def test_a_restarted_core_resumes_from_its_checkpoints_and_repeats_no_alert_id(
 def test_a_backlog_many_times_the_cap_on_one_partition_drains_in_event_time_order(
     nan_loss: list[Event], nan_loss_offline: set[tuple[str, str]], tmp_path: Path
 ) -> None:
-    """Issue 18.6: one job (one partition) read one partition at a time, as a client whose queue one
-    partition filled delivers it; the backlog is ~10x the held cap. The partition that runs ahead is
-    paused, never the one the others wait for: it drains with nothing late and the offline alerts."""
+    """Issue 18.6: a job's backlog (its records spread over the partitions by node) read one
+    partition at a time, as a client whose queue one partition filled delivers it; the backlog is
+    ~10x a task's held cap. The partition that runs ahead is paused, never the one the others wait
+    for: it drains with nothing late and the offline alerts. (A task reads 3 partitions that may
+    each overshoot the pause by one fetch: 3 x (500 + 500) stays under the cap.)"""
     kafka = FakeKafka(6)
     records = kafka.publish(nan_loss, CODEC)
-    options = WorkerOptions(bootstrap="x", workdir=tmp_path, align_max_buffer=4_000, align_pause_at=1_000)
+    options = WorkerOptions(bootstrap="x", workdir=tmp_path, align_max_buffer=4_000, align_pause_at=500)
     held: list[int] = []
 
     def watch(core: WorkerCore) -> bool:
-        held.append(sum(len(t.aligner) for t in core.tasks.values()))
+        held.append(max((len(t.aligner) for t in core.tasks.values()), default=0))
         return False
 
     core, _ = drive(kafka, options, sticky=True, chunk=500, stop_after=watch)

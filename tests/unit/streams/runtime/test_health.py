@@ -26,8 +26,9 @@ def test_worker_metrics_are_served_as_published_and_a_busy_port_is_one_sentence(
             consumed={"rs.training.steps": 7},
             produced={"rs.alerts": 2},
             totals={"bad_input": 1},
-            dead_letters={"clock_ahead": 1},
+            dead_letters={"decode": 1},
             lag={"rs.training.steps": 3},
+            time_rejected={"clock_ahead": 2},
             watermark_delay_s=4.5,
             firing_by_rule={"xid_error": 2},
         )
@@ -40,7 +41,8 @@ def test_worker_metrics_are_served_as_published_and_a_busy_port_is_one_sentence(
         for s in family.samples
     }
     assert samples[("ranksight_worker_events_in_total", (("topic", "rs.training.steps"),))] == 7
-    assert samples[("ranksight_worker_dead_letters_total", (("reason", "clock_ahead"),))] == 1
+    assert samples[("ranksight_worker_dead_letters_total", (("reason", "decode"),))] == 1
+    assert samples[("ranksight_worker_time_rejected_total", (("reason", "clock_ahead"),))] == 2
     assert samples[("ranksight_worker_consumer_lag", (("topic", "rs.training.steps"),))] == 3
     assert samples[("ranksight_worker_alerts_firing", (("rule", "xid_error"),))] == 2
     assert samples[("ranksight_worker_watermark_delay_seconds", ())] == 4.5

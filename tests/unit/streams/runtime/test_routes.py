@@ -57,16 +57,29 @@ def test_gpu_sample_goes_to_the_job_bound_to_its_gpu_and_host_sample_to_every_jo
     routes = NodeRoutes()
     routes.bind(_bound("job-a", 0, "n1", "G0", 1_000))
     routes.bind(_bound("job-b", 0, "n1", "G1", 1_000))
-    assert routes.route(_gpu("n1", "G0", 2_000)) == ["job-a"]
-    assert routes.route(_gpu("n1", "G1", 2_000)) == ["job-b"]
-    assert routes.route(_host("n1", 2_000)) == ["job-a", "job-b"]
+    assert routes.route(_gpu("n1", "G0", 2_000)) == ["job-a/n1"]  # shard keys: job and node
+    assert routes.route(_gpu("n1", "G1", 2_000)) == ["job-b/n1"]
+    assert routes.route(_host("n1", 2_000)) == ["job-a/n1", "job-b/n1"]
+    assert routes.jobs(_host("n1", 2_000)) == ["job-a", "job-b"]
+
+
+def test_a_host_sample_goes_to_the_jobs_it_names_too_and_they_share_the_nodes_gpu_faults() -> None:
+    routes = NodeRoutes()
+    routes.bind(_bound("job-a", 0, "n1", "G0", 1_000))
+    # The agent knows job-c runs here too (its ranks sent no RankBound).
+    assert routes.jobs(_host("n1", 2_000, job_ids=["job-c"])) == ["job-a", "job-c"]
+    assert routes.jobs(_host("n1", 3_000)) == ["job-a", "job-c"]  # a sample naming none keeps them
+    assert routes.colocated(_gpu("n1", "G0", 3_000, xid=79)) == ["job-c/n1"]
+    assert routes.with_holder(_gpu("n1", "G0", 3_000, xid=79)).record["job_id"] == "job-a"
+    assert routes.end_job("job-c") == ["n1"]
+    assert routes.jobs(_host("n1", 4_000)) == ["job-a"]
 
 
 def test_a_newer_binding_of_a_gpu_wins_and_a_late_older_one_does_not_override_it() -> None:
     routes = NodeRoutes()
     routes.bind(_bound("job-new", 0, "n1", "G0", 5_000))
     routes.bind(_bound("job-old", 0, "n1", "G0", 1_000))  # redelivered late
-    assert routes.route(_gpu("n1", "G0", 6_000)) == ["job-new"]
+    assert routes.jobs(_gpu("n1", "G0", 6_000)) == ["job-new"]
 
 
 def test_ending_a_job_unbinds_its_gpus_and_leaves_other_jobs_alone() -> None:
@@ -75,8 +88,8 @@ def test_ending_a_job_unbinds_its_gpus_and_leaves_other_jobs_alone() -> None:
     routes.bind(_bound("job-b", 0, "n1", "G1", 1_000))
     assert routes.end_job("job-a") == ["n1"]
     assert routes.route(_gpu("n1", "G0", 2_000)) == [UNBOUND_KEY]
-    assert routes.route(_gpu("n1", "G1", 2_000)) == ["job-b"]
-    assert routes.route(_host("n1", 2_000)) == ["job-b"]
+    assert routes.jobs(_gpu("n1", "G1", 2_000)) == ["job-b"]
+    assert routes.jobs(_host("n1", 2_000)) == ["job-b"]
     assert routes.end_job("job-a") == []
 
 
@@ -99,7 +112,11 @@ def test_node_state_round_trips_through_its_table_value() -> None:
     again = NodeRoutes()
     again.load("n1", state)
     assert again.state_of("n1") == state
-    assert again.route(_gpu("n1", "G0", 2_000)) == ["job-a"]
+    assert again.jobs(_gpu("n1", "G0", 2_000)) == ["job-a"]
+    again.jobs(_host("n1", 2_000, job_ids=["job-z"]))  # the jobs the agent names are kept too
+    third = NodeRoutes()
+    third.load("n1", again.state_of("n1"))
+    assert third.jobs(_host("n1", 3_000)) == ["job-a", "job-z"]
     again.load("n1", None)
     assert again.state_of("n1") is None
 
@@ -136,18 +153,15 @@ def test_guard_never_advances_historical_event_time_or_an_empty_engine() -> None
     assert WallClockGuard(guard_s=0).watermark(clock.now_ms, 1e9, clock.now_ms, None) is None
 
 
-def test_attributed_telemetry_has_one_job_key_per_job_and_unattributed_none() -> None:
-    """A GpuSample goes to its GPU's job, a HostSample to each job on the node once; idle ones to none."""
+def test_an_attributed_gpu_sample_has_its_job_key_and_a_host_sample_none() -> None:
+    """A GpuSample goes to its GPU's job; a HostSample goes by node (the worker sends it to every
+    job on the node, those it names included); idle GPUs to none."""
     from schemas.topics import job_keys
 
     assert job_keys("GpuSample", {"node": "n1", "job_id": "job-a"}) == ["job-a"]
     assert job_keys("GpuSample", {"node": "n1", "job_id": None}) == []
     assert job_keys("GpuSample", {"node": "n1"}) == []
-    assert job_keys("HostSample", {"node": "n1", "job_ids": ["job-b", "job-a", "job-b"]}) == [
-        "job-a",
-        "job-b",
-    ]
-    assert job_keys("HostSample", {"node": "n1", "job_ids": []}) == []
+    assert job_keys("HostSample", {"node": "n1", "job_ids": ["job-b", "job-a"]}) == []
     assert job_keys("StepCompleted", {"job_id": "job-a"}) == []
 
 
@@ -158,17 +172,17 @@ def test_the_job_keyed_telemetry_topic_carries_telemetry_only() -> None:
     assert off_topic_reason("GpuSample", "t1." + TELEMETRY_JOB) is None
     assert off_topic_reason("HostSample", TELEMETRY_JOB) is None
     assert off_topic_reason("StepCompleted", TELEMETRY_JOB) is not None
-    assert key_for(TELEMETRY_JOB, {"job_id": "job-a", "node": "n1"}) == b"job-a"
+    assert key_for(TELEMETRY_JOB, {"job_id": "job-a", "node": "n1"}) == b"job-a/n1"
 
 
 def test_every_sample_has_exactly_one_kind_of_worker_copy() -> None:
-    """Attributed: one per job on rs.telemetry.job; unattributed: one node-keyed on rs.telemetry.unattributed."""
+    """An attributed GPU sample: one on rs.telemetry.job keyed by job and node; a host sample or an
+    unattributed GPU sample: one node-keyed on rs.telemetry.unattributed."""
     from schemas.topics import TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED, off_topic_reason, telemetry_copies
 
-    assert telemetry_copies("GpuSample", {"node": "n1", "job_id": "job-a"}) == [(TELEMETRY_JOB, b"job-a")]
+    assert telemetry_copies("GpuSample", {"node": "n1", "job_id": "job-a"}) == [(TELEMETRY_JOB, b"job-a/n1")]
     assert telemetry_copies("HostSample", {"node": "n1", "job_ids": ["job-b", "job-a"]}) == [
-        (TELEMETRY_JOB, b"job-a"),
-        (TELEMETRY_JOB, b"job-b"),
+        (TELEMETRY_UNATTRIBUTED, b"n1")
     ]
     assert telemetry_copies("GpuSample", {"node": "n1", "job_id": None}) == [(TELEMETRY_UNATTRIBUTED, b"n1")]
     assert telemetry_copies("HostSample", {"node": "n2", "job_ids": []}) == [(TELEMETRY_UNATTRIBUTED, b"n2")]

@@ -1,0 +1,318 @@
+"""Per-rank summaries: what the job-level rules read instead of every step and sample (issue 19).
+
+The first stage of detection runs where a job's node's records are. `RankSummarizer` folds each
+rank's steps, collective samples and GPU samples, and each node's host samples, into one
+`RankSummary` per rank (and one per node, `rank` null) per bucket of event time (`bucket_s`,
+5 s): counts, sums, extremes and medians of the fields the job-level rules use, with the values
+themselves while there are few (so a window's median stays exact for jobs of a few steps per
+second). A bucket is emitted once the stage's watermark passes its end. Pure and deterministic:
+the same records give the same summaries, in the same order.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from schemas.records import Event
+from streams.detectors.base import Topology
+from streams.detectors.stats import median
+
+__all__ = ["MAX_VALUES", "RankSummarizer", "Stat", "stat_mean", "stat_median", "stat_of"]
+
+MAX_VALUES = 8  # values kept in a Stat: up to this many, a window median over buckets is exact
+
+Stat = dict[str, Any]  # {"n", "sum", "min", "max", "med", "values"}: see schemas RankSummary
+
+
+def stat_of(values: list[float]) -> Stat | None:
+    """The Stat of some values (None for none)."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return None
+    return {
+        "n": len(finite),
+        "sum": math.fsum(finite),
+        "min": min(finite),
+        "max": max(finite),
+        "med": median(finite),
+        "values": list(finite) if len(finite) <= MAX_VALUES else None,
+    }
+
+
+def stat_median(stats: list[Stat | None]) -> float | None:
+    """The median over buckets: exact from the values when every bucket kept them, else the
+    count-weighted median of the buckets' medians."""
+    present = [s for s in stats if s]
+    if not present:
+        return None
+    if all(s.get("values") is not None for s in present):
+        return median([v for s in present for v in s["values"]])
+    weighted = sorted((float(s["med"]), int(s["n"])) for s in present)
+    half = sum(n for _, n in weighted) / 2
+    seen = 0
+    for value, n in weighted:
+        seen += n
+        if seen >= half:
+            return value
+    return weighted[-1][0]
+
+
+def stat_mean(stats: list[Stat | None]) -> float | None:
+    """The mean over buckets (exact: from sums and counts)."""
+    present = [s for s in stats if s]
+    n = sum(int(s["n"]) for s in present)
+    return math.fsum(float(s["sum"]) for s in present) / n if n else None
+
+
+def _opt_sum(*values: float | None) -> float | None:
+    if any(v is None for v in values):
+        return None
+    return math.fsum(v for v in values if v is not None)
+
+
+def _row(job_id: str, run_id: str, node: str, rank: int | None, start: int) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "run_id": run_id,
+        "node": node,
+        "rank": rank,
+        "start": start,
+        "gpu_uuid": None,
+        "gpu_index": None,
+        "pid": None,
+        "steps": 0,
+        "first_step": None,
+        "last_step": None,
+        "last_step_ts": None,
+        "v": {},  # field -> values (Stats at close)
+        "tokens": None,
+        "samples": None,
+        "attr": [0.0, 0.0, 0.0, 0.0],  # step time, idle, wait, comm of steps whose compute is known
+        "coll_n": 0,
+        "coll": [None, None, None, None],  # last, min, max, last ts
+        "gpu_n": 0,
+        "reasons": 0,
+        "gpu_last_ts": None,
+        "pid_seen_ts": None,
+        "foreign": [None, None],  # pid, ts
+        "ib_errors": None,
+        "telemetry_last_ts": None,
+    }
+
+
+def _add(row: dict[str, Any], name: str, value: float | None) -> None:
+    if value is not None:
+        row["v"].setdefault(name, []).append(float(value))
+
+
+class RankSummarizer:
+    """Folds one stage's rank and node records into `RankSummary` buckets."""
+
+    def __init__(self, topology: Topology, bucket_ms: int = 5_000) -> None:
+        self.topology = topology
+        self.bucket_ms = bucket_ms
+        # "job|node|rank|start" (rank "" for a node row) -> the bucket being filled
+        self.rows: dict[str, dict[str, Any]] = {}
+        # node -> job -> rank -> pid, from RankBound: the jobs of a node and their processes
+        self.placed: dict[str, dict[str, dict[str, int]]] = {}
+
+    def _bucket(self, ts: int) -> int:
+        return (ts // self.bucket_ms) * self.bucket_ms
+
+    def _get(self, job_id: str, run_id: str, node: str, rank: int | None, ts: int) -> dict[str, Any]:
+        start = self._bucket(ts)
+        key = f"{job_id}|{node}|{'' if rank is None else rank}|{start}"
+        row = self.rows.get(key)
+        if row is None:
+            row = self.rows[key] = _row(job_id, run_id, node, rank, start)
+        elif run_id:
+            row["run_id"] = run_id
+        return row
+
+    def observe(self, event: Event) -> None:
+        """Take one record into the bucket it falls in (records of other kinds are ignored)."""
+        r = event.record
+        kind = event.type
+        if kind == "StepCompleted":
+            self._step(r)
+        elif kind == "GpuSample":
+            self._gpu(r)
+        elif kind == "CollectiveSample":
+            node = self._node_of(r)
+            if node is None or not r.get("interval_s"):
+                return
+            row = self._get(r["job_id"], r.get("run_id") or "", node, int(r["rank"]), r["ts"])
+            frac = float(r["time_s"]) / float(r["interval_s"])
+            coll = row["coll"]
+            row["coll_n"] += 1
+            coll[0] = frac
+            coll[1] = frac if coll[1] is None else min(coll[1], frac)
+            coll[2] = frac if coll[2] is None else max(coll[2], frac)
+            coll[3] = r["ts"] if coll[3] is None else max(coll[3], r["ts"])
+        elif kind == "HostSample":
+            self._host(r)
+        elif kind == "RankBound":
+            ranks = self.placed.setdefault(str(r["node"]), {}).setdefault(str(r["job_id"]), {})
+            ranks[str(r["rank"])] = int(r["pid"])
+
+    def _node_of(self, r: dict[str, Any]) -> str | None:
+        node = r.get("node")
+        if node:
+            return str(node)
+        binding = self.topology.bindings.get((r["job_id"], r["rank"]))
+        return binding.node if binding is not None else None
+
+    def _step(self, r: dict[str, Any]) -> None:
+        node = self._node_of(r)
+        if node is None:
+            node = ""  # a rank not bound (yet) and a producer that does not name its node
+        row = self._get(r["job_id"], r.get("run_id") or "", node, int(r["rank"]), r["ts"])
+        step, ts = int(r["step"]), int(r["ts"])
+        row["steps"] += 1
+        row["first_step"] = step if row["first_step"] is None else min(row["first_step"], step)
+        if row["last_step"] is None or step >= row["last_step"]:
+            row["last_step"], row["last_step_ts"] = step, ts
+        compute = _opt_sum(r.get("forward_s"), r.get("backward_s"), r.get("optimizer_s"))
+        wait = r.get("data_wait_s")
+        step_time = r.get("step_time_s")
+        busy = compute + (wait or 0.0) if compute is not None else step_time
+        _add(row, "busy_s", busy)
+        _add(row, "compute_s", compute)
+        _add(row, "data_wait_s", wait)
+        _add(row, "comm_s", r.get("comm_s"))
+        _add(row, "step_time_s", step_time)
+        loss = r.get("loss")
+        if loss is not None and math.isfinite(loss):
+            _add(row, "loss", loss)
+        for field in ("tokens", "samples"):
+            value = r.get(field)
+            if value is not None:
+                row[field] = (row[field] or 0.0) + float(value)
+        if compute is not None and step_time is not None:
+            attr = row["attr"]
+            attr[0] += step_time
+            attr[1] += max(0.0, step_time - compute)
+            attr[2] += wait or 0.0
+            attr[3] += r.get("comm_s") or 0.0
+
+    def _gpu(self, r: dict[str, Any]) -> None:
+        binding = self.topology.binding_for_gpu(r["node"], r["gpu_uuid"])
+        if binding is None:
+            return
+        row = self._get(binding.job_id, "", binding.node, binding.rank, r["ts"])
+        row["gpu_uuid"], row["gpu_index"], row["pid"] = binding.gpu_uuid, binding.gpu_index, binding.pid
+        row["gpu_n"] += 1
+        _add(row, "gpu_util_pct", r.get("gpu_util_pct"))
+        _add(row, "power_w", r.get("power_w"))
+        _add(row, "sm_clock_mhz", r.get("sm_clock_mhz"))
+        _add(row, "sm_active_pct", r.get("sm_active_pct"))
+        _add(row, "tensor_active_pct", r.get("tensor_active_pct"))
+        mem, total = r.get("mem_used_bytes"), r.get("mem_total_bytes")
+        if mem is not None and total:
+            _add(row, "mem_frac", mem / total)
+        row["reasons"] |= int(r.get("clock_event_reasons") or 0)
+        ts = int(r["ts"])
+        row["gpu_last_ts"] = ts if row["gpu_last_ts"] is None else max(row["gpu_last_ts"], ts)
+        pids = r.get("pids") or ()
+        if binding.pid in pids:
+            row["pid_seen_ts"] = ts if row["pid_seen_ts"] is None else max(row["pid_seen_ts"], ts)
+        own = self.placed.get(binding.node, {}).get(binding.job_id, {}).values()
+        foreign = sorted(p for p in pids if p not in own)
+        if foreign:
+            row["foreign"] = [foreign[0], ts]
+
+    def _host(self, r: dict[str, Any]) -> None:
+        node, ts = str(r["node"]), int(r["ts"])
+        for job_id in sorted(self.placed.get(node, ())):
+            row = self._get(job_id, "", node, None, ts)
+            _add(row, "cpu_util_pct", r.get("cpu_util_pct"))
+            _add(row, "tcp_retrans_segs_s", r.get("tcp_retrans_segs_s"))
+            errors = r.get("ib_errors")
+            if errors is not None:
+                row["ib_errors"] = (row["ib_errors"] or 0.0) + float(errors)
+            last = row["telemetry_last_ts"]
+            row["telemetry_last_ts"] = ts if last is None else max(last, ts)
+
+    def advance(self, watermark: int) -> list[Event]:
+        """RankSummary records of every bucket that ended at or before the watermark, in order."""
+        done = [k for k, row in self.rows.items() if row["start"] + self.bucket_ms <= watermark]
+        if not done:
+            return []
+        rows = [self.rows.pop(k) for k in done]
+        rows.sort(key=lambda w: (w["start"], w["job_id"], w["node"], -1 if w["rank"] is None else w["rank"]))
+        return [Event("RankSummary", self._summary(row)) for row in rows]
+
+    def _summary(self, row: dict[str, Any]) -> dict[str, Any]:
+        v = row["v"]
+        coll, attr = row["coll"], row["attr"]
+        out = {
+            "ts": row["start"] + self.bucket_ms,
+            "bucket_start": row["start"],
+            "job_id": row["job_id"],
+            "run_id": row["run_id"],
+            "node": row["node"],
+            "rank": row["rank"],
+            "gpu_uuid": row["gpu_uuid"],
+            "gpu_index": row["gpu_index"],
+            "pid": row["pid"],
+            "steps": row["steps"],
+            "first_step": row["first_step"],
+            "last_step": row["last_step"],
+            "last_step_ts": row["last_step_ts"],
+            "tokens": row["tokens"],
+            "samples": row["samples"],
+            "attr_step_time_s": attr[0],
+            "attr_idle_s": attr[1],
+            "attr_wait_s": attr[2],
+            "attr_comm_s": attr[3],
+            "coll_n": row["coll_n"],
+            "coll_frac_last": coll[0],
+            "coll_frac_min": coll[1],
+            "coll_frac_max": coll[2],
+            "coll_last_ts": coll[3],
+            "gpu_n": row["gpu_n"],
+            "throttle_reasons": row["reasons"],
+            "gpu_last_ts": row["gpu_last_ts"],
+            "pid_seen_ts": row["pid_seen_ts"],
+            "foreign_pid": row["foreign"][0],
+            "foreign_pid_ts": row["foreign"][1],
+            "ib_errors": row["ib_errors"],
+            "telemetry_last_ts": row["telemetry_last_ts"],
+        }
+        for field in (
+            "busy_s",
+            "compute_s",
+            "data_wait_s",
+            "comm_s",
+            "step_time_s",
+            "loss",
+            "gpu_util_pct",
+            "power_w",
+            "sm_clock_mhz",
+            "mem_frac",
+            "sm_active_pct",
+            "tensor_active_pct",
+            "cpu_util_pct",
+            "tcp_retrans_segs_s",
+        ):
+            out[field] = stat_of(v.get(field, []))
+        return out
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop the open buckets of an ended job."""
+        self.rows = {k: w for k, w in self.rows.items() if w["job_id"] != job_id}
+        for jobs in self.placed.values():
+            jobs.pop(job_id, None)
+        self.placed = {node: jobs for node, jobs in self.placed.items() if jobs}
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able state."""
+        return {"rows": {k: self.rows[k] for k in sorted(self.rows)}, "placed": self.placed}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore from `state()`."""
+        self.rows = dict(state.get("rows", {}))
+        self.placed = {
+            n: {j: dict(r) for j, r in jobs.items()} for n, jobs in state.get("placed", {}).items()
+        }
