@@ -184,11 +184,12 @@ class Scan:
                 job.alert_max = r["ts"] if job.alert_max is None else max(job.alert_max, r["ts"])
 
     def alert_records(self, alert_id: str) -> list[dict[str, Any]]:
-        """Every record of an alert, in time order."""
+        """An alert's records as the store keeps them, in time order: the newest per routed copy
+        and status (`alerts` is a ReplacingMergeTree(ts) on team, fingerprint, alert_id, status)."""
         for job in self.jobs.values():
             if alert_id in job.alerts:
-                return sorted(job.alerts[alert_id], key=lambda a: a["ts"])
-        return sorted(self.unjobbed.get(alert_id, []), key=lambda a: a["ts"])
+                return _as_merged(job.alerts[alert_id])
+        return _as_merged(self.unjobbed.get(alert_id, []))
 
     def all_alerts(self) -> dict[str, list[dict[str, Any]]]:
         """Every alert's records by alert_id, job or not."""
@@ -1056,3 +1057,14 @@ def alert_report(
                 panels.feed(event)
             evidence = panels.page()
     return {"alert": alert, "evidence": evidence, "_events": found.events}
+
+
+def _as_merged(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What `SELECT ... FROM alerts FINAL` returns of these records: per (team, fingerprint,
+    status), the one with the greatest ts, the later one on a tie."""
+    kept: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in records:
+        key = (r.get("team"), r.get("fingerprint"), r.get("status"))
+        if key not in kept or r["ts"] >= kept[key]["ts"]:
+            kept[key] = r
+    return sorted(kept.values(), key=lambda a: a["ts"])
