@@ -328,7 +328,7 @@ def main() -> None:
                 f"CPU {_CPU['bare_windows']:7.1f} ms"
             )
             print(
-                f"(b) job page queries (heatmap from {page['heatmap']['source']}, GPUs from {page['gpus']['source']}, "
+                f"(b) job page queries (heatmap from {page['heatmap']['source']}, GPUs from {page['gpus']['source'] if 'gpus' in page else 'the details'}, "
                 f"bucket {page['range']['bucket_ms'] // 1000} s, {_page_rows(page)}) {page_ms:8.1f} ms  "
                 f"CPU {_CPU['page']:7.1f} ms"
             )

@@ -1489,8 +1489,9 @@ def job_page(
     server leaves it out (`with_efficiency=False`, no `efficiency` key) and answers it apart, cached.
     A job of more than `ui.rows.MAX_RANK_ROWS` ranks gets one heatmap row per node (or group of
     nodes) and bands across its GPUs and hosts; `nodes` drills down to those nodes' ranks. With
-    `defer_details`, such a grouped page leaves its `DETAIL_PANELS` out (`"details": "pending"`):
-    the server answers them apart (`job_details`) so the page draws before they are read.
+    `defer_details`, such a page (grouped or drilled down) leaves its `DETAIL_PANELS` out
+    (`"details": "pending"`): the server answers them apart (`job_details`) so the page draws
+    before they are read.
     """
     f = _job_frame(client, job_id, t0, t1, target, nodes, kinds)
     start, end, width, span = f.start, f.end, f.width, f.span
@@ -1519,7 +1520,8 @@ def job_page(
         "alerts": f.alerts,
         "actions": _actions(client, _JOB, job=job_id),
     }
-    if defer_details and f.grouped:
+    # A big job's panels read all its ranks, GPUs and nodes, drilled down or not.
+    if defer_details and f.layout is not None:
         page["details"] = "pending"
     else:
         page.update(_details(client, f))
@@ -1673,7 +1675,10 @@ def alert_page(
     or the alerts it mutes, and the remediation decisions taken on it (`actions`).
     """
     rows = client.query(
-        "SELECT * FROM alerts WHERE alert_id = {id:String} ORDER BY ts", parameters={"id": alert_id}
+        # FINAL: the table keeps one record per (team, fingerprint, alert_id, status) once merged
+        # (ReplacingMergeTree(ts)); without it the history would depend on whether a merge ran.
+        "SELECT * FROM alerts FINAL WHERE alert_id = {id:String} ORDER BY ts",
+        parameters={"id": alert_id},
     )
     if not rows.result_rows:
         raise NotFoundError("alert", alert_id)
