@@ -114,3 +114,22 @@ def test_baselines_survive_a_state_round_trip() -> None:
     clone.from_bytes(det.to_bytes())
     assert clone.baselines() == det.baselines()
     assert {b["runs"] for b in clone.baselines()} == {2}
+
+
+def test_runs_learned_on_other_partitions_judge_a_run_the_same() -> None:
+    """Issue 19: a job's baseline runs may be learned by other job-stage partitions. What one
+    commits it hands on (`drain_learned`, a BaselineRun record); another adopts it, in any order,
+    and judges a slower run exactly as the engine that learned every run itself."""
+    learner_a, learner_b, judge, alone = (BaselineDetector(Topology()) for _ in range(4))
+    _run(learner_a, "run-a", 10)
+    _run(learner_b, "run-b", 10, start=T0 + 10**6)
+    shared = learner_a.drain_learned() + learner_b.drain_learned()
+    assert [r["job_id"] for r in shared] == ["run-a", "run-b"] and shared[0]["baseline_key"] == KEY
+    assert learner_a.drain_learned() == []  # handed on once
+    for record in reversed(shared):  # arrival order does not matter
+        judge.adopt(record)
+    _run(alone, "run-a", 10)
+    _run(alone, "run-b", 10, start=T0 + 10**6)
+    assert judge.baselines() == alone.baselines()
+    slow = {"step_time": 1.3, "complete": False, "start": T0 + 2 * 10**6}
+    assert _run(judge, "slow", 10, **slow) == _run(alone, "slow", 10, **slow) != []
