@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 ECHARTS_VERSION := 6.0.0
 ECHARTS_JS      := ui/static/vendor/echarts.min.js
 
-.PHONY: demo test unit integration lint bench kafka-jars ui-assets clean help test-frameworks framework-torch
+.PHONY: demo test unit integration lint bench kafka-jars ui-assets clean help test-frameworks framework-torch test-scenarios
 
 help:
 	@echo "make demo   - start a local Kafka, simulate a cluster, detect, store in ClickHouse (chDB), show alerts"
@@ -73,6 +73,11 @@ framework-torch:
 	    "and run 'make test-frameworks' again (PyPI's own torch works too, with ~3 GB of CUDA libraries)" >&2; \
 	  exit 2; \
 	fi
+
+# Every shipped scenario through the worker's core as well as offline (`make test` compares a
+# subset that raises every rule: tests/scenarios/test_scenarios.py CORE_SCENARIOS); ~15 minutes.
+test-scenarios: $(STAMP)
+	RANKSIGHT_ALL_SCENARIOS=1 $(BIN)/python -m pytest tests/scenarios $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
