@@ -13,6 +13,7 @@ import socket
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from producers.simulator import load_scenario, simulate
 from schemas.codec import Codec
@@ -71,14 +72,23 @@ def test_a_record_from_2199_is_rejected_by_the_worker_and_raises_clock_skew(
                 break
             time.sleep(1)  # poll interval of the progress check, not a wait for the worker
         assert lag == 0, worker.log()
-        alerts = [Codec().decode(m.value()).record for m in _read_all(kafka_bootstrap, topics[ALERTS])]
+        # The job stage raises its alerts from what the rank stage sent on: read until they are in.
+        alerts: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and _supervise(worker):
+            alerts = [Codec().decode(m.value()).record for m in _read_all(kafka_bootstrap, topics[ALERTS])]
+            if expected <= {(a["fingerprint"], a["status"]) for a in alerts}:
+                break
+            time.sleep(1)  # poll interval of the alerts check
         letters = _read_all(kafka_bootstrap, topics[DEADLETTER])
         steps = sum(e.type == "StepCompleted" for e in events)
         # /metrics is refreshed every 2 s: read it until it shows every step (progress, not time).
         metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         while time.monotonic() < deadline:
             metrics = _scrape(port)
-            if metrics.get(("ranksight_worker_events_in_total", (("topic", TRAINING_STEPS),)), 0) >= steps:
+            if (
+                metrics.get(("ranksight_worker_events_in_total", (("topic", TRAINING_STEPS),)), 0) >= steps
+                and metrics.get(("ranksight_worker_events_out_total", (("topic", ALERTS),)), 0) >= len(alerts)
+            ):
                 break
             time.sleep(0.5)  # poll interval of the scrape
     finally:
