@@ -85,9 +85,10 @@ def test_a_record_from_2199_is_rejected_by_the_worker_and_raises_clock_skew(
         metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         while time.monotonic() < deadline:
             metrics = _scrape(port)
-            if (
-                metrics.get(("ranksight_worker_events_in_total", (("topic", TRAINING_STEPS),)), 0) >= steps
-                and metrics.get(("ranksight_worker_events_out_total", (("topic", ALERTS),)), 0) >= len(alerts)
+            if metrics.get(
+                ("ranksight_worker_events_in_total", (("topic", TRAINING_STEPS),)), 0
+            ) >= steps and metrics.get(("ranksight_worker_events_out_total", (("topic", ALERTS),)), 0) >= len(
+                alerts
             ):
                 break
             time.sleep(0.5)  # poll interval of the scrape
