@@ -80,11 +80,19 @@ def _window_profile(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "clock": mean(finite(r.get("sm_clock_mhz") for r in ranks)),
         "util": mean(finite(r.get("gpu_util_pct") for r in ranks)),
         "power": mean(finite(r.get("power_w") for r in ranks)),
-        "node_wait": {
-            node: median(finite(r.get("data_wait_s") for r in ranks if r.get("node") == node))
-            for node in sorted({str(r["node"]) for r in ranks if r.get("node")})
-        },
+        "node_wait": {node: median(finite(waits)) for node, waits in sorted(_by_node(ranks).items())},
     }
+
+
+def _by_node(ranks: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Each node's ranks' data waits, in one pass (a scan of every rank per node was quadratic:
+    2,048 nodes x 16,384 ranks per window)."""
+    out: dict[str, list[Any]] = {}
+    for r in ranks:
+        node = r.get("node")
+        if node:
+            out.setdefault(str(node), []).append(r.get("data_wait_s"))
+    return out
 
 
 class ThroughputDetector(JobAndHostDetector):
