@@ -1,58 +1,289 @@
-"""Engine events/s for one job of 32 ranks and one of 512 ranks (issue 9.4: per-event cost stays flat).
+"""Engine cost per raw event against job size: one job of 16 to 16,384 ranks (issue 19.1).
 
-Usage: python bench/bench_engine_ranks.py [--minutes 5] [--ranks 32,512]
-Simulates a straggler job of N ranks (8 GPUs per node), runs the offline `DetectionEngine` over
-it, and prints events/s and microseconds per event for each size, next to the smallest size.
+Usage: python bench/bench_engine_ranks.py [--seconds 180] [--ranks 16,1024,4096,16384]
+
+One job of N ranks (8 GPUs per node; rank 5 a straggler at 1.5x its step time from a third of the way on),
+time-compressed to `--seconds` of event time: a StepCompleted per rank per second (with its node,
+as the SDK sends it), a GpuSample per GPU every 5 s, a HostSample per node every 10 s. The events
+are made one second at a time and only the offline two-stage `DetectionEngine` (rank stages on 6
+partitions, job stages on their summaries) is timed, so the generator's own cost is not counted.
+
+Printed per size: events/s, microseconds per raw event (and the ratio to the smallest job: flat
+means the job stage does not grow per raw event), the share of the time in the rank and the job
+stages, the job stage's input per raw event, the alerts (the straggler must be found at every size)
+and the engine's peak resident memory. Before the two stages (issue 19's own measurement of the
+single engine): 25 us/event at 16 ranks, 38 at 1,024, 46 at 4,096.
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
+import gc
+import random
+import resource
 import time
-from pathlib import Path
+from collections.abc import Iterator
 
-from producers.simulator import load_scenario, simulate
-from streams.engine import DetectionEngine
+from schemas.records import Event
+from streams import gc_policy
+from streams.engine import DetectionEngine, StageEngine
+from streams.runtime.options import GC_SETTLE_S
 
-_SCENARIO = """
-name: ranks_{ranks}
-description: "One job of {ranks} ranks with a straggler, for the engine's per-event cost."
-duration: {minutes}m
-cluster: {{name: sim-a, nodes: {nodes}, gpus_per_node: 8, gpu_class: H100-80GB}}
-jobs:
-  - {{id: pretrain-0001, team: llm-pretrain, owner: alice, nodes: {nodes}}}
-faults:
-  - {{type: straggler_gpu, job: pretrain-0001, rank: 5, start: 2m, duration: 2m, magnitude: 1.5}}
-"""
+T0 = 1_780_000_000_000
+_DEFAULT_GC = gc.get_threshold()
+JOB = "giant-0001"
+STRAGGLER = 5
 
 
-def _run(ranks: int, minutes: float) -> tuple[int, float, int]:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "scenario.yaml"
-        path.write_text(_SCENARIO.format(ranks=ranks, minutes=minutes, nodes=ranks // 8))
-        events = list(simulate(load_scenario(path), seed=0).events())
+def _start(ranks: int) -> list[Event]:
+    nodes = [f"node-{n:05d}" for n in range(ranks // 8)]
+    out = [
+        Event(
+            "JobStarted",
+            {
+                "ts": T0,
+                "job_id": JOB,
+                "run_id": f"{JOB}-r0",
+                "owner": "alice",
+                "team": "llm-pretrain",
+                "cluster": "sim-a",
+                "model_name": "llama",
+                "model_version": "v1",
+                "dataset_version": "d1",
+                "workload_family": "llama-pretrain",
+                "world_size": ranks,
+                "nodes": nodes,
+                "gpu_class": "H100-80GB",
+                "global_batch_size": 4 * ranks,
+                "seq_len": 4096,
+                "checkpoint_max_age_s": None,
+                "checkpoint_timeout_s": None,
+                "labels": {},
+            },
+        ),
+        Event(
+            "JobStateChanged",
+            {
+                "ts": T0,
+                "job_id": JOB,
+                "run_id": f"{JOB}-r0",
+                "state": "running",
+                "reason": "",
+                "exit_code": None,
+            },
+        ),
+    ]
+    for r in range(ranks):
+        node = nodes[r // 8]
+        out.append(
+            Event(
+                "RankBound",
+                {
+                    "ts": T0,
+                    "job_id": JOB,
+                    "run_id": f"{JOB}-r0",
+                    "rank": r,
+                    "local_rank": r % 8,
+                    "node": node,
+                    "gpu_index": r % 8,
+                    "gpu_uuid": f"GPU-{node}-{r % 8}",
+                    "pid": 1000 + r,
+                },
+            )
+        )
+    return out
+
+
+def _second(ranks: int, second: int, seconds: int, rng: random.Random) -> list[Event]:
+    """Every record of one second of event time, in time order."""
+    out: list[Event] = []
+    slow = second >= seconds // 3
+    base = T0 + second * 1000
+    for r in range(ranks):
+        step_time = 1.0 * (1.5 if slow and r == STRAGGLER else 1.0) * rng.uniform(0.98, 1.02)
+        compute = 0.85 * step_time if r == STRAGGLER and slow else 0.85 * rng.uniform(0.98, 1.02)
+        out.append(
+            Event(
+                "StepCompleted",
+                {
+                    "ts": base + rng.randrange(0, 1000),
+                    "job_id": JOB,
+                    "run_id": f"{JOB}-r0",
+                    "rank": r,
+                    "node": f"node-{r // 8:05d}",
+                    "step": second,
+                    "samples": 4,
+                    "tokens": 16384,
+                    "loss": 2.5,
+                    "lr": 3e-4,
+                    "grad_norm": 1.0,
+                    "step_time_s": step_time,
+                    "data_wait_s": 0.03,
+                    "forward_s": compute / 3,
+                    "backward_s": compute / 2,
+                    "optimizer_s": compute / 6,
+                    "comm_s": max(0.0, step_time - compute - 0.03),
+                    "checkpoint_s": None,
+                    "skipped": False,
+                },
+            )
+        )
+    if second % 5 == 0:
+        for r in range(ranks):
+            node = f"node-{r // 8:05d}"
+            out.append(
+                Event(
+                    "GpuSample",
+                    {
+                        "ts": base,
+                        "cluster": "sim-a",
+                        "node": node,
+                        "gpu_index": r % 8,
+                        "gpu_uuid": f"GPU-{node}-{r % 8}",
+                        "gpu_name": "H100",
+                        "job_id": JOB,
+                        "gpu_util_pct": 95.0,
+                        "mem_util_pct": 50.0,
+                        "mem_used_bytes": 60 * 2**30,
+                        "mem_total_bytes": 80 * 2**30,
+                        "power_w": 600.0,
+                        "power_limit_w": 700.0,
+                        "temp_gpu_c": 60.0,
+                        "sm_clock_mhz": 1980,
+                        "sm_clock_max_mhz": 1980,
+                        "clock_event_reasons": 0,
+                        "ecc_uncorrected": 0,
+                        "xid": None,
+                        "pids": [1000 + r],
+                    },
+                )
+            )
+    if second % 10 == 0:
+        for n in range(ranks // 8):
+            out.append(
+                Event(
+                    "HostSample",
+                    {
+                        "ts": base,
+                        "cluster": "sim-a",
+                        "node": f"node-{n:05d}",
+                        "job_ids": [JOB],
+                        "cpu_util_pct": 40.0,
+                        "mem_available_bytes": 900 * 2**30,
+                        "mem_total_bytes": 1024 * 2**30,
+                        "oom_kills": 0,
+                        "tcp_retrans_segs_s": 1.0,
+                    },
+                )
+            )
+    out.sort(key=lambda e: e.record["ts"])
+    return out
+
+
+def _timed(engine: DetectionEngine) -> tuple[float, float]:
+    """Wrap the stage engines' `process` to time the rank and the job stages apart."""
+    spent = {"rank": 0.0, "job": 0.0}
+
+    def wrap(eng: StageEngine, kind: str) -> None:
+        inner = eng.process
+
+        def process(event: Event, **kw: object) -> list[Event]:
+            t = time.perf_counter()
+            try:
+                return inner(event, **kw)  # type: ignore[arg-type]
+            finally:
+                spent[kind] += time.perf_counter() - t
+
+        eng.process = process  # type: ignore[method-assign]
+
+    for eng in engine.rank_stages:
+        wrap(eng, "rank")
+    for eng in engine.job_stages:
+        wrap(eng, "job")
+    return spent  # type: ignore[return-value]
+
+
+def _run(ranks: int, seconds: int, tuned_gc: bool) -> dict[str, float]:
+    rng = random.Random(ranks)
     engine = DetectionEngine()
-    t0 = time.perf_counter()
-    out = engine.run(events)
-    elapsed = time.perf_counter() - t0
-    return len(events), elapsed, sum(1 for e in out if e.type == "Alert")
+    spent = _timed(engine)
+    chunks: Iterator[list[Event]] = (
+        _second(ranks, s, seconds, rng) if s else _start(ranks) for s in range(seconds + 1)
+    )
+    n = 0
+    elapsed = 0.0
+    alerts: set[tuple[str, object]] = set()
+    settled = 0.0
+    for chunk in chunks:
+        t = time.perf_counter()
+        out = [o for e in chunk for o in engine.process(e)]
+        if tuned_gc and elapsed - settled >= GC_SETTLE_S:
+            gc_policy.settle()  # as the worker does, every GC_SETTLE_S of its time
+            settled = elapsed
+        elapsed += time.perf_counter() - t
+        n += len(chunk)
+        alerts |= {(o.record["rule"], o.record.get("rank")) for o in out if o.type == "Alert"}
+    t = time.perf_counter()
+    out = engine.finish()
+    elapsed += time.perf_counter() - t
+    alerts |= {(o.record["rule"], o.record.get("rank")) for o in out if o.type == "Alert"}
+    job_in = sum(e.stats["events"] for e in engine.job_stages)
+    return {
+        "events": n,
+        "elapsed": elapsed,
+        "rank_s": spent["rank"],
+        "job_s": spent["job"],
+        "job_in": job_in,
+        "straggler": float(("straggler", STRAGGLER) in alerts),
+        "alerts": float(len(alerts)),
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def main() -> None:
     """Run each size once and print the numbers."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--minutes", type=float, default=5)
-    parser.add_argument("--ranks", default="32,512", help="comma-separated rank counts (multiples of 8)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--seconds", type=int, default=180, help="event time per size (one step per rank per second)"
+    )
+    parser.add_argument(
+        "--ranks", default="16,1024,4096,16384", help="comma-separated rank counts (multiples of 8)"
+    )
+    parser.add_argument(
+        "--gc",
+        choices=("tuned", "default", "both"),
+        default="tuned",
+        help="the collector as the worker sets it (streams/gc_policy.py), Python's default, or both",
+    )
     args = parser.parse_args()
+    modes = ["default", "tuned"] if args.gc == "both" else [args.gc]
+    for mode in modes:
+        _sizes(args.ranks, args.seconds, mode)
+
+
+def _sizes(sizes: str, seconds: int, mode: str) -> None:
+    """Each size once with the collector set as `mode` says."""
+    gc.set_threshold(*_DEFAULT_GC)
+    if mode == "tuned":
+        gc_policy.for_long_lived_state()
+    print(f"-- garbage collector: {mode}", flush=True)
     base: float | None = None
-    for ranks in (int(r) for r in args.ranks.split(",")):
-        n, elapsed, alerts = _run(ranks, args.minutes)
-        per_event_us = 1e6 * elapsed / n
-        base = per_event_us if base is None else base
+    for ranks in (int(r) for r in sizes.split(",")):
+        m = _run(ranks, seconds, mode == "tuned")
+        gc.unfreeze()
+        gc.collect()
+        us = 1e6 * m["elapsed"] / m["events"]
+        base = us if base is None else base
         print(
-            f"{ranks:>5} ranks: {n:,} events in {elapsed:.2f} s = {n / elapsed:,.0f} events/s,"
-            f" {per_event_us:.1f} us/event ({per_event_us / base:.2f}x the smallest), {alerts} alerts"
+            f"{ranks:>6} ranks: {int(m['events']):>9,} events in {m['elapsed']:7.1f} s ="
+            f" {m['events'] / m['elapsed']:>7,.0f} events/s, {us:5.1f} us/event"
+            f" ({us / base:.2f}x the smallest); rank stages {m['rank_s'] / m['elapsed']:.0%},"
+            f" job stages {m['job_s'] / m['elapsed']:.0%} of it on {m['job_in'] / m['events']:.2f} records"
+            f" per raw event; straggler rank {STRAGGLER} found: {'yes' if m['straggler'] else 'NO'},"
+            f" {int(m['alerts'])} alert kinds; peak RSS {m['rss_mb']:,.0f} MB",
+            flush=True,
         )
 
 

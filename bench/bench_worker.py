@@ -9,8 +9,9 @@ own copy; each is timed from its partition assignment to its last event. Printed
 worker's ratio to the bare loop (issue 18.5 target: >= 0.8), the offline engine on the events in
 memory, and the Faust read limit when the Faust runtime is measured.
 
-Usage: KAFKA_BOOTSTRAP=127.0.0.1:9092 python bench/bench_worker.py [--scenario nan_loss] [--workers 2]
+Usage: KAFKA_BOOTSTRAP=127.0.0.1:9092 python bench/bench_worker.py [--scenario nan_loss] [--workers 1,2]
        [--runtime direct,faust] [--profile prof.raw]   # the (first) worker under py-spy
+       python bench/bench_worker.py --giant 16384:30 --workers 1,2   # one job of 16,384 ranks (issue 19.3)
 (without KAFKA_BOOTSTRAP a local broker is started in a temporary directory and stopped after).
 """
 
@@ -45,7 +46,7 @@ from schemas.topics import (
 )
 from streams.engine import DetectionEngine, event_ts
 from streams.runtime.aligner import Aligner
-from streams.runtime.options import BINDINGS, TELEMETRY_BY_JOB
+from streams.runtime.options import BINDINGS, CONTROL, SUMMARIES, TELEMETRY_BY_JOB
 
 _DONE = re.compile(r"^\[([\d-]+ [\d:,]+)\].*worker: ([\d,]+) source events handled", re.M)
 _ASSIGNED_AT = re.compile(r"^\[([\d-]+ [\d:,]+)\].*assigned partitions \[", re.M)
@@ -209,7 +210,7 @@ def _publish(bootstrap: str, events: list[Event]) -> str:
 
 def _drop(bootstrap: str, prefix: str) -> None:
     """Delete a run's topics: the canonical ones and what its workers created."""
-    internal = [prefix + t for t in (BINDINGS, TELEMETRY_BY_JOB)]
+    internal = [prefix + t for t in (BINDINGS, TELEMETRY_BY_JOB, CONTROL, SUMMARIES)]
     internal += [f"{prefix}ranksight-detect-{t}" for t in _WORKER_OWN]
     delete_topics(bootstrap, [*prefixed(prefix).values(), *internal])
 
@@ -287,11 +288,14 @@ def _workers_rate(
             if os.environ.get("BENCH_KEEP_LOGS"):
                 for i, text in enumerate(logs_now):
                     Path(os.environ["BENCH_KEEP_LOGS"], f"{runtime}-worker-{i}.log").write_text(text)
-            parts = [_ASSIGNED.findall(t)[-1] for t in logs_now]
+            parts = [(_ASSIGNED.findall(t) or ["none yet"])[-1] for t in logs_now]
             # From the moment the last worker got its partitions (the group settled) to the moment the
-            # last one had handled its final count (progress lines every 0.1 s: +-0.1 s).
-            settled = max(_log_time(_ASSIGNED_AT.findall(t)[-1]) for t in logs_now)
-            finished = max(next(ts for ts, c in handled(t) if c == handled(t)[-1][1]) for t in logs_now)
+            # last one had handled its final count (progress lines every 0.1 s: +-0.1 s). A worker
+            # still joining when the others finished took no part.
+            settled = max(_log_time(_ASSIGNED_AT.findall(t)[-1]) for t in logs_now if _ASSIGNED_AT.findall(t))
+            finished = max(
+                next(ts for ts, c in handled(t) if c == handled(t)[-1][1]) for t in logs_now if handled(t)
+            )
             lines = [line for line in logs_now[0].splitlines() if "worker: " in line]
             print("last progress line of worker 0:", lines[-1].split("] ", 3)[-1] if lines else "none")
             rate = len(events) / (finished - settled)
@@ -311,18 +315,37 @@ def _workers_rate(
             _stop(proc)
 
 
+def _giant_job(ranks: int, seconds: int) -> list[Event]:
+    """One job of `ranks` ranks over `seconds` of event time (bench_engine_ranks.py's), ending an hour ago."""
+    import random
+
+    import bench_engine_ranks as giant
+
+    rng = random.Random(ranks)
+    events = giant._start(ranks)
+    for second in range(1, seconds + 1):
+        events += giant._second(ranks, second, seconds, rng)
+    shift = int(time.time() * 1000) - 3_600_000 - seconds * 1000 - giant.T0
+    return [Event(e.type, {**e.record, "ts": e.record["ts"] + shift}) for e in events]
+
+
 def _bench(
     bootstrap: str,
     scenario: str,
     timeout_s: float,
-    workers: int,
+    workers: list[int],
     runtimes: list[str],
     profile: Path | None = None,
+    giant: tuple[int, int] | None = None,
 ) -> None:
-    sc = load_scenario(scenario)
-    # Ending an hour ago: the events are a backlog, as after an outage or for a replay.
-    sc = sc.with_overrides(start_ms=int(time.time() * 1000) - int(sc.duration * 1000) - 3_600_000)
-    events = list(simulate(sc, seed=0).events())
+    if giant is not None:
+        events = _giant_job(*giant)
+        print(f"one job of {giant[0]:,} ranks, {giant[1]} s of event time: {len(events):,} events")
+    else:
+        sc = load_scenario(scenario)
+        # Ending an hour ago: the events are a backlog, as after an outage or for a replay.
+        sc = sc.with_overrides(start_ms=int(time.time() * 1000) - int(sc.duration * 1000) - 3_600_000)
+        events = list(simulate(sc, seed=0).events())
     t0 = time.perf_counter()
     DetectionEngine().run(events)
     offline_s = time.perf_counter() - t0
@@ -333,26 +356,34 @@ def _bench(
     # Everything is on the broker before any reader starts: each drains the same backlog. Each
     # runtime gets its own copy of the topics (the worker's internal topics are per prefix).
     prefix = _publish(bootstrap, events)
-    rates: dict[str, float | None] = {}
+    rates: dict[tuple[str, int], float | None] = {}
     try:
         records = sum(len(telemetry_copies(e.type, e.record)) or 1 for e in events)
         bare_rate = _bare_loop(bootstrap, prefix, records, timeout_s) * len(events) / records
         faust_rate = _faust_read(bootstrap, prefix, events, timeout_s) if "faust" in runtimes else None
-        for i, runtime in enumerate(runtimes):
+        runs = [(runtime, n) for runtime in runtimes for n in workers]
+        for i, (runtime, n) in enumerate(runs):
             if i:
                 _drop(bootstrap, prefix)
                 prefix = _publish(bootstrap, events)
-            rates[runtime] = _workers_rate(
-                bootstrap, prefix, events, runtime, workers, timeout_s, profile if i == 0 else None
+            rates[(runtime, n)] = _workers_rate(
+                bootstrap, prefix, events, runtime, n, timeout_s, profile if i == 0 else None
             )
     finally:
         _drop(bootstrap, prefix)
-    for runtime, rate in rates.items():
+    for (runtime, n), rate in rates.items():
         if rate is None:
             continue
+        one = rates.get((runtime, 1))
         print(
-            f"{runtime} worker / bare loop doing the same work: {rate / bare_rate:.2f} (issue 18.5 target:"
-            " >= 0.8 for the default runtime)"
+            f"{n} {runtime} worker(s): {rate:,.0f} events/s, {rate / n:,.0f} per worker;"
+            f" / bare loop doing the same work: {rate / bare_rate:.2f} (issue 18.5 target:"
+            " >= 0.8 for one worker of the default runtime)"
+            + (
+                f"; / one worker: {rate / one:.2f}x (issue 19.3 target: >= 1.7 for 2)"
+                if one and n > 1
+                else ""
+            )
             + (f"; / do-nothing Faust agent: {rate / faust_rate:.2f}" if faust_rate else "")
         )
 
@@ -376,7 +407,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scenario", default="nan_loss")
     parser.add_argument("--timeout", type=float, default=300)
-    parser.add_argument("--workers", type=int, default=1, help="workers in the same group")
+    parser.add_argument(
+        "--workers",
+        default="1",
+        help="workers in the same group; comma-separated counts run one after the other",
+    )
+    parser.add_argument(
+        "--giant",
+        metavar="RANKS:SECONDS",
+        help="instead of a scenario: one job of RANKS ranks (bench_engine_ranks.py's) over SECONDS of event time",
+    )
     parser.add_argument(
         "--runtime",
         default="direct",
@@ -385,14 +425,19 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="run the first worker under py-spy, raw stacks here")
     args = parser.parse_args()
     runtimes = [r.strip() for r in args.runtime.split(",") if r.strip()]
+    workers = [int(n) for n in args.workers.split(",")]
+    giant = None
+    if args.giant:
+        ranks, _, seconds = args.giant.partition(":")
+        giant = (int(ranks), int(seconds or 30))
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
     if bootstrap:
-        _bench(bootstrap, args.scenario, args.timeout, args.workers, runtimes, args.profile)
+        _bench(bootstrap, args.scenario, args.timeout, workers, runtimes, args.profile, giant)
         return
     from infra.kafka.local import LocalKafka, ensure_jars
 
     with tempfile.TemporaryDirectory() as tmp, LocalKafka(Path(tmp), libs=ensure_jars()) as broker:
-        _bench(broker.bootstrap, args.scenario, args.timeout, args.workers, runtimes, args.profile)
+        _bench(broker.bootstrap, args.scenario, args.timeout, workers, runtimes, args.profile, giant)
 
 
 if __name__ == "__main__":
