@@ -46,7 +46,7 @@ def remediate(
     """Cancel or requeue jobs that alerts say are stuck (zombie_job, rank_hang, restart_loop), safely; dry run by default."""
     from infra.kafka.quiet import quiet_kafka_conf
     from producers.simulator import parse_duration
-    from ranksight.broker import kafka_settings
+    from ranksight.broker import check_broker, kafka_settings
     from ranksight.settings import load_settings
     from schemas.codec import codec_from_settings
     from streams.alerting.remediation import Remediator, load_policy
@@ -66,6 +66,7 @@ def remediate(
         actions = _actions(slurm, namespace, rules.scheduler_job_label)
         remediator = Remediator(rules, execute=execute, scheduler=actions.name)
         kafka = kafka_settings()
+        check_broker(kafka)  # wrong credentials or an untrusted certificate: one sentence, not retries
         prefix = settings.topic_prefix
         topics = RemediationTopics(prefix + alerts_topic, prefix + events_topic, prefix + actions_topic)
         mode = "[bold red]EXECUTING[/]" if execute else "dry run (no --execute)"
