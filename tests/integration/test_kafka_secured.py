@@ -171,7 +171,12 @@ COMMANDS = [
     ["publish", "EVENTS"],
     ["simulate", "-s", "healthy", "--duration", "1m", "--to-kafka", "--speed", "100"],
     ["agent", "--simulate", "--count", "1"],
+    ["remediate", "--policy", "POLICY", "--slurm"],
+    ["scheduler", "--slurm", "--count", "1"],
+    ["replay", "EVENTS", "--to-kafka"],
 ]
+# The shipped example policy: remediate reads it before it connects.
+POLICY = Path(__file__).resolve().parents[2] / "examples" / "remediation.yaml"
 
 
 @dataclass(frozen=True)
@@ -200,7 +205,8 @@ def test_a_refused_client_gets_one_sentence_naming_the_setting(
 ) -> None:
     case = _refusals(secured)[refusal]
     env = secured.env(tmp_path / "home", f"r{uuid.uuid4().hex[:6]}.", **case.overrides)
-    args = [str(events_file) if a == "EVENTS" else a for a in command]
+    placeholders = {"EVENTS": str(events_file), "POLICY": str(POLICY)}
+    args = [placeholders.get(a, a) for a in command]
     started = time.monotonic()
     done = _run(env, *args, timeout=120)
     took = time.monotonic() - started
