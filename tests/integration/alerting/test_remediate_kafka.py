@@ -1,6 +1,6 @@
 """`ranksight remediate` over a real broker: rebuilt from rs.alerts, rs.training.events and rs.actions, every
-decision published as an ActionTaken, never twice across a restart, and a clean stop on SIGINT even
-when started with SIGINT ignored."""
+decision published as an ActionTaken, never twice across a restart, and a clean stop on SIGINT or
+SIGTERM, also when started with SIGINT ignored."""
 
 from __future__ import annotations
 
@@ -198,9 +198,15 @@ def test_a_resolved_alert_is_not_acted_on(kafka_bootstrap: str, topics: dict[str
     assert acted == [] and _actions(kafka_bootstrap, topics[ACTIONS]) == []
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
 @pytest.mark.parametrize("ignore_sigint", [True, False], ids=["sigint-ignored", "default"])
-def test_remediate_stops_on_sigint_within_the_budget(
-    kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, tmp_path: Path, ignore_sigint: bool
+def test_remediate_stops_on_a_signal_within_the_budget(
+    kafka_bootstrap: str,
+    topics: dict[str, str],
+    topic_prefix: str,
+    tmp_path: Path,
+    ignore_sigint: bool,
+    sig: signal.Signals,
 ) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(POLICY))
@@ -217,9 +223,9 @@ def test_remediate_stops_on_sigint_within_the_budget(
     )
     try:
         running.wait_for(r"^caught up: ")
-        stopped = running.stop(signal.SIGINT)
+        stopped = running.stop(sig)
     finally:
         running.kill()
-    assert stopped.code == 128 + signal.SIGINT, stopped.output
+    assert stopped.code == 128 + sig, stopped.output
     assert "no decisions; read 0 alert records" in stopped.output  # the clean path, not the hard exit
     assert stopped.seconds < STOP_GRACE_S + 3.0, f"took {stopped.seconds:.1f} s to stop"
