@@ -15,8 +15,10 @@ broker. Everything here is the same whichever runtime drives it, so both give th
 * Unattributed telemetry takes the side path (`SidePath`), which never holds a job's own records back.
 * Event time moves without input too: a task whose inputs are all read follows the newest event time
   of this worker's other tasks (as the offline replay's one watermark does), and a wall-clock guard
-  advances a task silent for `guard_s` while its event time is live, so timeouts fire when all input
-  stops (never for historical data).
+  advances a task silent for `guard_s` while its event time is live, so timeouts fire when a job's
+  input stops (never for historical data). When every source input of the worker stops at once (and
+  no other worker's rank stage moves on either), the guard holds instead and the worker raises one
+  `input_silent` alert (`InputSilence`) rather than a stall for every job; a record resolves it.
 """
 
 from __future__ import annotations
@@ -28,15 +30,22 @@ from collections.abc import Callable, Iterable
 
 from schemas.codec import Codec
 from schemas.records import Event
-from schemas.topics import TELEMETRY_JOB, TRAINING_EVENTS
+from schemas.topics import ALERTS, TELEMETRY_JOB, TRAINING_EVENTS, key_for
 from streams.alerting.routing import Router, load_router
 from streams.config import EngineConfig, load_config
 from streams.runtime.aligner import Aligner, LagFn
 from streams.runtime.changelog import Restored
 from streams.runtime.checkpoint import Action, Flow, Send
-from streams.runtime.guard import WallClockGuard
+from streams.runtime.guard import InputSilence, WallClockGuard
 from streams.runtime.intake import Intake, Record
-from streams.runtime.options import CONTROL, NODE_TOPICS, SIDE_FRONT_S, SUMMARIES, WorkerOptions
+from streams.runtime.options import (
+    CONTROL,
+    NODE_TOPICS,
+    SIDE_FRONT_S,
+    SOURCE_TOPICS,
+    SUMMARIES,
+    WorkerOptions,
+)
 from streams.runtime.side_path import SidePath
 from streams.runtime.task import PartitionTask
 
@@ -56,6 +65,7 @@ TOTALS: tuple[str, ...] = (
     "deadletter",
     "stuck_reports",  # an aligner held records without releasing any for `stuck_log_s` (logged)
     "paused",  # times an input partition was paused because it ran ahead of a slower one
+    "input_silent",  # times every source input went silent while live (one input_silent alert each)
 )
 
 
@@ -102,6 +112,13 @@ class WorkerCore:
             self.codec, max_skew_ms, self.totals, self.dead_letters, wall_ms, monotonic, options.topic_prefix
         )
         self.guard = WallClockGuard(options.guard_s, options.guard_live_ms, self.config.allowed_lateness_ms)
+        # While every input is silent the guard holds (one `input_silent` alert instead of a stall per job).
+        self._held_guard = WallClockGuard(0.0)
+        self.silence = InputSilence(
+            self.guard, options.app_id, self.router.runbook_base_url or self.config.runbook_base_url
+        )
+        self.input_at: float | None = None  # monotonic time of the last record of a source topic
+        self.input_ms: int | None = None  # the same on the wall clock (UTC ms)
         self.tasks: dict[int, PartitionTask] = {}  # rank stage, by partition
         self.job_tasks: dict[int, PartitionTask] = {}  # job stage, by partition
         self.side = SidePath(options, self.intake, self.totals, frozenset(self.config.job_end_states))
@@ -158,8 +175,11 @@ class WorkerCore:
         actions: list[Action] = []
         touched: dict[tuple[bool, int], PartitionTask] = {}
         routed = False
+        sourced = False
         for rec in records:
             self.consumed[rec.topic] += 1
+            if not sourced and rec.topic in SOURCE_TOPICS:
+                sourced = True
             if rec.topic in NODE_TOPICS:
                 actions += self.side.receive(rec, now)
                 routed = True
@@ -177,6 +197,8 @@ class WorkerCore:
             elif event is not None and rec.topic == TELEMETRY_JOB:
                 actions += self.side.fault_read(rec, event, now)
             touched[(rec.topic == SUMMARIES, rec.partition)] = task
+        if sourced:
+            self.input_at, self.input_ms = now, self.wall_ms()
         if now - self._front_at >= SIDE_FRONT_S:
             self._update_front(now)
         if routed:
@@ -244,12 +266,63 @@ class WorkerCore:
         newest = max((t.engine.max_ts for t in self.tasks.values() if t.engine.max_ts), default=None)
         wall_ms = self.wall_ms()
         self._share_telemetry_front()
+        actions += self._check_silence(now, wall_ms, newest)
+        guard = self.guard
+        if self.silence.holding:
+            guard = self._held_guard
+            actions += self._flush_to(newest, now)
         for task in self._all_tasks():
             if len(task.aligner):
                 actions += task.drain(now, self.lag, self.side.front, self.totals)
                 self._log_if_stuck(f"partition {task.partition}", task.aligner, now)
-            actions += task.idle(now, wall_ms, newest, self.lag, self.guard)
+            actions += task.idle(now, wall_ms, newest, self.lag, guard)
         return self._flow(self.tasks.values(), now, actions)
+
+    def _flush_to(self, newest: int | None, now: float) -> list[Action]:
+        """All input silent: every rank-stage engine moves to the newest event time this worker read
+        (as an offline replay's end does), never past it. What the rank stages still held for the
+        job stage (the last summaries, a final JobStateChanged) reaches it, and no time is invented:
+        no stall, hang or missing telemetry can follow from it."""
+        out: list[Action] = []
+        if newest is None:
+            return out
+        for task in self.tasks.values():
+            wm = task.engine.watermark
+            if not len(task.aligner) and wm is not None and wm < newest:
+                task.counts["front_advances"] += 1
+                out += task.advance(newest, now)
+        return out
+
+    def input_silent_s(self, now: float) -> float | None:
+        """Seconds since the last record of any source input: this worker's own, or (through the
+        job stage's markers) another worker's rank stage moving on. None before the first record."""
+        last = self.input_at
+        own = set(self.tasks)
+        for task in self.job_tasks.values():
+            for source, at in task.marker_moved_at.items():
+                if int(source) not in own and (last is None or at > last):
+                    last = at
+        return None if last is None else now - last
+
+    def _check_silence(self, now: float, wall_ms: int, newest: int | None) -> list[Action]:
+        """Raise `input_silent` when every source input stopped while live, resolve it when one speaks
+        again: the alert's routed copies, sent like the engines' alerts (rs.alerts, keyed by team)."""
+        if not self.tasks:
+            return []
+        silent_s = self.input_silent_s(now)
+        last_ms = self.input_ms
+        if silent_s is not None and self.input_at is not None and now - self.input_at > silent_s:
+            # Another worker's input moved on since this worker's last record: count that as input.
+            last_ms = wall_ms - int(silent_s * 1000)
+        records = self.silence.check(wall_ms, silent_s, last_ms, newest)
+        out: list[Action] = []
+        for record in records:
+            self.totals["input_silent"] += record["status"] == "firing"
+            log.warning("%s: %s", record["rule"], record["summary"])
+            for team, receiver in self.router.route_all(record):
+                value = self.codec.encode(Event("Alert", {**record, "team": team, "receiver": receiver}))
+                out.append(Send(ALERTS, key_for(ALERTS, {**record, "team": team}), value))
+        return out
 
     def _log_if_stuck(self, what: str, aligner: Aligner, now: float) -> None:
         """A held-back aligner that does not move for long says which input holds it, and why."""

@@ -1,11 +1,18 @@
-"""The wall-clock guard: event time for an engine whose input stopped while it was live.
+"""The wall-clock guard: event time for an engine whose input stopped while it was live, and the one
+alert (`input_silent`) for when every input stopped.
 
-Pure: the worker asks it on every tick with the wall clock and the engine's times.
+Pure: the worker asks them on every tick with the wall clock and the engines' times.
 """
 
 from __future__ import annotations
 
-__all__ = ["WallClockGuard"]
+from datetime import UTC, datetime
+from typing import Any
+
+from streams.alerting.lifecycle import AlertTracker
+from streams.detectors.base import Finding, Topology
+
+__all__ = ["InputSilence", "WallClockGuard"]
 
 
 class WallClockGuard:
@@ -32,3 +39,81 @@ class WallClockGuard:
         if current_wm is not None and target <= current_wm:
             return None
         return target
+
+
+class InputSilence:
+    """Every source input of a worker silent while its data was live: one platform alert, not a stall per job.
+
+    When every producer stops at once (a simulation ends, a cluster's telemetry or the network to
+    Kafka goes), each job looks stalled to an engine whose event time the guard moves on: every job
+    would page `job_stall` or `evaluation_stuck`. That says nothing about the jobs; it says no record
+    comes. So the worker raises `input_silent` once (category platform, critical) and holds the
+    guard while it fires; the first record of any source resolves it and the guard works again.
+    Pure: the worker passes the wall clock, the silence and its engines' newest event time.
+    """
+
+    RULE = "input_silent"
+
+    def __init__(self, guard: WallClockGuard, app_id: str, runbook_base_url: str) -> None:
+        self.guard = guard
+        self.tracker = AlertTracker(runbook_base_url)
+        self.key = (app_id,)  # one fingerprint per worker group: "input_silent/<app id>"
+        self.since_ms: int | None = None  # wall time of the last source record, while the alert fires
+
+    @property
+    def holding(self) -> bool:
+        """True while the alert fires: the guard must not move any engine's event time."""
+        return self.since_ms is not None
+
+    def is_silent(self, silent_s: float | None, last_input_ms: int | None, newest_ts: int | None) -> bool:
+        """Every source silent for `guard_s`, and the data live when it stopped (its newest event time
+        within `live_ms` of the wall clock at the last record): a historical replay never raises it."""
+        if self.guard.guard_s <= 0 or silent_s is None or last_input_ms is None or newest_ts is None:
+            return False
+        return silent_s >= self.guard.guard_s and last_input_ms - newest_ts <= self.guard.live_ms
+
+    def check(
+        self, now_ms: int, silent_s: float | None, last_input_ms: int | None, newest_ts: int | None
+    ) -> list[dict[str, Any]]:
+        """The Alert records (not yet routed) this moment calls for: a firing when silence begins,
+        a resolution when a source speaks again; [] otherwise. `silent_s`: since the last record of
+        any source (None: none yet); `last_input_ms`: that record's wall time."""
+        silent = self.is_silent(silent_s, last_input_ms, newest_ts)
+        if silent and self.since_ms is None:
+            assert last_input_ms is not None and silent_s is not None
+            self.since_ms = last_input_ms
+            return self.tracker.observe(self._finding(now_ms, last_input_ms, silent_s), Topology(), {})
+        if self.since_ms is not None and silent_s is not None and silent_s < self.guard.guard_s:
+            # A record came: silence only ends that way (it never grows shorter otherwise).
+            since, self.since_ms = self.since_ms, None
+            back = max(since, now_ms - int(silent_s * 1000))
+            summary = (
+                f"records flow again since {_utc(back)} after {(back - since) / 1000:.0f} s "
+                "without any: the stall, hang and missing-telemetry rules judge every job again"
+            )
+            finding = Finding(self.RULE, self.key, False, max(now_ms, back), summary=summary)
+            return self.tracker.observe(finding, Topology(), {})
+        return []
+
+    def _finding(self, now_ms: int, since_ms: int, silent_s: float) -> Finding:
+        return Finding(
+            self.RULE,
+            self.key,
+            True,
+            now_ms,
+            category="platform",
+            severity="critical",
+            since=since_ms,
+            invariant=f"some producer sends a record at least every {self.guard.guard_s:g} s while data is live",
+            observed=round(silent_s, 1),
+            expected=self.guard.guard_s,
+            summary=(
+                f"no records from any producer since {_utc(since_ms)} ({silent_s:.0f} s): every job's "
+                "stall, hang and missing-telemetry rules are on hold"
+            ),
+            suspected_layer="telemetry",
+        )
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -206,6 +206,9 @@ class PartitionTask:
         self.checkpointed_offsets: dict[str, int] = {}  # the offsets of the last snapshot taken
         # Job stage: each rank-stage partition's marker, str(source) -> [ts, idle].
         self.markers: dict[str, list[Any]] = {}
+        # Job stage: when each rank-stage partition's marker last moved forward (monotonic): another
+        # worker's input still flows while its markers move (`WorkerCore.input_silent_s`).
+        self.marker_moved_at: dict[str, float] = {}
         # Rank stage: the last marker sent, [ts, idle].
         self.marker_sent: list[Any] = [None, None]
         # Job stage: (ts, order, value) of the records released at the newest time (repeats dropped).
@@ -291,7 +294,8 @@ class PartitionTask:
             return None, list(dead)
         if self.kind == "job":
             if event.type == "StageProgress":
-                self._marker(event.record)
+                if self._marker(event.record):
+                    self.marker_moved_at[str(event.record["source"])] = now
                 self._mark(tp, rec.offset)
                 self.aligner.note(tp, rec.offset, None, now)
                 return None, []
@@ -300,8 +304,9 @@ class PartitionTask:
         self.aligner.push(tp, rec.offset, self.intake.held_ts(rec, event), (rec, event), now)
         return event, []
 
-    def _marker(self, r: dict[str, Any]) -> None:
-        """A rank-stage partition says how far it has sent everything (never backwards)."""
+    def _marker(self, r: dict[str, Any]) -> bool:
+        """A rank-stage partition says how far it has sent everything (never backwards). True when
+        its time moved forward (not the first marker after a start: that may be a restored one)."""
         self.counts["markers"] += 1
         key, ts = str(r["source"]), int(r["ts"])
         old = self.markers.get(key)
@@ -309,6 +314,7 @@ class PartitionTask:
             ts if old is None or old[0] is None else max(ts, int(old[0])),
             bool(r.get("idle")),
         ]
+        return old is not None and old[0] is not None and ts > int(old[0])
 
     def stage_front(self) -> int | None:
         """Job stage: the event time every rank-stage partition has sent everything through (the

@@ -1,0 +1,187 @@
+"""When every input stops, the worker says so once (`input_silent`), not with a stall per job (issue 24.3).
+
+The worker core over the in-memory Kafka, fed as a live producer would (records published at their
+event time, the wall clock and the core's monotonic clock moving together), then silent for longer
+than the wall-clock guard.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from producers.simulator import load_scenario, simulate
+from schemas.codec import Codec
+from schemas.records import Event
+from schemas.topics import key_for, telemetry_copies, topic_for
+from streams.engine import event_ts
+from streams.runtime.changelog import Restored
+from streams.runtime.checkpoint import perform
+from streams.runtime.core import WorkerCore
+from streams.runtime.guard import InputSilence, WallClockGuard
+from streams.runtime.options import WorkerOptions
+from tests.unit.streams.runtime.fake_kafka import Clock, Consumer, FakeIO, FakeKafka, alerts_of
+
+CODEC = Codec()
+JOB_A, JOB_B = "sim-a-0001", "sim-b-0002"
+SCENARIO = f"""
+name: two_jobs
+description: "Two 4-rank jobs on their own nodes."
+duration: 6m
+cluster: {{name: sim-x, nodes: 2, gpus_per_node: 4, gpu_class: H100-80GB}}
+telemetry: {{interval: 5s}}
+jobs:
+  - {{id: {JOB_A}, team: llm-research, owner: carol, nodes: [node-01], model_name: llama-1b, model_version: v1, step_time: 1s}}
+  - {{id: {JOB_B}, team: vision, owner: erin, nodes: [node-02], model_name: vit, model_version: v1, step_time: 1s}}
+"""
+
+
+@pytest.fixture(scope="module")
+def events(tmp_path_factory: pytest.TempPathFactory) -> list[Event]:
+    path = tmp_path_factory.mktemp("scenario") / "two_jobs.yaml"
+    path.write_text(SCENARIO)
+    out = sorted(simulate(load_scenario(path), seed=0).events(), key=event_ts)
+    assert {e.record.get("job_id") for e in out} >= {JOB_A, JOB_B}
+    return out
+
+
+class Live:
+    """One worker core fed like a live cluster: `run` publishes each event when the wall clock
+    reaches `at(event)` and ticks the core four times a second of its clock."""
+
+    def __init__(self, tmp_path: Path, wall_ms: int) -> None:
+        self.kafka = FakeKafka(6)
+        self.io = FakeIO(self.kafka)
+        self.clock = Clock()
+        self.wall = wall_ms
+        self.consumer = Consumer(self.kafka, self.io.committed, chunk=500)
+        self.io.consumer = self.consumer
+        options = WorkerOptions(bootstrap="x", workdir=tmp_path)
+        self.core = WorkerCore(options, self.consumer.lag, monotonic=self.clock, wall_ms=lambda: self.wall)
+        self.core.assign(set(range(6)), Restored())
+
+    def publish(self, event: Event) -> None:
+        value = CODEC.encode(event)
+        for topic, key in telemetry_copies(event.type, event.record) or [
+            (topic_for(event.type), key_for(topic_for(event.type), event.record))
+        ]:
+            self.kafka.produce(topic, key, value, timestamp_ms=self.wall)
+
+    def run(self, events: list[Event], until_ms: int, at: Any = event_ts) -> None:
+        """Move both clocks to `until_ms` in 0.25 s steps, publishing what is due and reading it."""
+        pending = sorted(events, key=at)
+        i = 0
+        while self.wall < until_ms:
+            self.wall += 250
+            self.clock.now += 0.25
+            while i < len(pending) and at(pending[i]) <= self.wall:
+                self.publish(pending[i])
+                i += 1
+            while batch := self.consumer.poll():
+                perform(self.core.receive(batch), self.io)
+            perform(self.core.tick(), self.io)
+
+    def alerts(self, rule: str | None = None) -> list[dict[str, Any]]:
+        return [a for a in alerts_of(self.kafka, CODEC) if rule is None or a["rule"] == rule]
+
+
+def _guard_advances(live: Live) -> int:
+    return sum(t.counts["guard_advances"] for t in live.core._all_tasks())
+
+
+def _pairs(alerts: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return [(a["rule"], a["job_id"], a["status"]) for a in alerts]
+
+
+def test_all_input_silent_on_live_data_raises_input_silent_once_and_no_stall_then_resolves(
+    events: list[Event], tmp_path: Path
+) -> None:
+    """Everything stops at 4 min (a Kafka outage: the producers spool). 130 s later: one
+    input_silent page to the platform, no job_stall; the spooled records arrive, it resolves, and
+    since no engine's time moved on while it was silent, none of them is late."""
+    start = event_ts(events[0])
+    cut = start + 240_000
+    before = [e for e in events if event_ts(e) <= cut]
+    after = [e for e in events if event_ts(e) > cut]
+    live = Live(tmp_path, start)
+    live.run(before, cut)
+    assert live.alerts() == []  # a healthy pair of jobs
+    live.run([], cut + 130_000)  # nothing for 130 s (the guard: 120 s)
+    (silent,) = live.alerts("input_silent")
+    assert (silent["status"], silent["category"], silent["severity"]) == ("firing", "platform", "critical")
+    assert (silent["team"], silent["receiver"]) == ("platform", "platform-pager")
+    assert silent["fingerprint"] == "input_silent/ranksight-detect" and silent["job_id"] == ""
+    assert silent["summary"].startswith("no records from any producer since ")
+    assert "every job's stall, hang and missing-telemetry rules are on hold" in silent["summary"]
+    assert silent["runbook_url"].endswith("input_silent")
+    assert abs(silent["starts_at"] - cut) <= 1_000  # since the last record
+    # No job_stall, no evaluation_stuck, nothing else:
+    assert [a for a in live.alerts() if a["rule"] != "input_silent"] == []
+    guarded = _guard_advances(live)  # a task silent while others flowed (as before)
+    # Nothing stays held: every stage moved to the last event time read, no further.
+    newest = max(t.engine.max_ts or 0 for t in live.core.tasks.values())
+    assert not any(len(t.aligner) for t in live.core._all_tasks())
+    assert newest in {t.engine.watermark for t in live.core.tasks.values()}
+    assert all((t.engine.watermark or 0) <= newest for t in live.core.job_tasks.values())
+    live.run([], cut + 400_000)  # a long outage: still one page, and still no stall
+    assert _pairs(live.alerts()) == [("input_silent", "", "firing")]
+    assert _guard_advances(live) == guarded  # the guard held
+    # The outage ends: the spool drains (records of the last minutes, published now), then live again.
+    back = live.wall
+    live.run(after, back + 60_000, at=lambda e: back + (event_ts(e) - cut) // 100)
+    assert _pairs(live.alerts()) == [("input_silent", "", "firing"), ("input_silent", "", "resolved")]
+    resolved = live.alerts("input_silent")[1]
+    assert resolved["alert_id"] == silent["alert_id"] and resolved["summary"].startswith("records flow again")
+    assert sum(t.engine.stats["late_dropped"] for t in live.core._all_tasks()) == 0
+    assert live.core.totals["input_silent"] == 1
+
+
+def test_one_job_silent_while_the_other_flows_pages_its_job_stall_and_no_input_silent(
+    events: list[Event], tmp_path: Path
+) -> None:
+    """Job A (its steps and its node's telemetry) stops at 3 min, job B goes on: A's job_stall fires as
+    before, B stays quiet, and nothing says that all input stopped."""
+    start = event_ts(events[0])
+    cut = start + 180_000
+    kept = [e for e in events if event_ts(e) <= cut or not _of_job_a(e)]
+    live = Live(tmp_path, start)
+    live.run(kept, event_ts(events[-1]))
+    stalls = [a for a in live.alerts("job_stall") if a["status"] == "firing"]
+    assert stalls and {a["job_id"] for a in stalls} == {JOB_A}
+    assert live.alerts("input_silent") == []
+    assert not [a for a in live.alerts() if a["job_id"] == JOB_B]
+
+
+def _of_job_a(event: Event) -> bool:
+    r = event.record
+    return r.get("job_id") == JOB_A or r.get("node") == "node-01"
+
+
+def test_historical_data_never_raises_input_silent(events: list[Event], tmp_path: Path) -> None:
+    """A replay of yesterday's records that then goes quiet: the wall clock says nothing about its
+    event time, so no input_silent (and, as before, no guard advance)."""
+    start = event_ts(events[0])
+    day = 86_400_000
+    live = Live(tmp_path, start + day)
+    live.run(events, start + day + 20_000, at=lambda e: start + day + (event_ts(e) - start) // 100)
+    live.run([], live.wall + 400_000)
+    assert live.alerts("input_silent") == []
+    assert _guard_advances(live) == 0
+
+
+def test_input_silence_is_pure_and_fires_once_per_silence() -> None:
+    guard = WallClockGuard(guard_s=120, live_ms=600_000)
+    silence = InputSilence(guard, "g", "docs/runbooks/")
+    t0 = 1_800_000_000_000
+    assert silence.check(t0 + 100_000, 100.0, t0, t0 - 1_000) == []  # not yet
+    (fired,) = silence.check(t0 + 121_000, 121.0, t0, t0 - 1_000)
+    assert fired["status"] == "firing" and fired["starts_at"] == t0 and silence.holding
+    assert silence.check(t0 + 300_000, 300.0, t0, t0 - 1_000) == []  # once
+    (done,) = silence.check(t0 + 301_000, 0.5, t0 + 300_500, t0 + 300_000)
+    assert done["status"] == "resolved" and done["alert_id"] == fired["alert_id"] and not silence.holding
+    # Historical (newest event an hour before the last record), the guard off, no input yet: never.
+    assert silence.check(t0 + 999_000, 500.0, t0, t0 - 3_600_000) == []
+    assert InputSilence(WallClockGuard(guard_s=0), "g", "").check(t0, 1e9, t0, t0) == []
+    assert silence.check(t0, None, None, None) == []
