@@ -10,7 +10,11 @@ import importlib
 
 from streams.detectors.base import Detector
 
-__all__ = ["ALL_DETECTORS", "rules_of"]
+__all__ = ["ALL_DETECTORS", "WORKER_RULES", "rules_of"]
+
+# Rules no detector raises: the worker raises them itself from the wall clock, which detectors
+# never read (rule -> where). Runbooks, routing and the checks that walk every rule include them.
+WORKER_RULES: dict[str, str] = {"input_silent": "streams.runtime.guard.InputSilence"}
 
 # (module, class) in engine order. A module that does not exist (yet) is skipped; any other
 # import error propagates, so a broken detector is never silently dropped.
@@ -82,8 +86,9 @@ ALL_DETECTORS: list[type[Detector]] = _load()
 
 
 def rules_of(classes: list[type[Detector]] | None = None) -> dict[str, str]:
-    """Rule name -> detector class name, for every loaded detector."""
-    out: dict[str, str] = {}
+    """Rule name -> detector class name, for every loaded detector (with no `classes`: also the
+    worker's own rules, `WORKER_RULES`, so every rule an alert can carry is listed)."""
+    out: dict[str, str] = dict(WORKER_RULES) if classes is None else {}
     for cls in classes if classes is not None else ALL_DETECTORS:
         for rule in cls.rules:
             out[rule] = cls.__name__
