@@ -7,6 +7,7 @@ rule it must raise.
 
 from __future__ import annotations
 
+from producers.simulator.ending import run_ends
 from producers.simulator.engine import Progress, Simulation, simulate
 from producers.simulator.errors import ScenarioError, SimulatorError
 from producers.simulator.faults import FAULTS, FaultKind
@@ -26,6 +27,7 @@ __all__ = [
     "load_scenario",
     "paced",
     "parse_duration",
+    "run_ends",
     "simulate",
     "write_labels",
 ]

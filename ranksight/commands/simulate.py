@@ -176,7 +176,11 @@ def simulate_command(
             n_labels = write_labels(labels_path, sim.labels)
             console.print(f"wrote {n_labels} label(s) to {labels_path}", highlight=False)
         if to_kafka:
-            _publish(events, speed, topic_prefix, quiet, stop)
+            # Live, the worker cannot tell a finished simulation from stalled jobs: end every job the
+            # scenario left running, as a scheduler would (none for --out: a replay ends by itself).
+            from producers.simulator import run_ends
+
+            _publish(events + run_ends(events), speed, topic_prefix, quiet, stop)
 
 
 def _known_scenario(name: str) -> str:

@@ -40,6 +40,10 @@ def test_simulate_to_an_absent_broker_spools_live_events_says_so_and_exits_non_z
     timestamps = [int(r["ts"]) for r in records]  # type: ignore[call-overload]
     assert min(timestamps) >= before_ms - 2 * 60_000 - 60_000
     assert max(timestamps) <= after_ms + 60_000
+    # Its jobs end after its last event, so a worker does not take the silence for three stalls.
+    ends = [r for r in records if r.get("reason") == "simulation ended"]
+    assert len(ends) == 3 and {r["state"] for r in ends} == {"completed"}
+    assert all(r["ts"] == max(timestamps) for r in ends)
 
     listed = runner.invoke(app, ["spool", "list"])
     assert listed.exit_code == 0

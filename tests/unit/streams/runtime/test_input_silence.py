@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from producers.simulator import load_scenario, simulate
+from producers.simulator import load_scenario, run_ends, simulate
 from schemas.codec import Codec
 from schemas.records import Event
 from schemas.topics import key_for, telemetry_copies, topic_for
@@ -169,6 +169,24 @@ def test_historical_data_never_raises_input_silent(events: list[Event], tmp_path
     live.run([], live.wall + 400_000)
     assert live.alerts("input_silent") == []
     assert _guard_advances(live) == 0
+
+
+def test_a_finished_simulate_to_kafka_run_ends_its_jobs_and_then_says_once_that_input_stopped(
+    events: list[Event], tmp_path: Path
+) -> None:
+    """What `ranksight simulate --to-kafka` publishes (the scenario, then an end for each job still
+    running): the worker ends both jobs in both stages, and the silence after it is one
+    input_silent, never a stall."""
+    ends = run_ends(events)
+    assert {e.record["job_id"] for e in ends} == {JOB_A, JOB_B}
+    live = Live(tmp_path, event_ts(events[0]))
+    live.run([*events, *ends], event_ts(ends[0]) + 400_000)
+    assert _pairs(live.alerts()) == [("input_silent", "", "firing")]
+    for task in live.core._all_tasks():
+        jobs = task.engine.topology.jobs
+        assert all(jobs[j].state == "completed" for j in (JOB_A, JOB_B) if j in jobs), task.snapshot_name
+    job_stage = {j for t in live.core.job_tasks.values() for j in t.engine.topology.jobs}
+    assert job_stage == {JOB_A, JOB_B}  # the job stage saw each end (the rank stages passed it on)
 
 
 def test_input_silence_is_pure_and_fires_once_per_silence() -> None:
