@@ -51,7 +51,7 @@ class Live:
     """One worker core fed like a live cluster: `run` publishes each event when the wall clock
     reaches `at(event)` and ticks the core four times a second of its clock."""
 
-    def __init__(self, tmp_path: Path, wall_ms: int) -> None:
+    def __init__(self, tmp_path: Path, wall_ms: int, parts: set[int] | None = None) -> None:
         self.kafka = FakeKafka(6)
         self.io = FakeIO(self.kafka)
         self.clock = Clock()
@@ -60,13 +60,15 @@ class Live:
         self.io.consumer = self.consumer
         options = WorkerOptions(bootstrap="x", workdir=tmp_path)
         self.core = WorkerCore(options, self.consumer.lag, monotonic=self.clock, wall_ms=lambda: self.wall)
-        self.core.assign(set(range(6)), Restored())
+        self.core.assign(set(range(6)) if parts is None else parts, Restored())
 
     def publish(self, event: Event) -> None:
         value = CODEC.encode(event)
-        for topic, key in telemetry_copies(event.type, event.record) or [
-            (topic_for(event.type), key_for(topic_for(event.type), event.record))
-        ]:
+        copies: list[tuple[str, bytes | None]] = list(telemetry_copies(event.type, event.record))
+        if not copies:  # as the publisher writes it: training records keyed by job, telemetry copies
+            topic = topic_for(event.type)
+            copies = [(topic, key_for(topic, event.record))]
+        for topic, key in copies:
             self.kafka.produce(topic, key, value, timestamp_ms=self.wall)
 
     def run(self, events: list[Event], until_ms: int, at: Any = event_ts) -> None:
@@ -187,6 +189,24 @@ def test_a_finished_simulate_to_kafka_run_ends_its_jobs_and_then_says_once_that_
         assert all(jobs[j].state == "completed" for j in (JOB_A, JOB_B) if j in jobs), task.snapshot_name
     job_stage = {j for t in live.core.job_tasks.values() for j in t.engine.topology.jobs}
     assert job_stage == {JOB_A, JOB_B}  # the job stage saw each end (the rank stages passed it on)
+
+
+def test_another_workers_rank_stage_moving_on_is_input_too(events: list[Event], tmp_path: Path) -> None:
+    """Two workers in a group: this one (partition 2, where both jobs' records land) hears nothing
+    more, but the other's rank stage of partition 4 still sends markers that move on: no
+    input_silent. Once those stop too, it fires."""
+    start = event_ts(events[0])
+    cut = start + 180_000
+    live = Live(tmp_path, start, parts={2})
+    live.run([e for e in events if event_ts(e) <= cut], cut)
+    assert live.core.tasks.keys() == {2} and live.core.tasks[2].engine.max_ts
+    for _ in range(40):  # 200 s of the other worker's markers, one per 5 s bucket
+        live.run([], live.wall + 5_000)
+        marker = Event("StageProgress", {"ts": live.wall - 10_000, "source": 4, "idle": False})
+        live.kafka.produce("rs.internal.summaries", None, CODEC.encode(marker), partition=2)
+    assert live.alerts("input_silent") == []
+    live.run([], live.wall + 130_000)
+    assert _pairs(live.alerts("input_silent")) == [("input_silent", "", "firing")]
 
 
 def test_input_silence_is_pure_and_fires_once_per_silence() -> None:
