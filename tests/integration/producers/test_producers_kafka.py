@@ -71,7 +71,7 @@ def test_simulated_agent_publishes_gpu_and_host_samples_keyed_by_node(
     assert {e.record["cluster"] for _, e in got} == {"c9"}
 
 
-def test_reporter_publishes_steps_and_events_keyed_by_job(
+def test_reporter_publishes_rank_records_keyed_by_job_and_node_and_job_events_by_job(
     kafka_bootstrap: str, topics: dict[str, str], topic_prefix: str, group_id: str
 ) -> None:
     reporter = Reporter(
@@ -89,7 +89,13 @@ def test_reporter_publishes_steps_and_events_keyed_by_job(
     reporter.close()
     assert reporter.stats["sdk_errors"] == 0
     got = _consume(kafka_bootstrap, [topics[TRAINING_STEPS], topics[TRAINING_EVENTS]], group_id, want=7)
-    assert {key for key, _ in got} == {b"job-kafka"}
+    # A rank's records by job and node (one job spreads over its nodes' partitions, issue 19);
+    # the job's own events by job.
+    node = {e.record.get("node") for _, e in got if e.type == "StepCompleted"}
+    assert len(node) == 1 and None not in node
+    keys = {e.type: key for key, e in got}
+    assert keys["StepCompleted"] == f"job-kafka/{node.pop()}".encode()
+    assert keys["JobStateChanged"] == b"job-kafka"
     steps = sorted(e.record["step"] for _, e in got if e.type == "StepCompleted")
     assert steps == [0, 1, 2, 3, 4]
     assert {e.type for _, e in got} == {"StepCompleted", "RankBound", "JobStateChanged"}
