@@ -42,8 +42,18 @@ $(ECHARTS_JS):
 demo: $(STAMP) kafka-jars ui-assets
 	$(BIN)/ranksight demo
 
+# The whole suite as two pytest processes at once: the unit and scenario tests (pure CPU, no
+# services; their output follows the other's) beside the integration tests (a broker, workers,
+# chDB and a browser, much of it waiting on them). On the 2-core CI machine this is ~2/3 of the
+# serial time; `make unit`, `make integration` and `make test-scenarios` run parts alone.
+OFFLINE_LOG ?= $(VENV)/test-offline.log
 test: $(STAMP) kafka-jars ui-assets
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@$(BIN)/python -m pytest tests/unit tests/scenarios --basetemp=$(VENV)/pytest-offline $(PYTEST_ARGS) > $(OFFLINE_LOG) 2>&1 & offline=$$!; \
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS); integration=$$?; \
+	wait $$offline; offline_rc=$$?; \
+	echo "=== tests/unit + tests/scenarios (ran beside the integration tests) ==="; cat $(OFFLINE_LOG); \
+	echo "=== integration exit $$integration, unit + scenarios exit $$offline_rc ==="; \
+	test $$integration -eq 0 -a $$offline_rc -eq 0
 
 # Opt-in, not part of `make test`: the SDK's Lightning / Hugging Face callbacks and the PyTorch
 # example in the real frameworks, in their own venv with a CPU-only torch (PyPI's torch wheel
