@@ -48,7 +48,8 @@ demo: $(STAMP) kafka-jars ui-assets
 # serial time; `make unit`, `make integration` and `make test-scenarios` run parts alone.
 OFFLINE_LOG ?= $(VENV)/test-offline.log
 test: $(STAMP) kafka-jars ui-assets
-	@$(BIN)/python -m pytest tests/unit tests/scenarios --basetemp=$(VENV)/pytest-offline $(PYTEST_ARGS) > $(OFFLINE_LOG) 2>&1 & offline=$$!; \
+	@basetemp=$$(mktemp -d -t ranksight-offline.XXXXXX); \
+	$(BIN)/python -m pytest tests/unit tests/scenarios --basetemp=$$basetemp/t $(PYTEST_ARGS) > $(OFFLINE_LOG) 2>&1 & offline=$$!; \
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS); integration=$$?; \
 	wait $$offline; offline_rc=$$?; \
 	echo "=== tests/unit + tests/scenarios (ran beside the integration tests) ==="; cat $(OFFLINE_LOG); \

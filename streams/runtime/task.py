@@ -66,6 +66,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("ranksight.worker")
+# The job stage forgets what it took below its watermark once it remembers this many records.
+_TAKEN_PRUNE_AT = 10_000
 
 
 def encode_snapshot(
@@ -211,8 +213,9 @@ class PartitionTask:
         self.marker_moved_at: dict[str, float] = {}
         # Rank stage: the last marker sent, [ts, idle].
         self.marker_sent: list[Any] = [None, None]
-        # Job stage: (ts, order, value) of the records released at the newest time (repeats dropped).
-        self._released_at: tuple[int | None, set[tuple[Any, ...]]] = (None, set())
+        # Job stage: what it took at or after its watermark (a record the rank stage sends again
+        # after a restart from its checkpoint is the same bytes; older ones are late anyway).
+        self._taken: dict[tuple[Any, ...], int] = {}
 
     # -- state -----------------------------------------------------------------------------
     def restore(self, value: bytes | None) -> None:
@@ -374,14 +377,13 @@ class PartitionTask:
         self._mark(tp, offset)
         ts = event_ts(event)
         ident = (tiebreak(event), rec.value)
-        at, seen = self._released_at
-        if at != ts:
-            self._released_at = (ts, {ident})
-        elif ident in seen:
+        if ident in self._taken:
             self.counts["repeated"] += 1
             return []
-        else:
-            seen.add(ident)
+        watermark = self.engine.watermark
+        if watermark is not None and len(self._taken) > _TAKEN_PRUNE_AT:
+            self._taken = {k: t for k, t in self._taken.items() if t >= watermark}
+        self._taken[ident] = ts
         self.counts["processed"] += 1
         return self.engine.process(event)
 

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -86,8 +87,14 @@ def test_serve_stores_what_arrives_and_its_ui_shows_it(
                     break
                 time.sleep(0.5)
             assert job is not None and job["last_step"] == last_step, job
-            page = http.get(f"{url}api/jobs/{JOB}").raise_for_status().json()
-            assert len(page["ranks"]) == 16 and page["heatmap"]["cells"][0]
+            # The bindings come on another topic than the steps, in another sink batch: wait for them.
+            page: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                page = http.get(f"{url}api/jobs/{JOB}").raise_for_status().json()
+                if len(page["ranks"]) == 16:
+                    break
+                time.sleep(0.5)
+            assert len(page["ranks"]) == 16 and page["heatmap"]["cells"][0], page.get("ranks")
         process.send_signal(signal.SIGTERM)
         out, _ = process.communicate(timeout=60)
         assert process.returncode == 0
