@@ -208,7 +208,9 @@ def test_two_workers_split_the_jobs_and_survive_losing_one(
     # (its telemetry re-keyed by the side path arrives in another order). The ids that did not
     # change are the offline ones; what changed is printed.
     moved = {f for f, _ in got} - {f for f, _ in expected}
-    print(f"alerts not in the offline replay: {sorted(moved)}; ids not in it: {sorted(got_ids - expected_ids)}")
+    print(
+        f"alerts not in the offline replay: {sorted(moved)}; ids not in it: {sorted(got_ids - expected_ids)}"
+    )
     assert moved <= {f for f in moved if f.startswith("throughput_drop/")}, moved
     assert "restored engine snapshot" in _full_log(survivor)
     # Each partition's snapshot lives on the same changelog partition (it moves with the partition).
