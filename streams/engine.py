@@ -67,9 +67,6 @@ JUMP_RECORDS = 64
 REJECT_REASONS = ("out_of_range", "clock_ahead", "clock_behind")
 
 
-# Rules that run where a job's node's records are (the rank stage); every other rule runs on the
-# job's summaries (the job stage). A detector class says so itself with `stage`; this covers the
-# classes that do not yet.
 # What the rank stage passes to the job stage besides its summaries and alerts: job-level records
 # (from the engine that owns the job's key), bindings and rank faults, and the leader rank's steps
 # (the numerical, validation and skip rules read one rank's loss and gradient norm: the global ones).
@@ -801,8 +798,6 @@ class DetectionEngine:
     def _share_learned(self, source: int, events: list[Event]) -> list[Event]:
         """A job stage's output without its `BaselineRun` records, which go to every other job
         stage at once (the worker sends them to every other job-stage partition)."""
-        if not any(e.type == "BaselineRun" for e in events):
-            return events
         out: list[Event] = []
         for event in events:
             if event.type != "BaselineRun":

@@ -216,6 +216,7 @@ class PartitionTask:
         # Job stage: what it took at or after its watermark (a record the rank stage sends again
         # after a restart from its checkpoint is the same bytes; older ones are late anyway).
         self._taken: dict[tuple[Any, ...], int] = {}
+        self._prune_at = _TAKEN_PRUNE_AT
 
     # -- state -----------------------------------------------------------------------------
     def restore(self, value: bytes | None) -> None:
@@ -372,8 +373,8 @@ class PartitionTask:
         return out + self._marker_sends(idle=False)
 
     def _feed_job(self, tp: str, offset: int, rec: Record, event: Event) -> list[Event]:
-        """Job stage: one released record into the engine, unless the rank stage sent it again
-        (after its restart from a checkpoint) and it was just released."""
+        """Job stage: one released record into the engine, unless it already took the same bytes
+        (the rank stage sends again what it sent after its last checkpoint when it restarts)."""
         self._mark(tp, offset)
         ts = event_ts(event)
         ident = (tiebreak(event), rec.value)
@@ -381,8 +382,11 @@ class PartitionTask:
             self.counts["repeated"] += 1
             return []
         watermark = self.engine.watermark
-        if watermark is not None and len(self._taken) > _TAKEN_PRUNE_AT:
+        if watermark is not None and len(self._taken) > self._prune_at:
+            # Older records are late for the engine anyway; pruning again only once the rest doubled
+            # keeps this linear while the watermark stands still.
             self._taken = {k: t for k, t in self._taken.items() if t >= watermark}
+            self._prune_at = max(_TAKEN_PRUNE_AT, 2 * len(self._taken))
         self._taken[ident] = ts
         self.counts["processed"] += 1
         return self.engine.process(event)
