@@ -640,7 +640,6 @@ class DetectionEngine:
         self.max_ts: int | None = None
         self.watermark: int | None = None
         self.rejection: str | None = None
-        self._parts: dict[str, int] = {}  # key -> partition (the Java hash is costly in Python)
         self._telemetry_front = MIN_EVENT_TS  # newest telemetry time of the input
         # What the rank stages released, until every one of them has released through its time.
         self._to_job: list[tuple[int, tuple[Any, ...], int, Event]] = []
@@ -674,12 +673,7 @@ class DetectionEngine:
 
     # -- records in ----------------------------------------------------------------------
     def _part(self, key: str) -> int:
-        part = self._parts.get(key)
-        if part is None:
-            if len(self._parts) > 100_000:
-                self._parts.clear()
-            part = self._parts[key] = partition_for(key.encode(), self.partitions)
-        return part
+        return partition_for(key.encode(), self.partitions)
 
     def _targets(self, event: Event) -> list[tuple[int, bool]]:
         """(partition, forward to the job stage) of each copy of a record; a GPU fault's copies for

@@ -9,6 +9,7 @@ are unit-tested without a broker; `murmur2` is the Java client's hash, written o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from schemas.records import Event
@@ -52,8 +53,10 @@ def gpu_fault(record: dict[str, Any]) -> bool:
     return bool(record.get("xid")) or bool(record.get("ecc_uncorrected"))
 
 
+@lru_cache(maxsize=131_072)
 def partition_for(key: bytes, partitions: int) -> int:
-    """The partition of `key` as the Java client, librdkafka `murmur2_random` and aiokafka compute it."""
+    """The partition of `key` as the Java client, librdkafka `murmur2_random` and aiokafka compute it
+    (cached: the hash is pure Python, and the keys of a stream repeat)."""
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
@@ -78,16 +81,9 @@ class Holder:
 
     def __init__(self, partition: int, partitions: int) -> None:
         self.partition, self.partitions = partition, partitions
-        self._memo: dict[tuple[str, str | None], bool] = {}
 
     def __call__(self, job_id: str, node: str | None) -> bool:
-        known = self._memo.get((job_id, node))
-        if known is None:
-            if len(self._memo) > 100_000:
-                self._memo.clear()
-            key = shard_key(job_id, node).encode()
-            known = self._memo[(job_id, node)] = partition_for(key, self.partitions) == self.partition
-        return known
+        return partition_for(shard_key(job_id, node).encode(), self.partitions) == self.partition
 
 
 @dataclass
