@@ -9,6 +9,7 @@ a live deployment would hold. chDB opens one directory per process, hence one st
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from ranksight.commands.report import replayed
 from schemas.files import write_container
 from sinks.clickhouse import close, connect
 from sinks.ddl import migrate
+from ui.server import UiServer
 from ui.store import load_events
 
 # The demo's scenario, cut after the straggler (rank 13 of pretrain-13b-0301, 6..12 min) resolved.
@@ -32,6 +34,31 @@ STRAGGLER_RANK = 13
 FAULT_START_S, FAULT_END_S = 6 * 60, 12 * 60
 # The GPU-hour price the UI tests configure (`--price default=...` for the command).
 PRICE_PER_GPU_H = 2.5
+
+# The browser tests drive Debian's Chromium (not Playwright's download) headless.
+CHROMIUM = os.environ.get("RANKSIGHT_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# Functions, not expressions: Playwright evaluates an expression string with eval(), which the
+# pages' Content-Security-Policy forbids (no 'unsafe-eval').
+READY = "() => window.ranksight && (window.ranksight.ready || window.ranksight.error)"
+ECHARTS = Path(__file__).parents[3] / "ui" / "static" / "vendor" / "echarts.min.js"
+# A browser test needs both; without them it is skipped, saying which is missing.
+_MISSING = (
+    f"no Chromium at {CHROMIUM} (apt-get install chromium; .ci/run installs it)"
+    if not Path(CHROMIUM).exists()
+    else "ECharts is not vendored: run `make ui-assets` (make test does)"
+    if not ECHARTS.exists()
+    else ""
+)
+needs_chromium = pytest.mark.skipif(bool(_MISSING), reason=_MISSING or "Chromium and ECharts are here")
 
 
 @dataclass(frozen=True)
@@ -89,3 +116,22 @@ def efficiency_json(store: UiStore, monkeypatch: pytest.MonkeyPatch) -> dict[str
         # Job rows carry `runs`; run rows a `run_id`.
         rows[row["run_id"] if "run_id" in row else row["job_id"]] = row
     return rows
+
+
+@pytest.fixture(scope="module")
+def ui_url(ui_store: UiStore) -> Iterator[str]:
+    """The UI served on a free port of 127.0.0.1 over the package's store (a module may override it)."""
+    server = UiServer(ui_store.client, "127.0.0.1", 0)
+    yield server.start()
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Chromium (the system's, not Playwright's download), headless, one per test module."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()

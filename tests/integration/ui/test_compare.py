@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 
 from schemas.records import Event
-from tests.integration.ui.conftest import STRAGGLER_JOB, UiStore
+from tests.integration.ui.conftest import READY, STRAGGLER_JOB, UiStore, needs_chromium
 from tests.integration.ui.test_queries import _forget_job
-from tests.integration.ui.test_ui_browser import CHROMIUM, CHROMIUM_ARGS, ECHARTS, READY
 from ui import queries
 from ui.report import write_report
 from ui.server import UiServer
@@ -117,18 +116,7 @@ def test_any_runs_can_be_chosen_across_families(runs_in_store: UiStore) -> None:
         queries.compare(runs_in_store.client, ["no-such-job"])
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Chromium (the system's), headless."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.mark.skipif(not Path(CHROMIUM).exists() or not ECHARTS.exists(), reason="no Chromium or ECharts")
+@needs_chromium
 def test_the_compare_page_overlays_the_runs_and_switches_to_tokens(
     runs_in_store: UiStore, browser: Any, tmp_path: Path
 ) -> None:

@@ -5,17 +5,13 @@ checkpoint facts, each checked against the raw rows; then the page in Chromium a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sinks.progress import job_progress
-from tests.integration.ui.conftest import STRAGGLER_JOB, UiStore
-from tests.integration.ui.test_ui_browser import CHROMIUM, CHROMIUM_ARGS, ECHARTS, READY
+from tests.integration.ui.conftest import READY, STRAGGLER_JOB, UiStore, needs_chromium
 from ui import queries
-from ui.server import UiServer
 
 
 @pytest.fixture(scope="module")
@@ -102,26 +98,7 @@ def test_checkpoint_facts_name_the_latest_verified_checkpoint_and_its_age(
     assert c["max_age_s"] == page["job"]["checkpoint_max_age_s"] == 1800 and c["stale"] is False
 
 
-@pytest.fixture(scope="module")
-def ui_url(ui_store: UiStore) -> Iterator[str]:
-    """The UI over the package's store."""
-    server = UiServer(ui_store.client, "127.0.0.1", 0)
-    yield server.start()
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Chromium (the system's), headless."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.mark.skipif(not Path(CHROMIUM).exists() or not ECHARTS.exists(), reason="no Chromium or ECharts")
+@needs_chromium
 @pytest.mark.parametrize("width", (1600, 390))
 def test_the_job_page_shows_progress_checkpoints_the_data_path_and_gpm(
     ui_url: str, browser: Any, page: dict[str, Any], width: int

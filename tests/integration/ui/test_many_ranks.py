@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -22,8 +21,7 @@ import pytest
 
 from bench.bench_ui import START, fill_job, job_name, node_of
 from sinks.ddl import migrate
-from tests.integration.ui.conftest import UiStore
-from tests.integration.ui.test_ui_browser import CHROMIUM, CHROMIUM_ARGS, ECHARTS, READY
+from tests.integration.ui.conftest import READY, UiStore, needs_chromium
 from ui.server import UiServer
 
 RANKS = 2048
@@ -115,18 +113,7 @@ def test_the_node_heatmap_shows_the_stragglers_node_and_the_drill_down_its_rank(
         assert http.get(f"/api/jobs/{JOB}/details").status_code == 400  # the range is the page's
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Chromium (the system's), headless."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.mark.skipif(not Path(CHROMIUM).exists() or not ECHARTS.exists(), reason="no Chromium or ECharts")
+@needs_chromium
 @pytest.mark.parametrize("width", WIDTHS)
 def test_clicking_the_stragglers_node_row_drills_down_to_its_rank(
     many_url: str, browser: Any, width: int

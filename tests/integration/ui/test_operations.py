@@ -25,8 +25,7 @@ from bench.bench_ui import START, fill_job
 from ranksight.commands.ui import receiver_kinds, silence_reader
 from sinks.ddl import migrate
 from tests.integration.alerting.conftest import Alertmanager, start_alertmanager  # noqa: F401 (fixture)
-from tests.integration.ui.conftest import UiStore
-from tests.integration.ui.test_ui_browser import CHROMIUM, CHROMIUM_ARGS, ECHARTS, READY
+from tests.integration.ui.conftest import READY, UiStore, needs_chromium
 from ui.server import UiServer
 
 DATABASE = "ui_operations"
@@ -188,17 +187,6 @@ def test_the_fleet_and_job_answers_fold_a_muted_alert_under_its_cause(ops_url: s
     ]
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Chromium (the system's), headless."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
 def _open(browser: Any, url: str, width: int) -> Any:
     context = browser.new_context(viewport={"width": width, "height": 900})
     page = context.new_page()
@@ -214,11 +202,6 @@ def _close(page: Any) -> None:
     assert page.evaluate("() => window.__pwned") is None  # no record string ran as markup
     assert not page.errors, page.errors
     page.context.close()
-
-
-needs_chromium = pytest.mark.skipif(
-    not Path(CHROMIUM).exists() or not ECHARTS.exists(), reason="no Chromium or ECharts"
-)
 
 
 @needs_chromium

@@ -11,8 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.ui.conftest import UiStore
-from tests.integration.ui.test_ui_browser import CHROMIUM, CHROMIUM_ARGS, ECHARTS, READY
+from tests.integration.ui.conftest import READY, UiStore, needs_chromium
 from ui.runbooks import default_runbooks_dir, render_runbook, runbook_rules
 from ui.server import UiServer
 
@@ -70,18 +69,7 @@ def test_every_rules_runbook_page_is_served(ui: tuple[UiServer, str]) -> None:
     assert [rule for rule in RULES if f'href="{rule}"' not in index.text] == []
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Chromium (the system's), headless."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.mark.skipif(not Path(CHROMIUM).exists() or not ECHARTS.exists(), reason="no Chromium or ECharts")
+@needs_chromium
 def test_every_rules_runbook_link_on_its_alert_page_opens_its_runbook(
     ui: tuple[UiServer, str], browser: Any
 ) -> None:

@@ -6,7 +6,6 @@ page land in the test's temporary output (`.../screenshots/`).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,59 +19,26 @@ from tests.integration.ui.conftest import (
     FAULT_END_S,
     FAULT_START_S,
     PRICE_PER_GPU_H,
+    READY,
     STRAGGLER_JOB,
     STRAGGLER_RANK,
     UiStore,
     efficiency_json,
+    needs_chromium,
 )
 from ui.report import write_report
 from ui.server import UiServer
 
-CHROMIUM = os.environ.get("RANKSIGHT_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-# Functions, not expressions: Playwright evaluates an expression string with eval(), which the
-# pages' Content-Security-Policy forbids (no 'unsafe-eval').
-READY = "() => window.ranksight && (window.ranksight.ready || window.ranksight.error)"
-
-ECHARTS = Path(__file__).parents[3] / "ui" / "static" / "vendor" / "echarts.min.js"
-
-pytestmark = [
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists(),
-        reason=f"no Chromium at {CHROMIUM} (apt-get install chromium; .ci/run installs it)",
-    ),
-    pytest.mark.skipif(
-        not ECHARTS.exists(), reason="ECharts is not vendored: run `make ui-assets` (make test does)"
-    ),
-]
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
 def ui_url(ui_store: UiStore) -> Iterator[str]:
-    """The UI served on a free port of 127.0.0.1 over the package's store, GPU-hours priced."""
+    """The UI over the package's store with GPU-hours priced (overrides conftest's unpriced one)."""
     server = UiServer(ui_store.client, "127.0.0.1", 0, prices=PriceList.parse([f"default={PRICE_PER_GPU_H}"]))
     url = server.start()
     yield url
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Chromium (the system's, not Playwright's download), headless."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture(scope="module")

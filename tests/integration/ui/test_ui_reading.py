@@ -6,43 +6,17 @@ Read from the DOM and the charts' models in Chromium, never from pixels.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.ui.conftest import STRAGGLER_JOB, UiStore
-from tests.integration.ui.test_ui_browser import CHROMIUM, CHROMIUM_ARGS, ECHARTS, READY
+from tests.integration.ui.conftest import READY, STRAGGLER_JOB, UiStore, needs_chromium
 from ui import queries
-from ui.server import UiServer
 
-pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}"),
-    pytest.mark.skipif(not ECHARTS.exists(), reason="ECharts is not vendored: run `make ui-assets`"),
-]
+pytestmark = needs_chromium
 
 STALLED_JOB = "vit-h-0302"  # every rank stops at minute 8 of the mixed scenario, to the end of the store
 WIDTHS = (1280, 1600, 1920, 390)  # three desktop widths and a phone
-
-
-@pytest.fixture(scope="module")
-def ui_url(ui_store: UiStore) -> Iterator[str]:
-    """The UI over the package's store."""
-    server = UiServer(ui_store.client, "127.0.0.1", 0)
-    yield server.start()
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Chromium (the system's), headless."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 def _open(browser: Any, url: str, width: int = 1400) -> Any:

@@ -36,17 +36,9 @@ from producers.publisher import open_publisher
 from producers.simulator import load_scenario, simulate
 from ranksight.commands.report import detected
 from schemas.records import Event, default_schemas
-from tests.integration.ui.test_ui_browser import CHROMIUM, CHROMIUM_ARGS, ECHARTS, READY
+from tests.integration.ui.conftest import READY, needs_chromium
 
-pytestmark = [
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists(),
-        reason=f"no Chromium at {CHROMIUM} (apt-get install chromium; .ci/run installs it)",
-    ),
-    pytest.mark.skipif(
-        not ECHARTS.exists(), reason="ECharts is not vendored: run `make ui-assets` (make test does)"
-    ),
-]
+pytestmark = needs_chromium
 
 # What a script payload would do if it ran: set this flag, open a dialog, or fetch `x`.
 XSS = '<img src=x onerror="window.__xss=1;alert(1)"></script><script>window.__xss=2;alert(2)</script>'
@@ -339,17 +331,6 @@ def test_a_finished_jobs_panels_come_from_the_cache(hostile_ui: HostileUi) -> No
         assert second.headers["X-Ranksight-Cache"] == "hit"
         assert second.content == first.content
         assert http.get("/api/fleet").headers["X-Ranksight-Cache"] == "none"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Chromium (the system's), headless."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 # Run before any page script: whatever a payload would do is recorded, never lost.
