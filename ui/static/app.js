@@ -348,11 +348,17 @@
   // 120 px plus its two labels, needs a chart of about 200 px).
   const HEAT_ROW_PX = 12;
 
-  function legendText(lo, hi, unit, fixedRange) {
-    // The colour scale's two ends with their unit and meaning, with enough digits to differ
+  function legendDigits(lo, hi) {
+    // Significant digits enough for the scale's two ends to differ
     // (1.004 s and 1.031 s both read "1" at three significant digits: "1 ... 1").
     let digits = 3;
     while (digits < 8 && fmtNum(lo, digits) === fmtNum(hi, digits)) digits += 1;
+    return digits;
+  }
+
+  function legendText(lo, hi, unit, fixedRange) {
+    // The colour scale's two ends with their unit and meaning.
+    const digits = legendDigits(lo, hi);
     const top = `${fmtNum(hi, digits)} ${unit}`;
     const bottom = `${fmtNum(lo, digits)} ${unit}`;
     return fixedRange ? [`${top} busy`, `${bottom} idle`] : [`${top} slow`, `${bottom} fast`];
@@ -395,7 +401,12 @@
         p.value[3] === undefined || REPORT ? null : el('div', { class: 'tip-summary' }, 'click: this row\'s ranks')) },
       xAxis: { type: 'category', data: buckets, axisLabel: { formatter: (v) => (data.range.bucket_ms < 60000 ? fmtTime(Number(v)) : fmtTime(Number(v)).slice(0, 5)), hideOverlap: true }, splitArea: { show: false } },
       yAxis: { type: 'category', data: rows, inverse: true, axisLabel: { fontSize: 10, hideOverlap: true, color: (v) => (RS.focusRows && RS.focusRows.has(v) ? '#d62728' : '#6e7079') } },
-      visualMap: { type: 'continuous', min: lo, max: hi, calculable: true, orient: 'vertical', right: 0, top: 'middle', itemHeight: 120, text: legendText(lo, hi, unit, fixedRange), inRange: { color: fixedRange ? IDLE_IS_HOT : SLOW_IS_HOT } },
+      // `dimension: 2`: the value. By default the last dimension is mapped, which on a grouped page is the
+      // worst rank (every cell the hottest colour) or the least busy GPU's name (no cell drawn at all).
+      // `precision`: the handles' labels as the legend's ends (at 0 decimals 1.3 s and 1.51 s read "1" and "2").
+      visualMap: { type: 'continuous', dimension: 2, min: lo, max: hi, calculable: true, orient: 'vertical', right: 0, top: 'middle', itemHeight: 120,
+        precision: fixedRange ? 0 : Math.min(6, Math.max(0, legendDigits(lo, hi) - 1 - Math.floor(Math.log10(Math.max(Math.abs(hi), 1e-12))))),
+        text: legendText(lo, hi, unit, fixedRange), inRange: { color: fixedRange ? IDLE_IS_HOT : SLOW_IS_HOT } },
       dataZoom: [{ type: 'inside', xAxisIndex: 0, filterMode: 'none' }],
       series: [{ name, type: 'heatmap', data: points, progressive: 0, emphasis: { itemStyle: { borderColor: '#000', borderWidth: 1 } } }],
     };

@@ -113,6 +113,15 @@ def test_the_node_heatmap_shows_the_stragglers_node_and_the_drill_down_its_rank(
         assert http.get(f"/api/jobs/{JOB}/details").status_code == 400  # the range is the page's
 
 
+# Each heatmap cell's value and the colour ECharts gave it.
+_FILLS = """(key) => {
+    const data = window.ranksight.charts[key].getModel().getSeriesByIndex(0).getData();
+    const out = [];
+    for (let i = 0; i < data.count(); i++) out.push([data.getRawDataItem(i)[2], data.getItemVisual(i, 'style').fill]);
+    return out;
+}"""
+
+
 @needs_chromium
 @pytest.mark.parametrize("width", WIDTHS)
 def test_clicking_the_stragglers_node_row_drills_down_to_its_rank(
@@ -134,6 +143,14 @@ def test_clicking_the_stragglers_node_row_drills_down_to_its_rank(
         assert len(labels) == 256
         gpu_rows = page.evaluate("() => window.ranksight.charts.gpu_util.getOption().yAxis[0].data")
         assert gpu_rows == labels and page.locator("#details-pending").count() == 0
+        # The colours follow the values (the cells also carry the worst rank or GPU, which the colour
+        # scale once mapped instead: every rank cell the hottest colour, no GPU cell drawn).
+        for key in ("heatmap", "gpu_util"):
+            fills: dict[float, set[str]] = {}
+            for value, fill in page.evaluate(_FILLS, key):
+                fills.setdefault(value, set()).add(fill)
+            assert all(len(f) == 1 for f in fills.values()), (key, fills)
+            assert len({f for fs in fills.values() for f in fs}) == len(fills) > 1, (key, fills)
         alert = page.evaluate("() => window.ranksight.data.alerts.find(a => a.rule === 'straggler')")
         page.click(f"tr[data-alert='{alert['alert_id']}']")
         page.wait_for_function("() => window.ranksight.window !== null")
