@@ -99,7 +99,8 @@
   function copiesCell(a) {
     // Every routed copy: its team, and whether it paged or only informed (when the UI knows the receivers).
     const copies = a.copies && a.copies.length ? a.copies : [{ team: a.team, kind: null }];
-    return copies.map((c, i) => el('span', { class: 'copy', 'data-kind': c.kind || '' }, i ? ' · ' : null, el('strong', {}, c.team), c.kind ? ` ${c.kind}` : null));
+    // The separator sits outside each (unbreakable) copy: a cell of several copies wraps between them.
+    return copies.map((c, i) => [i ? ' · ' : null, el('span', { class: 'copy', 'data-kind': c.kind || '' }, el('strong', {}, c.team), c.kind ? ` ${c.kind}` : null)]).flat();
   }
 
   function silencedBadge(a) {
@@ -246,7 +247,8 @@
         el('td', { class: 'num', title: 'proxy, not goodput: share of the minutes since the first step that have steps (a stalled job falls behind)' }, j.progress_time_frac === null ? '-' : `${Math.round(j.progress_time_frac * 100)} %`),
         el('td', {}, j.model));
     });
-    root.replaceChildren(
+    // Through el(): replaceChildren itself would print a null child (no Alertmanager configured) as "null".
+    root.replaceChildren(...el('div', {},
       el('div', { class: 'toolbar' }, el('h1', {}, 'Fleet'), select('team', data.teams, team), select('cluster', data.clusters, cluster),
         el('span', { class: 'muted' }, `data up to ${fmtDateTime(data.now_ms)}`)),
       el('h2', {}, `Firing (${data.firing.filter(keep).filter((a) => !a.muted_by).length}${data.firing.filter(keep).some((a) => a.muted_by) ? `, ${data.firing.filter(keep).filter((a) => a.muted_by).length} muted under their cause` : ''})`), alertTable(data.firing.filter(keep), false),
@@ -255,7 +257,7 @@
       el('table', { class: 'grid jobs' },
         el('thead', {}, el('tr', {}, ['job', 'health', 'state', 'team', 'cluster', 'owner', 'ranks', 'step', 'last progress', 'step rate', 'goodput', 'minutes with steps (proxy)', 'model'].map((h) => el('th', {}, h)))),
         el('tbody', {}, rows)),
-      el('h2', {}, `Recently resolved (${data.resolved.filter(keep).length})`), alertTable(data.resolved.filter(keep), true));
+      el('h2', {}, `Recently resolved (${data.resolved.filter(keep).length})`), alertTable(data.resolved.filter(keep), true)).childNodes);
     RS.ready = true;
   }
 
@@ -292,7 +294,8 @@
       animation: false,
       grid: GRID,
       tooltip: { trigger: 'axis', formatter: axisTip(units) },
-      legend: { top: 0, left: GRID.left + 48, type: 'scroll', textStyle: { fontSize: 11 } },
+      // Right bound: a long legend scrolls instead of running over the right y axis' name.
+      legend: { top: 0, left: GRID.left + 48, right: GRID.right, type: 'scroll', textStyle: { fontSize: 11 } },
       xAxis: { type: 'time', min: data.range.from_ms, max: data.range.to_ms, axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5), hideOverlap: true } },
       yAxis: { type: 'value', name: yName, nameTextStyle: { align: 'left' }, scale: true, splitNumber: 3 },
       dataZoom: [{ type: 'inside', xAxisIndex: 0, filterMode: 'none' }],
@@ -533,14 +536,14 @@
         { name: 'batch prep median', data: dp.batch_prep_s.median, yAxisIndex: 1, unit: 's' },
         { name: 'batch prep worst rank', data: dp.batch_prep_s.worst, yAxisIndex: 1, unit: 's', ...worstLine },
       ], 'ms', { yAxis: [{ type: 'value', name: 'ms', min: 0, splitNumber: 3 }, { type: 'value', name: 's', min: 0, splitNumber: 3 }], grid: GRID }));
-      chartBox(container, 'datapath_supply', 'Data path: read throughput (MB/s), cache hit ratio and live loader workers (share), median and worst rank', 160).setOption(timeOption(data, [
+      chartBox(container, 'datapath_supply', 'Data path: read throughput (MB/s) and file opens (/s) on the left axis; cache hit ratio and live loader workers (share) on the right; median and worst rank', 160).setOption(timeOption(data, [
         { name: 'read MB/s median', data: dp.read_mb_s.median, unit: 'MB/s' },
         { name: 'read MB/s worst rank', data: dp.read_mb_s.worst, unit: 'MB/s', ...worstLine },
         { name: 'cache hits median', data: dp.cache_hit_ratio.median, yAxisIndex: 1, unit: '' },
         { name: 'cache hits worst rank', data: dp.cache_hit_ratio.worst, yAxisIndex: 1, unit: '', ...worstLine },
         { name: 'live workers worst rank', data: dp.workers_live.worst, yAxisIndex: 1, unit: '', ...worstLine },
         { name: 'file opens/s median', data: dp.file_opens_s.median, unit: '/s', lineStyle: { width: 1, type: 'dotted' } },
-      ], 'MB/s', { yAxis: [{ type: 'value', name: 'MB/s', min: 0, splitNumber: 3 }, { type: 'value', name: 'share', min: 0, max: 1, splitNumber: 2 }], grid: GRID }));
+      ], 'MB/s', { yAxis: [{ type: 'value', name: 'MB/s, opens/s', nameTextStyle: { align: 'left' }, min: 0, splitNumber: 3 }, { type: 'value', name: 'share', min: 0, max: 1, splitNumber: 2 }], grid: GRID }));
     }
 
     const ops = Object.keys(data.collectives || {});
@@ -757,10 +760,13 @@
 
   function jobHeader(data) {
     const j = data.job;
-    const firing = data.alerts.filter((a) => a.status === 'firing').sort((a, b) => SEVERITY_ORDER[a.severity] - SEVERITY_ORDER[b.severity]);
+    // Muted alerts (`muted_by`) are not counted as firing, as in the fleet's counts; the badge says how many.
+    const all = data.alerts.filter((a) => a.status === 'firing');
+    const firing = all.filter((a) => !a.muted_by).sort((a, b) => SEVERITY_ORDER[a.severity] - SEVERITY_ORDER[b.severity]);
+    const muted = all.length - firing.length ? ` (${all.length - firing.length} muted)` : '';
     return el('div', { class: 'header' },
       el('h1', {}, REPORT ? '' : el('a', { href: '/', class: 'crumb' }, 'fleet › '), `job ${j.job_id}`,
-        firing.length ? badge(firing[0].severity, `${firing.length} firing`) : el('span', { class: 'badge ok' }, 'no alert firing')),
+        firing.length ? badge(firing[0].severity, `${firing.length} firing${muted}`) : el('span', { class: 'badge ok' }, `no alert firing${muted}`)),
       el('dl', { class: 'facts' },
         ...[['team', j.team], ['owner', j.owner], ['cluster', j.cluster], ['model', j.model], ['ranks', j.world_size], ['GPU', j.gpu_class],
           ['nodes', (j.nodes || []).length > 8 ? `${j.nodes.length} nodes: ${j.nodes[0]} … ${j.nodes[j.nodes.length - 1]}` : (j.nodes || []).join(', ')], ['run', j.run_id], ['started', fmtDateTime(j.started_ms)],
@@ -988,7 +994,8 @@
     const pad = Math.max(60000, 0.1 * (hi - lo));
     const threshold = a.threshold ?? null;
     const unitText = unit === 'ratio' || unit === 'count' || !unit ? (unit ? ` (${unit})` : '') : ` (${unit})`;
-    const title = `What the detector saw: ${name}${unitText}${threshold === null ? '' : `; threshold ${withUnit(threshold, unit)}`}`;
+    // An alert without history (a rule that keeps none, a record written by hand) says so instead of an empty axis.
+    const title = `What the detector saw: ${name}${unitText}${threshold === null ? '' : `; threshold ${withUnit(threshold, unit)}`}${points.length ? '' : ' — the alert carries no history of it: only its span is drawn'}`;
     const extent = (v, side) => {
       // The y axis always shows the threshold, with a little room around the data.
       const values = [v[side], ...(threshold === null ? [] : [threshold])];

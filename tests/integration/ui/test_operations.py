@@ -187,6 +187,10 @@ def test_the_fleet_and_job_answers_fold_a_muted_alert_under_its_cause(ops_url: s
     ]
 
 
+# Text lying loose in the page's root (what `replaceChildren(null)` leaves: "null").
+_STRAY_TEXT = "() => [...document.getElementById('app').childNodes].filter(n => n.nodeType === 3).map(n => n.textContent)"
+
+
 def _open(browser: Any, url: str, width: int) -> Any:
     context = browser.new_context(viewport={"width": width, "height": 900})
     page = context.new_page()
@@ -222,6 +226,8 @@ def test_pages_show_the_straggler_under_its_cause_who_was_paged_and_what_remedia
     )
     assert kinds == [["llm-pretrain", "informed"], ["platform", "paged"]]
     assert page.inner_text("h2 >> nth=0").startswith("Firing (7, 1 muted under their cause)")
+    # No Alertmanager configured: no silences panel, and no stray "null" where it would be.
+    assert page.evaluate(_STRAY_TEXT) == []
     _close(page)
 
     page = _open(browser, f"{ops_url}jobs/{JOB}", width)
@@ -236,6 +242,11 @@ def test_pages_show_the_straggler_under_its_cause_who_was_paged_and_what_remedia
         "exit",
     ]
     assert f"CUDA out of memory {HOSTILE}" in page.inner_text("#faults")
+    # The header counts the muted straggler apart, as the fleet does.
+    assert page.inner_text("h1 .badge") == "7 firing (1 muted)"
+    if width >= 1280:
+        # Two routed copies and a hostile summary wrap in their cells: the alerts table fits the page.
+        assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
     assert page.eval_on_selector_all("#faults tr[data-gpu]", "rs => rs.map(r => r.dataset.gpu)") == [
         "node-0000/2"
     ]
