@@ -8,8 +8,10 @@ max(`missing_intervals` x its learned sample interval, `missing_min_s`), measure
 fresh (`require_live_peer`: when every node is silent, the pipeline or the input stopped, not one
 agent). A rank-stage engine hears only the nodes of the job/node keys it holds; the other nodes'
 freshness reaches it as `Topology.telemetry_front` (the newest telemetry time of the whole input
-offline, of every partition of the worker live). Checked at most every `check_every_s`, re-reported at most every `reemit_s`; resolves on
-the node's next sample.
+offline, of every partition of the worker live). The sample interval is the median of the last
+gaps between one source's successive samples (the first GPU heard; the host's on a node without
+GPU samples), never the milliseconds between the GPUs of one sampling round. Checked at most every
+`check_every_s`, re-reported at most every `reemit_s`; resolves on the node's next sample.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _INTERVALS = 8  # sample intervals a node's interval is learned from (median)
+_HOST = "host"  # the pace source of a node's HostSamples
+
+
+def _source(event: Event) -> str:
+    """Which of a node's telemetry sources sent `event`: one GPU (by UUID, else index) or the host."""
+    if event.type == "HostSample":
+        return _HOST
+    r = event.record
+    return str(r.get("gpu_uuid") or f"gpu#{r.get('gpu_index')}")
 
 
 class TelemetryMissingDetector(Detector):
@@ -77,13 +88,21 @@ class TelemetryMissingDetector(Detector):
             return []
         r = event.record
         node, ts = r["node"], r["ts"]
+        source = _source(event)
         n = self._nodes.get(node)
         if n is None:
-            n = self._nodes[node] = {"last": ts, "deltas": [], "missing": None}
+            self._nodes[node] = {"last": ts, "deltas": [], "missing": None, "pace": source, "pace_ts": ts}
             return []
+        # The interval is learned from one source's successive samples (a GPU's, or the host's on a
+        # node without GPU samples): the GPUs of one round are sampled milliseconds apart, and those
+        # gaps taught a 15 s agent a 3 ms interval, holding it to the `missing_min_s` floor.
+        pace = n.get("pace")
+        if pace is None or (pace == _HOST and source != _HOST):
+            n["pace"], n["pace_ts"] = source, ts
+        elif source == pace and ts > n["pace_ts"]:
+            n["deltas"] = [*n["deltas"], ts - n["pace_ts"]][-_INTERVALS:]
+            n["pace_ts"] = ts
         if ts > n["last"]:
-            # Samples of all GPUs of a node share one timestamp; only distinct times teach the interval.
-            n["deltas"] = [*n["deltas"], ts - n["last"]][-_INTERVALS:]
             n["last"] = ts
         missing = n["missing"]
         if missing is None:

@@ -29,12 +29,6 @@ KNOWN_GAPS: set[tuple[str, str, str]] = {
     ("gen-0-0028-rank_hang", "rank_hang", "missed"),  # busy, before the first evaluation
     ("gen-0-0066-rank_hang", "rank_hang", "missed"),  # idle, before the first evaluation
     ("gen-0-0132-rank_hang", "rank_hang", "missed"),  # idle, after the first evaluation
-    # telemetry_missing learns a node's interval from the ms between its GPUs' samples, so a 15 s
-    # agent is held to the 30 s floor: every node fires once the last steps outrun its last sample.
-    ("gen-0-0114-boundaries", "telemetry_missing", "false positive"),
-    ("gen-0-0115-boundaries-twin", "telemetry_missing", "false positive"),
-    ("gen-0-0146-boundaries", "telemetry_missing", "false positive"),
-    ("gen-0-0147-boundaries-twin", "telemetry_missing", "false positive"),
 }
 
 

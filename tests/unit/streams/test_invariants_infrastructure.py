@@ -179,3 +179,18 @@ def test_nodes_of_finished_jobs_and_all_nodes_silent_at_once_are_not_missing() -
         ["node-01"], T0 + 100_000, T0 + 300_000
     )
     assert rule(drive(TelemetryMissingDetector(Topology()), ended), "telemetry_missing") == []
+
+
+def test_the_interval_is_learned_from_one_gpus_samples_not_the_ms_between_a_rounds_gpus() -> None:
+    """A 15 s agent sampling its 8 GPUs 3 ms apart is held to 3 x 15 s, not to the 30 s floor."""
+    events = job_on_two_nodes()
+    for ts in range(T0 + 15_000, T0 + 300_000, 15_000):
+        for node in ("node-01", "node-02"):
+            events += [gpu_sample(node, g, ts + 3 * g) for g in range(8)]
+    last = T0 + 285_000  # node-01's last round; node-02 keeps reporting
+    for ts in range(T0 + 300_000, T0 + 400_000, 15_000):
+        events += [gpu_sample("node-02", g, ts + 3 * g) for g in range(8)]
+    found = rule(drive(TelemetryMissingDetector(Topology()), events), "telemetry_missing")
+    assert found and found[0].node == "node-01" and found[0].expected == 45.0
+    # Silent for more than 45 s (not the 30 s floor) before it is reported.
+    assert found[0].ts - (last + 21) > 45_000 and found[0].since == last + 21 + 45_000
