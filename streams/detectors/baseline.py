@@ -15,6 +15,13 @@ consecutive deviating windows fire one alert per job naming the worst metric, th
 and how many runs built it; one clean window resolves it. GPU activity and power are only
 compared in windows without a training pause (checkpoint, evaluation), detected from the step
 rate, because a pause lowers them for reasons that are not a regression.
+
+The alert names the suspected layer the deviating metric points to: data for the data-wait
+fraction, gpu for GPU activity and power. A slower step (step time, tokens/s) is split into its
+parts, each in seconds per step from the window's time attribution (GPU compute, data wait,
+communication, other host time), against the same parts of the baseline runs: the part that grew
+the most names the layer (gpu, data, network, host). Baseline runs learned before the parts were
+kept fall back to where the slow window's step time goes.
 """
 
 from __future__ import annotations
@@ -36,6 +43,21 @@ METRICS: dict[str, int] = {
     "data_wait_frac": +1,
 }
 _PAUSE_SENSITIVE = ("gpu_util_pct", "power_w")
+# Parts of a step (seconds per step, from JobWindowStats' time attribution) kept beside the metrics
+# in a run's summary (`part_*` keys of BaselineRun.metrics), and the layer each one names.
+_PARTS: dict[str, str] = {
+    "part_compute_s": "gpu",
+    "part_data_wait_s": "data",
+    "part_comm_s": "network",
+    "part_other_s": "host",
+}
+_PART_WORDS = {
+    "part_compute_s": "GPU compute",
+    "part_data_wait_s": "data wait",
+    "part_comm_s": "communication",
+    "part_other_s": "other host time",
+}
+_STEP_METRICS = ("step_time_s", "tokens_per_s_per_gpu")
 
 DEFAULTS: dict[str, Any] = {
     "metrics": list(METRICS),  # metrics compared with the baseline
@@ -102,6 +124,7 @@ class BaselineDetector(Detector):
                 "run_id": r.get("run_id", ""),
                 "n": 0,
                 "values": {m: [] for m in self.metrics},
+                "parts": {p: [] for p in _PARTS},
                 "prev": None,
                 "fracs": [],
                 "dev": 0,
@@ -119,6 +142,9 @@ class BaselineDetector(Detector):
             for m, v in values.items():
                 if v is not None and v == v:  # NaN never builds a baseline
                     job["values"][m] = [*job["values"][m], v][-self.max_windows :]
+            parts = job.setdefault("parts", {p: [] for p in _PARTS})
+            for name, v in _step_parts(r).items():
+                parts[name] = [*parts.get(name, []), v][-self.max_windows :]
         if job["n"] <= self.judge_skip:
             return []
         return self._judge(r, job, key, values)
@@ -192,13 +218,9 @@ class BaselineDetector(Detector):
             summary = f"job {job_id}: {metric} {x:.4g} vs baseline {center:.4g} ({pct:+.0f}%) of {runs} earlier runs of {key}"
             if len(deviating) > 1:
                 summary += f"; also off: {', '.join(m for m in deviating if m != metric)}"
-            layer = (
-                "data"
-                if metric == "data_wait_frac"
-                else "gpu"
-                if metric in ("gpu_util_pct", "power_w")
-                else "unknown"
-            )
+            layer, why = _layer(metric, r, self._base_parts(job_id, key))
+            if why:
+                summary += f"; {why}"
         else:
             metric, x, center = "", None, None
             summary = f"job {job_id} is back in line with its baseline {key}"
@@ -231,6 +253,9 @@ class BaselineDetector(Detector):
         if not counts or max(counts) < self.min_windows:
             return
         summary = {m: median(v) if len(v) >= self.min_windows else None for m, v in job["values"].items()}
+        for name, v in job.get("parts", {}).items():
+            if len(v) >= self.min_windows:
+                summary[name] = median(v)
         run = {
             "job_id": job_id,
             "run_id": job["run_id"],
@@ -250,6 +275,17 @@ class BaselineDetector(Detector):
                 "metrics": summary,
             }
         )
+
+    def _base_parts(self, job_id: str, key: str) -> dict[str, float]:
+        """Median of each step part over the baseline runs of `key` that kept it (not the job's own)."""
+        runs = [run for run in self.baselines_by_key.get(key, []) if run["job_id"] != job_id]
+        out: dict[str, float] = {}
+        for name in _PARTS:
+            vals = [run["metrics"][name] for run in runs if run["metrics"].get(name) is not None]
+            center = median(vals) if len(vals) >= self.min_runs else None
+            if center is not None:
+                out[name] = center
+        return out
 
     def _add_run(self, key: str, run: dict[str, Any]) -> None:
         """Keep the newest `max_runs` runs of a key, one per job, in completion order (the same
@@ -318,3 +354,41 @@ class BaselineDetector(Detector):
     def forget_job(self, job_id: str) -> None:
         """Drop a finished job's buffers (its summary, if it completed, is already committed)."""
         self.jobs.pop(job_id, None)
+
+
+def _step_parts(r: dict[str, Any]) -> dict[str, float]:
+    """A window's step split into seconds per step: GPU compute, data wait, communication, other."""
+    step = r.get("step_time_s")
+    names = ("gpu_idle_frac", "idle_data_wait_frac", "idle_comm_frac", "idle_other_frac")
+    fracs = [r.get(n) for n in names]
+    if step is None or step != step or any(f is None or f != f for f in fracs):
+        return {}
+    idle, wait, comm, other = (float(f or 0.0) for f in fracs)
+    return {
+        "part_compute_s": max(0.0, 1.0 - idle) * step,
+        "part_data_wait_s": wait * step,
+        "part_comm_s": comm * step,
+        "part_other_s": other * step,
+    }
+
+
+def _layer(metric: str, r: dict[str, Any], base: dict[str, float]) -> tuple[str, str]:
+    """The layer a deviating metric points to, and the evidence in words ('' when it is the metric)."""
+    if metric == "data_wait_frac":
+        return "data", ""
+    if metric in ("gpu_util_pct", "power_w"):
+        return "gpu", ""
+    if metric not in _STEP_METRICS:
+        return "unknown", ""
+    parts = _step_parts(r)
+    if not parts:
+        return "unknown", ""
+    if all(name in base for name in parts):
+        # The part of the step that grew the most against the baseline runs' same part.
+        name = max(parts, key=lambda n: (parts[n] - base[n], n))
+        grew = parts[name] - base[name]
+        if grew > 0:
+            return _PARTS[name], f"{_PART_WORDS[name]} per step {parts[name]:.3g}s vs {base[name]:.3g}s"
+    # No parts in the baseline (runs learned before they were kept): where the slow step goes.
+    name = max(parts, key=lambda n: (parts[n], n))
+    return _PARTS[name], f"{_PART_WORDS[name]} is {parts[name] / (r['step_time_s'] or 1):.0%} of the step"

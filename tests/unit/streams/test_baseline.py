@@ -133,3 +133,83 @@ def test_runs_learned_on_other_partitions_judge_a_run_the_same() -> None:
     assert judge.baselines() == alone.baselines()
     slow = {"step_time": 1.3, "complete": False, "start": T0 + 2 * 10**6}
     assert _run(judge, "slow", 10, **slow) == _run(alone, "slow", 10, **slow) != []
+
+
+def _parted_run(
+    det: BaselineDetector,
+    job: str,
+    *,
+    compute: float,
+    comm: float,
+    wait: float = 0.03,
+    other: float = 0.0,
+    complete: bool = True,
+    start: int = T0,
+    parts: bool = True,
+) -> list[Finding]:
+    """A run whose windows carry the step's time attribution (seconds per step of each part)."""
+    det.topology.observe(job_started(job, start))
+    out: list[Finding] = []
+    for i in range(10):
+        noise = 1 + 0.01 * ((i % 3) - 1)
+        step = (compute + comm + wait + other) * noise
+        ev = _window(job, i, step_time=step, start=start)
+        if parts:
+            ev.record.update(
+                gpu_idle_frac=(comm + wait + other) / (compute + comm + wait + other),
+                idle_data_wait_frac=wait * noise / step,
+                idle_comm_frac=comm * noise / step,
+                idle_other_frac=other * noise / step,
+                data_wait_frac=wait * noise / step,
+            )
+        out += det.observe(ev)
+    if complete:
+        end = job_state(job, start + 13 * 30_000, "completed")
+        det.topology.observe(end)
+        out += det.observe(end)
+        det.forget_job(job)
+    return out
+
+
+def test_a_slower_step_names_the_layer_of_the_part_that_grew_against_the_baseline() -> None:
+    """Issue 23.7: step time up because communication grew (compute unchanged) is the network;
+    because compute grew, the GPU; the summary says which part and by how much."""
+    for compute, comm, layer, words in (
+        (0.85, 0.42, "network", "communication"),
+        (1.15, 0.12, "gpu", "GPU compute"),
+    ):
+        det = BaselineDetector(Topology())
+        _parted_run(det, "run-a", compute=0.85, comm=0.12)
+        _parted_run(det, "run-b", compute=0.85, comm=0.12, start=T0 + 10**6)
+        out = _parted_run(det, "slow", compute=compute, comm=comm, complete=False, start=T0 + 2 * 10**6)
+        active = [f for f in out if f.active]
+        assert active and {f.suspected_layer for f in active} == {layer}
+        assert f"{words} per step" in active[0].summary
+
+
+def test_baseline_runs_without_parts_name_where_the_slow_step_goes() -> None:
+    """Runs learned before the parts were kept: the slow window's largest part names the layer."""
+    det = BaselineDetector(Topology())
+    _parted_run(det, "run-a", compute=0.2, comm=0.8, parts=False)
+    _parted_run(det, "run-b", compute=0.2, comm=0.8, parts=False, start=T0 + 10**6)
+    out = _parted_run(det, "slow", compute=0.3, comm=1.0, complete=False, start=T0 + 2 * 10**6)
+    active = [f for f in out if f.active]
+    assert active and active[0].suspected_layer == "network" and "of the step" in active[0].summary
+
+
+def test_the_deviating_metric_names_data_and_gpu_layers() -> None:
+    """A data-wait fraction above the baseline is data; without a time attribution a step-time
+    deviation stays unknown (nothing to name it by)."""
+    det = BaselineDetector(Topology())
+    _parted_run(det, "run-a", compute=0.85, comm=0.12, wait=0.03)
+    _parted_run(det, "run-b", compute=0.85, comm=0.12, wait=0.03, start=T0 + 10**6)
+    out = _parted_run(det, "slow", compute=0.85, comm=0.12, wait=0.6, complete=False, start=T0 + 2 * 10**6)
+    active = [f for f in out if f.active]
+    assert active and active[0].suspected_layer == "data"
+    det = BaselineDetector(Topology())
+    _run(det, "run-a", 10)
+    _run(det, "run-b", 10, start=T0 + 10**6)
+    active = [
+        f for f in _run(det, "slow", 10, step_time=1.3, complete=False, start=T0 + 2 * 10**6) if f.active
+    ]
+    assert active and active[0].suspected_layer == "unknown"
