@@ -9,8 +9,9 @@ evaluation or a checkpoint pause inside the window slows the estimate as it slow
 estimated time to completion is the remaining work at that rate; none when the target or the rate
 is unknown, or the job has ended.
 
-`estimate` is the pure arithmetic (the UI and alerts can use it); `job_progress` reads the raw
-tables with parameters, never values in SQL text.
+The arithmetic is `schemas.progress.estimate` (re-exported here), which the UI and the alerts
+share; `job_progress` works its inputs out of the raw tables, with parameters, never values in SQL
+text.
 """
 
 from __future__ import annotations
@@ -21,61 +22,13 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError as _DriverError
 
+from schemas.progress import RATE_WINDOW_S, Estimate, estimate
 from sinks.errors import QueryError
 
 __all__ = ["DEFAULT_WINDOW_S", "Estimate", "JobProgress", "estimate", "job_progress"]
 
-DEFAULT_WINDOW_S = 600.0
+DEFAULT_WINDOW_S = RATE_WINDOW_S
 _ENDED = ("completed", "failed")
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """Progress towards a target and the time left at the current rate."""
-
-    target_kind: str | None  # "steps", "tokens", "epochs" or None (no target)
-    target: float | None
-    done: float | None
-    fraction: float | None  # done / target, 0..1
-    eta_s: float | None  # seconds to completion at the current rate
-
-
-def estimate(
-    *,
-    step: int | None,
-    rate_steps_s: float | None,
-    target_steps: int | None = None,
-    target_tokens: int | None = None,
-    target_epochs: float | None = None,
-    tokens_per_step: float | None = None,
-    epoch: int | None = None,
-    epoch_first_step: int | None = None,
-    steps_per_epoch: float | None = None,
-    ended: bool = False,
-) -> Estimate:
-    """Progress and ETA of one job from its latest step and recent step rate (see the module doc)."""
-    kind: str | None = None
-    target = done = remaining_steps = None
-    if target_steps and step is not None:
-        kind, target, done = "steps", float(target_steps), float(step + 1)
-        remaining_steps = target - done
-    elif target_tokens and step is not None and tokens_per_step:
-        kind, target, done = "tokens", float(target_tokens), float(step + 1) * tokens_per_step
-        remaining_steps = (target - done) / tokens_per_step
-    elif target_epochs and epoch is not None and step is not None and steps_per_epoch:
-        into = 0.0 if epoch_first_step is None else (step - epoch_first_step + 1) / steps_per_epoch
-        kind, target, done = "epochs", float(target_epochs), epoch + min(1.0, max(0.0, into))
-        remaining_steps = (target - done) * steps_per_epoch
-    elif target_steps or target_tokens or target_epochs:
-        kind = "steps" if target_steps else "tokens" if target_tokens else "epochs"
-        target = float(target_steps or target_tokens or target_epochs or 0)
-    if kind is None or target is None or done is None:
-        return Estimate(kind, target, None, None, None)
-    fraction = min(1.0, max(0.0, done / target)) if target > 0 else None
-    eta = None
-    if not ended and remaining_steps is not None and rate_steps_s and rate_steps_s > 0:
-        eta = max(0.0, remaining_steps) / rate_steps_s
-    return Estimate(kind, target, done, fraction, eta)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
-"""The arithmetic of `ranksight jobs`: progress towards a target in steps, tokens or epochs, and the ETA at a rate."""
+"""A run's progress towards a target in steps, tokens or epochs, and the ETA at a rate (`ranksight jobs`, the job page, alerts)."""
 
 from __future__ import annotations
 
 import pytest
 
-from sinks.progress import estimate
+from schemas.progress import describe, estimate
 
 
 def test_steps_target_progress_and_eta_at_the_recent_rate() -> None:
@@ -48,3 +48,26 @@ def test_no_eta_without_a_target_a_rate_or_a_running_job(kwargs: dict) -> None:
 def test_progress_past_the_target_is_done_with_no_time_left() -> None:
     est = estimate(step=1500, rate_steps_s=1.0, target_steps=1000)
     assert est.fraction == 1.0 and est.eta_s == 0.0
+
+
+def test_progress_in_words_names_the_share_done_and_the_time_left() -> None:
+    est = estimate(step=1199, rate_steps_s=0.5, target_steps=5000)
+    assert describe(est.target_kind, est.target, est.done, est.eta_s) == (
+        "1,200 of 5,000 steps (24%), about 2h 06m left at the recent step rate"
+    )
+    assert describe("tokens", 1e10, 4.1e9, None) == "4.1e+09 of 1e+10 tokens (41%)"
+    assert (
+        describe("epochs", 3.0, 1.5, 59.6)
+        == "1.5 of 3 epochs (50%), about 1m 00s left at the recent step rate"
+    )
+    assert describe(None, None, None, None) == ""
+    assert describe("steps", 100.0, None, None) == "target 100 steps, progress unknown"
+
+
+def test_sinks_progress_uses_the_shared_arithmetic() -> None:
+    """One estimate for `ranksight jobs`, the UI and the alerts: sinks re-exports it, no copy."""
+    import schemas.progress
+    import sinks.progress
+
+    assert sinks.progress.estimate is schemas.progress.estimate
+    assert sinks.progress.DEFAULT_WINDOW_S == schemas.progress.RATE_WINDOW_S
