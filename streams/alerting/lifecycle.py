@@ -160,6 +160,9 @@ class AlertTracker:
     ) -> dict[str, Any]:
         job: JobInfo | None = topology.jobs.get(finding.job_id) if finding.job_id else None
         prog = progress.get(finding.job_id) if finding.job_id else None
+        # The job's target and the time left at its recent step rate (`schemas.progress`, the
+        # arithmetic of the job page): none for node-only alerts or a job without a target.
+        est = topology.progress(finding.job_id) if finding.job_id else None
         labels: dict[str, str] = dict(sorted(job.labels.items())) if job else {}
         return {
             "alert_id": alert_id(finding.fingerprint, entry["starts_at"]),
@@ -187,6 +190,10 @@ class AlertTracker:
             "gpu_index": finding.gpu_index,
             "current_step": prog.step if prog else None,
             "last_progress_ts": prog.ts if prog else None,
+            "target_kind": est.target_kind if est else None,
+            "target": est.target if est else None,
+            "target_done": est.done if est else None,
+            "eta_s": est.eta_s if est else None,
             "invariant": finding.invariant,
             "observed": finding.observed,
             "expected": finding.expected,

@@ -12,7 +12,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Literal
 
+from schemas.progress import Estimate
 from schemas.records import Event
+from streams.detectors.pace import JobPace
 
 __all__ = [
     "Binding",
@@ -29,6 +31,7 @@ __all__ = [
 ]
 
 Category = Literal["model", "data", "platform", "infra"]
+_ENDED = ("completed", "failed")  # job states after which a job makes no more progress
 Severity = Literal["info", "warning", "critical"]
 
 
@@ -72,7 +75,7 @@ class Finding:
 
 @dataclass
 class JobInfo:
-    """What JobStarted and JobStateChanged said about a job."""
+    """What JobStarted and JobStateChanged said about a job (a pending job's cluster from the scheduler)."""
 
     job_id: str
     run_id: str = ""
@@ -90,6 +93,9 @@ class JobInfo:
     seq_len: int | None = None
     checkpoint_max_age_s: float | None = None
     checkpoint_timeout_s: float | None = None
+    target_steps: int | None = None
+    target_tokens: int | None = None
+    target_epochs: float | None = None
     labels: dict[str, str] = field(default_factory=dict)
     state: str = "running"
     state_since: int = 0
@@ -127,16 +133,39 @@ class Topology:
         self._by_node: dict[str, dict[tuple[str, int], Binding]] = {}  # node -> (job, rank) -> binding
         self._ranks: dict[str, list[Binding]] = {}  # job -> bindings by rank; rebuilt after a rank binds
         self._on_node: dict[tuple[str, str], list[Binding]] = {}  # (job, node) -> its bindings by rank
+        self.pace: dict[str, JobPace] = {}  # job -> its current run's steps, rate, tokens, epochs
         # Newest telemetry time of the whole input (set by the runtime around a stage engine, which
         # hears only some nodes): a node's silence is news only while others still report.
         self.telemetry_front: int | None = None
 
     def observe(self, event: Event) -> None:
-        """Update jobs and bindings from JobStarted, JobStateChanged and RankBound."""
+        """Update jobs and bindings from JobStarted, JobStateChanged and RankBound; the jobs' pace
+        from StepCompleted and RankSummary."""
         r = event.record
-        if event.type == "JobStarted":
+        kind = event.type
+        if kind == "StepCompleted":  # the most frequent record: first, and cheap
+            pace = self.pace.get(r["job_id"])
+            if pace is None or pace.step is None or r["step"] > pace.step:
+                # Only the first report of a newer step moves the pace (one rank's tokens and
+                # epoch sample the step); the other ranks' reports of it cost one comparison.
+                pace = self._pace(r["job_id"], r.get("run_id") or "")
+                pace.step_done(r["step"], r["ts"])
+                if r.get("tokens"):
+                    pace.tokens_done(r["tokens"])
+                if r.get("epoch") is not None:
+                    pace.epoch_at(r["epoch"], r["step"])
+        elif kind == "RankSummary":
+            if r.get("last_step") is not None:
+                pace = self._pace(r["job_id"], r.get("run_id") or "")
+                pace.step_done(r["last_step"], r["last_step_ts"])
+                if r.get("tokens") and r.get("steps"):
+                    pace.tokens_done(r["tokens"] / r["steps"])
+        elif kind == "JobStarted":
             job = self.jobs.get(r["job_id"])
             restart_count = job.restart_count if job else 0
+            old = self.pace.get(r["job_id"])
+            if old is not None and old.run_id != (r.get("run_id") or ""):
+                del self.pace[r["job_id"]]  # a new run: its own pace
             self.jobs[r["job_id"]] = JobInfo(
                 job_id=r["job_id"],
                 run_id=r.get("run_id", ""),
@@ -154,26 +183,58 @@ class Topology:
                 seq_len=r.get("seq_len"),
                 checkpoint_max_age_s=r.get("checkpoint_max_age_s"),
                 checkpoint_timeout_s=r.get("checkpoint_timeout_s"),
+                target_steps=r.get("target_steps"),
+                target_tokens=r.get("target_tokens"),
+                target_epochs=r.get("target_epochs"),
                 labels=dict(r.get("labels") or {}),
                 state="running",
                 state_since=r["ts"],
                 started_ts=r["ts"],
                 restart_count=restart_count,
             )
-        elif event.type == "JobStateChanged":
+        elif kind == "JobStateChanged":
             job = self.jobs.setdefault(r["job_id"], JobInfo(job_id=r["job_id"]))
             if job.state != r["state"]:
                 job.state, job.state_since = r["state"], r["ts"]
             job.restart_count = max(job.restart_count, r.get("restart_count", 0))
             job.owner = r.get("owner") or job.owner
             job.team = r.get("team") or job.team
+            job.cluster = r.get("cluster") or job.cluster
             if r.get("run_id"):
                 job.run_id = r["run_id"]
-        elif event.type == "RankBound":
+            if r["state"] in _ENDED and r["job_id"] in self.pace:
+                self.pace[r["job_id"]].ended()
+        elif kind == "RankBound":
             binding = Binding(
                 r["job_id"], r["rank"], r["node"], r.get("gpu_uuid"), r.get("gpu_index"), r["pid"], r["ts"]
             )
             self._bind(binding)
+
+    def _pace(self, job_id: str, run_id: str) -> JobPace:
+        pace = self.pace.get(job_id)
+        if pace is None or (run_id and run_id != pace.run_id and pace.run_id):
+            pace = self.pace[job_id] = JobPace(run_id)
+        elif run_id and not pace.run_id:
+            pace.run_id = run_id
+        return pace
+
+    def progress(self, job_id: str) -> Estimate | None:
+        """The job's progress towards its target and the ETA at its recent step rate; None for a
+        job never seen (`schemas.progress.Estimate`: all None without a target)."""
+        job = self.jobs.get(job_id)
+        pace = self.pace.get(job_id)
+        if job is None and pace is None:
+            return None
+        if pace is None:
+            pace = JobPace()
+        ranks = (job.world_size if job else 0) or len(self._by_job.get(job_id, {}))
+        return pace.estimate(
+            target_steps=job.target_steps if job else None,
+            target_tokens=job.target_tokens if job else None,
+            target_epochs=job.target_epochs if job else None,
+            ranks=ranks,
+            ended=job is not None and job.state in _ENDED,
+        )
 
     def _bind(self, binding: Binding) -> None:
         """Record a binding in every index (a rank bound again replaces its old place)."""
@@ -226,6 +287,7 @@ class Topology:
         return {
             "jobs": {k: asdict(v) for k, v in sorted(self.jobs.items())},
             "bindings": [asdict(b) for _, b in sorted(self.bindings.items())],
+            "pace": {k: v.state() for k, v in sorted(self.pace.items())},
         }
 
     @classmethod
@@ -241,6 +303,8 @@ class Topology:
         self.jobs = {k: JobInfo(**v) for k, v in state["jobs"].items()}
         for b in state["bindings"]:
             self._bind(Binding(**b))
+        # Snapshots written before the pace was kept have none: it refills from the next steps.
+        self.pace = {k: JobPace.from_state(v) for k, v in state.get("pace", {}).items()}
 
 
 def dumps_state(state: Any) -> bytes:
