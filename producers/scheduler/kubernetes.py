@@ -23,10 +23,12 @@ from typing import Any
 from producers.scheduler.errors import SchedulerUnavailableError
 from producers.scheduler.tracker import JobObservation
 
-__all__ = ["JOB_ID_LABEL", "OWNER_LABEL", "KubernetesSource", "observation_from_job"]
+__all__ = ["CLUSTER_LABEL", "JOB_ID_LABEL", "OWNER_LABEL", "KubernetesSource", "observation_from_job"]
 
 JOB_ID_LABEL = "ranksight.dev/job-id"
 OWNER_LABEL = "ranksight.dev/owner"
+# The API has no cluster name: a Job may carry it as a label, else `ranksight scheduler --cluster`.
+CLUSTER_LABEL = "ranksight.dev/cluster"
 _PREEMPTION_REASONS = frozenset(
     {"PreemptionByScheduler", "PreemptionByKubeScheduler", "EvictionByEvictionAPI", "TerminationByKubelet"}
 )
@@ -116,6 +118,7 @@ def observation_from_job(job: Any, pods: Sequence[Any]) -> JobObservation:
         submit_ts=_ms(meta.creation_timestamp),
         start_ts=start_ts,
         end_ts=end_ts,
+        cluster=labels.get(CLUSTER_LABEL) or None,
     )
 
 

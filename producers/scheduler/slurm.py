@@ -118,6 +118,7 @@ def observation_from_slurm(job: dict[str, Any]) -> JobObservation | None:
         submit_ts=_ms(times.get("submit_time") if "submit_time" in times else times.get("submission")),
         start_ts=_ms(times.get("start_time") if "start_time" in times else times.get("start")),
         end_ts=_ms(times.get("end_time") if "end_time" in times else times.get("end")),
+        cluster=str(job["cluster"]) if job.get("cluster") else None,
     )
 
 

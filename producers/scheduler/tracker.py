@@ -36,6 +36,7 @@ class JobObservation:
     submit_ts: int | None = None  # ms; when this attempt was queued
     start_ts: int | None = None  # ms; when it started running
     end_ts: int | None = None  # ms; when it ended (or was preempted)
+    cluster: str | None = None  # the cluster the job is queued on, when the scheduler names it
 
 
 def _state_ts(obs: JobObservation) -> int | None:
@@ -51,9 +52,11 @@ def _state_ts(obs: JobObservation) -> int | None:
 class StateTracker:
     """Last published state per job; `update` returns the JobStateChanged events of one poll."""
 
-    def __init__(self, source: str, team_for: Any = None) -> None:
+    def __init__(self, source: str, team_for: Any = None, cluster: str | None = None) -> None:
         self.source = source
         self._team_for = team_for
+        # The cluster of jobs whose observation names none (Kubernetes has no cluster name).
+        self.cluster = cluster or None
         self._jobs: dict[str, dict[str, Any]] = {}
 
     def update(self, observations: Iterable[JobObservation], now_ms: int) -> list[Event]:
@@ -105,6 +108,7 @@ class StateTracker:
                 "team": team,
                 "submit_ts": obs.submit_ts,
                 "source": self.source,
+                "cluster": obs.cluster or self.cluster,
             },
         )
 

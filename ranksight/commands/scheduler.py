@@ -38,6 +38,12 @@ def scheduler(
         None, "--namespace", help="Kubernetes: one namespace (default: all)."
     ),
     selector: str | None = typer.Option(None, "--selector", help="Kubernetes: label selector of the Jobs."),
+    cluster: str | None = typer.Option(
+        None,
+        "--cluster",
+        help="Cluster name for jobs the scheduler names none for (Kubernetes, unless the Job has the "
+        "ranksight.dev/cluster label; Slurm names its own).",
+    ),
 ) -> None:
     """Poll the scheduler and publish every job state change once (pending, running, preempted, requeued, ended)."""
     from producers.publisher import open_publisher
@@ -77,7 +83,7 @@ def scheduler(
         publisher = open_publisher(
             to, kafka_conf=kafka_conf, topic_prefix=settings.topic_prefix, spool_dir=spool_dir
         )
-    tracker = StateTracker(source.name, team_map.team_for)
+    tracker = StateTracker(source.name, team_map.team_for, cluster=cluster)
     state_path = state_file or settings.home / "scheduler" / f"{source.name}.json"
     err_console.print(f"following {source.name} every {interval:g}s -> {to}")
 

@@ -213,12 +213,16 @@ def _alerts(events: list[Event], until_ms: int) -> list[dict[str, Any]]:
 
 def test_scheduler_events_alone_raise_long_pending_for_the_owning_team() -> None:
     """No training process, no telemetry: a job pending 15 min fires long_pending to its team."""
-    events = run_polls(FakeSlurm([slurm_job(20, "PENDING", state_reason="Resources", account="research")]), 1)
+    pending = slurm_job(20, "PENDING", state_reason="Resources", account="research", cluster="gpu-east")
+    events = run_polls(FakeSlurm([pending]), 1)
+    assert events[0].record["cluster"] == "gpu-east"  # Slurm names its cluster in squeue's JSON
     alerts = _alerts(events, (T0 + 15 * 60) * 1000)
     fired = [a for a in alerts if a["rule"] == "long_pending" and a["status"] == "firing"]
     # long_pending is a platform alert: the platform pages, the job's team (from the team map) is informed.
     assert fired and {a["job_id"] for a in fired} == {"20"}
     assert [a["team"] for a in fired] == ["platform", "nlp"]
+    # Pending before any JobStarted: the cluster comes from the scheduler's event (issue 23.7).
+    assert {a["cluster"] for a in fired} == {"gpu-east"}
     # Not before the policy allows (10 min by default).
     assert not [a for a in _alerts(events, (T0 + 5 * 60) * 1000) if a["rule"] == "long_pending"]
 

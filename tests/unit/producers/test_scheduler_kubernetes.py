@@ -20,7 +20,7 @@ from kubernetes import client
 from producers.publisher import MemoryPublisher
 from producers.scheduler import StateTracker, TeamMap, poll_once
 from producers.scheduler.errors import SchedulerUnavailableError
-from producers.scheduler.kubernetes import KubernetesSource
+from producers.scheduler.kubernetes import CLUSTER_LABEL, KubernetesSource
 from streams.engine import DetectionEngine
 
 RECORDED = Path(__file__).resolve().parents[2] / "fixtures" / "kubernetes"
@@ -121,7 +121,10 @@ def test_the_engine_raises_long_pending_from_kubernetes_events_alone(api: FakeAp
     api.load("1-queued")
     out = MemoryPublisher()
     poll_once(
-        _source(api), StateTracker("kubernetes", TeamMap(default="llm").team_for), out, 1_800_000_000_000
+        _source(api),
+        StateTracker("kubernetes", TeamMap(default="llm").team_for, cluster="gke-eu-1"),
+        out,
+        1_800_000_000_000,
     )
     engine = DetectionEngine()
     alerts = [a for e in out.events for a in engine.process(e)]
@@ -129,6 +132,17 @@ def test_the_engine_raises_long_pending_from_kubernetes_events_alone(api: FakeAp
     fired = [a.record for a in alerts if a.type == "Alert" and a.record["rule"] == "long_pending"]
     assert fired and {a["job_id"] for a in fired} == {"llama-ft-7"}
     assert [a["team"] for a in fired] == ["platform", "llm"]  # the platform pages; the job's team is informed
+    # The API names no cluster: `ranksight scheduler --cluster` does, and the page says it (issue 23.7).
+    assert {a["cluster"] for a in fired} == {"gke-eu-1"}
+
+
+def test_a_jobs_cluster_label_names_its_cluster_before_the_command_default(api: FakeApiServer) -> None:
+    api.load("1-queued")
+    for job in api.phase["jobs"]["items"]:
+        job["metadata"].setdefault("labels", {})[CLUSTER_LABEL] = "gke-us-2"
+    out = MemoryPublisher()
+    poll_once(_source(api), StateTracker("kubernetes", cluster="gke-eu-1"), out, 1_800_000_000_000)
+    assert {e.record["cluster"] for e in out.events} == {"gke-us-2"}
 
 
 def test_a_refusing_api_is_one_sentence(api: FakeApiServer) -> None:
