@@ -1013,6 +1013,7 @@ class _JobRun:
             restart_count=self.restart_count,
             owner=self.job.owner,
             team=self.job.team,
+            cluster=self.e.sc.cluster.name,  # as a scheduler source names it, before any JobStarted
         )
 
     def _start_run(self, t: float) -> float:
