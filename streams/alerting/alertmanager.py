@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from schemas.progress import describe
 from streams.errors import StreamsError
 
 __all__ = [
@@ -80,6 +81,7 @@ _ANNOTATIONS = (
     "baseline",
     "owner",
     "group_key",
+    "current_step",
 )
 _NUMERIC_ANNOTATIONS = ("observed", "expected")
 
@@ -170,6 +172,15 @@ def to_alertmanager(
             annotations[name] = ",".join(str(v) for v in value)
         else:
             annotations[name] = str(value)
+    # How far the run is and the time left at its recent step rate, in words (issue 23.1).
+    progress = describe(
+        record.get("target_kind"), record.get("target"), record.get("target_done"), record.get("eta_s")
+    )
+    if progress:
+        annotations["progress"] = progress
+    eta = record.get("eta_s")
+    if isinstance(eta, int | float) and math.isfinite(eta):
+        annotations["eta_s"] = str(round(eta))  # whole seconds, for templates that do arithmetic
     alert: dict[str, Any] = {
         "labels": labels,
         "annotations": annotations,

@@ -375,3 +375,17 @@ def test_shipped_alertmanager_config_is_the_rendering_of_the_shipped_ownership_f
     )
     shipped = (Path(__file__).resolve().parents[3] / "infra/alertmanager/alertmanager.yml").read_text()
     assert shipped == rendered.text
+
+
+def test_a_job_alert_says_the_runs_progress_and_eta_in_its_annotations() -> None:
+    """Issue 23.1: the page says how far the run is and the time left at its recent step rate."""
+    p = to_alertmanager(
+        _alert(current_step=1199, target_kind="steps", target=5000.0, target_done=1200.0, eta_s=7560.4)
+    )
+    assert (
+        p["annotations"]["progress"]
+        == "1,200 of 5,000 steps (24%), about 2h 06m left at the recent step rate"
+    )
+    assert p["annotations"]["eta_s"] == "7560" and p["annotations"]["current_step"] == "1199"
+    bare = to_alertmanager(_alert(target_kind=None, target=None, target_done=None, eta_s=None))
+    assert "progress" not in bare["annotations"] and "eta_s" not in bare["annotations"]
