@@ -16,8 +16,10 @@ buffer (`nvmlGpmSampleAlloc`) takes a reading of cumulative counters (`nvmlGpmSa
 so a metric is the interval's average. A device's `workload` sets the rates: `compute` (dense
 training: most SMs active, tensor pipes busy, heavy DRAM traffic), `collective` (a collective
 spinning while it waits for a peer: the kernel runs, so utilisation is ~100 %, but only the
-NCCL channels' few SMs are active, no tensor work, little DRAM traffic) or `idle`. Older GPUs
-answer NotSupported.
+NCCL channels' few SMs are active, no tensor work, little DRAM traffic), `hung` (a kernel that
+never returns, deadlocked or spin-waiting: its blocks stay resident on every SM, so SM activity is
+high, but it issues no tensor work and hardly touches DRAM) or `idle`. Older GPUs answer
+NotSupported.
 """
 
 from __future__ import annotations
@@ -94,7 +96,8 @@ class FakeDevice:
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
     energy_mj: int = 0
-    # What the kernels do: "compute", "collective" (spinning in a collective) or "idle" (GPM rates).
+    # What the kernels do: "compute", "collective" (spinning in a collective), "hung" (a kernel that
+    # never returns) or "idle" (GPM rates).
     workload: str = "compute"
     gpm: bool | None = None  # GPM support; None: from the name (Hopper and newer)
 
@@ -106,10 +109,14 @@ _GPM_GENERATIONS = ("H100", "H200", "H20", "GH200", "B100", "B200", "GB200")
 # Per workload, each GPM metric as a fraction of the kernel activity (`util`): measured shapes of
 # dense bf16 training (SMs nearly all busy, tensor pipes about 60 %, DRAM about half) and of an
 # NCCL all-reduce blocked on a peer (its ~16-24 channel blocks keep a few SMs spinning: ~15 % SM
-# activity, ~3 % occupancy, no tensor work, a trickle of DRAM polling).
+# activity, ~3 % occupancy, no tensor work, a trickle of DRAM polling). A hung kernel's shape is
+# reasoned, not measured (check it on a real GPU): a grid waiting forever on a flag or a peer keeps a
+# block resident on every SM (~95 % SM activity at low occupancy), no tensor work, its polling
+# served mostly from L2.
 _GPM_SHAPES: dict[str, dict[int, float]] = {
     "compute": {_GPM_SM_UTIL: 0.93, _GPM_SM_OCCUPANCY: 0.42, _GPM_ANY_TENSOR: 0.62, _GPM_DRAM_BW: 0.48},
     "collective": {_GPM_SM_UTIL: 0.15, _GPM_SM_OCCUPANCY: 0.03, _GPM_ANY_TENSOR: 0.0, _GPM_DRAM_BW: 0.02},
+    "hung": {_GPM_SM_UTIL: 0.95, _GPM_SM_OCCUPANCY: 0.25, _GPM_ANY_TENSOR: 0.0, _GPM_DRAM_BW: 0.03},
     "idle": {_GPM_SM_UTIL: 0.0, _GPM_SM_OCCUPANCY: 0.0, _GPM_ANY_TENSOR: 0.0, _GPM_DRAM_BW: 0.0},
 }
 

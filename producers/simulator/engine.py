@@ -29,9 +29,11 @@ Progress = Callable[[int, float], None]
 
 # Phase slots of a GPU's per-interval accumulator.
 # _SPIN: NCCL kernels spinning while blocked in a collective (GPU busy, counts as collective time);
-# _BLOCKED: blocked in a collective call with no kernel running (collective time only).
-_DATA, _COMPUTE, _COMM, _CKPT, _EVAL, _SPIN, _STEPS, _BLOCKED = range(8)
-_SLOTS = 8
+# _BLOCKED: blocked in a collective call with no kernel running (collective time only);
+# _HUNG: a kernel that never returns (a deadlocked or spin-waiting kernel): its blocks stay resident
+# on every SM, so the GPU reads busy, but it issues no tensor work and moves little data.
+_DATA, _COMPUTE, _COMM, _CKPT, _EVAL, _SPIN, _STEPS, _BLOCKED, _HUNG = range(9)
+_SLOTS = 9
 _GIB = 1024**3
 _GRAD_BYTES = 14_000_000_000  # bf16 gradients of a ~7B-parameter model, all-reduced every step
 _IDLE_SM_MHZ = 345
@@ -456,8 +458,11 @@ class _Engine:
                 node_jobs.update(h.job_id for h in holds if h.job_id)
                 fc, fm, fd = vec[_COMPUTE] / iv, vec[_COMM] / iv, vec[_DATA] / iv
                 fk, fe, fs = vec[_CKPT] / iv, vec[_EVAL] / iv, vec[_SPIN] / iv
-                busy = min(1.0, fc + 0.97 * fm + 0.9 * fe + 0.3 * fk + fs)
-                activity = min(1.0, fc + 0.4 * fm + 0.75 * fe + 0.15 * fk + 0.45 * fs)
+                fh = vec[_HUNG] / iv
+                busy = min(1.0, fc + 0.97 * fm + 0.9 * fe + 0.3 * fk + fs + fh)
+                # A kernel spinning on every SM draws more than NCCL's few spinning channel blocks
+                # (0.45), less than dense tensor work (1.0).
+                activity = min(1.0, fc + 0.4 * fm + 0.75 * fe + 0.15 * fk + 0.45 * fs + 0.7 * fh)
                 has_job = any(h.rank is not None for h in holds)
                 if has_job:
                     held_gpus += 1
@@ -513,7 +518,7 @@ class _Engine:
                         state = {"util": util, "fm": fm, "fc": fc, "fd": fd, "mem_used": mem_used,
                                  "power": power, "limit": limit, "energy": energy[g], "temp": temps[g],
                                  "sm_clock": sm_clock, "reasons": reasons, "ecc_c": ecc_c[g],
-                                 "ecc_u": ecc_u[g], "remap_u": remap_u[g], "fs": fs, "fe": fe, "fk": fk,
+                                 "ecc_u": ecc_u[g], "remap_u": remap_u[g], "fs": fs, "fe": fe, "fk": fk, "fh": fh,
                                  "tick": t0}  # fmt: skip
                         self.emit(
                             t0, "GpuSample", **self._gpu_fields(node, g, uuids[g], holds, state), xid=xid
@@ -526,7 +531,7 @@ class _Engine:
                     state = {"util": util, "fm": fm, "fc": fc, "fd": fd, "mem_used": mem_used,
                              "power": power, "limit": limit, "energy": energy[g], "temp": temps[g],
                              "sm_clock": sm_clock, "reasons": reasons, "ecc_c": ecc_c[g],
-                             "ecc_u": ecc_u[g], "remap_u": remap_u[g], "fs": fs, "fe": fe, "fk": fk,
+                             "ecc_u": ecc_u[g], "remap_u": remap_u[g], "fs": fs, "fe": fe, "fk": fk, "fh": fh,
                              "tick": tick}  # fmt: skip
                     fields = self._gpu_fields(node, g, uuids[g], holds, state)
                     self.emit(tick + g * 0.003, "GpuSample", **fields)
@@ -687,21 +692,23 @@ class _Engine:
 
         Compute keeps most SMs and the tensor pipes busy; a collective moving data keeps a few SMs
         and some DRAM busy; one spinning while it waits for a peer keeps a few SMs busy and nothing
-        else. No random draw: the other records of a scenario stay exactly as they were.
+        else; a hung kernel (one that never returns) keeps its blocks on every SM with no tensor
+        work and hardly any DRAM traffic. No random draw: the other records of a scenario stay
+        exactly as they were.
         """
         if not self.gpu.gpm:
             return {}
         fc, fm, fs = state["fc"], state["fm"], state["fs"]
-        fe, fk = state["fe"], state["fk"]
+        fe, fk, fh = state["fe"], state["fk"], state.get("fh", 0.0)
 
         def pct(x: float) -> float:
             return round(100.0 * min(1.0, max(0.0, x)), 1)
 
         return {
-            "sm_active_pct": pct(0.93 * fc + 0.16 * fm + 0.15 * fs + 0.85 * fe + 0.1 * fk),
-            "sm_occupancy_pct": pct(0.42 * fc + 0.04 * fm + 0.03 * fs + 0.35 * fe + 0.02 * fk),
+            "sm_active_pct": pct(0.93 * fc + 0.16 * fm + 0.15 * fs + 0.85 * fe + 0.1 * fk + 0.95 * fh),
+            "sm_occupancy_pct": pct(0.42 * fc + 0.04 * fm + 0.03 * fs + 0.35 * fe + 0.02 * fk + 0.25 * fh),
             "tensor_active_pct": pct(0.62 * fc + 0.55 * fe),
-            "dram_active_pct": pct(0.48 * fc + 0.3 * fm + 0.02 * fs + 0.4 * fe + 0.2 * fk),
+            "dram_active_pct": pct(0.48 * fc + 0.3 * fm + 0.02 * fs + 0.4 * fe + 0.2 * fk + 0.03 * fh),
         }
 
     def _sdk_samples(self) -> None:
@@ -1701,14 +1708,22 @@ class _JobRun:
         end = _NEVER if fault.end is None else fault.end
         stop = min(end, e.sc.duration)
         busy = fault.params.get("gpus", "busy") == "busy"
-        for r in self.layout:
+        data0, compute0, _ = self.base
+        for r, speed in zip(self.layout, self.rank_speed, strict=True):
             if r.rank == fault.rank:
-                # busy: stuck in a kernel that never returns; idle: stuck in host code.
+                # busy: it took its batch, and a kernel of its step never returns; idle: stuck in
+                # host code before its step reached the GPU.
                 if busy:
-                    e._spread(r.node, r.gpu_index, _COMPUTE, t, stop - t)
+                    e._spread(r.node, r.gpu_index, _DATA, t, data0)
+                    e._spread(r.node, r.gpu_index, _HUNG, t + data0, stop - t - data0)
             else:
-                # The others wait in the all-reduce the hung rank never joins.
-                e._spread(r.node, r.gpu_index, _SPIN if busy else _BLOCKED, t, stop - t)
+                # The others run the step's forward and backward (no random draw: the nominal
+                # segments), then wait in the gradient all-reduce the hung rank never joins.
+                compute = compute0 * speed
+                e._spread(r.node, r.gpu_index, _DATA, t, data0)
+                e._spread(r.node, r.gpu_index, _COMPUTE, t + data0, compute)
+                waited = t + data0 + compute
+                e._spread(r.node, r.gpu_index, _SPIN if busy else _BLOCKED, waited, stop - waited)
         e.effects[index] = _Effect(at, None if end == _NEVER else end, {"last_step": self.step - 1})
         if end < e.sc.duration:
             for r in self.layout:

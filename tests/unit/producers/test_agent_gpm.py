@@ -99,3 +99,24 @@ def test_the_h200_shape_has_gpm_and_timed_nvml_measures_the_gpm_calls() -> None:
     costs = timed.costs()
     assert costs["nvmlGpmSampleGet"][0] == 3 and costs["nvmlGpmMetricsGet"][0] == 2
     assert _tick(sampler, clock, 3)[0]["sm_active_pct"] is not None
+
+
+def test_a_hung_kernel_reads_busy_sms_without_tensor_work_unlike_a_spinning_collective() -> None:
+    """The three states the hang rule tells apart on Hopper: compute, a hung kernel, a collective's spin."""
+    clock = Clock()
+    nvml = FakeNvml(
+        devices=[
+            FakeDevice(0, "GPU-compute", name="NVIDIA H200", util=97.0),
+            FakeDevice(1, "GPU-hung", name="NVIDIA H200", util=100.0, workload="hung"),
+            FakeDevice(2, "GPU-spin", name="NVIDIA H200", util=100.0, workload="collective"),
+            FakeDevice(3, "GPU-idle", name="NVIDIA H200", util=0.0, workload="idle"),
+        ],
+        clock=clock,
+    )
+    sampler = GpuSampler(nvml, cluster="c", node="n")
+    _tick(sampler, clock, 0)
+    compute, hung, spin, idle = _tick(sampler, clock, 1)
+    assert hung["gpu_util_pct"] > 90 and spin["gpu_util_pct"] > 90  # activity cannot tell them apart
+    assert hung["sm_active_pct"] > 80 and spin["sm_active_pct"] < 20  # SM activity can
+    assert hung["tensor_active_pct"] == 0.0 and compute["tensor_active_pct"] > 50  # so can tensor work
+    assert idle["sm_active_pct"] == 0.0 and idle["tensor_active_pct"] == 0.0

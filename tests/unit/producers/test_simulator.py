@@ -262,6 +262,46 @@ def test_a_hang_with_idle_gpus_keeps_the_pids_but_no_activity() -> None:
     _assert_only_the_hung_rank_is_outside_the_collective(events, label)
 
 
+def _gpu_of(events: list[Event], label: dict[str, Any], mine: bool, lo: int, hi: int) -> list[dict[str, Any]]:
+    """GpuSamples of the hung rank's GPU (mine) or of its peers' on the same node, in [lo, hi)."""
+    return [
+        g
+        for g in of(events, "GpuSample", node=label["node"])
+        if lo <= g["ts"] < hi and (g["gpu_uuid"] == label["gpu_uuid"]) is mine and g["pids"]
+    ]
+
+
+def test_a_hung_kernel_holds_its_sms_without_tensor_work_while_the_peers_spin() -> None:
+    """GPM (H100): the hung rank's kernel keeps every SM active, no tensor work; the peers' NCCL
+    spin keeps a few SMs active; both read 100 % busy (issue 23.5)."""
+    events, (label,) = run("rank_hang")
+    lo, hi = window(label)
+    hung = _gpu_of(events, label, True, lo + 10_000, hi)
+    peers = _gpu_of(events, label, False, lo + 10_000, hi)
+    assert hung and peers
+    assert all(
+        g["gpu_util_pct"] > 90 and g["sm_active_pct"] > 80 and g["tensor_active_pct"] == 0 for g in hung
+    )
+    assert all(
+        g["gpu_util_pct"] > 90 and g["sm_active_pct"] < 20 and g["tensor_active_pct"] == 0 for g in peers
+    )
+    assert min(g["power_w"] for g in hung) > max(g["power_w"] for g in peers)
+
+
+def test_after_a_hang_in_host_code_the_peers_start_the_next_step_and_the_hung_rank_does_not() -> None:
+    """Idle variant: right after the last step the peers' GPUs run the next step's forward and
+    backward before they wait; the hung rank's GPU never does; then every GPU is idle."""
+    events, (label,) = run("rank_hang_idle")
+    lo, _ = window(label)
+    first_hung = _gpu_of(events, label, True, lo, lo + 10_000)
+    first_peers = _gpu_of(events, label, False, lo, lo + 10_000)
+    worked = sum(g["sm_active_pct"] for g in first_hung) / len(first_hung)
+    assert all(
+        sum(g["sm_active_pct"] for g in first_peers if g["gpu_index"] == i) / 2 - worked >= 20
+        for i in {g["gpu_index"] for g in first_peers}
+    )
+
+
 def test_a_job_stall_stops_every_rank_without_an_open_checkpoint_then_resumes() -> None:
     events, (label,) = run("job_stall", minutes=17)
     lo, hi = window(label)
