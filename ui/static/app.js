@@ -777,6 +777,18 @@
         ' · ', el('a', { href: `/compare?job=${encodeURIComponent(j.job_id)}`, id: 'compare-link' }, j.workload_family ? 'compare with other runs of this workload family' : 'compare its runs')));
   }
 
+  function alertProgress(a) {
+    // The run's target, how much of it was done and the ETA at the recent step rate, as the alert
+    // carries them (schemas.progress.estimate: the job page's arithmetic, at the alert's time).
+    if (a.target_kind === null || a.target_kind === undefined) return 'no target known (JobStarted carries none)';
+    if (a.target_done === null || a.target_done === undefined) return `target ${fmtCompact(a.target)} ${a.target_kind}, no step yet`;
+    const share = a.target > 0 ? ` (${fmtFixed((100 * a.target_done) / a.target, 1)} %)` : '';
+    const done = `${fmtCompact(a.target_done)} of ${fmtCompact(a.target)} ${a.target_kind}${share}`;
+    if (a.eta_s === null || a.eta_s === undefined) return `${done}; no ETA (no recent steps, or the job ended)`;
+    const finish = a.last_progress_ts ? `, done about ${fmtDateTime(a.last_progress_ts + a.eta_s * 1000)}` : '';
+    return `${done}; ETA ${fmtDuration(a.eta_s * 1000)} at the recent step rate${finish}`;
+  }
+
   function progressFacts(data) {
     // Progress towards the target and the ETA (sinks.progress.estimate), the checkpoint a restart would use.
     const p = data.progress;
@@ -1040,6 +1052,7 @@
         ...fact('threshold', withUnit(a.threshold, chartSpec.meta.unit)),
         ...fact('baseline', a.baseline ? `${a.baseline} (${a.baseline_runs ?? '?'} runs)` : null),
         ...fact('current step', a.current_step), ...fact('last progress', fmtDateTime(a.last_progress_ts)),
+        ...(a.job_id ? fact('progress', el('span', { id: 'alert-progress' }, alertProgress(a))) : []),
         ...fact('model / dataset', `${a.model_version} / ${a.dataset_version}`), ...fact('fingerprint', a.fingerprint),
         ...fact('group', a.group_key), ...fact('inhibited by', a.inhibited_by),
         ...fact('muted', a.muted_by ? el('a', { href: alertHref({ alert_id: a.muted_by.alert_id }), id: 'muted-by' }, mutedText(a)) : 'no'),

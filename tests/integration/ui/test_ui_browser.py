@@ -6,6 +6,7 @@ page land in the test's temporary output (`.../screenshots/`).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -213,6 +214,21 @@ def test_alert_page_carries_the_alert_and_its_evidence(page: Any, ui_url: str, s
     assert page.evaluate("Object.keys(window.ranksight.charts).length") > 10
     assert page.evaluate("window.ranksight.focus.rank") == STRAGGLER_RANK
     page.screenshot(path=str(shots / "alert.png"), full_page=True)
+
+
+def test_the_alert_page_says_the_runs_progress_and_eta_when_it_fired(page: Any, ui_url: str) -> None:
+    """Issue 23.1: the alert carries the run's target, steps done and the ETA at its recent step rate,
+    and its page says them (the simulated run's target is 20,000 steps)."""
+    _open(page, f"{ui_url}jobs/{STRAGGLER_JOB}")
+    alert = _straggler_alert(page)
+    _open(page, f"{ui_url}alerts/{alert['alert_id']}")
+    a = page.evaluate("window.ranksight.data.alert")
+    assert (a["target_kind"], a["target"]) == ("steps", 20000)
+    assert a["target_done"] == a["current_step"] + 1 and a["eta_s"] > 0
+    text = page.inner_text("#alert-progress")
+    assert re.fullmatch(
+        r"\S+ of 20K steps \(\d+\.\d %\); ETA .+ at the recent step rate, done about 20\d\d-.+ UTC", text
+    ), text
 
 
 def test_report_file_opens_with_no_network(
