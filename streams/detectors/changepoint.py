@@ -19,8 +19,12 @@ are widened to `sigma_slack x sigma` and `sigma_threshold x sigma` when the rank
 are noisier than that (robust sigma, MAD-based), so noisy healthy jobs stay quiet.
 
 Before an alarm a good window only lowers the sum (one lucky window does not hide a slow rank);
-in alarm, the alarm clears once a window's score is back within `k` of `ref` (the sum is reset). The state
-is one small JSON-able dict per rank; everything is pure arithmetic, deterministic under replay.
+in alarm, the alarm clears once `clear_after` windows in a row (default 1) are back within `k` of
+`ref` (the sum is reset). `max_step` (default: none) caps what one update adds to the sum, so an
+alarm needs at least `h / (max_step)` updates however far one outlier falls: fed per 5 s summary
+bucket rather than per 60 s window, a single odd bucket (a step that spanned an evaluation, a
+bucket boundary that split a step) never alarms alone. The state is one small JSON-able dict per
+rank; everything is pure arithmetic, deterministic under replay.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ class RelativeSpeedCusum:
     threshold: float = 0.25
     sigma_slack: float = 1.5
     sigma_threshold: float = 6.0
+    max_step: float | None = None  # most one update adds to the sum (None: no cap)
+    clear_after: int = 1  # updates in a row within the slack that clear an alarm
 
     @staticmethod
     def new_state() -> dict[str, Any]:
@@ -78,16 +84,23 @@ class RelativeSpeedCusum:
                 )
             return False
         ref, k, h = state["ref"], state["k"], state["h"]
+        step = ref - score - k
+        if self.max_step is not None:
+            step = min(step, self.max_step)
         if state["alarm"]:
             if score >= ref - k:
-                # Back within the tolerated drift: the alarm and its evidence are gone.
-                state.update(s=0.0, start=None, alarm=False)
-                return False
-            state["s"] = round(min(2 * h, state["s"] + (ref - score - k)), 6)
+                state["ok"] = state.get("ok", 0) + 1
+                if state["ok"] >= self.clear_after:
+                    # Back within the tolerated drift: the alarm and its evidence are gone.
+                    state.update(s=0.0, start=None, alarm=False, ok=0)
+                    return False
+                return True
+            state["ok"] = 0
+            state["s"] = round(min(2 * h, state["s"] + step), 6)
             return True
         if state["s"] == 0.0:
             state["start"] = end
-        state["s"] = round(max(0.0, state["s"] + (ref - score - k)), 6)
+        state["s"] = round(max(0.0, state["s"] + step), 6)
         if state["s"] == 0.0:
             state["start"] = None
         elif state["s"] >= h:

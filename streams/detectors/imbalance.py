@@ -1,44 +1,61 @@
-"""Rank imbalance over hopping event-time windows: `straggler`, `gpu_imbalance`, `network_degradation`.
+"""Rank imbalance: `straggler` and `network_degradation` per summary bucket, `gpu_imbalance` per window.
 
-Per job, windows of `window_s` (default 60 s) every `hop_s` (default 30 s) close when the
-watermark passes their end. For each closed window:
+**Decided per bucket, in seconds** (issue 20.1). The job stage receives one `RankSummary` per
+rank per bucket (`engine.summary_bucket_s`, 5 s). Once the watermark passes a bucket's end, every
+rank with steps in it gets that bucket's *straggler score* = job median busy time / the rank's
+busy time (medians of the bucket's steps; busy = forward + backward + optimizer + data wait:
+everything but communication and checkpointing; `step_time_s` when a step has no segments), and
+a sequential test per rank decides:
 
-- every rank's median *busy* time per step (compute = forward + backward + optimizer, plus data
-  wait: everything but communication and checkpointing; `step_time_s` when a step has no
-  segments) gives `straggler_score = job median busy / rank median busy` (1 is typical; a rank
-  twice as slow scores 0.5). A rank scoring below `straggler_threshold` (0.75, as in NVIDIA's
-  resiliency tooling) in `straggler_windows` consecutive windows is a straggler; so is a rank whose
-  score drifted below its own normal by a sustained margin (a one-sided CUSUM per rank,
-  `streams.detectors.changepoint`: 1.2-1.3x slowdowns are caught in two or three windows, long
-  before they cross the threshold). Suspected layer:
-  `data` when its data wait grew more than its compute, else `gpu` (the finding quotes its GPU's
-  SM clock, throttle reasons and power next to its peers'). A node of two ranks or more whose
-  *fastest* rank scores below the threshold against the ranks on the job's other nodes, in
-  `straggler_windows` windows, is one straggler for the node (slow storage, host or NIC under it:
-  half a job's ranks slow drag the job median along, so their own scores stay near 0.8); no new
-  per-rank straggler is raised on its ranks while it lasts.
-- every GPU bound to the job is compared with its peers on activity and power (robust z-score
-  with a relative floor); one out of line for `imbalance_windows` windows is `gpu_imbalance`.
-  Only windows where the job made progress count (a stalled job idles unevenly by nature).
-- the job's *intrinsic* communication time -- the lowest per-rank median `comm_s`, i.e. what even
-  the slowest rank waits, which a straggler does not inflate -- is compared with the job's own
-  normal learned over its first `network_learn_windows` windows; sustained growth is
-  `network_degradation`, naming the job node with InfiniBand port errors or else elevated TCP
-  retransmits (HostSample), if any.
+- **threshold:** a score below `straggler_threshold` (0.75, as in NVIDIA's resiliency tooling)
+  in `straggler_buckets` (3) scored buckets in a row;
+- **change point:** a one-sided CUSUM of the score's shortfall below the rank's own normal
+  (`streams.detectors.changepoint`, learned over `cusum_learn_buckets` after
+  `cusum_skip_buckets` of warm-up), one bucket adding at most `cusum_threshold /
+  cusum_min_buckets`, so an alarm needs at least 3 buckets of evidence however odd one bucket is
+  (a step spanning an evaluation, a bucket boundary splitting a step): a rank 1.25x slow fires on
+  its third slow bucket (~15 s), 1.1x within a minute or two, a rank persistently a few percent
+  slower is its own normal;
+- **confirmed by the collective wait:** in synchronous training the slow rank waits least in
+  the collective and its peers wait for it, so a bucket counts as evidence only when the rank's
+  `comm_s` is below the job median by at least `waited_for_share` (half) of its extra busy time
+  (when the job reports `comm_s`). Busy time that nobody waits for (measurement that overlaps
+  the collective, an asynchronous loader) holds the job back in no way and pages no one.
 
-Each closed window also yields `RankWindowStats` per rank and one `JobWindowStats` (its
-`healthy` flag is set by the engine from the alert state) via `drain_derived()`.
+The alert resolves after `clear_buckets` (3) buckets in a row back in line. Suspected layer:
+`data` when its data wait grew more than its compute (over its last buckets), else `gpu` (the
+finding quotes its GPU's SM clock, throttle reasons and power next to its peers'). A node of two
+ranks or more whose *fastest* rank is slow against the ranks on the job's other nodes (the same
+test on that score) is one straggler for the node (slow storage, host or NIC under it: half a
+job's ranks slow drag the job median along, so their own scores stay near 0.8); no new per-rank
+straggler is raised on a node whose own test is accumulating evidence or firing.
+
+The job's *intrinsic* communication time per bucket -- the lowest per-rank median `comm_s`, what
+even the slowest rank waits, which a straggler does not inflate -- is compared with the job's
+normal learned over `network_learn_buckets` after `network_skip_buckets`: a CUSUM of its log
+growth beyond `network_slack` (1.25x) reaching `network_threshold`, in at least
+`network_min_buckets` (4) buckets, while the latest bucket is >= `network_ratio` (1.5x) and
+`network_min_increase_s` above normal, is `network_degradation` (a 2x degradation pages ~20 s in,
+1.5x ~35 s), naming the job node with InfiniBand port errors or else elevated TCP retransmits
+(HostSample) over the last window, if any.
+
+**Per window** (`window_s` 60 s every `hop_s` 30 s): every GPU bound to the job is compared with
+its peers on activity, power and memory (robust z-score with a relative floor); one out of line
+for `imbalance_windows` windows in which the job made progress is `gpu_imbalance`. Each closed
+window also yields `RankWindowStats` per rank and one `JobWindowStats` (its `healthy` flag is set
+by the engine from the alert state) via `drain_derived()`.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobAndHostDetector, JobInfo
 from streams.detectors.changepoint import RelativeSpeedCusum
-from streams.detectors.stats import finite, mean, median, robust_scorer, weighted_median
+from streams.detectors.stats import MAD_TO_SIGMA, finite, mad, mean, median, robust_scorer, weighted_median
 from streams.summary import stat_mean, stat_median
 
 __all__ = ["DEFAULTS", "ImbalanceDetector", "baseline_key"]
@@ -46,24 +63,30 @@ __all__ = ["DEFAULTS", "ImbalanceDetector", "baseline_key"]
 DEFAULTS: dict[str, Any] = {
     "window_s": 60.0,  # window length
     "hop_s": 30.0,  # a window closes every hop
-    "min_steps": 5,  # a rank needs this many steps in a window to be scored
-    "straggler_threshold": 0.75,  # straggler_score below this is a low window
-    "straggler_windows": 2,  # consecutive low windows before a rank is a straggler
-    "cusum_skip_windows": 2,  # first scored windows of a rank (warm-up) that teach the CUSUM nothing
-    "cusum_learn_windows": 6,  # scored windows that learn each rank's normal score (CUSUM reference)
-    "cusum_slack": 0.08,  # score shortfall below the rank's normal tolerated forever (CUSUM k)
-    "cusum_threshold": 0.25,  # accumulated shortfall that makes a straggler (CUSUM h)
-    "cusum_sigma_slack": 1.5,  # k is at least this many robust sigmas of the learned scores...
-    "cusum_sigma_threshold": 6.0,  # ...and h at least this many (noisy ranks need more evidence)
+    "min_steps": 5,  # a rank needs this many steps in a window for its window score (derived stats)
+    "straggler_threshold": 0.75,  # a bucket's straggler_score below this is a low bucket
+    "straggler_buckets": 3,  # consecutive low scored buckets before a rank (or node) is a straggler
+    "clear_buckets": 3,  # buckets in a row back in line before a straggler or network alert resolves
+    "cusum_skip_buckets": 6,  # first scored buckets of a rank (warm-up) that teach and judge nothing
+    "cusum_learn_buckets": 12,  # scored buckets that learn each rank's normal score (CUSUM reference)
+    "cusum_slack": 0.12,  # score shortfall below the rank's normal tolerated forever (CUSUM k; real ranks wander +-10 %)
+    "cusum_threshold": 0.3,  # accumulated shortfall that makes a straggler (CUSUM h)
+    "cusum_min_buckets": 3,  # buckets of evidence an alarm needs at least (one adds <= h / this)
+    "cusum_sigma_slack": 2.0,  # k is at least this many robust sigmas of the learned scores...
+    "cusum_sigma_threshold": 8.0,  # ...and h at least this many (noisy ranks need more evidence)
+    "waited_for_share": 0.5,  # peers must wait for a slow rank: its comm_s below theirs by this share of its extra busy time
     "imbalance_metrics": ["gpu_util_pct", "power_w"],  # GPU metrics compared across the job's GPUs
     "imbalance_z": 4.0,  # robust z-score beyond which a GPU is out of line
     "imbalance_min_rel": 0.15,  # ...and at least this relative distance from the peers' median
     "imbalance_windows": 2,  # consecutive windows out of line before gpu_imbalance
     "imbalance_min_gpus": 4,  # fewer GPUs than this: no peer comparison
-    "network_learn_windows": 4,  # windows that learn the job's normal communication time
+    "network_skip_buckets": 6,  # first buckets of a job (warm-up) that teach the network normal nothing
+    "network_learn_buckets": 18,  # buckets that learn the job's normal communication time
     "network_ratio": 1.5,  # communication this many times its normal is degraded...
     "network_min_increase_s": 0.05,  # ...and at least this many seconds more per step
-    "network_windows": 2,  # consecutive degraded windows before network_degradation
+    "network_slack": 0.22,  # log growth of communication tolerated forever (ln 1.25; CUSUM k)
+    "network_threshold": 1.2,  # accumulated log growth that makes network_degradation (CUSUM h)
+    "network_min_buckets": 4,  # buckets of evidence it needs at least (one adds <= h / this)
     "retrans_factor": 5.0,  # a node retransmitting this many times its peers' median is named
     "retrans_min_per_s": 50.0,  # ...with at least this many retransmitted segments per second
     "ib_min_errors": 10.0,  # a node counting this many InfiniBand port errors in a window (and retrans_factor x its peers) is named first
@@ -126,24 +149,32 @@ class ImbalanceDetector(JobAndHostDetector):
             raise ValueError("imbalance: hop_s must be > 0 and window_s >= hop_s")
         self.min_steps = int(p["min_steps"])
         self.threshold = float(p["straggler_threshold"])
-        self.straggler_windows = int(p["straggler_windows"])
+        self.straggler_buckets = int(p["straggler_buckets"])
+        self.clear_buckets = max(1, int(p["clear_buckets"]))
+        h = float(p["cusum_threshold"])
         self.cusum = RelativeSpeedCusum(
-            skip_windows=int(p["cusum_skip_windows"]),
-            learn_windows=int(p["cusum_learn_windows"]),
+            skip_windows=int(p["cusum_skip_buckets"]),
+            learn_windows=int(p["cusum_learn_buckets"]),
             slack=float(p["cusum_slack"]),
-            threshold=float(p["cusum_threshold"]),
+            threshold=h,
             sigma_slack=float(p["cusum_sigma_slack"]),
             sigma_threshold=float(p["cusum_sigma_threshold"]),
+            max_step=h / max(1, int(p["cusum_min_buckets"])),
+            clear_after=self.clear_buckets,
         )
+        self.waited_share = float(p["waited_for_share"])
         self.imb_metrics = [str(m) for m in p["imbalance_metrics"]]
         self.imb_z = float(p["imbalance_z"])
         self.imb_rel = float(p["imbalance_min_rel"])
         self.imb_windows = int(p["imbalance_windows"])
         self.imb_min_gpus = int(p["imbalance_min_gpus"])
-        self.net_learn = int(p["network_learn_windows"])
+        self.net_skip = int(p["network_skip_buckets"])
+        self.net_learn = int(p["network_learn_buckets"])
         self.net_ratio = float(p["network_ratio"])
         self.net_min_inc = float(p["network_min_increase_s"])
-        self.net_windows = int(p["network_windows"])
+        self.net_slack = float(p["network_slack"])
+        self.net_h = float(p["network_threshold"])
+        self.net_max_step = self.net_h / max(1, int(p["network_min_buckets"]))
         self.retrans_factor = float(p["retrans_factor"])
         self.retrans_min = float(p["retrans_min_per_s"])
         self.ib_min_errors = float(p["ib_min_errors"])
@@ -162,14 +193,16 @@ class ImbalanceDetector(JobAndHostDetector):
                 "next_end": first_end,
                 "steps": [],
                 "gpu": [],
-                "low": {},  # str(rank) -> consecutive low windows
-                "straggler": {},  # str(rank) -> since ts (active stragglers)
-                "score_hist": {},  # str(rank) -> recent [ts, score]
+                "bucket": {},  # str(bucket start) -> [[rank, node, busy, compute, wait, comm]] not yet decided
+                "decided": None,  # start of the newest bucket decided
+                "run": "",  # run id the sequential states belong to (a new run starts them afresh)
+                "seq": {},  # str(rank) -> sequential test state (see _judge)
+                "node_seq": {},  # node -> sequential test state of the node's fastest rank
                 "imb": {},  # gpu_uuid -> consecutive out-of-line windows
                 "imb_active": {},  # gpu_uuid -> since
-                "net_learn": [],  # intrinsic comm of the first windows
-                "net_high": 0,
-                "net_active": None,  # [since, node]
+                "imb_hist": {},  # gpu_uuid -> recent [window end, value] while out of line
+                "net": {"n": 0, "learn": [], "normal": None, "k": None, "s": 0.0, "start": None, "ok": 0},
+                "net_active": None,  # [since, node, signal]
                 "net_hist": [],
             }
             self.jobs[job_id] = job
@@ -189,6 +222,20 @@ class ImbalanceDetector(JobAndHostDetector):
             return []
         if r.get("steps"):
             job = self._job(r["job_id"], ts)
+            if job["decided"] is None or ts > job["decided"]:
+                # Kept apart until the bucket is decided (the window rows below are pruned per hop).
+                job["bucket"].setdefault(str(ts), []).append(
+                    [
+                        rank,
+                        r.get("node") or "",
+                        stat_median([r.get("busy_s")]),
+                        stat_median([r.get("compute_s")]),
+                        stat_median([r.get("data_wait_s")]),
+                        stat_median([r.get("comm_s")]),
+                        int(r["ts"]) - ts,
+                        int(r["steps"]),
+                    ]
+                )
             job["steps"].append(
                 [
                     ts,
@@ -236,6 +283,14 @@ class ImbalanceDetector(JobAndHostDetector):
         out: list[Finding] = []
         for job_id in sorted(self.jobs):
             job = self.jobs[job_id]
+            for b in sorted(int(k) for k in job["bucket"]):
+                rows = job["bucket"][str(b)]
+                # Strictly past its end: a summary stamped with the bucket's end may still come at it.
+                if b + max(int(row[6]) for row in rows) >= watermark:
+                    break
+                del job["bucket"][str(b)]
+                job["decided"] = b
+                out.extend(self._decide(job_id, job, b, b + max(int(row[6]) for row in rows), rows))
             while job["next_end"] <= watermark:
                 self.window_iterations += 1
                 end = job["next_end"]
@@ -303,141 +358,188 @@ class ImbalanceDetector(JobAndHostDetector):
             )
 
         out: list[Finding] = []
-        if len(scored) >= 2:
-            out.extend(self._node_stragglers(job_id, job, rank_stats, end))
-            out.extend(self._stragglers(job_id, job, rank_stats, end))
-            out.extend(self._network(job_id, job, rank_stats, info, start, end))
         if scored:
             out.extend(self._imbalance(job_id, job, rank_stats, end))
         self._emit_stats(job_id, info, steps, gpus, rank_stats, start, end)
         return out
 
-    # -- straggler ---------------------------------------------------------------------
-    def _stragglers(
-        self, job_id: str, job: dict[str, Any], stats: dict[int, dict[str, Any]], end: int
+    # -- straggler and network, per summary bucket ----------------------------------------
+    def _decide(
+        self, job_id: str, job: dict[str, Any], start: int, end: int, rows: list[list[Any]]
     ) -> list[Finding]:
+        """One bucket of the job decided: every rank's and node's sequential test, and the network's."""
         out: list[Finding] = []
-        job_compute = median(finite(v["compute"] for v in stats.values()))
-        job_wait = median(finite(v["wait"] for v in stats.values()))
-        job_clock = median(finite(v["clock"] for v in stats.values()))
-        job_power = median(finite(v["power"] for v in stats.values()))
-        slow_nodes = set(job.get("node_straggler", {}))
-        for rank in sorted(stats):
-            v = stats[rank]
+        info = self.topology.jobs.get(job_id)
+        run = info.run_id if info else ""
+        if run != job["run"]:
+            # A new run warms up again (and may place ranks elsewhere): its tests start afresh.
+            out.extend(self._end_run(job_id, job, end))
+            job["run"] = run
+        by_rank: dict[int, list[Any]] = {}
+        for row in rows:
+            if row[2] is not None and row[2] > 0:
+                by_rank[int(row[0])] = row
+        # A bucket that a step boundary split (most ranks' step landed in the next one) says little.
+        if len(by_rank) < max(2, len(self.topology.ranks_of(job_id)) // 2):
+            return out
+        job_busy = median([r[2] for r in by_rank.values()])
+        assert job_busy is not None
+        comms = [r[5] for r in by_rank.values() if r[5] is not None]
+        job_comm = median(comms) if 2 * len(comms) >= len(by_rank) else None
+        held = self._node_bucket(job_id, job, by_rank, start, end, out)
+        peers = {
+            "busy": job_busy,
+            "compute": median(finite(r[3] for r in by_rank.values())),
+            "wait": median(finite(r[4] for r in by_rank.values())),
+        }
+        for rank in sorted(by_rank):
+            row = by_rank[rank]
             key = str(rank)
-            if v["score"] is None:
-                continue  # too few steps to say anything: keep the current verdict
-            hist = [*job["score_hist"].get(key, []), [end, round(v["score"], 4)]][-self.history_points :]
-            job["score_hist"][key] = hist
-            cusum = job.setdefault("cusum", {}).setdefault(key, self.cusum.new_state())
-            drift = self.cusum.update(cusum, v["score"], end)
-            if v["score"] < self.threshold:
-                job["low"][key] = job["low"].get(key, 0) + 1
-            elif not drift:
-                job["low"].pop(key, None)
-                if key in job["straggler"]:
-                    out.append(
-                        self._straggler_finding(job_id, rank, v, end, False, "unknown", "", hist, None)
-                    )
-                    del job["straggler"][key]
-                # A healthy rank keeps no history: snapshots stay small on big jobs.
-                job["score_hist"].pop(key, None)
-                continue
-            if job["low"].get(key, 0) < self.straggler_windows and not drift:
-                continue
-            if key not in job["straggler"] and self._node_of(job_id, rank) in slow_nodes:
-                continue  # one incident: the node-level straggler already names this rank's node
-            d_wait = (v["wait"] or 0.0) - (job_wait or 0.0)
-            d_compute = (
-                (v["compute"] - job_compute) if v["compute"] is not None and job_compute is not None else None
-            )
-            if d_compute is None:
-                layer = "data" if d_wait > 0 and v["wait"] is not None else "unknown"
+            score = job_busy / row[2]
+            waited = True
+            if job_comm is not None and row[5] is not None and row[2] > job_busy:
+                # Synchronous training: the ranks wait in the collective for the slow one.
+                waited = job_comm - row[5] >= self.waited_share * (row[2] - job_busy)
+            st = job["seq"].get(key)
+            if st is None:
+                st = job["seq"][key] = _new_seq(self.cusum)
+            verdict = self._judge(st, score, start, end, waited, int(row[7]))
+            _note(st, end, score, row, peers, self.history_points)
+            if st["since"] is None:
+                if not verdict or self._node_of(job_id, rank) in held:
+                    if not _has_evidence(st):
+                        st.pop("hist", None)  # a healthy rank keeps no history: snapshots stay small
+                        st.pop("why", None)
+                    continue
+                st["since"] = _evidence_start(st, start, end)
+                st["summary"] = self._straggler_summary(job_id, job, rank, st, score, row, peers, end)
+                out.append(self._straggler_finding(job_id, rank, st, score, end, True))
+            elif verdict:
+                out.append(self._straggler_finding(job_id, rank, st, score, end, True))
             else:
-                layer = "data" if d_wait > d_compute else "gpu"
-            detail = self._gpu_detail(v, job_clock, job_power)
-            if key not in job["straggler"]:
-                job["straggler"][key] = (
-                    end - self.straggler_windows * self.hop_ms - (self.window_ms - self.hop_ms)
-                )
-                if drift and job["low"].get(key, 0) < self.straggler_windows:
-                    job["straggler"][key] = cusum["start"] - self.window_ms
-            if drift and v["score"] >= self.threshold:
-                detail = "; ".join(p for p in (self.cusum.describe(cusum), detail) if p)
-            out.append(
-                self._straggler_finding(
-                    job_id, rank, v, end, True, layer, detail, hist, job["straggler"][key]
-                )
-            )
+                out.append(self._straggler_finding(job_id, rank, st, score, end, False))
+                st["since"] = None
+                st.pop("hist", None)
+                st.pop("why", None)
+        out.extend(self._net_bucket(job_id, job, by_rank, info, start, end))
         return out
+
+    def _judge(
+        self, st: dict[str, Any], score: float, start: int, end: int, evidence: bool, steps: int
+    ) -> bool:
+        """One bucket's score into a rank's (or node's) sequential test; True while it says straggler.
+
+        Two paths: the threshold (`straggler_buckets` low buckets in a row, a verdict that clears
+        after `clear_buckets` buckets back above it holding `min_steps` steps: a job of long steps
+        reports one step a bucket, and a rank hovering at the threshold must not flap) and the CUSUM against the rank's own normal
+        (`self.cusum`, with the same hysteresis). A bucket that is not `evidence` (nobody waited
+        for the rank) counts as an ordinary one for both, except while the CUSUM still learns.
+        """
+        c = st["c"]
+        learning = c["ref"] is None
+        warm = learning and c.get("skip", 0) < self.cusum.skip_windows
+        drift = self.cusum.update(c, score if learning or evidence else max(score, 1.0), end)
+        if warm:
+            return False  # warm-up (compilation, first batches) teaches and judges nothing
+        if evidence and score < self.threshold:
+            if st["low"] == 0:
+                st["from"] = start
+            st["low"] += 1
+            st["ok"], st["ok_steps"] = 0, 0
+            if st["low"] >= self.straggler_buckets:
+                st["t"] = True
+        else:
+            st["low"] = 0
+            if st["t"]:
+                st["ok"] += 1
+                st["ok_steps"] = st.get("ok_steps", 0) + steps
+                if st["ok"] >= self.clear_buckets and st["ok_steps"] >= self.min_steps:
+                    st["t"], st["ok"], st["ok_steps"] = False, 0, 0
+        return bool(st["t"] or drift)
 
     def _node_of(self, job_id: str, rank: int) -> str | None:
         b = self.topology.bindings.get((job_id, rank))
         return b.node if b else None
 
-    def _node_stragglers(
-        self, job_id: str, job: dict[str, Any], stats: dict[int, dict[str, Any]], end: int
-    ) -> list[Finding]:
+    def _node_bucket(
+        self,
+        job_id: str,
+        job: dict[str, Any],
+        by_rank: dict[int, list[Any]],
+        start: int,
+        end: int,
+        out: list[Finding],
+    ) -> set[str]:
         """A node whose every rank is slow (its storage, host, NIC): one straggler for the node.
 
         A per-rank score is judged against the job median, which a node holding half the job's
         ranks drags along (8 slow ranks of 16 score ~0.8, not 0.5). Here each node's *fastest*
         rank is compared with the median of the ranks on the job's other nodes: only when even
         that rank is slow is the fault the node's, not one GPU's (a node needs two ranks or more).
+        Returns the nodes on which no new per-rank straggler may be raised (the node's own test
+        is accumulating evidence or firing: one incident, one alert).
         """
-        by_node: dict[str, list[tuple[int, dict[str, Any]]]] = {}
-        for rank in sorted(stats):
-            v = stats[rank]
+        by_node: dict[str, list[tuple[int, list[Any]]]] = {}
+        for rank in sorted(by_rank):
             node = self._node_of(job_id, rank)
-            if v["score"] is not None and node is not None:
-                by_node.setdefault(node, []).append((rank, v))
-        active: dict[str, int] = job.setdefault("node_straggler", {})
-        low: dict[str, int] = job.setdefault("node_low", {})
-        out: list[Finding] = []
+            if node is not None:
+                by_node.setdefault(node, []).append((rank, by_rank[rank]))
+        states: dict[str, dict[str, Any]] = job["node_seq"]
+        held: set[str] = set()
         if len(by_node) < 2:
-            return out
+            return held
+        everyone = sorted(row[2] for own in by_node.values() for _, row in own)
         for node in sorted(by_node):
             own = by_node[node]
-            peers = [v for n in sorted(by_node) if n != node for _, v in by_node[n]]
-            ref = median([v["busy"] for v in peers])
-            if len(own) < 2 or not ref:
-                continue  # one rank is the rank's straggler, not its node's; no peers, no verdict
-            fastest = min(v["busy"] for _, v in own)
+            if len(own) < 2:
+                continue  # one rank is the rank's straggler, not its node's
+            ref = _median_without(everyone, sorted(row[2] for _, row in own))
+            if not ref:
+                continue
+            fastest = min(row[2] for _, row in own)
             score = ref / fastest
-            if score < self.threshold:
-                low[node] = low.get(node, 0) + 1
+            st = states.get(node)
+            if st is None:
+                st = states[node] = _new_seq(self.cusum)
+            verdict = self._judge(st, score, start, end, True, min(int(row[7]) for _, row in own))
+            if _has_evidence(st) or st["since"] is not None:
+                held.add(node)
+                st["hist"] = [*st.get("hist", []), [end, round(score, 4)]][-self.history_points :]
+            if st["since"] is None:
+                if verdict:
+                    st["since"] = _evidence_start(st, start, end)
+                    out.append(self._node_finding(job_id, node, st, own, by_rank, score, end, True))
+                elif not _has_evidence(st):
+                    st.pop("hist", None)
+            elif verdict:
+                out.append(self._node_finding(job_id, node, st, own, by_rank, score, end, True))
             else:
-                low.pop(node, None)
-                if node in active:
-                    out.append(
-                        self._node_finding(job_id, node, own, peers, score, end, False, active.pop(node))
-                    )
-                continue
-            if low[node] < self.straggler_windows:
-                continue
-            if node not in active:
-                active[node] = end - self.straggler_windows * self.hop_ms - (self.window_ms - self.hop_ms)
-            out.append(self._node_finding(job_id, node, own, peers, score, end, True, active[node]))
-        return out
+                out.append(self._node_finding(job_id, node, st, own, by_rank, score, end, False))
+                st["since"] = None
+                st.pop("hist", None)
+        return held
 
     def _node_finding(
         self,
         job_id: str,
         node: str,
-        own: list[tuple[int, dict[str, Any]]],
-        peers: list[dict[str, Any]],
+        st: dict[str, Any],
+        own: list[tuple[int, list[Any]]],
+        by_rank: dict[int, list[Any]],
         score: float,
         end: int,
         active: bool,
-        since: int,
     ) -> Finding:
         ranks = [r for r, _ in own]
+        layer = "unknown"
         if active:
-            d_wait = (median(finite(v["wait"] for _, v in own)) or 0.0) - (
-                median(finite(v["wait"] for v in peers)) or 0.0
+            mine = set(ranks)
+            peers = [row for r, row in by_rank.items() if r not in mine]
+            d_wait = (median(finite(row[4] for _, row in own)) or 0.0) - (
+                median(finite(row[4] for row in peers)) or 0.0
             )
-            own_compute = median(finite(v["compute"] for _, v in own))
-            peer_compute = median(finite(v["compute"] for v in peers))
+            own_compute = median(finite(row[3] for _, row in own))
+            peer_compute = median(finite(row[3] for row in peers))
             d_compute = (
                 own_compute - peer_compute if own_compute is not None and peer_compute is not None else None
             )
@@ -445,6 +547,7 @@ class ImbalanceDetector(JobAndHostDetector):
                 layer = "data" if d_wait > 0 else "unknown"
             else:
                 layer = "data" if d_wait > d_compute else "gpu"
+            layer = st.setdefault("layer", layer)  # the alert keeps the layer it fired with
             what = {
                 "data": f"its data path (the node's storage, cache or loader host): data wait "
                 f"{d_wait:+.3f} s per step against the ranks on the job's other nodes",
@@ -457,7 +560,7 @@ class ImbalanceDetector(JobAndHostDetector):
                 f"(score {score:.2f}); suspect {what}"
             )
         else:
-            layer = "unknown"
+            st.pop("layer", None)
             summary = f"node {node} of job {job_id} keeps pace again (score {score:.2f})"
         return Finding(
             rule="straggler",
@@ -468,7 +571,7 @@ class ImbalanceDetector(JobAndHostDetector):
             severity="warning",
             job_id=job_id,
             node=node,
-            since=since,
+            since=st["since"],
             invariant=(
                 "every node's fastest rank scores >= "
                 f"{self.threshold} against the median rank on the job's other nodes"
@@ -478,40 +581,85 @@ class ImbalanceDetector(JobAndHostDetector):
             summary=summary,
             suspected_layer=layer,
             history_metric="straggler_score",
+            history=tuple((int(t), float(v)) for t, v in st.get("hist", [])),
         )
 
-    def _gpu_detail(self, v: dict[str, Any], job_clock: float | None, job_power: float | None) -> str:
+    def _gpu_detail(self, job: dict[str, Any], rank: int, end: int) -> tuple[str, int]:
+        """The rank's GPU over the last window next to its peers' (clocks, throttle reasons, power)."""
+        clocks: dict[int, list[Any]] = {}  # rank -> its samples' Stats
+        powers: dict[int, list[Any]] = {}
+        reasons = 0
+        for g in job["gpu"]:
+            if not end - self.window_ms <= g[_G_TS] < end:
+                continue
+            r = int(g[_G_RANK])
+            if g[_G_CLOCK] is not None:
+                clocks.setdefault(r, []).append(g[_G_CLOCK])
+            if g[_G_POWER] is not None:
+                powers.setdefault(r, []).append(g[_G_POWER])
+            if r == rank:
+                reasons |= int(g[_G_REASONS] or 0)
+        own_clock, job_clock = (
+            stat_mean(clocks.get(rank, [])),
+            median(finite(stat_mean(v) for v in clocks.values())),
+        )
+        own_power, job_power = (
+            stat_mean(powers.get(rank, [])),
+            median(finite(stat_mean(v) for v in powers.values())),
+        )
         parts = []
-        if v["clock"] is not None and job_clock:
-            parts.append(f"SM clock {v['clock']:.0f} MHz vs {job_clock:.0f} MHz on its peers")
-        if v["reasons"]:
-            parts.append("throttle reasons " + ",".join(_throttle_names(v["reasons"]) or [hex(v["reasons"])]))
-        if v["power"] is not None and job_power:
-            parts.append(f"power {v['power']:.0f} W vs {job_power:.0f} W")
-        return "; ".join(parts)
+        if own_clock is not None and job_clock:
+            parts.append(f"SM clock {own_clock:.0f} MHz vs {job_clock:.0f} MHz on its peers")
+        if reasons:
+            parts.append("throttle reasons " + ",".join(_throttle_names(reasons) or [hex(reasons)]))
+        if own_power is not None and job_power:
+            parts.append(f"power {own_power:.0f} W vs {job_power:.0f} W")
+        return "; ".join(parts), reasons
 
-    def _straggler_finding(
+    def _straggler_summary(
         self,
         job_id: str,
+        job: dict[str, Any],
         rank: int,
-        v: dict[str, Any],
+        st: dict[str, Any],
+        score: float,
+        row: list[Any],
+        peers: dict[str, Any],
         end: int,
-        active: bool,
-        layer: str,
-        detail: str,
-        hist: list[list[Any]],
-        since: int | None,
+    ) -> str:
+        """The firing alert's text, fixed when it fires; sets the state's suspected layer."""
+        why = st.get("why") or []
+        d_wait = median([w[0] for w in why]) if why else None
+        d_compute = median(finite(w[1] for w in why)) if why else None
+        if d_compute is None:
+            layer = "data" if d_wait is not None and d_wait > 0 and row[4] is not None else "unknown"
+        else:
+            layer = "data" if (d_wait or 0.0) > d_compute else "gpu"
+        st["layer"] = layer
+        what = "data loading" if layer == "data" else "its GPU" if layer == "gpu" else "an unknown layer"
+        summary = f"rank {rank} of job {job_id} is a straggler (score {score:.2f}): suspect {what}"
+        if row[4] is not None and row[3] is not None:
+            summary += (
+                f"; compute {row[3]:.3f} s, data wait {row[4]:.3f} s per step"
+                f" (its peers: {peers['compute'] or 0.0:.3f} s, {peers['wait'] or 0.0:.3f} s)"
+            )
+        c = st["c"]
+        if c.get("alarm") and score >= self.threshold:
+            summary += "; " + self.cusum.describe(c)
+        if layer == "gpu":
+            detail, _ = self._gpu_detail(job, rank, end)
+            if detail:
+                summary += f"; {detail}"
+        return summary
+
+    def _straggler_finding(
+        self, job_id: str, rank: int, st: dict[str, Any], score: float, end: int, active: bool
     ) -> Finding:
         b = self.topology.bindings.get((job_id, rank))
-        if active:
-            what = "data loading" if layer == "data" else "its GPU" if layer == "gpu" else "an unknown layer"
-            summary = f"rank {rank} of job {job_id} is a straggler (score {v['score']:.2f}): suspect {what}"
-            if v["wait"] is not None and v["compute"] is not None:
-                summary += f"; compute {v['compute']:.3f} s, data wait {v['wait']:.3f} s per step"
-            if layer == "gpu" and detail:
-                summary += f"; {detail}"
-        else:
-            summary = f"rank {rank} of job {job_id} keeps pace again (score {v['score']:.2f})"
+        layer = st.get("layer", "unknown") if active else "unknown"
+        summary = (
+            st["summary"] if active else f"rank {rank} of job {job_id} keeps pace again (score {score:.2f})"
+        )
         return Finding(
             rule="straggler",
             key=(job_id, str(rank)),
@@ -524,15 +672,32 @@ class ImbalanceDetector(JobAndHostDetector):
             rank=rank,
             gpu_uuid=b.gpu_uuid if b else None,
             gpu_index=b.gpu_index if b else None,
-            since=since,
+            since=st["since"],
             invariant=f"every rank's straggler score (job median busy time / rank busy time) stays >= {self.threshold}",
-            observed=v["score"],
+            observed=score,
             expected=self.threshold,
             summary=summary,
             suspected_layer=layer,
             history_metric="straggler_score",
-            history=tuple((int(t), float(s)) for t, s in hist),
+            history=tuple((int(t), float(s)) for t, s in st.get("hist", [])),
         )
+
+    def _end_run(self, job_id: str, job: dict[str, Any], end: int) -> list[Finding]:
+        """Resolve what the previous run left firing and forget its tests (a restart is a new run)."""
+        out: list[Finding] = []
+        for key in sorted(job["seq"], key=int):
+            st = job["seq"][key]
+            if st["since"] is not None:
+                out.append(self._straggler_finding(job_id, int(key), st, 1.0, end, False))
+        for node in sorted(job["node_seq"]):
+            st = job["node_seq"][node]
+            if st["since"] is not None:
+                out.append(self._node_finding(job_id, node, st, [], {}, 1.0, end, False))
+        if job["net_active"] is not None:
+            out.append(self._net_finding(job_id, job, job["net"]["normal"] or 0.0, end, False))
+        job["seq"], job["node_seq"], job["net_active"], job["net_hist"] = {}, {}, None, []
+        job["net"] = {"n": 0, "learn": [], "normal": None, "k": None, "s": 0.0, "start": None, "ok": 0}
+        return out
 
     # -- GPU imbalance -----------------------------------------------------------------
     def _imbalance(
@@ -564,27 +729,40 @@ class ImbalanceDetector(JobAndHostDetector):
                 uuid = b.gpu_uuid if b and b.gpu_uuid else f"rank{rank}"
                 if uuid not in flagged:
                     flagged[uuid] = (rank, metric, x, mid)
+        hists: dict[str, list[list[Any]]] = job.setdefault("imb_hist", {})
         for uuid in sorted(set(job["imb"]) | set(flagged)):
             if uuid in flagged:
                 job["imb"][uuid] = job["imb"].get(uuid, 0) + 1
+                x = flagged[uuid][2]
+                hists[uuid] = [*hists.get(uuid, []), [end, round(x, 6)]][-self.history_points :]
                 if job["imb"][uuid] >= self.imb_windows:
                     job["imb_active"].setdefault(uuid, end)
                     out.append(
-                        self._imb_finding(job_id, uuid, flagged[uuid], end, True, job["imb_active"][uuid])
+                        self._imb_finding(
+                            job_id, uuid, flagged[uuid], end, True, job["imb_active"][uuid], hists[uuid]
+                        )
                     )
             else:
                 job["imb"].pop(uuid, None)
+                hist = hists.pop(uuid, [])
                 if uuid in job["imb_active"]:
                     rank = next((r for r, b in bound.items() if b and b.gpu_uuid == uuid), -1)
                     out.append(
                         self._imb_finding(
-                            job_id, uuid, (rank, "", 0.0, 0.0), end, False, job["imb_active"].pop(uuid)
+                            job_id, uuid, (rank, "", 0.0, 0.0), end, False, job["imb_active"].pop(uuid), hist
                         )
                     )
         return out
 
     def _imb_finding(
-        self, job_id: str, uuid: str, what: tuple[int, str, float, float], end: int, active: bool, since: int
+        self,
+        job_id: str,
+        uuid: str,
+        what: tuple[int, str, float, float],
+        end: int,
+        active: bool,
+        since: int,
+        hist: list[list[Any]],
     ) -> Finding:
         rank, metric, x, mid = what
         b = self.topology.bindings.get((job_id, rank))
@@ -610,50 +788,73 @@ class ImbalanceDetector(JobAndHostDetector):
                 else f"GPU {uuid} of job {job_id} is in line with its peers again"
             ),
             suspected_layer="gpu",
+            # The GPU's value of the metric that put it out of line, per window while it was.
             history_metric=metric,
+            history=tuple((int(t), float(v)) for t, v in hist) if metric else (),
         )
 
     # -- network -----------------------------------------------------------------------
-    def _network(
+    def _net_bucket(
         self,
         job_id: str,
         job: dict[str, Any],
-        stats: dict[int, dict[str, Any]],
+        by_rank: dict[int, list[Any]],
         info: JobInfo | None,
         start: int,
         end: int,
     ) -> list[Finding]:
-        comms = finite(v["comm"] for v in stats.values() if v["steps"] >= self.min_steps)
-        if len(comms) < 2:
+        """The job's intrinsic communication time of one bucket against its learned normal (a CUSUM of its log growth)."""
+        comms = finite(r[5] for r in by_rank.values())
+        if len(comms) < max(2, len(by_rank) // 2):
             return []
         intrinsic = min(comms)
+        net = job["net"]
+        net["n"] += 1
+        if net["n"] <= self.net_skip:
+            return []  # warm-up
         job["net_hist"] = [*job["net_hist"], [end, round(intrinsic, 6)]][-self.history_points :]
-        if len(job["net_learn"]) < self.net_learn:
-            job["net_learn"].append(intrinsic)
+        if net["normal"] is None:
+            net["learn"].append(round(intrinsic, 6))
+            if len(net["learn"]) >= self.net_learn:
+                normal = median(net["learn"])
+                assert normal is not None
+                logs = [math.log(max(x, 1e-9) / normal) for x in net["learn"]] if normal > 0 else [0.0]
+                spread = mad(logs) or 0.0
+                net.update(normal=normal, k=max(self.net_slack, 3.0 * MAD_TO_SIGMA * spread), learn=[])
             return []
-        normal = median(job["net_learn"])
-        assert normal is not None
+        normal = float(net["normal"])
+        if normal <= 0:
+            return []  # a job whose ranks never wait in a collective: nothing to compare
+        growth = math.log(max(intrinsic, 1e-9) / normal)
+        step = min(growth - float(net["k"]), self.net_max_step)
         degraded = intrinsic > normal * self.net_ratio and intrinsic - normal >= self.net_min_inc
-        out: list[Finding] = []
+        if job["net_active"] is None:
+            if net["s"] == 0.0:
+                net["start"] = start
+            net["s"] = round(max(0.0, net["s"] + step), 6)
+            if net["s"] == 0.0:
+                net["start"] = None
+            if net["s"] < self.net_h or not degraded:
+                return []
+            node, signal = self._network_node(info, end - self.window_ms, end)
+            job["net_active"] = [net["start"], node, signal]
+            net["ok"] = 0
+            return [self._net_finding(job_id, job, intrinsic, end, True)]
         if degraded:
-            job["net_high"] += 1
-            if job["net_high"] >= self.net_windows:
-                node, signal = self._network_node(info, start, end)
-                if job["net_active"] is None:
-                    job["net_active"] = [
-                        end - self.net_windows * self.hop_ms - (self.window_ms - self.hop_ms),
-                        node,
-                        signal,
-                    ]
-                elif node is not None:
+            net["ok"] = 0
+            net["s"] = round(min(2 * self.net_h, net["s"] + max(step, 0.0)), 6)
+            if job["net_active"][1] is None:
+                node, signal = self._network_node(info, end - self.window_ms, end)
+                if node is not None:
                     job["net_active"][1:] = [node, signal]
-                out.append(self._net_finding(job_id, job, intrinsic, normal, end, True))
-        else:
-            job["net_high"] = 0
-            if job["net_active"] is not None:
-                out.append(self._net_finding(job_id, job, intrinsic, normal, end, False))
-                job["net_active"] = None
-        return out
+            return [self._net_finding(job_id, job, intrinsic, end, True)]
+        net["ok"] += 1
+        if net["ok"] < self.clear_buckets:
+            return [self._net_finding(job_id, job, intrinsic, end, True)]
+        finding = self._net_finding(job_id, job, intrinsic, end, False)
+        job["net_active"] = None
+        net.update(s=0.0, start=None, ok=0)
+        return [finding]
 
     def _network_node(self, info: JobInfo | None, start: int, end: int) -> tuple[str | None, str]:
         """The job's node whose network looks at fault: InfiniBand port errors first, then TCP retransmits."""
@@ -702,10 +903,11 @@ class ImbalanceDetector(JobAndHostDetector):
         return None
 
     def _net_finding(
-        self, job_id: str, job: dict[str, Any], intrinsic: float, normal: float, end: int, active: bool
+        self, job_id: str, job: dict[str, Any], intrinsic: float, end: int, active: bool
     ) -> Finding:
         since, node, *rest = job["net_active"]
         signal = rest[0] if rest else "TCP retransmits elevated"
+        normal = float(job["net"]["normal"] or 0.0)
         return Finding(
             rule="network_degradation",
             key=(job_id,),
@@ -810,6 +1012,63 @@ class ImbalanceDetector(JobAndHostDetector):
                 },
             )
         )
+
+
+def _new_seq(cusum: RelativeSpeedCusum) -> dict[str, Any]:
+    """A rank's (or node's) sequential test state: the CUSUM's, the threshold path's, the alert's."""
+    return {"c": cusum.new_state(), "low": 0, "from": None, "t": False, "ok": 0, "since": None}
+
+
+def _has_evidence(st: dict[str, Any]) -> bool:
+    """Whether the test holds evidence against its rank (low buckets, an accumulated sum, a verdict)."""
+    return bool(st["low"] or st["t"] or st["c"].get("s") or st["c"].get("alarm"))
+
+
+def _evidence_start(st: dict[str, Any], start: int, end: int) -> int:
+    """When the evidence that made the verdict began: the first low bucket's or the CUSUM's start."""
+    candidates = [start]
+    if st["t"] and st["from"] is not None:
+        candidates.append(int(st["from"]))
+    if st["c"].get("alarm") and st["c"].get("start") is not None:
+        candidates.append(int(st["c"]["start"]) - (end - start))
+    return min(candidates)
+
+
+def _note(
+    st: dict[str, Any], end: int, score: float, row: list[Any], peers: dict[str, Any], points: int
+) -> None:
+    """Keep the score history and the last buckets' extra data wait / compute while there is evidence."""
+    if not (_has_evidence(st) or st["since"] is not None):
+        return
+    st["hist"] = [*st.get("hist", []), [end, round(score, 4)]][-points:]
+    d_wait = (row[4] or 0.0) - (peers["wait"] or 0.0)
+    d_compute = row[3] - peers["compute"] if row[3] is not None and peers["compute"] is not None else None
+    st["why"] = [*st.get("why", []), [round(d_wait, 6), None if d_compute is None else round(d_compute, 6)]][
+        -3:
+    ]
+
+
+def _median_without(values: list[float], removed: list[float]) -> float | None:
+    """Median of the sorted multiset `values` less the sorted sub-multiset `removed`, in O(log^2 n)
+    (each node of a 16k-rank job against all the others, every bucket)."""
+    n = len(values) - len(removed)
+    if n <= 0:
+        return None
+
+    def kth(k: int) -> float:
+        lo, hi = 0, len(values) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            x = values[mid]
+            if bisect_right(values, x) - bisect_right(removed, x) >= k + 1:
+                hi = mid
+            else:
+                lo = mid + 1
+        return values[lo]
+
+    if n % 2:
+        return kth(n // 2)
+    return (kth(n // 2 - 1) + kth(n // 2)) / 2.0
 
 
 def _or_all(values: Any) -> int:

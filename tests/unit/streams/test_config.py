@@ -38,10 +38,10 @@ def test_the_shipped_defaults_cover_every_knob_of_my_detectors() -> None:
 
 def test_an_override_file_changes_only_the_knobs_it_names(tmp_path: Path) -> None:
     f = tmp_path / "c.yaml"
-    f.write_text("engine: {allowed_lateness_s: 10}\ndetectors: {imbalance: {straggler_windows: 3}}\n")
+    f.write_text("engine: {allowed_lateness_s: 10}\ndetectors: {imbalance: {straggler_buckets: 4}}\n")
     cfg = load_config(f)
     assert cfg.allowed_lateness_ms == 10_000
-    assert cfg.detectors["imbalance"]["straggler_windows"] == 3
+    assert cfg.detectors["imbalance"]["straggler_buckets"] == 4
     assert cfg.detectors["imbalance"]["straggler_threshold"] == 0.75
 
 

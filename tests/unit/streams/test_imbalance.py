@@ -22,17 +22,26 @@ def _job(
     comm_extra: float = 0.0,
     retrans_node: str | None = None,
 ) -> list[Event]:
-    """A 1-node, 8-rank job stepping once a second; `fault` overrides step fields of rank 3 from `fault_from` s."""
+    """A 1-node, 8-rank job stepping once a second; `fault` overrides step fields of rank 3 from `fault_from` s.
+
+    Synchronous, as data-parallel training is: when rank 3 is busier than its peers they wait for
+    it in the collective (their `comm_s` and everyone's step time grow by its extra busy time).
+    """
     events = [job_started("job-1", T0, world_size=RANKS, nodes=1), job_state("job-1", T0, "running")]
     events += [rank_bound("job-1", r, T0) for r in range(RANKS)]
     for i in range(1, seconds + 1):
         ts = T0 + i * 1000
         faulty = fault is not None and i >= fault_from
+        comm = 0.12 + (comm_extra if i >= fault_from else 0.0)
+        slow: dict[str, Any] = dict(fault or {}) if faulty else {}
+        compute, wait = slow.get("compute", 0.85), slow.get("data_wait", 0.03)
+        busy = compute + wait if compute is not None and wait is not None else slow.get("step_time", 0.88)
+        extra = max(0.0, busy - 0.88)
         for r in range(RANKS):
-            kw: dict[str, object] = {"comm": 0.12 + (comm_extra if i >= fault_from else 0.0)}
-            if faulty and r == 3:
-                kw.update(fault)  # type: ignore[arg-type]
-            events.append(step("job-1", r, i, ts, **kw))  # type: ignore[arg-type]
+            kw: dict[str, Any] = {"comm": comm + extra, "step_time": 1.0 + extra}
+            if r == 3 and slow:
+                kw = {"comm": comm, "step_time": 1.0 + extra, **slow}
+            events.append(step("job-1", r, i, ts, **kw))
         if gpus and i % 5 == 0:
             for g in range(RANKS):
                 slow = faulty and g == 3
@@ -76,24 +85,26 @@ def _active(findings: list[Finding], rule: str) -> list[Finding]:
     return [f for f in findings if f.rule == rule and f.active]
 
 
-def test_a_straggler_is_flagged_after_two_low_windows_and_not_before() -> None:
+def test_a_straggler_is_flagged_on_its_third_low_bucket_and_not_before() -> None:
     slow = {"compute": 0.85 * 1.6}
-    _, findings, _ = _run(_job(150, slow, fault_from=1))
+    _, findings, _ = _run(_job(150, slow, fault_from=100))
     flagged = _active(findings, "straggler")
     assert flagged and {f.rank for f in flagged} == {3}
-    # The first window closes at 60 s, the second at 90 s: only the second may flag.
-    assert min(f.ts for f in flagged) == T0 + 90_000
+    # Buckets of 5 s: 100-105, 105-110 and 110-115 are low; the third one's end flags it.
+    assert min(f.ts for f in flagged) == T0 + 115_000
+    assert flagged[0].since == T0 + 100_000
     assert (
         flagged[0].suspected_layer == "gpu" and flagged[0].observed is not None and flagged[0].observed < 0.75
     )
 
 
-def test_one_low_window_is_not_a_straggler() -> None:
-    # Slow only between 50 s and 75 s: one window's median is affected at most.
-    events = [e for e in _job(200)]
+def test_two_low_buckets_are_not_a_straggler() -> None:
+    # Slow only between 150 s and 160 s: two buckets, one short of `straggler_buckets` and of the
+    # CUSUM's minimum evidence.
+    events = [e for e in _job(300)]
     for e in events:
         r = e.record
-        if e.type == "StepCompleted" and r["rank"] == 3 and 50 <= (r["ts"] - T0) // 1000 < 75:
+        if e.type == "StepCompleted" and r["rank"] == 3 and 150 <= (r["ts"] - T0) // 1000 < 160:
             r["forward_s"] *= 2
             r["backward_s"] *= 2
     _, findings, _ = _run(events)
@@ -123,10 +134,20 @@ def test_a_straggler_resolves_when_the_rank_keeps_pace_again() -> None:
 
 
 def test_steps_without_segments_use_the_step_time_as_busy_time() -> None:
-    events = _job(150, {"step_time": 1.6, "compute": None, "data_wait": None}, fault_from=1)
+    # Per-worker mini-batch times (the Alibaba PAI trace's shape): no segments, no collective wait.
+    events = _job(150, {"step_time": 1.6, "compute": None, "data_wait": None, "comm": None}, fault_from=1)
     for e in events:
         if e.type == "StepCompleted" and e.record["rank"] != 3:
-            e.record.update({"forward_s": None, "backward_s": None, "optimizer_s": None, "data_wait_s": None})
+            e.record.update(
+                {
+                    "forward_s": None,
+                    "backward_s": None,
+                    "optimizer_s": None,
+                    "data_wait_s": None,
+                    "comm_s": None,
+                }
+            )
+            e.record["step_time_s"] = 1.0
     _, findings, _ = _run(events)
     assert {f.rank for f in _active(findings, "straggler")} == {3}
 
