@@ -1,0 +1,83 @@
+"""Issue 20.1: a 1.25x straggler pages in seconds; jitter, warm-up, evaluations and checkpoints stay quiet.
+
+A synthetic synchronous data-parallel run (16 ranks on 2 nodes, ~2 s steps): per-step work shared
+by every rank (+-5 %), per-rank jitter (+-3 %) and persistent speed (+-3 %), noisy data wait,
+ranks that wait in the collective for the slowest one, a warm-up in which ranks compile at
+different speeds, an evaluation pause every 60 steps and, every 90 steps, a checkpoint that rank 0
+writes inside its step while the others wait for it (a 2.5x step of one rank, once).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from schemas.records import Event
+from streams.detectors.base import Finding
+from tests.unit.streams.builders import T0, job_started, job_state, rank_bound, step
+from tests.unit.streams.test_imbalance import _active, _run
+
+RANKS = 16
+FAULT_S = 300
+SLOW_RANK = 5
+
+
+def _run_events(seconds: int, slow: float | None, seed: int = 3) -> list[Event]:
+    rng = random.Random(seed)
+    events = [job_started("job-1", T0, world_size=RANKS, nodes=2), job_state("job-1", T0, "running")]
+    events += [rank_bound("job-1", r, T0, gpus_per_node=8) for r in range(RANKS)]
+    speed = [math.exp(rng.gauss(0.0, 0.03)) for _ in range(RANKS)]
+    compile_factor = [rng.uniform(1.0, 3.0) for _ in range(RANKS)]
+    t, n = 5.0, 0
+    while t < seconds:
+        content = math.exp(rng.gauss(0.0, 0.05))
+        busy = []
+        for r in range(RANKS):
+            compute = 1.6 * content * speed[r] * math.exp(rng.gauss(0.0, 0.03))
+            if n < 5:
+                compute *= compile_factor[r]
+            if slow is not None and r == SLOW_RANK and t >= FAULT_S:
+                compute *= slow
+            if n % 90 == 89 and r == 0:
+                compute += 3.0  # rank 0 writes the checkpoint inside its optimizer step
+            busy.append((compute, 0.05 * math.exp(rng.gauss(0.0, 0.25))))
+        ready = max(c + w for c, w in busy)
+        coll = 0.25 * math.exp(rng.gauss(0.0, 0.05))
+        step_time = ready + coll
+        for r, (compute, wait) in enumerate(busy):
+            comm = ready - (compute + wait) + coll
+            ts = T0 + round((t + step_time) * 1000) + rng.randint(0, 4)
+            events.append(
+                step("job-1", r, n, ts, step_time=step_time, data_wait=wait, compute=compute, comm=comm)
+            )
+        t += step_time
+        n += 1
+        if n % 60 == 0:
+            t += 20.0  # an evaluation: no training step for 20 s
+    return sorted(events, key=lambda e: e.record["ts"])
+
+
+def _stragglers(findings: list[Finding]) -> list[Finding]:
+    return _active(findings, "straggler")
+
+
+def test_a_1_25x_straggler_is_paged_within_30_s_and_only_it() -> None:
+    _, findings, _ = _run(_run_events(600, 1.25))
+    flagged = _stragglers(findings)
+    assert flagged and {f.rank for f in flagged} == {SLOW_RANK}, [f.summary for f in flagged]
+    first = flagged[0]
+    assert first.ts - (T0 + FAULT_S * 1000) <= 30_000, (first.ts - T0) / 1000
+    assert first.suspected_layer == "gpu" and first.history
+    assert T0 + (FAULT_S - 10) * 1000 <= (first.since or 0) <= first.ts
+
+
+def test_healthy_jitter_warm_up_evaluations_and_checkpoint_steps_stay_quiet() -> None:
+    _, findings, _ = _run(_run_events(1200, None))
+    assert [f.summary for f in findings if f.active] == []
+
+
+def test_a_1_5x_straggler_is_paged_within_20_s() -> None:
+    _, findings, _ = _run(_run_events(600, 1.5))
+    flagged = _stragglers(findings)
+    assert {f.rank for f in flagged} == {SLOW_RANK}
+    assert flagged[0].ts - (T0 + FAULT_S * 1000) <= 20_000
