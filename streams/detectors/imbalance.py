@@ -193,20 +193,61 @@ class ImbalanceDetector(JobAndHostDetector):
                 "next_end": first_end,
                 "steps": [],
                 "gpu": [],
-                "bucket": {},  # str(bucket start) -> [[rank, node, busy, compute, wait, comm]] not yet decided
-                "decided": None,  # start of the newest bucket decided
-                "run": "",  # run id the sequential states belong to (a new run starts them afresh)
-                "seq": {},  # str(rank) -> sequential test state (see _judge)
-                "node_seq": {},  # node -> sequential test state of the node's fastest rank
-                "imb": {},  # gpu_uuid -> consecutive out-of-line windows
-                "imb_active": {},  # gpu_uuid -> since
-                "imb_hist": {},  # gpu_uuid -> recent [window end, value] while out of line
-                "net": {"n": 0, "learn": [], "normal": None, "k": None, "s": 0.0, "start": None, "ok": 0},
-                "net_active": None,  # [since, node, signal]
-                "net_hist": [],
+                **self._fresh_job_fields(),
             }
             self.jobs[job_id] = job
         return job
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore from `state()`; a snapshot from before the per-bucket rules (issue 20.1) is migrated."""
+        super().load_state(state)
+        for job in self.jobs.values():
+            if "seq" in job:
+                continue
+            # Window-era state: its window rows and GPU imbalance carry over; a straggler firing then
+            # stays firing under the new test (threshold path on) until 3 buckets clear it.
+            fresh = self._fresh_job_fields()
+            for key in (
+                "low",
+                "straggler",
+                "score_hist",
+                "cusum",
+                "node_straggler",
+                "node_low",
+                "net_learn",
+                "net_high",
+            ):
+                old = job.pop(key, None)
+                if key == "straggler" and old:
+                    for rank, since in old.items():
+                        fresh["seq"][rank] = {
+                            **_new_seq(self.cusum),
+                            "t": True,
+                            "since": int(since),
+                            "summary": f"rank {rank} is a straggler (carried over from a restored snapshot)",
+                        }
+                elif key == "node_straggler" and old:
+                    for node, since in old.items():
+                        fresh["node_seq"][node] = {**_new_seq(self.cusum), "t": True, "since": int(since)}
+            fresh["net_hist"] = job.get("net_hist", [])
+            fresh["net_active"] = job.get("net_active")
+            job.update({**fresh, "imb": job.get("imb", {}), "imb_active": job.get("imb_active", {})})
+
+    def _fresh_job_fields(self) -> dict[str, Any]:
+        """A job's per-bucket state, empty."""
+        return {
+            "bucket": {},  # str(bucket start) -> [[rank, node, busy, compute, wait, comm, bucket ms, steps]]
+            "decided": None,  # start of the newest bucket decided
+            "run": "",  # run id the sequential states belong to (a new run starts them afresh)
+            "seq": {},  # str(rank) -> sequential test state (see _judge)
+            "node_seq": {},  # node -> sequential test state of the node's fastest rank
+            "imb": {},  # gpu_uuid -> consecutive out-of-line windows
+            "imb_active": {},  # gpu_uuid -> since
+            "imb_hist": {},  # gpu_uuid -> recent [window end, value] while out of line
+            "net": {"n": 0, "learn": [], "normal": None, "k": None, "s": 0.0, "start": None, "ok": 0},
+            "net_active": None,  # [since, node, signal]
+            "net_hist": [],
+        }
 
     def observe(self, event: Event) -> list[Finding]:
         """Buffer each rank's summary (steps, GPU) and each node's (host) for the windows they fall in."""
@@ -372,8 +413,9 @@ class ImbalanceDetector(JobAndHostDetector):
         info = self.topology.jobs.get(job_id)
         run = info.run_id if info else ""
         if run != job["run"]:
-            # A new run warms up again (and may place ranks elsewhere): its tests start afresh.
-            out.extend(self._end_run(job_id, job, end))
+            if job["run"]:
+                # A new run warms up again (and may place ranks elsewhere): its tests start afresh.
+                out.extend(self._end_run(job_id, job, end))
             job["run"] = run
         by_rank: dict[int, list[Any]] = {}
         for row in rows:
@@ -439,9 +481,9 @@ class ImbalanceDetector(JobAndHostDetector):
         learning = c["ref"] is None
         warm = learning and c.get("skip", 0) < self.cusum.skip_windows
         drift = self.cusum.update(c, score if learning or evidence else max(score, 1.0), end)
-        if warm:
-            return False  # warm-up (compilation, first batches) teaches and judges nothing
-        if evidence and score < self.threshold:
+        # Warm-up (compilation, first batches) teaches and raises nothing; a verdict carried over
+        # from a restored snapshot still clears.
+        if not warm and evidence and score < self.threshold:
             if st["low"] == 0:
                 st["from"] = start
             st["low"] += 1

@@ -251,3 +251,21 @@ def test_a_node_straggler_resolves_when_its_ranks_keep_pace_again() -> None:
     node = [f for f in findings if f.rule == "straggler" and f.node == "node-02"]
     assert node[0].active and not node[-1].active and node[-1].ts > T0 + 200_000
     assert all(f.rank is None for f in node)
+
+
+def test_a_window_era_snapshot_is_migrated_and_its_firing_straggler_resolves() -> None:
+    """A snapshot taken before the per-bucket rules restores; a straggler it had firing clears once the rank keeps pace."""
+    det, _, _ = _run(_job(60))
+    state = det.state()
+    job = state["jobs"]["job-1"]
+    for key in ("bucket", "decided", "run", "seq", "node_seq", "imb_hist", "net"):
+        job.pop(key)
+    job.update(low={"3": 2}, straggler={"3": T0 + 30_000}, score_hist={}, net_learn=[0.12], net_high=0)
+    restored = ImbalanceDetector(det.topology)
+    restored.load_state(state)
+    rest = [e for e in job_stage_input(_job(200)) if e.record["ts"] > T0 + 60_000]
+    findings = [f for e in rest for f in restored.observe(e)] + restored.advance(T0 + 200_000)
+    cleared = [f for f in findings if f.rule == "straggler" and not f.active]
+    assert [(f.rank, f.since) for f in cleared] == [(3, T0 + 30_000)]
+    # Until then it is the same alert (same since); nothing fires after.
+    assert all(f.since == T0 + 30_000 and f.ts < cleared[0].ts for f in _active(findings, "straggler"))
