@@ -27,16 +27,11 @@ EXPECTED_GAPS: dict[str, frozenset[str]] = {
     # straggler (storage_slowdown) carries none either.
     "gpu_imbalance": frozenset({"history"}),
     "straggler": frozenset({"history"}),
-    # baseline.py: suspected_layer stays `unknown` although the deviating metric names it.
-    "baseline_deviation": frozenset({"suspected_layer"}),
     # progress.py: suspected_layer stays `unknown` for stalls and hangs whose evidence (data wait,
     # collective wait, GPU idle, host) is at hand (issue 23.7); hangs and zombies carry no metric history.
     "job_stall": frozenset({"suspected_layer"}),
     "rank_hang": frozenset({"history", "history_metric", "suspected_layer"}),
     "zombie_job": frozenset({"history", "history_metric"}),
-    # platform.py: a job pending before its JobStarted has no cluster yet: JobStateChanged carries none
-    # (needs a `cluster` field there, read by the Topology in base.py).
-    "long_pending": frozenset({"cluster"}),
 }
 
 # Rules no shipped scenario makes fire (tested by their unit tests instead).
