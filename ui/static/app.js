@@ -367,6 +367,30 @@
     return fixedRange ? [`${top} busy`, `${bottom} idle`] : [`${top} slow`, `${bottom} fast`];
   }
 
+  function holdSamples(points, width) {
+    // Samples sparser than the buckets (an agent every 30 s, 10 s buckets) left two empty columns of
+    // three: each sample holds its cell until the row's next one, up to the usual spacing of samples.
+    // A longer gap stays empty: missing telemetry is news.
+    const byRow = new Map();
+    for (const p of points) (byRow.get(p[1]) || byRow.set(p[1], []).get(p[1])).push(p);
+    const gaps = [];
+    for (const row of byRow.values()) {
+      row.sort((a, b) => a[0] - b[0]);
+      for (let i = 1; i < row.length; i++) gaps.push(row[i][0] - row[i - 1][0]);
+    }
+    if (!gaps.length) return;
+    gaps.sort((a, b) => a - b);
+    const usual = gaps[Math.floor(gaps.length / 2)];
+    if (usual <= 1) return;
+    for (const row of byRow.values()) {
+      row.forEach((p, i) => {
+        const next = i + 1 < row.length ? row[i + 1][0] : Math.min(width, p[0] + usual);
+        if (next - p[0] > usual) return;
+        for (let x = p[0] + 1; x < next; x++) points.push([x, ...p.slice(1)]);
+      });
+    }
+  }
+
   function heatmapOption(data, buckets, rows, columns, valueIndex, name, unit, fixedRange, whoIndex, whoLabel) {
     // columns: [bucket index[], row index[], value columns...] as ClickHouse wrote them. `whoIndex`: the
     // column naming the rank (or GPU) a grouped row's value came from, shown as `whoLabel` in the tooltip.
@@ -383,6 +407,7 @@
       if (v < lo) lo = v;
       if (v > hi) hi = v;
     }
+    holdSamples(points, buckets.length);
     if (fixedRange) [lo, hi] = fixedRange;
     else if (!points.length) { lo = 0; hi = 1; }
     else {
