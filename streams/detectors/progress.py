@@ -32,7 +32,14 @@ is behind the others; failing that, the rank that has been out of the collective
 CollectiveSample since the stall began while its peers are blocked in it; failing that, the one rank whose GPU activity has been
 out of line with its peers in every sample since the stall began (at least `hang_min_samples`):
 when a stalled job resumes, the first GPU to come back is out of line only in its latest samples,
-and recovery never raises a hang. `zombie_job`: no activity for `zombie_grace_s` while the job's bound
+and recovery never raises a hang. Without collective telemetry the GPUs tell the rest (issues 20
+and 23.5): peers spinning in the collective (GPM: busy, few SMs active, no tensor work; without
+GPM: busy at a fraction of training power) and one rank whose kernel holds its SMs (or draws well
+above them); or every GPU idle now, and one rank's GPU never started the step its node's peers
+started right after the last one. Stalls and hangs name their suspected layer from the same
+evidence; hangs carry the rank's GPU series and zombies the job's steps as metric history.
+
+`zombie_job`: no activity for `zombie_grace_s` while the job's bound
 processes still hold its GPUs (the bound pid in GpuSample.pids). Everything resolves when the
 job makes progress again (or ends).
 """
@@ -62,6 +69,13 @@ DEFAULTS: dict[str, Any] = {
     "hang_gpu_util_gap_pct": 40.0,  # a hung rank's GPU activity differs from its peers by this much
     "hang_min_samples": 2,  # GPU samples of a rank since the stall began before its activity can name it
     "hang_max_fraction": 0.25,  # more stopped ranks than this fraction is a job stall, not a rank hang
+    "hang_spin_sm_pct": 35.0,  # GPM: a GPU busy with at most this SM activity and no tensor work spins in a collective
+    "hang_tensor_idle_pct": 5.0,  # GPM: tensor-pipe activity at most this is no tensor work
+    "hang_power_ratio": 1.2,  # no GPM: a hung kernel draws this many times its spinning peers' power...
+    "hang_power_cold": 0.8,  # ...while they draw at most this fraction of the job's training power
+    "hang_idle_pct": 5.0,  # a GPU at most this busy is idle
+    "hang_start_gap_pct": 20.0,  # idle job: a rank whose GPU did this much less than its node's peers after the last step never started the next one
+    "hang_start_samples": 2,  # GPU samples after the last step that hold the next step's start
     "zombie_grace_s": 600.0,  # GPUs held without progress for this long is a zombie
     "pid_recent_s": 60.0,  # a bound pid seen this recently still holds its GPU
 }
@@ -86,7 +100,10 @@ def _blank_job() -> dict[str, Any]:
         "eval_gap": False,  # time of a ValidationResult whose pause the next step after it measures (False: none)
         "paused": False,  # a checkpoint or evaluation closed since the last step: its gap is no interval
         "coll": {},  # str(rank) -> [[ts, time_s / interval_s], ...] recent samples
-        "gpu": {},  # str(rank) -> [[ts, gpu_util_pct, power_w], ...] recent samples
+        "gpu": {},  # str(rank) -> recent GPU rows (see _gpu_row)
+        "start": {},  # str(rank) -> [since, samples, activity sum]: its GPU right after the job's last activity
+        "steps_seen": [],  # [[ts, max_step], ...] recent job-level step advances (alert history)
+        "wait_share": {},  # str(rank) -> data wait / step time of its latest steps
         "power_train": [],  # recent GPU power readings taken between two ordinary steps
         "power_pending": [],  # GPU power readings since the last step advance (training once the next lands)
         "timeouts": [],  # ranks that reported a collective timeout (they were waiting)
@@ -119,6 +136,13 @@ class ProgressDetector(Detector):
         self.hang_coll_frac = float(p["hang_collective_frac"])
         self.hang_gpu_gap = float(p["hang_gpu_util_gap_pct"])
         self.hang_max_fraction = float(p["hang_max_fraction"])
+        self.hang_spin_sm = float(p["hang_spin_sm_pct"])
+        self.hang_tensor_idle = float(p["hang_tensor_idle_pct"])
+        self.hang_power_ratio = float(p["hang_power_ratio"])
+        self.hang_power_cold = float(p["hang_power_cold"])
+        self.hang_idle = float(p["hang_idle_pct"])
+        self.hang_start_gap = float(p["hang_start_gap_pct"])
+        self.hang_start_samples = int(p["hang_start_samples"])
         self.zombie_grace_ms = int(float(p["zombie_grace_s"]) * 1000)
         self.pid_recent_ms = int(float(p["pid_recent_s"]) * 1000)
         self.jobs: dict[str, dict[str, Any]] = {}
@@ -247,8 +271,12 @@ class ProgressDetector(Detector):
         util, power = r.get("gpu_util_pct"), stat_mean([r.get("power_w")])
         ts = r.get("gpu_last_ts")
         if util and ts is not None:
-            row = [ts, float(util["sum"]) / int(util["n"]), power, float(util["min"]), float(util["max"])]
+            row = _gpu_row(r, ts, power)
             job["gpu"][key] = [*job["gpu"].get(key, []), row][-_GPU_HISTORY:]
+            self._note_start(job, key, row)
+        steps, wait = r.get("step_time_s"), r.get("data_wait_s")
+        if steps and wait and float(steps["sum"]) > 0:
+            job["wait_share"][key] = round(float(wait["sum"]) / float(steps["sum"]), 4)
         if power is not None and ts is not None:
             if r.get("steps") and r.get("last_step_ts") is not None and ts <= r["last_step_ts"]:
                 # Drawn before a step of the same bucket: what the GPUs draw while training.
@@ -258,6 +286,19 @@ class ProgressDetector(Detector):
         if r.get("pid_seen_ts") is not None:
             job["pid_seen"] = max(job["pid_seen"] or 0, int(r["pid_seen_ts"]))
         return out
+
+    def _note_start(self, job: dict[str, Any], key: str, row: list[Any]) -> None:
+        """Sum a rank's GPU activity over the first samples after the job's last activity: they hold
+        the next step's start (its forward and backward) on every rank that began it."""
+        since = job["last_activity"]
+        if since is None or row[0] <= since:
+            return
+        mark = job["start"].get(key)
+        if mark is None or mark[0] != since:
+            mark = job["start"][key] = [since, 0, 0.0]
+        if mark[1] < self.hang_start_samples:
+            mark[1] += 1
+            mark[2] = round(mark[2] + _activity(row), 3)
 
     def _job_of(self, job_id: str) -> dict[str, Any]:
         """The job's state, created on first sight (not a blank dict built per event)."""
@@ -290,6 +331,7 @@ class ProgressDetector(Detector):
             if not before_eval:
                 job["eval_gap"] = job["paused"] = False
             job["max_step"] = step
+            job["steps_seen"] = [*job["steps_seen"], [ts, step]][-_GPU_HISTORY:]
             job["last_step_ts"] = max(job["last_step_ts"] or 0, ts)
             job["last_activity"] = max(job["last_activity"] or 0, ts)
             # Training stepped on: evaluations opened before this step are over (a lost
@@ -335,13 +377,13 @@ class ProgressDetector(Detector):
                 out.extend(self._check_eval(job_id, job, watermark))
                 continue  # so is an evaluation, within its own timeout
             silent = watermark - job["last_activity"]
-            allowed = self._allowed_ms(job, watermark, silent)
+            allowed = self._allowed_ms(job_id, job, watermark, silent)
             if silent <= allowed:
                 continue
             out.append(self._stall_finding(job_id, job, watermark, True, allowed))
             if job["stall"] is None:
                 job["stall"] = job["last_activity"]
-            hang = self._hung_rank(job, watermark)
+            hang = self._hung_rank(job_id, job)
             if hang is not None and job["hang"] is None:
                 job["hang"] = [hang, job["ranks"][str(hang)][1]]
             if job["hang"] is not None:
@@ -376,7 +418,7 @@ class ProgressDetector(Detector):
     def _interval_ms(self, job: dict[str, Any]) -> float | None:
         return median(job["gaps"]) if len(job["gaps"]) >= 3 else None
 
-    def _allowed_ms(self, job: dict[str, Any], watermark: int, silent: int | None = None) -> int:
+    def _allowed_ms(self, job_id: str, job: dict[str, Any], watermark: int, silent: int | None = None) -> int:
         """How long the job may be silent now. The first-evaluation grace looks at every rank (its
         shape), so it is only asked once the `silent` job is past the usual allowance."""
         interval = self._interval_ms(job)
@@ -390,12 +432,12 @@ class ProgressDetector(Detector):
             and not job["val_steps"]
             and self.eval_first_grace_ms > allowed
             and (silent is None or silent > allowed)
-            and self._looks_like_evaluation(job, watermark)
+            and self._looks_like_evaluation(job_id, job, watermark)
         ):
             allowed = self.eval_first_grace_ms
         return allowed
 
-    def _looks_like_evaluation(self, job: dict[str, Any], watermark: int) -> bool:
+    def _looks_like_evaluation(self, job_id: str, job: dict[str, Any], watermark: int) -> bool:
         """Before the run's first evaluation: does this silence have an evaluation's shape?
 
         A producer that sends only ValidationResult says nothing until the evaluation is over,
@@ -408,7 +450,7 @@ class ProgressDetector(Detector):
         """
         since = job["last_activity"]
         steps = [s for s, _ in job["ranks"].values()]
-        if not steps or min(steps) < max(steps) or self._hung_rank(job, watermark) is not None:
+        if not steps or min(steps) < max(steps) or self._hung_rank(job_id, job) is not None:
             return False
         for samples in job["coll"].values():
             recent = [x[1] for x in samples if x[0] > since]
@@ -448,7 +490,7 @@ class ProgressDetector(Detector):
         since = job["max_step"] - steps[-1]
         return any(since > 0 and since % p in (0, 1, p - 1) for p in periods)
 
-    def _hung_rank(self, job: dict[str, Any], watermark: int) -> int | None:
+    def _hung_rank(self, job_id: str, job: dict[str, Any]) -> int | None:
         ranks = job["ranks"]
         if len(ranks) < 2:
             return None
@@ -473,7 +515,6 @@ class ProgressDetector(Detector):
         # GPU activity since the stall began: a hung rank is out of line in *every* sample (its
         # lowest and highest reading on the same side of its peers); a GPU that only just came
         # back (a stalled job resuming) is not.
-        # Rows [ts, mean, power, lowest, highest] of the rank's GPU per bucket since the stall began.
         spans = {int(k): [x for x in v if x[0] > since] for k, v in job["gpu"].items()}
         spans = {k: v for k, v in spans.items() if len(v) >= self.hang_min_samples}
         if len(spans) >= 3:
@@ -487,7 +528,83 @@ class ProgressDetector(Detector):
             )
             if len(odd) == 1:
                 return odd[0]
-        return None
+        # Every GPU busy: the peers spin in the collective the hung rank never joins, and the hung
+        # rank's own kernel does something else. The first sample after the last step still holds
+        # the step every rank began, so these read the samples after it.
+        later = {k: v[1:] for k, v in spans.items() if len(v) > self.hang_min_samples}
+        if len(later) >= 3:
+            # GPM where every GPU has it (it tells spinning from work); power where it does not.
+            gpm = all(_sm(x) is not None for v in later.values() for x in v)
+            found = self._hung_kernel(later, limit) if gpm else self._hot_rank(job, later, limit)
+            if found is not None:
+                return found
+        return self._never_started(job_id, job, spans)
+
+    def _hung_kernel(self, rows: dict[int, list[list[Any]]], limit: int) -> int | None:
+        """GPM: peers busy with few SMs active and no tensor work (a collective's spinning channel
+        blocks); one rank busy with its SMs active (a kernel that never returns, or one still
+        computing: either way the one they wait for)."""
+        # Per rank and sample: (activity, SM activity, tensor activity).
+        gpm = {k: [(float(x[1]), float(_sm(x) or 0.0), _tensor(x)) for x in v] for k, v in rows.items()}
+        busy, quiet = self.eval_busy_util, self.hang_tensor_idle
+        spinning = [
+            k
+            for k, v in gpm.items()
+            if all(u >= busy and a <= self.hang_spin_sm and t <= quiet for u, a, t in v)
+        ]
+        if len(rows) - len(spinning) > limit or not spinning:
+            return None
+        level = median([median([a for _, a, _ in gpm[k]]) or 0.0 for k in spinning]) or 0.0
+        hung = [
+            k
+            for k, v in gpm.items()
+            if k not in spinning and all(u >= busy and a - level >= self.hang_gpu_gap for u, a, _ in v)
+        ]
+        return hung[0] if len(hung) == 1 else None
+
+    def _hot_rank(self, job: dict[str, Any], rows: dict[int, list[list[Any]]], limit: int) -> int | None:
+        """No GPM: peers busy but cold (spinning draws a fraction of training power); one rank busy
+        and drawing well above them in every sample (a kernel that keeps every SM resident)."""
+        if len(job["power_train"]) < self.hang_min_samples:
+            return None
+        reference = median(job["power_train"]) or 0.0
+        if any(_power_low(x) is None for v in rows.values() for x in v):
+            return None
+        watts = {k: [float(_power_low(x) or 0.0) for x in v] for k, v in rows.items()}
+        if not all(x[1] >= self.eval_busy_util for v in rows.values() for x in v):
+            return None
+        level = median([median([x[2] for x in v]) or 0.0 for v in rows.values()]) or 0.0
+        if level <= 0.0 or level > self.hang_power_cold * reference:
+            return None
+        hot = sorted(k for k, ws in watts.items() if min(ws) >= self.hang_power_ratio * level)
+        return hot[0] if 0 < len(hot) <= min(1, limit) else None
+
+    def _never_started(
+        self, job_id: str, job: dict[str, Any], spans: dict[int, list[list[Any]]]
+    ) -> int | None:
+        """Every GPU idle now: the peers' GPUs ran the next step's forward and backward right after
+        the last step, then waited; the hung rank's never started it. Read per node, whose GPUs the
+        agent samples at the same instants (the last step's tail is in the same samples)."""
+        if len(spans) < 3 or any(x[1] > self.hang_idle for v in spans.values() for x in v[-1:]):
+            return None
+        since = job["last_activity"]
+        starts = {
+            int(k): m[2]
+            for k, m in job["start"].items()
+            if m[0] == since and m[1] >= self.hang_start_samples and int(k) in spans
+        }
+        by_node: dict[str, list[int]] = {}
+        for k in starts:
+            binding = self.topology.bindings.get((job_id, k))
+            if binding is not None:
+                by_node.setdefault(binding.node, []).append(k)
+        late = []
+        for ranks in by_node.values():
+            for k in ranks:
+                others = [starts[o] for o in ranks if o != k]
+                if others and min(others) - starts[k] >= self.hang_start_gap:
+                    late.append(k)
+        return late[0] if len(late) == 1 else None
 
     # -- findings ----------------------------------------------------------------------
     def _stall_finding(
@@ -512,10 +629,56 @@ class ProgressDetector(Detector):
                 if active
                 else f"job {job_id} progresses again"
             ),
-            suspected_layer="unknown",
+            suspected_layer=self._stall_layer(job) if active else "unknown",
             history_metric="step",
             history=((job["last_step_ts"] or ts, float(job["max_step"] or 0)),),
         )
+
+    def _stall_layer(self, job: dict[str, Any]) -> str:
+        """Where the job stopped, from what its ranks do since: the hung rank's layer; peers blocked
+        in a collective (network); every GPU idle, none in a collective (data: every rank waits off
+        the GPU at once, and the input path is what they share); GPUs busy spinning (network) or
+        busy computing (gpu)."""
+        if job["hang"] is not None:
+            return self._rank_layer(job, int(job["hang"][0]))
+        since = job["last_activity"] or 0
+        coll = [v[-1][1] for v in job["coll"].values() if v and v[-1][0] > since]
+        if coll and 2 * sum(c >= self.hang_coll_frac for c in coll) > len(coll):
+            return "network"
+        rows = [v[-1] for v in job["gpu"].values() if v and v[-1][0] > since]
+        if not rows:
+            return "unknown"
+        if (median([x[1] for x in rows]) or 0.0) <= self.hang_idle:
+            return "data"
+        return self._busy_layer(job, rows)
+
+    def _busy_layer(self, job: dict[str, Any], rows: list[list[Any]]) -> str:
+        """Busy GPUs without steps: spinning in a collective (network) or computing (gpu). GPM says
+        which; without it, spinning draws a fraction of the job's training power."""
+        sms = [_sm(x) for x in rows]
+        if all(a is not None for a in sms):
+            spinning = (median([float(a or 0.0) for a in sms]) or 0.0) <= self.hang_spin_sm
+            return "network" if spinning else "gpu"
+        watts = [float(x[2]) for x in rows if x[2] is not None]
+        if watts and len(job["power_train"]) >= self.hang_min_samples:
+            cold = (median(watts) or 0.0) <= self.hang_power_cold * (median(job["power_train"]) or 0.0)
+            return "network" if cold else "gpu"
+        return "unknown"
+
+    def _rank_layer(self, job: dict[str, Any], rank: int) -> str:
+        """Where a hung rank is stuck, from its GPU: idle (host code, or its input when its last
+        steps already waited on data), busy spinning (a collective: network) or busy otherwise
+        (a kernel that never returns: gpu)."""
+        rows = job["gpu"].get(str(rank), [])
+        if not rows:
+            return "unknown"
+        last = rows[-1]
+        if float(last[1]) <= self.hang_idle:
+            return "data" if job["wait_share"].get(str(rank), 0.0) >= 0.3 else "host"
+        sm = _sm(last)
+        if sm is not None:
+            return "network" if sm <= self.hang_spin_sm and _tensor(last) <= self.hang_tensor_idle else "gpu"
+        return "gpu"
 
     def _hang_finding(self, job_id: str, job: dict[str, Any], rank: int, ts: int, active: bool) -> Finding:
         binding = self.topology.bindings.get((job_id, rank))
@@ -541,8 +704,22 @@ class ProgressDetector(Detector):
                 if active
                 else f"rank {rank} of job {job_id} steps again"
             ),
-            suspected_layer="unknown",
+            suspected_layer=self._rank_layer(job, rank) if active else "unknown",
+            **self._rank_history(job, rank),
         )
+
+    def _rank_history(self, job: dict[str, Any], rank: int) -> dict[str, Any]:
+        """The series the hang rule read: the rank's GPU activity (SM activity where GPM is read),
+        else its last step."""
+        rows = job["gpu"].get(str(rank), [])
+        if rows:
+            gpm = all(_sm(x) is not None for x in rows)
+            points = tuple((int(x[0]), round(_activity(x), 1)) for x in rows)
+            return {"history_metric": "sm_active_pct" if gpm else "gpu_util_pct", "history": points}
+        last = job["ranks"].get(str(rank))
+        if last is None:
+            return {}
+        return {"history_metric": "step", "history": ((int(last[1]), float(last[0])),)}
 
     def _eval_stuck_finding(
         self, job_id: str, job: dict[str, Any], ts: int, active: bool, limit: int
@@ -592,6 +769,12 @@ class ProgressDetector(Detector):
                 else f"job {job_id} progresses again"
             ),
             suspected_layer="platform",
+            # The job's recent step advances, then the step it still stands at: a flat tail.
+            history_metric="step",
+            history=(
+                *((int(t), float(step)) for t, step in job["steps_seen"]),
+                (ts, float(job["max_step"] or 0)),
+            ),
         )
 
     # -- state -------------------------------------------------------------------------
@@ -611,6 +794,43 @@ class ProgressDetector(Detector):
     def forget_job(self, job_id: str) -> None:
         """Drop a finished job."""
         self.jobs.pop(job_id, None)
+
+
+def _gpu_row(r: dict[str, Any], ts: int, power: float | None) -> list[Any]:
+    """One rank's GPU in one summary bucket: [ts, mean activity, mean power, lowest activity,
+    highest activity, lowest power, highest power, mean SM activity, mean tensor activity] (GPM
+    values None where the GPU has none)."""
+    util, watts = r["gpu_util_pct"], r.get("power_w")
+    return [
+        ts,
+        float(util["sum"]) / int(util["n"]),
+        power,
+        float(util["min"]),
+        float(util["max"]),
+        float(watts["min"]) if watts else None,
+        float(watts["max"]) if watts else None,
+        stat_mean([r.get("sm_active_pct")]),
+        stat_mean([r.get("tensor_active_pct")]),
+    ]
+
+
+def _sm(row: list[Any]) -> float | None:
+    return float(row[7]) if len(row) > 7 and row[7] is not None else None
+
+
+def _tensor(row: list[Any]) -> float:
+    return float(row[8]) if len(row) > 8 and row[8] is not None else 0.0
+
+
+def _power_low(row: list[Any]) -> float | None:
+    return float(row[5]) if len(row) > 5 and row[5] is not None else None
+
+
+def _activity(row: list[Any]) -> float:
+    """How much of the interval the GPU worked: GPM SM activity (an average over the interval)
+    where read, else the activity reading."""
+    sm = _sm(row)
+    return sm if sm is not None else float(row[1])
 
 
 def _low(row: list[Any]) -> float:

@@ -27,11 +27,6 @@ EXPECTED_GAPS: dict[str, frozenset[str]] = {
     # straggler (storage_slowdown) carries none either.
     "gpu_imbalance": frozenset({"history"}),
     "straggler": frozenset({"history"}),
-    # progress.py: suspected_layer stays `unknown` for stalls and hangs whose evidence (data wait,
-    # collective wait, GPU idle, host) is at hand (issue 23.7); hangs and zombies carry no metric history.
-    "job_stall": frozenset({"suspected_layer"}),
-    "rank_hang": frozenset({"history", "history_metric", "suspected_layer"}),
-    "zombie_job": frozenset({"history", "history_metric"}),
 }
 
 # Rules no shipped scenario makes fire (tested by their unit tests instead).
