@@ -273,9 +273,15 @@ def _workers_rate(
 
             start = time.perf_counter()
             done = 0
+            assignments = -1
+            cpu_settled = [0.0] * len(procs)
             while time.perf_counter() - start < timeout_s:
                 time.sleep(0.5)
-                done = sum(h[-1][1] if (h := handled(t)) else 0 for t in texts())
+                now_texts = texts()
+                done = sum(h[-1][1] if (h := handled(t)) else 0 for t in now_texts)
+                seen = sum(len(_ASSIGNED_AT.findall(t)) for t in now_texts)
+                if seen != assignments:  # the group moved: CPU from here on is the backlog's (+-0.5 s)
+                    assignments, cpu_settled = seen, [_cpu_s(proc) for proc in procs]
                 if done >= len(events) or any(proc.poll() is not None for proc in procs):
                     break
             if done < len(events):
@@ -303,6 +309,12 @@ def _workers_rate(
                 f"{workers} {runtime} worker(s) (partitions {', '.join(f'[{p}]' for p in parts)}):"
                 f" {len(events)} events in {finished - settled:.2f} s after the group settled"
                 f" = {rate:,.0f} events/s"
+            )
+            cpu = [_cpu_s(proc) - before for proc, before in zip(procs, cpu_settled, strict=True)]
+            print(
+                f"worker CPU after the group settled: {' + '.join(f'{c:.1f}' for c in cpu)} = {sum(cpu):.1f} s"
+                f" in {finished - settled:.1f} s = {len(events) / max(sum(cpu), 1e-9):,.0f} events per"
+                f" worker CPU-second; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
             )
             for proc in procs:
                 _stop(proc)
@@ -386,6 +398,18 @@ def _bench(
             )
             + (f"; / do-nothing Faust agent: {rate / faust_rate:.2f}" if faust_rate else "")
         )
+
+
+def _cpu_s(proc: subprocess.Popen[bytes]) -> float:
+    """User + system CPU seconds of a worker so far (the worker itself when under py-spy)."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    pids = [int(p) for p in children.read_text().split()] if children.exists() else []
+    total = 0.0
+    for pid in pids or [proc.pid]:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

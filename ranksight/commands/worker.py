@@ -50,6 +50,12 @@ def worker(
         min=100,
         help="Records held of one input partition (ahead of a slower one) before it is paused (backpressure).",
     ),
+    release_batch: int = typer.Option(
+        2_000,
+        "--release-batch",
+        min=1,
+        help="Records a rank-stage partition feeds its engine before the worker sends what they produced.",
+    ),
     guard_s: float = typer.Option(
         120.0,
         "--guard",
@@ -131,6 +137,7 @@ def worker(
         stats_interval_s=stats_interval_s,
         align_idle_s=align_idle_s,
         align_pause_at=align_pause_at,
+        release_batch=release_batch,
         align_max_buffer=max_held,
         guard_s=guard_s,
         unbound_interval_ms=unbound_interval_ms,

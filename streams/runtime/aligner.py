@@ -174,8 +174,11 @@ class Aligner:
                 out.append((tp, self._last_ts.get(tp), backlog, quiet))
         return out
 
-    def pop_ready(self, now: float, lag: LagFn | None = None) -> list[tuple[str, int, Any]]:
-        """Events that may go to the engine now, oldest first, as (tp, offset, item)."""
+    def pop_ready(
+        self, now: float, lag: LagFn | None = None, limit: int | None = None
+    ) -> list[tuple[str, int, Any]]:
+        """Events that may go to the engine now, oldest first, as (tp, offset, item); at most
+        `limit` of them (the rest stay ready: `ready`)."""
         if not self._heap:
             self.moved_at = now  # nothing held: no frontier to compute
             return []
@@ -184,7 +187,7 @@ class Aligner:
         heap = self._heap
         released = self._released
         counts = self._held_count
-        while heap:
+        while heap and (limit is None or len(out) < limit):
             if not (frontier is None or heap[0][0] <= frontier or len(heap) > self.max_buffer):
                 break
             _, _, _, tp, offset, item = heapq.heappop(heap)
@@ -197,6 +200,14 @@ class Aligner:
         if out or not heap or self.moved_at is None:
             self.moved_at = now
         return out
+
+    def ready(self, now: float, lag: LagFn | None = None) -> bool:
+        """Whether `pop_ready` would release something now."""
+        heap = self._heap
+        if not heap:
+            return False
+        frontier = self._reused_frontier(now, lag)
+        return frontier is None or heap[0][0] <= frontier or len(heap) > self.max_buffer
 
     def stuck_for(self, now: float) -> float:
         """Seconds events have been held without any leaving (0 when nothing is held)."""

@@ -208,6 +208,26 @@ class WorkerCore:
             actions += task.drain(now, self.lag, self.side.front, self.totals)
         return self._flow(touched.values(), now, actions)
 
+    def ready(self) -> bool:
+        """Some task holds records it may release now (more than one call's `release_batch`)."""
+        now = self.monotonic()
+        return self.side.aligner.ready(now, self.lag) or any(
+            task.aligner.ready(now, self.lag) for task in self._all_tasks()
+        )
+
+    def release(self) -> list[Action]:
+        """Release what the tasks may release now, `release_batch` records each: the loop calls it
+        until nothing is ready, sending what each call produced before the next."""
+        now = self.monotonic()
+        actions: list[Action] = []
+        if self.side.aligner.ready(now, self.lag):
+            actions += self.side.drain(now, self.lag)
+        self._share_telemetry_front()
+        ready = [task for task in self._all_tasks() if task.aligner.ready(now, self.lag)]
+        for task in ready:
+            actions += task.drain(now, self.lag, self.side.front, self.totals)
+        return self._flow(ready, now, actions)
+
     def _share_telemetry_front(self) -> None:
         """Each rank-stage engine hears the nodes of its keys: tell them all how fresh this worker's
         telemetry is (a node's silence is news only while other nodes still report)."""

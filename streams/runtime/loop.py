@@ -220,7 +220,9 @@ class DirectWorker:
 
     def step(self) -> None:
         """One batch from the consumer through the core; the timers that are due."""
-        msgs = self.consumer.consume(_BATCH, _POLL_S)
+        # Records released but not fed yet (`release_batch` per call): read what is there, no wait.
+        pending = self.core.ready()
+        msgs = self.consumer.consume(_BATCH, 0 if pending else _POLL_S)
         records: list[Record] = []
         for msg in msgs:
             err = msg.error()
@@ -232,6 +234,8 @@ class DirectWorker:
             records.append(_record(msg, self._unprefix(msg.topic() or "")))
         if records:
             perform(self.core.receive(records), self.io)
+        if self.core.ready():
+            perform(self.core.release(), self.io)
         self.io.poll()
         self._timers_due(time.monotonic())
 

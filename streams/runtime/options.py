@@ -111,6 +111,10 @@ class WorkerOptions:
     # fetched until half of them left. The partition every other waits for holds none, so it is
     # never paused: reading what releases the held records never stops.
     align_pause_at: int = 20_000
+    # Records one task feeds its engine per call before the loop sends what they produced and reads
+    # again: a worker that fed a whole released backlog in one go (seconds) kept its summaries,
+    # markers and routed telemetry from the other workers that wait on them (stop-and-go).
+    release_batch: int = 2_000
     stats_interval_s: float = 30.0
     schema_registry_url: str | None = None
     guard_s: float = 120.0

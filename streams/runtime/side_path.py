@@ -205,7 +205,7 @@ class SidePath:
     def drain(self, now: float, lag: LagFn) -> list[Action]:
         """Apply bindings and forward unattributed telemetry, in event-time order."""
         out: list[Action] = []
-        for tp, offset, (rec, event) in self.aligner.pop_ready(now, lag):
+        for tp, offset, (rec, event) in self.aligner.pop_ready(now, lag, self.options.release_batch):
             self._done(tp, offset)
             if event.type in ("RankBound", "JobStateChanged"):
                 out += self._apply_binding(rec, event)

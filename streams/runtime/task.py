@@ -173,6 +173,12 @@ class PartitionTask:
     ) -> None:
         self.partition = partition
         self.kind = kind  # "rank" or "job": the stage this task runs
+        # A rank stage feeds at most `release_batch` records per call, so its summaries, markers and
+        # routed telemetry leave between calls (other workers wait on them). The job stage releases
+        # all it may at once, as before: limited too, a restart in the middle of a release raised a
+        # job_stall the offline replay does not (tests/unit/streams/runtime/test_core.py; not yet
+        # understood), and it reads only ~0.2 records per raw event.
+        self._release_limit = options.release_batch if kind == "rank" else None
         self.config = config
         self.router = router
         self.options = options
@@ -346,7 +352,7 @@ class PartitionTask:
         due = False
         # The batch left the aligner at once: a checkpoint waits for the end of it (its offsets
         # would claim the records of the batch not yet in the engine).
-        for tp, offset, (rec, event) in self.aligner.pop_ready(now, lag):
+        for tp, offset, (rec, event) in self.aligner.pop_ready(now, lag, self._release_limit):
             if self.kind == "job":
                 outputs = self._feed_job(tp, offset, rec, event)
                 rejected = None

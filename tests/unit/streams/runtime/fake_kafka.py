@@ -217,6 +217,8 @@ def drive(
         batch = consumer.poll()
         actions: list[Action] = core.receive(batch) if batch else []
         perform(actions, io)
+        if core.ready():  # as the loop does: what is released but not fed yet, before the next read
+            perform(core.release(), io)
         clock.now += step_s
         if clock.now >= next_tick:
             perform(core.tick(), io)
