@@ -99,9 +99,14 @@ def _second(ranks: int, second: int, seconds: int, rng: random.Random) -> list[E
     out: list[Event] = []
     slow = second >= seconds // 3
     base = T0 + second * 1000
+    # Synchronous data parallelism: every rank's step ends with the slowest one's (the others wait
+    # for the straggler in the collective, their comm_s grows), as the straggler rule expects.
+    computes = [
+        0.85 * (1.5 if slow and r == STRAGGLER else 1.0) * rng.uniform(0.98, 1.02) for r in range(ranks)
+    ]
+    step_time = max(computes) + 0.03 + 0.12
     for r in range(ranks):
-        step_time = 1.0 * (1.5 if slow and r == STRAGGLER else 1.0) * rng.uniform(0.98, 1.02)
-        compute = 0.85 * step_time if r == STRAGGLER and slow else 0.85 * rng.uniform(0.98, 1.02)
+        compute = computes[r]
         out.append(
             Event(
                 "StepCompleted",
