@@ -22,9 +22,14 @@ def _job_with_slow_rank(slow_rank: int, seconds: int = 240) -> list[Event]:
     events = [job_started("job-1", T0, world_size=RANKS, nodes=2), job_state("job-1", T0, "running")]
     events += [rank_bound("job-1", r, T0) for r in range(RANKS)]
     for i in range(1, seconds + 1):
+        extra = 0.85 * 0.8 if i >= 30 else 0.0  # synchronous: the others wait for the slow rank
         for r in range(RANKS):
-            compute = 0.85 * (1.8 if r == slow_rank and i >= 30 else 1.0)
-            events.append(step("job-1", r, i, T0 + i * 1000, compute=compute))
+            slow = r == slow_rank
+            compute = 0.85 + (extra if slow else 0.0)
+            comm = 0.12 + (0.0 if slow else extra)
+            events.append(
+                step("job-1", r, i, T0 + i * 1000, compute=compute, comm=comm, step_time=1.0 + extra)
+            )
     return events
 
 
@@ -206,7 +211,18 @@ def test_a_slow_storage_server_under_one_node_is_one_group_not_a_storm() -> None
     for i in range(1, 900):
         for r in range(RANKS):
             slow = r < 4 and i >= 480
-            events.append(step("job-1", r, i, T0 + i * 1000, data_wait=0.6 if slow else 0.03))
+            extra = 0.57 if i >= 480 else 0.0  # synchronous: the others wait for the slow ranks
+            events.append(
+                step(
+                    "job-1",
+                    r,
+                    i,
+                    T0 + i * 1000,
+                    data_wait=0.6 if slow else 0.03,
+                    comm=0.12 if slow else 0.12 + extra,
+                    step_time=1.0 + extra,
+                )
+            )
     alerts = _firing(events)
     assert len(alerts) >= 4, [a["summary"] for a in alerts]
     assert len({a["group_key"] for a in alerts}) == 1
