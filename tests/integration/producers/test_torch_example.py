@@ -190,8 +190,14 @@ def test_each_example_fault_raises_its_alert_in_offline_replay(
     assert run.returncode == 0, run.stderr[-3000:]
     files = sorted(tmp_path.glob("events.rank*.avro"))
     assert len(files) == RANKS
-    # Short windows so that a run of ~30 s holds the two low windows a straggler needs.
-    config = load_config(overrides={"detectors": {"imbalance": {"window_s": 10.0, "hop_s": 5.0}}})
+    # A run of ~30 s: 1 s summary buckets and 2 of warm-up so the straggler's 3 low buckets fit in it
+    # (with the default 5 s buckets the 6-bucket warm-up alone takes 30 s); short windows to match.
+    config = load_config(
+        overrides={
+            "engine": {"summary_bucket_s": 1},
+            "detectors": {"imbalance": {"window_s": 10.0, "hop_s": 5.0, "cusum_skip_buckets": 2}},
+        }
+    )
     alerts = [
         e.record
         for e in DetectionEngine(config).run(merged_events(files))
