@@ -12,8 +12,13 @@ from __future__ import annotations
 import math
 import random
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from schemas.records import Event
 from streams.detectors.base import Finding
+from streams.detectors.imbalance import _median_without
+from streams.detectors.stats import median
 from tests.unit.streams.builders import T0, job_started, job_state, rank_bound, step
 from tests.unit.streams.test_imbalance import _active, _run
 
@@ -81,3 +86,22 @@ def test_a_1_5x_straggler_is_paged_within_20_s() -> None:
     flagged = _stragglers(findings)
     assert {f.rank for f in flagged} == {SLOW_RANK}
     assert flagged[0].ts - (T0 + FAULT_S * 1000) <= 20_000
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 6), min_size=2, max_size=40).flatmap(
+        lambda xs: st.tuples(st.just(xs), st.sets(st.integers(0, len(xs) - 1), max_size=len(xs) - 1))
+    )
+)
+def test_the_median_of_the_other_nodes_ranks_is_the_plain_median_of_the_rest(
+    case: tuple[list[int], set[int]],
+) -> None:
+    """The node test's reference (median of every rank but the node's, in O(log^2 n)) equals the plain median."""
+    values, removed_at = case
+    everyone = sorted(float(v) for v in values)
+    removed = sorted(float(values[i]) for i in removed_at)
+    rest = list(values)
+    for i in sorted(removed_at, reverse=True):
+        del rest[i]
+    assert _median_without(everyone, removed) == median([float(v) for v in rest])
