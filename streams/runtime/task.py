@@ -173,12 +173,6 @@ class PartitionTask:
     ) -> None:
         self.partition = partition
         self.kind = kind  # "rank" or "job": the stage this task runs
-        # A rank stage feeds at most `release_batch` records per call, so its summaries, markers and
-        # routed telemetry leave between calls (other workers wait on them). The job stage releases
-        # all it may at once, as before: limited too, a restart in the middle of a release raised a
-        # job_stall the offline replay does not (tests/unit/streams/runtime/test_core.py; not yet
-        # understood), and it reads only ~0.2 records per raw event.
-        self._release_limit = options.release_batch if kind == "rank" else None
         self.config = config
         self.router = router
         self.options = options
@@ -232,10 +226,16 @@ class PartitionTask:
             return
         meta, body = decode_snapshot_meta(value)
         self.seq, self.offsets, self.seen = meta["seq"], meta["offsets"], meta["seen"]
-        # A rank-stage partition idle then may not be now (it restarts from its own checkpoint and
-        # sends again): wait for each one's next marker before following the worker past it.
-        self.markers = {k: [v[0], False] for k, v in meta["markers"].items()}
         self.engine = StageEngine.restore(body, self.config, self.router, self.kind, self.holds)
+        # A rank-stage partition idle then may not be now (it restarts from its own checkpoint and
+        # sends again): wait for each one's next marker before following the worker past it. Nor
+        # past the engine's own time: the snapshot's markers were read past its offsets (those stop
+        # at the oldest record still held), so the records read again after them would be late.
+        wm = self.engine.watermark
+        self.markers = {
+            k: [v[0] if wm is None or v[0] is None else min(int(v[0]), wm), False]
+            for k, v in meta["markers"].items()
+        }
         log.warning(
             "partition %d: restored engine snapshot seq=%d (%d bytes, %d alerts firing)",
             self.partition,
@@ -352,7 +352,7 @@ class PartitionTask:
         due = False
         # The batch left the aligner at once: a checkpoint waits for the end of it (its offsets
         # would claim the records of the batch not yet in the engine).
-        for tp, offset, (rec, event) in self.aligner.pop_ready(now, lag, self._release_limit):
+        for tp, offset, (rec, event) in self.aligner.pop_ready(now, lag, self.options.release_batch):
             if self.kind == "job":
                 outputs = self._feed_job(tp, offset, rec, event)
                 rejected = None
@@ -370,6 +370,11 @@ class PartitionTask:
             # Every rank-stage partition sent everything through its marker: the job stage's event
             # time follows them (a stall is judged on time passing, not only on records coming).
             front = self.stage_front()
+            oldest = self.aligner.oldest_held()
+            if front is not None and oldest is not None:
+                # Never past a record still held here: it would be late for the engine. (Held by this
+                # partition's own frontier, the last summary read, which a slower source sets.)
+                front = min(front, oldest - 1)
             if (
                 front is not None
                 and front > MIN_EVENT_TS

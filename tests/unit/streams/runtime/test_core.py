@@ -92,6 +92,26 @@ def test_a_restarted_core_resumes_from_its_checkpoints_and_repeats_no_alert_id(
     assert len(records) - len(first) <= 2 * len(nan_loss_offline)
 
 
+@pytest.mark.parametrize("release_batch", [500, 2_000])
+def test_a_restart_between_partial_releases_repeats_the_offline_alerts(
+    nan_loss: list[Event], nan_loss_offline: set[tuple[str, str]], tmp_path: Path, release_batch: int
+) -> None:
+    """Tasks feed `release_batch` records per call, so checkpoints fall between two calls of one
+    release: restored, a job stage must not follow its snapshot's markers (read past its offsets)
+    past the records it reads again, nor advance past records it still holds."""
+    kafka = FakeKafka(6)
+    kafka.publish(nan_loss, CODEC)
+    options = WorkerOptions(
+        bootstrap="x", workdir=tmp_path, checkpoint_events=2_000, release_batch=release_batch
+    )
+    io = FakeIO(kafka)
+    drive(kafka, options, io=io, stop_after=lambda core: bool(kafka.records("rs.alerts")))
+    io2 = FakeIO(kafka)
+    io2.committed = dict(io.committed)
+    drive(kafka, options, io=io2, restored=restored_from(kafka, options))
+    assert _ids(alerts_of(kafka, CODEC)) == nan_loss_offline
+
+
 def test_a_backlog_many_times_the_cap_on_one_partition_drains_in_event_time_order(
     nan_loss: list[Event], nan_loss_offline: set[tuple[str, str]], tmp_path: Path
 ) -> None:
