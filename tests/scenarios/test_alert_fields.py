@@ -22,12 +22,7 @@ from tests.scenarios.test_scenarios import SCENARIOS, _run
 RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "runbooks"
 
 # rule -> fields it leaves empty although it could fill them. For the lead to empty (issues 19/20/23):
-EXPECTED_GAPS: dict[str, frozenset[str]] = {
-    # imbalance.py: gpu_imbalance names a history metric but carries no points; the node-level
-    # straggler (storage_slowdown) carries none either.
-    "gpu_imbalance": frozenset({"history"}),
-    "straggler": frozenset({"history"}),
-}
+EXPECTED_GAPS: dict[str, frozenset[str]] = {}
 
 # Rules no shipped scenario makes fire (tested by their unit tests instead).
 NOT_IN_SCENARIOS = frozenset(
