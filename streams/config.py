@@ -41,6 +41,17 @@ _ENGINE_KEYS = {
 }
 
 
+# Knobs renamed when straggler and network_degradation moved from 60 s windows to 5 s summary
+# buckets (issue 20.1): an old override file fails with the new name instead of a list of knobs.
+_RENAMED = {
+    "straggler_windows": "straggler_buckets",
+    "cusum_skip_windows": "cusum_skip_buckets",
+    "cusum_learn_windows": "cusum_learn_buckets",
+    "network_learn_windows": "network_learn_buckets",
+    "network_windows": "network_min_buckets",
+}
+
+
 def _own_section(cls: type) -> str:
     """The section named after a class: `ImbalanceDetector` -> `imbalance`."""
     name = cls.__name__
@@ -156,9 +167,15 @@ class EngineConfig:
             if defaults is not None:
                 for knob in sorted(knobs):
                     if knob not in defaults:
+                        renamed = _RENAMED.get(knob)
                         raise ConfigError(
                             f"{source}: unknown knob detectors.{section}.{knob}; "
-                            f"known: {', '.join(sorted(defaults))}"
+                            + (
+                                f"it is {renamed} now (counted in 5 s summary buckets, not 60 s windows:"
+                                " choose its value again)"
+                                if renamed
+                                else f"known: {', '.join(sorted(defaults))}"
+                            )
                         )
             params[section] = dict(knobs)
         try:

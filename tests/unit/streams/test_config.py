@@ -16,6 +16,7 @@ from streams.config import (
     state_key,
 )
 from streams.detectors import ALL_DETECTORS
+from streams.detectors.imbalance import ImbalanceDetector
 from streams.errors import ConfigError
 
 
@@ -127,3 +128,13 @@ def test_every_detector_class_keeps_its_state_under_a_key_of_its_own() -> None:
         # A class alone in its section keeps the section (older snapshots still restore it).
         expected = f"{section}/{cls.__name__}" if cls in shared else section
         assert state_key(cls) == expected
+
+
+def test_a_knob_renamed_to_buckets_is_named_in_the_error(tmp_path: Path) -> None:
+    """An override file from before the per-bucket straggler rule fails with the knob's new name."""
+    f = tmp_path / "c.yaml"
+    f.write_text("detectors: {imbalance: {straggler_windows: 2}}\n")
+    with pytest.raises(ConfigError, match=r"straggler_windows; it is straggler_buckets now"):
+        load_config(f)
+    f.write_text("detectors: {imbalance: {straggler_buckets: 4}}\n")
+    assert load_config(f).params_for(ImbalanceDetector)["straggler_buckets"] == 4
