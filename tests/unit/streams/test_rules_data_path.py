@@ -150,6 +150,19 @@ def test_file_opens_dropping_while_the_loop_wants_data_is_found_but_a_paused_loo
     assert f.rank == 4 and "10% of the run's normal" in f.summary
 
 
+def test_a_job_that_takes_fewer_batches_opens_fewer_files_and_that_is_no_drop() -> None:
+    """Slowed by anything else (a straggler, contention), the loop takes a quarter of the batches and
+    the loader opens a quarter of the files per second: the same per batch, nothing to page."""
+    det = FileOpenDropDetector(topology())
+    feed(det, [loader(r, i) for i in range(20) for r in range(16)])
+    slowed = [loader(r, i, batches=1, file_opens_s=0.5) for i in range(20, 40) for r in range(16)]
+    assert [f for f in feed(det, slowed) if f.active] == []
+    # Opening fewer files per batch than normal while it takes them: the storage is the news.
+    throttled = [loader(4, i, batches=1, file_opens_s=0.05) for i in range(40, 50)]
+    f = next(x for x in feed(det, throttled) if x.active)
+    assert f.rank == 4 and "per batch" in f.summary
+
+
 def test_live_workers_below_the_configured_count_are_lost_workers_and_a_short_dip_is_not() -> None:
     det = LoaderWorkersLostDetector(topology())
     assert [f for f in feed(det, [loader(3, i) for i in range(5)]) if f.active] == []
