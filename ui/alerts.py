@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["copies_of", "fold_muted", "routed_copies", "scope_text"]
+__all__ = ["copies_of", "fold_muted", "routed_copies", "scope_text", "transitions"]
 
 # What a receiver's copy does, by the ownership file's receiver kinds.
 _KIND_WORDS = {"page": "paged", "escalate": "escalated", "inform": "informed"}
@@ -93,3 +93,17 @@ def _ts(record: Mapping[str, Any]) -> int:
         aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
         return round(aware.timestamp() * 1000)
     return int(value or 0)
+
+
+def transitions(records: Iterable[Mapping[str, Any]], ts: Any = lambda v: v) -> list[dict[str, Any]]:
+    """An alert's status history from its records in time order: one row per change, not one per
+    routed copy (routing writes the same transition once for each receiving team). `ts` turns a
+    record's time into what the page shows."""
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[Any, Any, Any]] = set()
+    for r in records:
+        key = (r["ts"], r["status"], r["summary"])
+        if key not in seen:
+            seen.add(key)
+            out.append({"ts": ts(r["ts"]), "status": r["status"], "summary": r["summary"]})
+    return out

@@ -28,7 +28,7 @@ from schemas.records import Event
 from sinks.ddl import table_specs
 from sinks.efficiency import PriceList
 from sinks.rows import row_converter
-from ui.alerts import copies_of, fold_muted, routed_copies
+from ui.alerts import copies_of, fold_muted, routed_copies, transitions
 from ui.compare import SEGMENTS, BucketRow, Run, assemble, choose_runs, config_of, step_bucket
 from ui.errors import NotFoundError, UiError
 from ui.facts import PROGRESS_WINDOW_S, checkpoint_facts, progress_panel
@@ -1021,7 +1021,7 @@ def alert_report(
     }
     latest = records[-1]
     alert["history"] = [[p["ts"], _num(p["value"], 5)] for p in latest.get("history") or []]
-    alert["transitions"] = [{"ts": r["ts"], "status": r["status"], "summary": r["summary"]} for r in records]
+    alert["transitions"] = transitions(records)
     fired = [r for r in records if r["status"] == "firing"] or records
     alert["summary"] = fired[-1]["summary"]
     alert["resolution"] = latest["summary"] if latest["status"] == "resolved" else ""

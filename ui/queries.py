@@ -25,7 +25,7 @@ from clickhouse_connect.driver.client import Client
 from schemas.eventtime import MIN_EVENT_TS
 from sinks.efficiency import PriceList, job_rows, run_rows
 from sinks.errors import QueryError
-from ui.alerts import copies_of, fold_muted, routed_copies
+from ui.alerts import copies_of, fold_muted, routed_copies, transitions
 from ui.errors import NotFoundError
 from ui.facts import PROGRESS_WINDOW_S, checkpoint_facts, progress_panel
 from ui.rows import RowLayout, row_layout
@@ -1691,9 +1691,7 @@ def alert_page(
         [_plain(t), _num(v, 5)]
         for t, v in zip(latest.get("history.ts") or [], latest.get("history.value") or [], strict=False)
     ]
-    alert["transitions"] = [
-        {"ts": _plain(r["ts"]), "status": r["status"], "summary": r["summary"]} for r in records
-    ]
+    alert["transitions"] = transitions(records, _plain)
     # The headline is what went wrong (the last firing record), the resolution how it ended; the
     # threshold is the expected value of any record that had one (a resolved record may carry none).
     fired = [r for r in records if r["status"] == "firing"] or records

@@ -234,7 +234,7 @@ class DirectWorker:
             records.append(_record(msg, self._unprefix(msg.topic() or "")))
         if records:
             perform(self.core.receive(records), self.io)
-        if self.core.ready():
+        if (records or pending) and self.core.ready():  # nothing read, nothing pending: nothing to release
             perform(self.core.release(), self.io)
         self.io.poll()
         self._timers_due(time.monotonic())

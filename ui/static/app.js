@@ -1047,7 +1047,9 @@
       option: {
         animation: false, grid: { left: 70, right: 110, top: 22, bottom: 24 }, tooltip: { trigger: 'axis', formatter: axisTip(units) },
         xAxis: { type: 'time', min: lo - pad, max: hi + pad, axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5), hideOverlap: true } },
-        yAxis: { type: 'value', name: unit && unit !== 'ratio' ? unit : '', nameTextStyle: { align: 'left' }, min: (v) => extent(v, 'min'), max: (v) => extent(v, 'max'), splitNumber: 3 },
+        yAxis: { type: 'value', name: unit && unit !== 'ratio' ? unit : '', nameTextStyle: { align: 'left' }, min: (v) => extent(v, 'min'), max: (v) => extent(v, 'max'), splitNumber: 3,
+          // The padded extent is no round number (1.04111, 0.67379 over the ticks): only the ticks are labelled.
+          axisLabel: { showMinLabel: false, showMaxLabel: false } },
         series: [{ name, type: 'line', data: points, showSymbol: true, color,
           markArea: { silent: true, itemStyle: { color: a.status === 'resolved' ? COLORS.resolvedBand : COLORS.alert }, data: [[{ xAxis: a.starts_ms }, { xAxis: end }]] },
           markLine: threshold === null ? undefined : { silent: true, symbol: 'none', lineStyle: { color: '#d62728', type: 'dashed' },
