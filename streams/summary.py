@@ -182,6 +182,8 @@ class RankSummarizer:
         _add(row, "data_wait_s", wait)
         _add(row, "comm_s", r.get("comm_s"))
         _add(row, "step_time_s", step_time)
+        _add(row, "forward_s", r.get("forward_s"))
+        _add(row, "backward_s", r.get("backward_s"))
         loss = r.get("loss")
         if loss is not None and math.isfinite(loss):
             _add(row, "loss", loss)
@@ -286,6 +288,8 @@ class RankSummarizer:
             "data_wait_s",
             "comm_s",
             "step_time_s",
+            "forward_s",
+            "backward_s",
             "loss",
             "gpu_util_pct",
             "power_w",

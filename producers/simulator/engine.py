@@ -33,6 +33,8 @@ Progress = Callable[[int, float], None]
 # _HUNG: a kernel that never returns (a deadlocked or spin-waiting kernel): its blocks stay resident
 # on every SM, so the GPU reads busy, but it issues no tensor work and moves little data.
 _DATA, _COMPUTE, _COMM, _CKPT, _EVAL, _SPIN, _STEPS, _BLOCKED, _HUNG = range(9)
+_FWD, _BWD, _OPT = 0.32, 0.6, 0.08  # a step's compute split into forward, backward and optimizer
+_DDP_TAIL = 0.3  # share of the all-reduce DDP leaves exposed after the last backward bucket
 _SLOTS = 9
 _GIB = 1024**3
 _GRAD_BYTES = 14_000_000_000  # bf16 gradients of a ~7B-parameter model, all-reduced every step
@@ -1398,6 +1400,13 @@ class _JobRun:
             segs.append((data, compute))
         ready = max(d + c for d, c in segs)
         coll = comm0 * slow * net * _lognormal(rng, noise)
+        overlap = job.comm_overlap
+        if overlap:
+            # DDP: buckets are reduced while backward runs; the last one's gradients leave when
+            # the slowest rank's backward ends, and only a tail of the all-reduce is exposed.
+            grads = max(d + c * (_FWD + _BWD) for d, c in segs)
+            coll *= _DDP_TAIL
+            ready = max(grads + coll + c * _OPT for _, c in segs) - coll
         finish = t + ckpt_s + ready + coll
         step = self.step
         loss_base, grad, lr, skipped, nan_loss = self._model(t, step)
@@ -1412,7 +1421,13 @@ class _JobRun:
             # Ranks leave the collective within a few ms of each other, all by `finish`.
             reported = finish - rng.uniform(0, 0.004)
             last_report = max(last_report, reported)
-            fwd, bwd, opt = compute * 0.32, compute * 0.6, compute * 0.08
+            fwd, bwd, opt = compute * _FWD, compute * _BWD, compute * _OPT
+            comm: float | None = round(wait, 6)
+            if overlap:
+                # The backward timer runs until the all-reduce ends: it holds the rank's wait.
+                bwd = grads + coll - (data + fwd)
+                wait = ready + coll - (grads + coll + opt) + rng.uniform(0, 0.002)
+                comm = None
             loss = math.nan if nan_loss else loss_base * (1 + rng.gauss(0, 0.012))
             e.emit(
                 reported,
@@ -1427,12 +1442,12 @@ class _JobRun:
                 loss=loss,
                 lr=lr,
                 grad_norm=grad,
-                step_time_s=round(ckpt_s + data + compute + wait, 6),
+                step_time_s=round(ckpt_s + data + (fwd + bwd + opt if overlap else compute) + wait, 6),
                 data_wait_s=round(data, 6),
                 forward_s=round(fwd, 6),
                 backward_s=round(bwd, 6),
                 optimizer_s=round(opt, 6),
-                comm_s=round(wait, 6),
+                comm_s=comm,
                 checkpoint_s=round(ckpt_s, 6) if ckpt_s else 0.0,
                 skipped=skipped,
                 batch_fingerprint=self._batch_fingerprint(r.rank, step, t),
@@ -1441,7 +1456,7 @@ class _JobRun:
             s = t + ckpt_s
             e._spread(r.node, r.gpu_index, _DATA, s, data)
             e._spread(r.node, r.gpu_index, _COMPUTE, s + data, compute)
-            e._spread(r.node, r.gpu_index, _COMM, s + data + compute, wait)
+            e._spread(r.node, r.gpu_index, _COMM, s + data + compute, ready + coll - (data + compute))
             e._count_step(r.node, r.gpu_index, finish)
         self.step += 1
         self.steps_in_run += 1

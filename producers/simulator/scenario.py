@@ -145,6 +145,9 @@ class JobSpec:
     slow_ranks: dict[int, float] = field(default_factory=dict)  # rank -> persistent compute factor
     data_wait_fraction: float = 0.03
     comm_fraction: float = 0.12
+    # DDP: the gradient all-reduce overlaps backward and no `comm` segment is timed, so a fast
+    # rank's backward includes its wait for the slowest rank's gradients (only a tail is exposed).
+    comm_overlap: bool = False
     warmup_steps: int = 20
     init_time: float = 30.0
     dataloader_workers: int = 8
@@ -419,6 +422,7 @@ _JOB_SIMPLE: dict[str, Conv] = {
     "slow_ranks": lambda v: _slow_ranks(v),
     "data_wait_fraction": _fraction,
     "comm_fraction": _fraction,
+    "comm_overlap": _bool,
     "warmup_steps": _nonneg_int,
     "init_time": parse_duration,
     "dataloader_workers": _pos_int,

@@ -275,6 +275,8 @@ class ImbalanceDetector(JobAndHostDetector):
                         stat_median([r.get("comm_s")]),
                         int(r["ts"]) - ts,
                         int(r["steps"]),
+                        stat_median([r.get("forward_s")]),
+                        stat_median([r.get("backward_s")]),
                     ]
                 )
             job["steps"].append(
@@ -429,10 +431,13 @@ class ImbalanceDetector(JobAndHostDetector):
         comms = [r[5] for r in by_rank.values() if r[5] is not None]
         job_comm = median(comms) if 2 * len(comms) >= len(by_rank) else None
         held = self._node_bucket(job_id, job, by_rank, start, end, out)
+        pre_syncs = [_pre_sync(r) for r in by_rank.values()]
         peers = {
             "busy": job_busy,
             "compute": median(finite(r[3] for r in by_rank.values())),
             "wait": median(finite(r[4] for r in by_rank.values())),
+            "pre_sync": median(finite(pre_syncs)) if 2 * len(finite(pre_syncs)) >= len(by_rank) else None,
+            "after": median(finite(_after_pre_sync(r) for r in by_rank.values())),
         }
         for rank in sorted(by_rank):
             row = by_rank[rank]
@@ -442,6 +447,9 @@ class ImbalanceDetector(JobAndHostDetector):
             if job_comm is not None and row[5] is not None and row[2] > job_busy:
                 # Synchronous training: the ranks wait in the collective for the slow one.
                 waited = job_comm - row[5] >= self.waited_share * (row[2] - job_busy)
+            early = self._pre_sync_score(row, peers)
+            if early is not None and (early < score or not waited):
+                score, waited = early, True
             st = job["seq"].get(key)
             if st is None:
                 st = job["seq"][key] = _new_seq(self.cusum)
@@ -465,6 +473,24 @@ class ImbalanceDetector(JobAndHostDetector):
                 st.pop("why", None)
         out.extend(self._net_bucket(job_id, job, by_rank, info, start, end))
         return out
+
+    def _pre_sync_score(self, row: list[Any], peers: dict[str, Any]) -> float | None:
+        """The rank's score on its work before the first wait (job median / its data wait + forward).
+
+        DDP overlaps the gradient all-reduce with backward: a fast rank's backward timer runs
+        until the slow rank's gradients arrive, so busy times even out and the busy score sees
+        little of a slow GPU or loader. The data wait and the forward pass come before any wait on
+        every rank and still differ. The score counts only when the peers' time after it
+        (backward + communication) is longer than the rank's by `waited_for_share` of its extra:
+        they wait for it, inside backward (DDP) or in the collective. None when it does not apply.
+        """
+        own, ref = _pre_sync(row), peers["pre_sync"]
+        if own is None or ref is None or own <= ref or peers["after"] is None:
+            return None
+        after = _after_pre_sync(row)
+        if after is None or peers["after"] - after < self.waited_share * (own - ref):
+            return None
+        return float(ref / own)
 
     def _judge(
         self, st: dict[str, Any], score: float, start: int, end: int, evidence: bool, steps: int
@@ -685,6 +711,12 @@ class ImbalanceDetector(JobAndHostDetector):
                 f"; compute {row[3]:.3f} s, data wait {row[4]:.3f} s per step"
                 f" (its peers: {peers['compute'] or 0.0:.3f} s, {peers['wait'] or 0.0:.3f} s)"
             )
+        own_early = _pre_sync(row)
+        if own_early is not None and peers.get("pre_sync") and score < peers["busy"] / row[2] - 0.02:
+            summary += (
+                f"; data wait + forward {own_early:.3f} s vs {peers['pre_sync']:.3f} s on its peers,"
+                " who wait for it inside backward (the all-reduce overlaps it, as in DDP)"
+            )
         c = st["c"]
         if c.get("alarm") and score >= self.threshold:
             summary += "; " + self.cusum.describe(c)
@@ -715,7 +747,10 @@ class ImbalanceDetector(JobAndHostDetector):
             gpu_uuid=b.gpu_uuid if b else None,
             gpu_index=b.gpu_index if b else None,
             since=st["since"],
-            invariant=f"every rank's straggler score (job median busy time / rank busy time) stays >= {self.threshold}",
+            invariant=(
+                "every rank's straggler score (job median busy time / rank busy time; data wait + forward when"
+                f" the all-reduce overlaps backward) stays >= {self.threshold}"
+            ),
             observed=score,
             expected=self.threshold,
             summary=summary,
@@ -1061,6 +1096,22 @@ def _new_seq(cusum: RelativeSpeedCusum) -> dict[str, Any]:
     return {"c": cusum.new_state(), "low": 0, "from": None, "t": False, "ok": 0, "since": None}
 
 
+def _pre_sync(row: list[Any]) -> float | None:
+    """A bucket row's work before its first wait: median forward plus data wait (older snapshots' rows hold no forward)."""
+    value = row[8] if len(row) > 8 else None
+    if value is None or value <= 0:
+        return None
+    return float(value) + float(row[4] or 0.0)
+
+
+def _after_pre_sync(row: list[Any]) -> float | None:
+    """A bucket row's median backward plus communication: where a rank waits for a slow peer."""
+    backward = row[9] if len(row) > 9 else None
+    if backward is None and row[5] is None:
+        return None
+    return float(backward or 0.0) + float(row[5] or 0.0)
+
+
 def _has_evidence(st: dict[str, Any]) -> bool:
     """Whether the test holds evidence against its rank (low buckets, an accumulated sum, a verdict)."""
     return bool(st["low"] or st["t"] or st["c"].get("s") or st["c"].get("alarm"))
@@ -1085,6 +1136,12 @@ def _note(
     st["hist"] = [*st.get("hist", []), [end, round(score, 4)]][-points:]
     d_wait = (row[4] or 0.0) - (peers["wait"] or 0.0)
     d_compute = row[3] - peers["compute"] if row[3] is not None and peers["compute"] is not None else None
+    own_early, ref_early = _pre_sync(row), peers.get("pre_sync")
+    if own_early is not None and ref_early is not None:
+        # Under DDP a slow GPU's extra compute shows in its forward only (the peers' backward
+        # absorbs the rest as waiting): the larger of the two is the GPU's share.
+        d_forward = own_early - ref_early - d_wait
+        d_compute = d_forward if d_compute is None else max(d_compute, d_forward)
     st["why"] = [*st.get("why", []), [round(d_wait, 6), None if d_compute is None else round(d_compute, 6)]][
         -3:
     ]

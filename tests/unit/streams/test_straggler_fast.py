@@ -27,7 +27,12 @@ FAULT_S = 300
 SLOW_RANK = 5
 
 
-def _run_events(seconds: int, slow: float | None, seed: int = 3) -> list[Event]:
+def _run_events(
+    seconds: int, slow: float | None, seed: int = 3, *, ddp: bool = False, slow_data: float = 0.0
+) -> list[Event]:
+    """The run; `ddp`: the all-reduce overlaps backward and no comm segment is timed, so every
+    rank's backward timer runs until the slowest rank's gradients are reduced (DDP); `slow_data`:
+    extra data wait of the slow rank from FAULT_S on."""
     rng = random.Random(seed)
     events = [job_started("job-1", T0, world_size=RANKS, nodes=2), job_state("job-1", T0, "running")]
     events += [rank_bound("job-1", r, T0, gpus_per_node=8) for r in range(RANKS)]
@@ -45,16 +50,24 @@ def _run_events(seconds: int, slow: float | None, seed: int = 3) -> list[Event]:
                 compute *= slow
             if n % 90 == 89 and r == 0:
                 compute += 3.0  # rank 0 writes the checkpoint inside its optimizer step
-            busy.append((compute, 0.05 * math.exp(rng.gauss(0.0, 0.25))))
+            wait = 0.05 * math.exp(rng.gauss(0.0, 0.25))
+            if slow_data and r == SLOW_RANK and t >= FAULT_S:
+                wait += slow_data
+            busy.append((compute, wait))
         ready = max(c + w for c, w in busy)
         coll = 0.25 * math.exp(rng.gauss(0.0, 0.05))
         step_time = ready + coll
+        # DDP: gradients leave as backward produces them; the last bucket's when the slowest rank's
+        # backward ends (forward 1/3, backward 1/2 of compute), then a short exposed tail.
+        grads = max(w + c * 5 / 6 for c, w in busy)
         for r, (compute, wait) in enumerate(busy):
             comm = ready - (compute + wait) + coll
             ts = T0 + round((t + step_time) * 1000) + rng.randint(0, 4)
-            events.append(
-                step("job-1", r, n, ts, step_time=step_time, data_wait=wait, compute=compute, comm=comm)
-            )
+            event = step("job-1", r, n, ts, step_time=step_time, data_wait=wait, compute=compute, comm=comm)
+            if ddp:
+                event.record["backward_s"] = grads + 0.3 * coll - (wait + compute / 3)
+                event.record["comm_s"] = None
+            events.append(event)
         t += step_time
         n += 1
         if n % 60 == 0:
@@ -86,6 +99,28 @@ def test_a_1_5x_straggler_is_paged_within_20_s() -> None:
     flagged = _stragglers(findings)
     assert {f.rank for f in flagged} == {SLOW_RANK}
     assert flagged[0].ts - (T0 + FAULT_S * 1000) <= 20_000
+
+
+def test_under_ddp_a_1_3x_straggler_is_paged_within_30_s_from_its_forward_pass() -> None:
+    """Its peers' backward timers absorb the wait: busy times even out, its forward still differs."""
+    _, findings, _ = _run(_run_events(600, 1.3, ddp=True))
+    flagged = _stragglers(findings)
+    assert flagged and {f.rank for f in flagged} == {SLOW_RANK}, [f.summary for f in flagged]
+    assert flagged[0].ts - (T0 + FAULT_S * 1000) <= 30_000, (flagged[0].ts - T0) / 1000
+    assert flagged[0].suspected_layer == "gpu"
+    assert "inside backward" in flagged[0].summary
+
+
+def test_under_ddp_a_slow_loader_is_a_data_straggler() -> None:
+    _, findings, _ = _run(_run_events(600, None, ddp=True, slow_data=0.8))
+    flagged = _stragglers(findings)
+    assert flagged and {f.rank for f in flagged} == {SLOW_RANK}, [f.summary for f in flagged]
+    assert flagged[0].suspected_layer == "data"
+
+
+def test_under_ddp_jitter_warm_up_evaluations_and_checkpoint_steps_stay_quiet() -> None:
+    _, findings, _ = _run(_run_events(1200, None, ddp=True))
+    assert [f.summary for f in findings if f.active] == []
 
 
 @settings(max_examples=300, deadline=None)
