@@ -289,9 +289,19 @@ class ProgressDetector(Detector):
 
     def _note_start(self, job: dict[str, Any], key: str, row: list[Any]) -> None:
         """Sum a rank's GPU activity over the first samples after the job's last activity: they hold
-        the next step's start (its forward and backward) on every rank that began it."""
+        the next step's start (its forward and backward) on every rank that began it.
+
+        A sample is an average over the interval before it: one taken a few ms after the last step
+        is that step's work, not the next one's start (such a sample on one GPU but not its peers,
+        a few ms of sampling skew, named an idle rank hung in a job-wide stall). Only a sample whose
+        interval lies at least half after the last step counts.
+        """
         since = job["last_activity"]
         if since is None or row[0] <= since:
+            return
+        rows = job["gpu"].get(key) or []
+        previous = rows[-2][0] if len(rows) >= 2 and rows[-1] is row else None
+        if previous is not None and row[0] - since < (row[0] - previous) / 2:
             return
         mark = job["start"].get(key)
         if mark is None or mark[0] != since:

@@ -112,6 +112,22 @@ def test_every_gpu_idle_names_the_rank_whose_gpu_never_started_the_next_step() -
         assert hang is not None and hang.rank == 3 and hang.suspected_layer == "host", gpm
 
 
+def test_a_sample_taken_ms_after_the_last_step_is_that_step_s_work_not_the_next_one_s_start() -> None:
+    """A job-wide input stall: every GPU idle after the last step. The agent samples GPU 0 2 ms
+    before the step ends and GPUs 1-3 1-3 ms after it: their samples hold the last step's work,
+    not a start of the next one that GPU 0 lacks (this named rank 0 hung in a 21x stall)."""
+    events = training_job(seconds=STALL_S)
+    skew = {0: -2, 1: 1, 2: 2, 3: 3}
+    for k in range(1, 60):
+        for r in range(4):
+            ts = T0 + 5000 * k + skew[r]
+            busy = ts <= T0 + STALL_S * 1000 + 5
+            events.append(_gpu(r, (ts - T0) / 1000, util=95.0 if busy else 0.0, power=600.0 if busy else 80.0))
+    _, out = _run(sorted(events, key=lambda e: e.record["ts"]), until_s=175)
+    assert _hang(out) is None
+    assert _first(out, "job_stall") is not None
+
+
 def test_every_gpu_idle_alike_names_no_rank_and_the_stall_says_data() -> None:
     """Every rank stopped after the same step (all waiting for input): nobody is out of line."""
     idle = (0.0, 80.0, None, None)
