@@ -82,6 +82,9 @@ DEFAULTS: dict[str, Any] = {
 
 
 _GPU_HISTORY = 8  # recent GPU samples kept per rank
+# Sampling and step skew: a GPU sample this close after the job's last step holds none of the next
+# step's start (an agent samples a node's GPUs, and ranks leave a collective, within a few ms).
+_SKEW_MS = 250
 _POWER_HISTORY = 64  # GPU power readings while training kept per job (its reference level)
 
 
@@ -292,16 +295,13 @@ class ProgressDetector(Detector):
         the next step's start (its forward and backward) on every rank that began it.
 
         A sample is an average over the interval before it: one taken a few ms after the last step
-        is that step's work, not the next one's start (such a sample on one GPU but not its peers,
-        a few ms of sampling skew, named an idle rank hung in a job-wide stall). Only a sample whose
-        interval lies at least half after the last step counts.
+        is that step's work, not the next one's start. An agent samples a node's GPUs a few ms
+        apart and ranks finish a step a few ms apart, so such a round can fall on both sides of
+        the last step (one GPU 2 ms before it, its peers 1-3 ms after: that named an idle rank hung
+        in a job-wide stall). A sample within `_SKEW_MS` of the last step counts for no rank.
         """
         since = job["last_activity"]
-        if since is None or row[0] <= since:
-            return
-        rows = job["gpu"].get(key) or []
-        previous = rows[-2][0] if len(rows) >= 2 and rows[-1] is row else None
-        if previous is not None and row[0] - since < (row[0] - previous) / 2:
+        if since is None or row[0] <= since + _SKEW_MS:
             return
         mark = job["start"].get(key)
         if mark is None or mark[0] != since:
