@@ -122,7 +122,9 @@ def test_a_sample_taken_ms_after_the_last_step_is_that_step_s_work_not_the_next_
         for r in range(4):
             ts = T0 + 5000 * k + skew[r]
             busy = ts <= T0 + STALL_S * 1000 + 5
-            events.append(_gpu(r, (ts - T0) / 1000, util=95.0 if busy else 0.0, power=600.0 if busy else 80.0))
+            events.append(
+                _gpu(r, (ts - T0) / 1000, util=95.0 if busy else 0.0, power=600.0 if busy else 80.0)
+            )
     _, out = _run(sorted(events, key=lambda e: e.record["ts"]), until_s=175)
     assert _hang(out) is None
     assert _first(out, "job_stall") is not None
