@@ -37,7 +37,10 @@ growth beyond `network_slack` (1.25x) reaching `network_threshold`, in at least
 `network_min_buckets` (4) buckets, while the latest bucket is >= `network_ratio` (1.5x) and
 `network_min_increase_s` above normal, is `network_degradation` (a 2x degradation pages ~20 s in,
 1.5x ~35 s), naming the job node with InfiniBand port errors or else elevated TCP retransmits
-(HostSample) over the last window, if any.
+(HostSample) over the last window, if any. While such a node exists, a second CUSUM with less
+slack (`network_corroborated_slack`, ln 1.1) reaching `network_corroborated_threshold` with the
+latest bucket >= `network_corroborated_ratio` (1.25x) pages too: host and job agree, so a port
+degrading gradually pages while it degrades (2x over 2 min: ~45 s in, not ~75 s).
 
 **Per window** (`window_s` 60 s every `hop_s` 30 s): every GPU bound to the job is compared with
 its peers on activity, power and memory (robust z-score with a relative floor); one out of line
@@ -87,6 +90,12 @@ DEFAULTS: dict[str, Any] = {
     "network_slack": 0.22,  # log growth of communication tolerated forever (ln 1.25; CUSUM k)
     "network_threshold": 1.2,  # accumulated log growth that makes network_degradation (CUSUM h)
     "network_min_buckets": 4,  # buckets of evidence it needs at least (one adds <= h / this)
+    # Corroborated by the host: a job node with InfiniBand port errors or elevated TCP retransmits
+    # (what names the node) lets less job-side evidence page, so a port that degrades gradually is
+    # paged while it degrades, not once it is twice as slow.
+    "network_corroborated_ratio": 1.25,  # with a node at fault, communication this many times normal is degraded
+    "network_corroborated_slack": 0.095,  # its CUSUM's k: log growth tolerated (ln 1.1; at least the learned 1.5 sigma)
+    "network_corroborated_threshold": 0.6,  # its CUSUM's h (in at least network_min_buckets buckets)
     "retrans_factor": 5.0,  # a node retransmitting this many times its peers' median is named
     "retrans_min_per_s": 50.0,  # ...with at least this many retransmitted segments per second
     "ib_min_errors": 10.0,  # a node counting this many InfiniBand port errors in a window (and retrans_factor x its peers) is named first
@@ -175,6 +184,10 @@ class ImbalanceDetector(JobAndHostDetector):
         self.net_slack = float(p["network_slack"])
         self.net_h = float(p["network_threshold"])
         self.net_max_step = self.net_h / max(1, int(p["network_min_buckets"]))
+        self.net_c_ratio = float(p["network_corroborated_ratio"])
+        self.net_c_slack = float(p["network_corroborated_slack"])
+        self.net_c_h = float(p["network_corroborated_threshold"])
+        self.net_c_max_step = self.net_c_h / max(1, int(p["network_min_buckets"]))
         self.retrans_factor = float(p["retrans_factor"])
         self.retrans_min = float(p["retrans_min_per_s"])
         self.ib_min_errors = float(p["ib_min_errors"])
@@ -896,41 +909,66 @@ class ImbalanceDetector(JobAndHostDetector):
                 normal = median(net["learn"])
                 assert normal is not None
                 logs = [math.log(max(x, 1e-9) / normal) for x in net["learn"]] if normal > 0 else [0.0]
-                spread = mad(logs) or 0.0
-                net.update(normal=normal, k=max(self.net_slack, 3.0 * MAD_TO_SIGMA * spread), learn=[])
+                spread = 3.0 * MAD_TO_SIGMA * (mad(logs) or 0.0)
+                net.update(
+                    normal=normal,
+                    k=max(self.net_slack, spread),
+                    # Half the slack's noise floor (1.5 sigma; h 0.6 is still ~8 sigma): the host's
+                    # errors are the other half of the evidence.
+                    kc=max(self.net_c_slack, spread / 2),
+                    learn=[],
+                )
             return []
         normal = float(net["normal"])
         if normal <= 0:
             return []  # a job whose ranks never wait in a collective: nothing to compare
         growth = math.log(max(intrinsic, 1e-9) / normal)
         step = min(growth - float(net["k"]), self.net_max_step)
-        degraded = intrinsic > normal * self.net_ratio and intrinsic - normal >= self.net_min_inc
+        more = intrinsic - normal >= self.net_min_inc
+        degraded = intrinsic > normal * self.net_ratio and more
         if job["net_active"] is None:
             if net["s"] == 0.0:
                 net["start"] = start
             net["s"] = round(max(0.0, net["s"] + step), 6)
             if net["s"] == 0.0:
                 net["start"] = None
-            if net["s"] < self.net_h or not degraded:
+            # The corroborated test: less evidence, paged only with a node at fault (older
+            # snapshots learned no kc: they use k).
+            c_step = min(growth - float(net.get("kc", net["k"])), self.net_c_max_step)
+            if net.get("c", 0.0) == 0.0:
+                net["c_start"] = start
+            net["c"] = round(max(0.0, net.get("c", 0.0) + c_step), 6)
+            if net["c"] == 0.0:
+                net["c_start"] = None
+            if net["s"] >= self.net_h and degraded:
+                node, signal = self._network_node(info, end - self.window_ms, end)
+                job["net_active"] = [net["start"], node, signal, self.net_ratio]
+            elif net["c"] >= self.net_c_h and more and intrinsic > normal * self.net_c_ratio:
+                node, signal = self._network_node(info, end - self.window_ms, end)
+                if node is None:
+                    return []
+                job["net_active"] = [net["c_start"], node, signal, self.net_c_ratio]
+            else:
                 return []
-            node, signal = self._network_node(info, end - self.window_ms, end)
-            job["net_active"] = [net["start"], node, signal]
             net["ok"] = 0
             return [self._net_finding(job_id, job, intrinsic, end, True)]
+        # Held at the ratio it fired at (a corroborated alert at its lower one: no flapping).
+        ratio = float(job["net_active"][3]) if len(job["net_active"]) > 3 else self.net_ratio
+        degraded = intrinsic > normal * ratio and more
         if degraded:
             net["ok"] = 0
             net["s"] = round(min(2 * self.net_h, net["s"] + max(step, 0.0)), 6)
             if job["net_active"][1] is None:
                 node, signal = self._network_node(info, end - self.window_ms, end)
                 if node is not None:
-                    job["net_active"][1:] = [node, signal]
+                    job["net_active"][1:3] = [node, signal]
             return [self._net_finding(job_id, job, intrinsic, end, True)]
         net["ok"] += 1
         if net["ok"] < self.clear_buckets:
             return [self._net_finding(job_id, job, intrinsic, end, True)]
         finding = self._net_finding(job_id, job, intrinsic, end, False)
         job["net_active"] = None
-        net.update(s=0.0, start=None, ok=0)
+        net.update(s=0.0, start=None, ok=0, c=0.0, c_start=None)
         return [finding]
 
     def _network_node(self, info: JobInfo | None, start: int, end: int) -> tuple[str | None, str]:
@@ -984,6 +1022,7 @@ class ImbalanceDetector(JobAndHostDetector):
     ) -> Finding:
         since, node, *rest = job["net_active"]
         signal = rest[0] if rest else "TCP retransmits elevated"
+        ratio = float(rest[1]) if len(rest) > 1 else self.net_ratio
         normal = float(job["net"]["normal"] or 0.0)
         return Finding(
             rule="network_degradation",
@@ -995,7 +1034,10 @@ class ImbalanceDetector(JobAndHostDetector):
             job_id=job_id,
             node=node,
             since=since,
-            invariant=f"collective communication per step stays within {self.net_ratio}x of the job's normal",
+            invariant=(
+                f"collective communication per step stays within {ratio}x of the job's normal"
+                + (" while a job node shows network errors" if ratio < self.net_ratio else "")
+            ),
             observed=intrinsic,
             expected=normal,
             summary=(

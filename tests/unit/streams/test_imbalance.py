@@ -170,6 +170,42 @@ def test_communication_up_for_every_rank_is_network_degradation_naming_the_retra
     assert _active(findings, "straggler") == []
 
 
+def _comm_ramp(seconds: int, ramp_s: int, to: float, *, retrans: bool) -> list[Event]:
+    """Every rank's comm_s grows linearly from 0.4 s to `to` x over `ramp_s` from 200 s."""
+    events = _job(seconds, fault_from=200, retrans_node="node-01" if retrans else None)
+    for e in events:
+        r = e.record
+        if e.type == "StepCompleted":
+            grown = min(1.0, max(0, r["ts"] - T0 - 200_000) / (ramp_s * 1000))
+            r["comm_s"] = 0.4 * (1 + (to - 1) * grown)
+        if e.type == "HostSample" and r["ts"] < T0 + 200_000:
+            r["tcp_retrans_segs_s"] = 1.0
+    return events
+
+
+def test_a_link_degrading_gradually_pages_while_it_degrades_when_its_node_retransmits() -> None:
+    # 2x over 120 s: 1.5x (the uncorroborated ratio) only 60 s in.
+    _, findings, _ = _run(_comm_ramp(400, 120, 2.0, retrans=True))
+    flagged = _active(findings, "network_degradation")
+    assert flagged and flagged[0].node == "node-01"
+    assert flagged[0].ts - (T0 + 200_000) <= 50_000, (flagged[0].ts - T0) / 1000  # 45 s; 75 s uncorroborated
+    assert "network errors" in flagged[0].invariant
+    # Held at the ratio it fired at: one alert, firing until the link is back.
+    assert all(f.active for f in findings if f.rule == "network_degradation")
+
+
+def test_without_a_node_at_fault_a_gradual_link_pages_only_past_1_5x() -> None:
+    _, findings, _ = _run(_comm_ramp(400, 120, 2.0, retrans=False))
+    flagged = _active(findings, "network_degradation")
+    assert flagged and flagged[0].ts - (T0 + 200_000) >= 60_000, (flagged[0].ts - T0) / 1000
+    assert flagged[0].node is None
+
+
+def test_a_small_rise_with_a_node_at_fault_stays_quiet_below_1_25x() -> None:
+    _, findings, _ = _run(_comm_ramp(400, 30, 1.2, retrans=True))
+    assert _active(findings, "network_degradation") == []
+
+
 def test_a_straggler_does_not_look_like_network_degradation() -> None:
     # The others wait for rank 3 (their comm goes up), rank 3's own comm does not.
     events = _job(400, {"compute": 0.85 * 1.6, "comm": 0.12}, fault_from=200)
