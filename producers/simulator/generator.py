@@ -11,11 +11,11 @@ of pairs, so any run of 2 x len(GENERATED_FAULTS) cases covers them all); a clas
 (busy or idle GPUs, before or after the first evaluation, with or without XID, a step or a ramp,
 after the first or the second evaluation) alternate from one cycle to the next. The classes:
 
-- the single faults of the catalogue (a throttled straggler of 1.25-1.9x and a slow data worker,
-  every other cycle in a DDP job whose all-reduce overlaps backward; network and InfiniBand
-  degradation on one node of 2 to 128 nodes as a step or a ramp; a stall, numerical faults, XID,
-  ECC, memory pressure, host OOM, a foreign process, failing checkpoints, contention), on jobs
-  of 8 to 256 ranks (small ones most often, so a thousand cases stay quick);
+- the single faults of the catalogue (a throttled straggler of 1.25-1.9x, a slow data worker and
+  slow storage, every other cycle in a DDP job whose all-reduce overlaps backward; network and
+  InfiniBand degradation on one node of 2 to 128 nodes as a step or a ramp; a stall, numerical
+  faults, XID, ECC, memory pressure, host OOM, a foreign process, failing checkpoints,
+  contention), on jobs of 8 to 256 ranks (small ones most often, so a thousand cases stay quick);
 - `rank_hang`: a rank hangs with its GPU busy or idle, before or after the run's first evaluation;
 - `stall_steps`: every rank stops for 15-30 step times (a stall) / 5-10 (the twin: a blip), after
   the run's throughput has a history, so the step that spans it is judged too;
@@ -256,7 +256,7 @@ def _classic(case: _Case, kind: str) -> None:
             n_nodes = max(2, n_nodes)
     case.place(n_nodes, colocated)
     ramped = kind in ("network_degradation", "ib_degradation") and case.cycle % 2 == 1
-    if kind in ("straggler_gpu", "slow_data_worker") and case.cycle % 2 == 1:
+    if kind in ("straggler_gpu", "slow_data_worker", "storage_slowdown") and case.cycle % 2 == 1:
         # DDP: the all-reduce overlaps backward, so the peers wait for a slow rank inside their
         # backward, not in a timed collective (the twin too: a rank 2-4 % slower stays quiet).
         case.main["comm_overlap"] = True

@@ -570,6 +570,12 @@ class ImbalanceDetector(JobAndHostDetector):
         if len(by_node) < 2:
             return held
         everyone = sorted(row[2] for own in by_node.values() for _, row in own)
+        # Under DDP the node's work before its first wait (data wait + forward), as per rank.
+        pre = [_pre_sync(row) for own in by_node.values() for _, row in own]
+        after = [_after_pre_sync(row) for own in by_node.values() for _, row in own]
+        early = None
+        if all(x is not None for x in pre) and all(x is not None for x in after):
+            early = (sorted(float(x or 0.0) for x in pre), sorted(float(x or 0.0) for x in after))
         for node in sorted(by_node):
             own = by_node[node]
             if len(own) < 2:
@@ -579,6 +585,8 @@ class ImbalanceDetector(JobAndHostDetector):
                 continue
             fastest = min(row[2] for _, row in own)
             score = ref / fastest
+            if early is not None:
+                score = min(score, self._node_pre_sync_score(own, *early))
             st = states.get(node)
             if st is None:
                 st = states[node] = _new_seq(self.cusum)
@@ -599,6 +607,23 @@ class ImbalanceDetector(JobAndHostDetector):
                 st["since"] = None
                 st.pop("hist", None)
         return held
+
+    def _node_pre_sync_score(
+        self, own: list[tuple[int, list[Any]]], pre: list[float], after: list[float]
+    ) -> float:
+        """A node's fastest rank's data wait + forward against the other nodes' median (1.0 unless
+        the other nodes' ranks wait for it: their backward + comm longer by half its extra)."""
+        own_pre = sorted(float(_pre_sync(row) or 0.0) for _, row in own)
+        ref = _median_without(pre, own_pre)
+        if not ref or own_pre[0] <= ref:
+            return 1.0
+        others_after = _median_without(after, sorted(float(_after_pre_sync(row) or 0.0) for _, row in own))
+        own_after = median([float(_after_pre_sync(row) or 0.0) for _, row in own])
+        if others_after is None or own_after is None:
+            return 1.0
+        if others_after - own_after < self.waited_share * (own_pre[0] - ref):
+            return 1.0
+        return ref / own_pre[0]
 
     def _node_finding(
         self,

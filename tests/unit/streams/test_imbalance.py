@@ -243,9 +243,12 @@ def test_state_round_trips_and_continues_identically() -> None:
     assert a == b and clone.drain_derived() == det.drain_derived()
 
 
-def _two_node_job(seconds: int, slow_ranks: set[int], *, from_s: int = 60, wait: float = 1.0) -> list[Event]:
+def _two_node_job(
+    seconds: int, slow_ranks: set[int], *, from_s: int = 60, wait: float = 1.0, ddp: bool = False
+) -> list[Event]:
     """8 ranks on two nodes (4 each) stepping once a second; from `from_s` the `slow_ranks` wait
-    `wait` s longer for data per step and every other rank waits for them in the collective."""
+    `wait` s longer for data per step and every other rank waits for them in the collective
+    (`ddp`: inside its backward, which overlaps the all-reduce; no comm segment timed)."""
     events = [job_started("job-1", T0, world_size=8, nodes=2), job_state("job-1", T0, "running")]
     events += [rank_bound("job-1", r, T0, gpus_per_node=4) for r in range(8)]
     for i in range(1, seconds + 1):
@@ -255,7 +258,11 @@ def _two_node_job(seconds: int, slow_ranks: set[int], *, from_s: int = 60, wait:
                 kw: dict[str, Any] = {"data_wait": 0.03 + wait, "step_time": 1.0 + wait}
             else:
                 kw = {"comm": 0.12 + (wait if faulty else 0.0), "step_time": 1.0 + (wait if faulty else 0.0)}
-            events.append(step("job-1", r, i, T0 + i * 1000, **kw))
+            event = step("job-1", r, i, T0 + i * 1000, **kw)
+            if ddp:
+                event.record["backward_s"] += event.record["comm_s"] or 0.0
+                event.record["comm_s"] = None
+            events.append(event)
     return events
 
 
@@ -268,6 +275,17 @@ def test_slow_storage_under_one_node_is_one_straggler_naming_the_node_not_one_pe
     assert first.ts <= T0 + 60_000 + 90_000  # two low windows after the fault starts
     assert first.suspected_layer == "data" and first.category == "data"
     assert "ranks 0-3" in first.summary and "data path" in first.summary
+
+
+def test_under_ddp_slow_storage_under_one_node_is_one_straggler_naming_the_node() -> None:
+    """The other node's ranks wait inside backward: busy times alike, data wait + forward not."""
+    _, findings, _ = _run(_two_node_job(240, {0, 1, 2, 3}, ddp=True))
+    flagged = _active(findings, "straggler")
+    assert flagged and {(f.node, f.rank) for f in flagged} == {("node-01", None)}, [
+        f.summary for f in flagged
+    ]
+    assert min(f.ts for f in flagged) <= T0 + 60_000 + 90_000
+    assert flagged[0].suspected_layer == "data"
 
 
 def test_one_slow_gpu_on_a_node_is_that_rank_s_straggler_not_its_node_s() -> None:
