@@ -288,8 +288,6 @@ class RankSummarizer:
             "data_wait_s",
             "comm_s",
             "step_time_s",
-            "forward_s",
-            "backward_s",
             "loss",
             "gpu_util_pct",
             "power_w",
@@ -301,6 +299,13 @@ class RankSummarizer:
             "tcp_retrans_segs_s",
         ):
             out[field] = stat_of(v.get(field, []))
+        for field in ("forward_s", "backward_s"):
+            stat = stat_of(v.get(field, []))
+            if stat is not None:
+                # Read as one bucket's median only (the DDP straggler score): the values would add
+                # ~80 B to every summary for nothing.
+                stat["values"] = None
+            out[field] = stat
         return out
 
     def forget_job(self, job_id: str) -> None:
