@@ -57,6 +57,17 @@ def _print_rules(report: EvaluationReport) -> None:
             _fmt(row["precision"], "{:.2f}"),
         )
     console.print(table)
+    ramped = [
+        f"{rule} {row['ramped']} (p90 {row['ramped_p90_from_full_s']:+.1f} s)"
+        for rule, row in report.by_rule().items()
+        if row["ramped"] and row["ramped_p90_from_full_s"] is not None
+    ]
+    if ramped:
+        console.print(
+            "faults that ramp up count their TTD from the ramp's start; from full strength "
+            "(negative: paged while still growing): " + ", ".join(ramped),
+            highlight=False,
+        )
 
 
 def _print_report(report: EvaluationReport, *, summary: bool = True) -> None:

@@ -443,8 +443,12 @@ class ImbalanceDetector(JobAndHostDetector):
         assert job_busy is not None
         comms = [r[5] for r in by_rank.values() if r[5] is not None]
         job_comm = median(comms) if 2 * len(comms) >= len(by_rank) else None
-        held = self._node_bucket(job_id, job, by_rank, start, end, out)
-        pre_syncs = [_pre_sync(r) for r in by_rank.values()]
+        # A job that times its collective (comm_s) shows who waits for whom there: the busy score
+        # is complete. One that does not (DDP: the wait hides in backward) is also scored on the
+        # work before the first wait.
+        untimed = job_comm is None
+        held = self._node_bucket(job_id, job, by_rank, start, end, out, untimed)
+        pre_syncs = [_pre_sync(r) for r in by_rank.values()] if untimed else []
         peers = {
             "busy": job_busy,
             "compute": median(finite(r[3] for r in by_rank.values())),
@@ -550,6 +554,7 @@ class ImbalanceDetector(JobAndHostDetector):
         start: int,
         end: int,
         out: list[Finding],
+        untimed: bool = False,
     ) -> set[str]:
         """A node whose every rank is slow (its storage, host, NIC): one straggler for the node.
 
@@ -571,10 +576,10 @@ class ImbalanceDetector(JobAndHostDetector):
             return held
         everyone = sorted(row[2] for own in by_node.values() for _, row in own)
         # Under DDP the node's work before its first wait (data wait + forward), as per rank.
-        pre = [_pre_sync(row) for own in by_node.values() for _, row in own]
-        after = [_after_pre_sync(row) for own in by_node.values() for _, row in own]
+        pre = [_pre_sync(row) for own in by_node.values() for _, row in own] if untimed else []
+        after = [_after_pre_sync(row) for own in by_node.values() for _, row in own] if untimed else []
         early = None
-        if all(x is not None for x in pre) and all(x is not None for x in after):
+        if untimed and all(x is not None for x in pre) and all(x is not None for x in after):
             early = (sorted(float(x or 0.0) for x in pre), sorted(float(x or 0.0) for x in after))
         for node in sorted(by_node):
             own = by_node[node]

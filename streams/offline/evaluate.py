@@ -82,6 +82,7 @@ class LabelResult:
     resolve_delay_s: float | None = None
     wrong_team: bool = False
     late_s: float | None = None  # not detected, but its alert fired this long after the fault started
+    ramp_s: float = 0.0  # the fault ramps up to full strength over this long (0: a step)
 
 
 @dataclass
@@ -148,7 +149,9 @@ class EvaluationReport:
         out: dict[str, dict[str, Any]] = {}
 
         def row(rule: str) -> dict[str, Any]:
-            return out.setdefault(rule, {"labels": 0, "detected": 0, "ttd": [], "paged": 0, "matched": 0})
+            return out.setdefault(
+                rule, {"labels": 0, "detected": 0, "ttd": [], "ramped": [], "paged": 0, "matched": 0}
+            )
 
         for lab in self.labels():
             if lab.alert is None:
@@ -159,6 +162,8 @@ class EvaluationReport:
                 r["detected"] += 1
                 if lab.time_to_detect_s is not None:
                     r["ttd"].append(lab.time_to_detect_s)
+                    if lab.ramp_s > 0:
+                        r["ramped"].append(lab.time_to_detect_s - lab.ramp_s)
         for scenario in self.scenarios:
             for rule, (paged, matched) in scenario.rules.items():
                 r = row(rule)
@@ -170,6 +175,11 @@ class EvaluationReport:
             r["median_ttd_s"] = percentile(ttd, 50)
             r["p90_ttd_s"] = percentile(ttd, 90)
             r["max_ttd_s"] = max(ttd) if ttd else None
+            # Ramped faults: TTD above counts from the ramp's start; this is from full strength
+            # (negative: paged while the fault was still growing).
+            ramped = r.pop("ramped")
+            r["ramped"] = len(ramped)
+            r["ramped_p90_from_full_s"] = percentile(ramped, 90)
             r["precision"] = r["matched"] / r["paged"] if r["paged"] else None
         return dict(sorted(out.items()))
 
@@ -300,6 +310,7 @@ def evaluate_alerts(
         delay = rule_delay_ms(lr.alert, config, label, (jobs or {}).get(label["job_id"]))
         # A fault that ramps up (severity rising over `ramp` seconds) is due once it is at full strength.
         ramp_ms = int(float((label.get("detail") or {}).get("ramp") or 0) * 1000)
+        lr.ramp_s = ramp_ms / 1000.0
         deadline = start + int(deadline_s * 1000) + delay + ramp_ms
         candidates = [
             a

@@ -146,9 +146,21 @@ def test_the_report_gives_recall_ttd_percentiles_and_precision_per_rule() -> Non
         "median_ttd_s": 20.0,
         "p90_ttd_s": 40.0,
         "max_ttd_s": 40.0,
+        "ramped": 0,
+        "ramped_p90_from_full_s": None,
         "precision": 1.0,
     }
     assert row["xid_error"]["paged"] == 1 and row["xid_error"]["precision"] == 0.0
+
+
+def test_a_ramped_fault_counts_from_its_start_and_says_how_it_stood_to_full_strength() -> None:
+    from streams.offline.evaluate import EvaluationReport
+
+    ramped = {**LABEL, "end": None, "detail": {"ramp": 180}}
+    result = evaluate_alerts("s", [_alert(ts=T0 + 150_000)], [ramped], CFG)
+    assert result.labels[0].detected and result.labels[0].time_to_detect_s == 150.0  # due at full strength
+    row = EvaluationReport([result]).by_rule()["straggler"]
+    assert row["p90_ttd_s"] == 150.0 and row["ramped"] == 1 and row["ramped_p90_from_full_s"] == -30.0
 
 
 def test_a_label_detected_too_late_says_when_its_alert_came() -> None:
