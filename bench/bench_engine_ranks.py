@@ -27,10 +27,8 @@ from collections.abc import Iterator
 from schemas.records import Event
 from streams import gc_policy
 from streams.engine import DetectionEngine, StageEngine
-from streams.runtime.options import GC_SETTLE_S
 
 T0 = 1_780_000_000_000
-_DEFAULT_GC = gc.get_threshold()
 JOB = "giant-0001"
 STRAGGLER = 5
 
@@ -94,9 +92,17 @@ def _start(ranks: int) -> list[Event]:
     return out
 
 
-def _second(ranks: int, second: int, seconds: int, rng: random.Random) -> list[Event]:
-    """Every record of one second of event time, in time order."""
-    out: list[Event] = []
+BATCH = 500  # records per timed call, about what one consumer poll hands the worker
+
+# A second's records are planned as ints (offset in the second, kind, rank or node) and made into
+# events one batch at a time, so the input the bench holds alive does not grow with the job: a whole
+# second of a 16,384-rank job held as Event dicts is ~40,000 young objects that the collector
+# walked on the engine's time, which no worker holds (it reads a poll's batch at a time).
+_STEP, _GPU, _HOST = 0, 1, 2
+
+
+def _second(ranks: int, second: int, seconds: int, rng: random.Random) -> Iterator[list[Event]]:
+    """Every record of one second of event time, in time order, in batches of `BATCH`."""
     slow = second >= seconds // 3
     base = T0 + second * 1000
     # Synchronous data parallelism: every rank's step ends with the slowest one's (the others wait
@@ -105,84 +111,90 @@ def _second(ranks: int, second: int, seconds: int, rng: random.Random) -> list[E
         0.85 * (1.5 if slow and r == STRAGGLER else 1.0) * rng.uniform(0.98, 1.02) for r in range(ranks)
     ]
     step_time = max(computes) + 0.03 + 0.12
-    for r in range(ranks):
-        compute = computes[r]
-        out.append(
-            Event(
-                "StepCompleted",
-                {
-                    "ts": base + rng.randrange(0, 1000),
-                    "job_id": JOB,
-                    "run_id": f"{JOB}-r0",
-                    "rank": r,
-                    "node": f"node-{r // 8:05d}",
-                    "step": second,
-                    "samples": 4,
-                    "tokens": 16384,
-                    "loss": 2.5,
-                    "lr": 3e-4,
-                    "grad_norm": 1.0,
-                    "step_time_s": step_time,
-                    "data_wait_s": 0.03,
-                    "forward_s": compute / 3,
-                    "backward_s": compute / 2,
-                    "optimizer_s": compute / 6,
-                    "comm_s": max(0.0, step_time - compute - 0.03),
-                    "checkpoint_s": None,
-                    "skipped": False,
-                },
-            )
-        )
+    # (ms into the second, kind, index) packed in one int: sorted, the order of a stable sort by time
+    # of steps (by rank), then GPU samples (by rank), then host samples (by node).
+    plan = [(rng.randrange(0, 1000) << 22) | (_STEP << 20) | r for r in range(ranks)]
     if second % 5 == 0:
-        for r in range(ranks):
-            node = f"node-{r // 8:05d}"
-            out.append(
-                Event(
-                    "GpuSample",
-                    {
-                        "ts": base,
-                        "cluster": "sim-a",
-                        "node": node,
-                        "gpu_index": r % 8,
-                        "gpu_uuid": f"GPU-{node}-{r % 8}",
-                        "gpu_name": "H100",
-                        "job_id": JOB,
-                        "gpu_util_pct": 95.0,
-                        "mem_util_pct": 50.0,
-                        "mem_used_bytes": 60 * 2**30,
-                        "mem_total_bytes": 80 * 2**30,
-                        "power_w": 600.0,
-                        "power_limit_w": 700.0,
-                        "temp_gpu_c": 60.0,
-                        "sm_clock_mhz": 1980,
-                        "sm_clock_max_mhz": 1980,
-                        "clock_event_reasons": 0,
-                        "ecc_uncorrected": 0,
-                        "xid": None,
-                        "pids": [1000 + r],
-                    },
-                )
-            )
+        plan += [(_GPU << 20) | r for r in range(ranks)]
     if second % 10 == 0:
-        for n in range(ranks // 8):
-            out.append(
-                Event(
-                    "HostSample",
-                    {
-                        "ts": base,
-                        "cluster": "sim-a",
-                        "node": f"node-{n:05d}",
-                        "job_ids": [JOB],
-                        "cpu_util_pct": 40.0,
-                        "mem_available_bytes": 900 * 2**30,
-                        "mem_total_bytes": 1024 * 2**30,
-                        "oom_kills": 0,
-                        "tcp_retrans_segs_s": 1.0,
-                    },
-                )
-            )
-    out.sort(key=lambda e: e.record["ts"])
-    return out
+        plan += [(_HOST << 20) | n for n in range(ranks // 8)]
+    plan.sort()
+    for i in range(0, len(plan), BATCH):
+        yield [
+            _event(key & 0xFFFFF, (key >> 20) & 3, base + (key >> 22), second, computes, step_time)
+            for key in plan[i : i + BATCH]
+        ]
+
+
+def _event(index: int, kind: int, ts: int, second: int, computes: list[float], step_time: float) -> Event:
+    """One planned record: a rank's step, a rank's GPU sample or a node's host sample."""
+    if kind == _STEP:
+        compute = computes[index]
+        return Event(
+            "StepCompleted",
+            {
+                "ts": ts,
+                "job_id": JOB,
+                "run_id": f"{JOB}-r0",
+                "rank": index,
+                "node": f"node-{index // 8:05d}",
+                "step": second,
+                "samples": 4,
+                "tokens": 16384,
+                "loss": 2.5,
+                "lr": 3e-4,
+                "grad_norm": 1.0,
+                "step_time_s": step_time,
+                "data_wait_s": 0.03,
+                "forward_s": compute / 3,
+                "backward_s": compute / 2,
+                "optimizer_s": compute / 6,
+                "comm_s": max(0.0, step_time - compute - 0.03),
+                "checkpoint_s": None,
+                "skipped": False,
+            },
+        )
+    if kind == _GPU:
+        node = f"node-{index // 8:05d}"
+        return Event(
+            "GpuSample",
+            {
+                "ts": ts,
+                "cluster": "sim-a",
+                "node": node,
+                "gpu_index": index % 8,
+                "gpu_uuid": f"GPU-{node}-{index % 8}",
+                "gpu_name": "H100",
+                "job_id": JOB,
+                "gpu_util_pct": 95.0,
+                "mem_util_pct": 50.0,
+                "mem_used_bytes": 60 * 2**30,
+                "mem_total_bytes": 80 * 2**30,
+                "power_w": 600.0,
+                "power_limit_w": 700.0,
+                "temp_gpu_c": 60.0,
+                "sm_clock_mhz": 1980,
+                "sm_clock_max_mhz": 1980,
+                "clock_event_reasons": 0,
+                "ecc_uncorrected": 0,
+                "xid": None,
+                "pids": [1000 + index],
+            },
+        )
+    return Event(
+        "HostSample",
+        {
+            "ts": ts,
+            "cluster": "sim-a",
+            "node": f"node-{index:05d}",
+            "job_ids": [JOB],
+            "cpu_util_pct": 40.0,
+            "mem_available_bytes": 900 * 2**30,
+            "mem_total_bytes": 1024 * 2**30,
+            "oom_kills": 0,
+            "tcp_retrans_segs_s": 1.0,
+        },
+    )
 
 
 def _timed(engine: DetectionEngine) -> tuple[float, float]:
@@ -208,23 +220,22 @@ def _timed(engine: DetectionEngine) -> tuple[float, float]:
     return spent  # type: ignore[return-value]
 
 
-def _run(ranks: int, seconds: int, tuned_gc: bool) -> dict[str, float]:
+def _run(ranks: int, seconds: int) -> dict[str, float]:
     rng = random.Random(ranks)
     engine = DetectionEngine()
     spent = _timed(engine)
     chunks: Iterator[list[Event]] = (
-        _second(ranks, s, seconds, rng) if s else _start(ranks) for s in range(seconds + 1)
+        chunk
+        for s in range(seconds + 1)
+        for chunk in (_second(ranks, s, seconds, rng) if s else [_start(ranks)])
     )
     n = 0
     elapsed = 0.0
     alerts: set[tuple[str, object]] = set()
-    settled = 0.0
+    gc_s = _GcClock()
     for chunk in chunks:
         t = time.perf_counter()
         out = [o for e in chunk for o in engine.process(e)]
-        if tuned_gc and elapsed - settled >= GC_SETTLE_S:
-            gc_policy.settle()  # as the worker does, every GC_SETTLE_S of its time
-            settled = elapsed
         elapsed += time.perf_counter() - t
         n += len(chunk)
         alerts |= {(o.record["rule"], o.record.get("rank")) for o in out if o.type == "Alert"}
@@ -242,7 +253,28 @@ def _run(ranks: int, seconds: int, tuned_gc: bool) -> dict[str, float]:
         "straggler": float(("straggler", STRAGGLER) in alerts),
         "alerts": float(len(alerts)),
         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "gc_s": gc_s.stop(),
     }
+
+
+class _GcClock:
+    """Seconds the cyclic garbage collector ran (also while the bench made its input: a small part)."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+        self._began = 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.spent += time.perf_counter() - self._began
+
+    def stop(self) -> float:
+        """Stop counting; the seconds counted."""
+        gc.callbacks.remove(self._tick)
+        return self.spent
 
 
 def main() -> None:
@@ -270,13 +302,14 @@ def main() -> None:
 
 def _sizes(sizes: str, seconds: int, mode: str) -> None:
     """Each size once with the collector set as `mode` says."""
-    gc.set_threshold(*_DEFAULT_GC)
     if mode == "tuned":
         gc_policy.for_long_lived_state()
+    else:
+        gc_policy.python_default()
     print(f"-- garbage collector: {mode}", flush=True)
     base: float | None = None
     for ranks in (int(r) for r in sizes.split(",")):
-        m = _run(ranks, seconds, mode == "tuned")
+        m = _run(ranks, seconds)
         gc.unfreeze()
         gc.collect()
         us = 1e6 * m["elapsed"] / m["events"]
@@ -286,7 +319,8 @@ def _sizes(sizes: str, seconds: int, mode: str) -> None:
             f" {m['events'] / m['elapsed']:>7,.0f} events/s, {us:5.1f} us/event"
             f" ({us / base:.2f}x the smallest); rank stages {m['rank_s'] / m['elapsed']:.0%},"
             f" job stages {m['job_s'] / m['elapsed']:.0%} of it on {m['job_in'] / m['events']:.2f} records"
-            f" per raw event; straggler rank {STRAGGLER} found: {'yes' if m['straggler'] else 'NO'},"
+            f" per raw event, garbage collector {1e6 * m['gc_s'] / m['events']:.1f} us/event;"
+            f" straggler rank {STRAGGLER} found: {'yes' if m['straggler'] else 'NO'},"
             f" {int(m['alerts'])} alert kinds; peak RSS {m['rss_mb']:,.0f} MB",
             flush=True,
         )

@@ -4,29 +4,67 @@ The engine's state is many small, long-lived, acyclic dicts and lists (per rank,
 bucket); reference counting frees what it drops. Python's cyclic collector still walks all of it
 whenever enough objects were allocated, so with the default thresholds the cost per record grows
 with the state: measured on one job of 4,096 ranks, 55 us per record against 33 with the collector
-off (bench/bench_engine_ranks.py --gc). Allocating fewer collections and freezing what survived
-them keeps the cost per record flat while still collecting cycles among new objects.
+off (bench/bench_engine_ranks.py --gc).
+
+Much of the state lives a span of *event time* (a summary bucket, a 60 s window), which is a number
+of records that grows with the job: at 16,384 ranks a window's rows outlive any young generation,
+so every one was walked again by each older collection and by a full collection (then `gc.freeze`)
+every 60 s of wall time, which walked all that had built up since: 17.5 us of GC per record at
+16,384 ranks against 7.6 at 1,024 (issue 19; in the same work the engine with the collector off
+costs the same per record at every size). Here an older collection runs only once what was
+allocated since the last one is `_GROWTH` times what the last one froze, and freezes what survives
+it at once: each long-lived object is walked once young and about once more, whatever the job's
+size, while cycles among new objects are still collected (by the young collections, and by each
+older one before it freezes).
 """
 
 from __future__ import annotations
 
 import gc
+from typing import Any
 
-__all__ = ["for_long_lived_state", "settle"]
+__all__ = ["for_long_lived_state", "python_default", "settle"]
 
-# Young objects are collected every this many allocations (default 700), the middle generation
-# every 20 young collections, the oldest only when it has grown by a quarter (Python's own rule).
-_THRESHOLDS = (50_000, 20, 100)
+# Young objects are collected every this many allocations (Python's default: 700).
+_YOUNG = 50_000
+# Young collections between two older ones, at least (while the frozen state is small).
+_OLD_MIN = 20
+# An older collection once this many times the frozen objects were allocated since the last one.
+_GROWTH = 2
+_DEFAULT = gc.get_threshold()
 
 
 def for_long_lived_state() -> None:
     """Set the collector for a process whose engine state lives as long as the process."""
-    gc.set_threshold(*_THRESHOLDS)
+    if _freeze_survivors not in gc.callbacks:
+        gc.callbacks.append(_freeze_survivors)
+    _pace_older()
+
+
+def python_default() -> None:
+    """Python's own collector again (for measurements against it)."""
+    if _freeze_survivors in gc.callbacks:
+        gc.callbacks.remove(_freeze_survivors)
+    gc.set_threshold(*_DEFAULT)
 
 
 def settle() -> None:
-    """After a large state was built (a restore, a replay's first minutes, a checkpoint): collect
-    once and move every survivor out of the collector's reach (`gc.freeze`). Frozen objects are
-    still freed by reference counting when the engine drops them."""
+    """After a large state was built at once (a restore): collect once and move every survivor out
+    of the collector's reach (`gc.freeze`). Frozen objects are still freed by reference counting
+    when the engine drops them."""
     gc.collect()
     gc.freeze()
+    if _freeze_survivors in gc.callbacks:
+        _pace_older()
+
+
+def _pace_older() -> None:
+    """The next older collection after `_GROWTH` times the frozen objects were allocated."""
+    gc.set_threshold(_YOUNG, max(_OLD_MIN, _GROWTH * gc.get_freeze_count() // _YOUNG), 100)
+
+
+def _freeze_survivors(phase: str, info: dict[str, Any]) -> None:
+    """After an older collection: what survived it is long-lived state, out of the next ones' way."""
+    if phase == "stop" and info["generation"] >= 1:
+        gc.freeze()
+        _pace_older()

@@ -30,7 +30,6 @@ from streams.runtime.intake import Record
 from streams.runtime.kafka_io import KafkaIO
 from streams.runtime.options import (
     ASK_ENDS_S,
-    GC_SETTLE_S,
     INPUT_TOPICS,
     METRICS_S,
     WorkerOptions,
@@ -77,7 +76,7 @@ class DirectWorker:
         self._ktps: dict[str, TopicPartition] = {}
         self._unprefixed: dict[str, str] = {}
         self.stopping = False
-        self._timers = dict.fromkeys(("tick", "ends", "metrics", "stats", "gc"), time.monotonic())
+        self._timers = dict.fromkeys(("tick", "ends", "metrics", "stats"), time.monotonic())
         self.consumer = Consumer(
             {
                 **self.conf,
@@ -254,8 +253,6 @@ class DirectWorker:
             self.health.publish_metrics()
         if self._due("stats", self.options.stats_interval_s, now):
             self.health.log_progress()
-        if self._due("gc", GC_SETTLE_S, now):
-            gc_policy.settle()  # the state built since is out of the collector's way (streams/gc_policy.py)
 
 
 def _record(msg: Message, topic: str) -> Record:

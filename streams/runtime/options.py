@@ -28,7 +28,6 @@ __all__ = [
     "DELIVERY_TIMEOUT_S",
     "FORWARD_BATCH",
     "FORWARD_HOP_S",
-    "GC_SETTLE_S",
     "INPUT_TOPICS",
     "JOB_TOPICS",
     "METRICS_S",
@@ -74,7 +73,6 @@ DEFAULT_RUNTIME: Runtime = "direct"
 ASK_ENDS_S = 0.5  # how often the end offsets of partitions without a fetch answer are asked for
 BAD_LOG_S = 10.0  # bad input: one warning per this many seconds, with a count
 METRICS_S = 2.0  # how often the /metrics snapshot is refreshed
-GC_SETTLE_S = 60.0  # how often the worker freezes its long-lived state (streams/gc_policy.py)
 SIDE_FRONT_S = 0.05  # how often the side path's front is recomputed (it looks at every partition)
 FORWARD_HOP_S = 0.5  # a send to a partition another worker reads counts as pending this long
 FORWARD_BATCH = 500  # side-path records committed together once their forwards are delivered
