@@ -25,8 +25,9 @@ MAX_VALUES = 8  # values kept in a Stat: up to this many, a window median over b
 Stat = dict[str, Any]  # {"n", "sum", "min", "max", "med", "values"}: see schemas RankSummary
 
 
-def stat_of(values: list[float]) -> Stat | None:
-    """The Stat of some values (None for none)."""
+def stat_of(values: list[float], *, keep_values: bool = True) -> Stat | None:
+    """The Stat of some values (None for none); `keep_values=False` leaves the values out (a
+    field read as one bucket's median only)."""
     finite = [v for v in values if v is not None and math.isfinite(v)]
     if not finite:
         return None
@@ -36,7 +37,7 @@ def stat_of(values: list[float]) -> Stat | None:
         "min": min(finite),
         "max": max(finite),
         "med": median(finite),
-        "values": list(finite) if len(finite) <= MAX_VALUES else None,
+        "values": list(finite) if keep_values and len(finite) <= MAX_VALUES else None,
     }
 
 
@@ -182,8 +183,11 @@ class RankSummarizer:
         _add(row, "data_wait_s", wait)
         _add(row, "comm_s", r.get("comm_s"))
         _add(row, "step_time_s", step_time)
-        _add(row, "forward_s", r.get("forward_s"))
-        _add(row, "backward_s", r.get("backward_s"))
+        if r.get("comm_s") is None:
+            # Only a step that times no collective (DDP: the wait hides in backward) is judged on
+            # its forward and backward (the straggler rule's work-before-the-first-wait score).
+            _add(row, "forward_s", r.get("forward_s"))
+            _add(row, "backward_s", r.get("backward_s"))
         loss = r.get("loss")
         if loss is not None and math.isfinite(loss):
             _add(row, "loss", loss)
@@ -300,12 +304,8 @@ class RankSummarizer:
         ):
             out[field] = stat_of(v.get(field, []))
         for field in ("forward_s", "backward_s"):
-            stat = stat_of(v.get(field, []))
-            if stat is not None:
-                # Read as one bucket's median only (the DDP straggler score): the values would add
-                # ~80 B to every summary for nothing.
-                stat["values"] = None
-            out[field] = stat
+            # Read as one bucket's median only: the values would add ~80 B to the summary.
+            out[field] = stat_of(v.get(field, []), keep_values=False)
         return out
 
     def forget_job(self, job_id: str) -> None:

@@ -1417,7 +1417,8 @@ class _JobRun:
                 e.effects.setdefault(i, _Effect(max(t, f.start), f.end, {}))
         last_report = t
         for r, (data, compute) in zip(self.layout, segs, strict=True):
-            wait = ready - (data + compute) + coll + rng.uniform(0, 0.002)
+            jitter = rng.uniform(0, 0.002)
+            wait = ready - (data + compute) + coll + jitter
             # Ranks leave the collective within a few ms of each other, all by `finish`.
             reported = finish - rng.uniform(0, 0.004)
             last_report = max(last_report, reported)
@@ -1426,7 +1427,7 @@ class _JobRun:
             if overlap:
                 # The backward timer runs until the all-reduce ends: it holds the rank's wait.
                 bwd = grads + coll - (data + fwd)
-                wait = ready + coll - (grads + coll + opt) + rng.uniform(0, 0.002)
+                wait = ready - (grads + opt) + jitter  # until the slowest optimizer step is done
                 comm = None
             loss = math.nan if nan_loss else loss_base * (1 + rng.gauss(0, 0.012))
             e.emit(

@@ -448,14 +448,18 @@ class ImbalanceDetector(JobAndHostDetector):
         # work before the first wait.
         untimed = job_comm is None
         held = self._node_bucket(job_id, job, by_rank, start, end, out, untimed)
-        pre_syncs = [_pre_sync(r) for r in by_rank.values()] if untimed else []
         peers = {
             "busy": job_busy,
             "compute": median(finite(r[3] for r in by_rank.values())),
             "wait": median(finite(r[4] for r in by_rank.values())),
-            "pre_sync": median(finite(pre_syncs)) if 2 * len(finite(pre_syncs)) >= len(by_rank) else None,
-            "after": median(finite(_after_pre_sync(r) for r in by_rank.values())),
+            "pre_sync": None,
+            "after": None,
         }
+        if untimed:
+            pre_syncs = finite(_pre_sync(r) for r in by_rank.values())
+            if 2 * len(pre_syncs) >= len(by_rank):
+                peers["pre_sync"] = median(pre_syncs)
+                peers["after"] = median(finite(_after_pre_sync(r) for r in by_rank.values()))
         for rank in sorted(by_rank):
             row = by_rank[rank]
             key = str(rank)
@@ -465,7 +469,8 @@ class ImbalanceDetector(JobAndHostDetector):
                 # Synchronous training: the ranks wait in the collective for the slow one.
                 waited = job_comm - row[5] >= self.waited_share * (row[2] - job_busy)
             early = self._pre_sync_score(row, peers)
-            if early is not None and (early < score or not waited):
+            by_pre_sync = early is not None and (early < score or not waited)
+            if by_pre_sync:
                 score, waited = early, True
             st = job["seq"].get(key)
             if st is None:
@@ -479,7 +484,9 @@ class ImbalanceDetector(JobAndHostDetector):
                         st.pop("why", None)
                     continue
                 st["since"] = _evidence_start(st, start, end)
-                st["summary"] = self._straggler_summary(job_id, job, rank, st, score, row, peers, end)
+                st["summary"] = self._straggler_summary(
+                    job_id, job, rank, st, score, row, peers, end, by_pre_sync
+                )
                 out.append(self._straggler_finding(job_id, rank, st, score, end, True))
             elif verdict:
                 out.append(self._straggler_finding(job_id, rank, st, score, end, True))
@@ -575,12 +582,16 @@ class ImbalanceDetector(JobAndHostDetector):
         if len(by_node) < 2:
             return held
         everyone = sorted(row[2] for own in by_node.values() for _, row in own)
-        # Under DDP the node's work before its first wait (data wait + forward), as per rank.
-        pre = [_pre_sync(row) for own in by_node.values() for _, row in own] if untimed else []
-        after = [_after_pre_sync(row) for own in by_node.values() for _, row in own] if untimed else []
-        early = None
-        if untimed and all(x is not None for x in pre) and all(x is not None for x in after):
-            early = (sorted(float(x or 0.0) for x in pre), sorted(float(x or 0.0) for x in after))
+        # Under DDP the node's work before its first wait (data wait + forward), as per rank:
+        # rank -> (data wait + forward, backward + comm), when every rank has both; and both
+        # sorted over the job, sorted once for every node's median of the others.
+        early: dict[int, tuple[float, float]] | None = None
+        if untimed:
+            pairs = {rank: (_pre_sync(row), _after_pre_sync(row)) for rank, row in by_rank.items()}
+            if all(p is not None and a is not None for p, a in pairs.values()):
+                early = {rank: (float(p or 0.0), float(a or 0.0)) for rank, (p, a) in pairs.items()}
+                job_pre = sorted(p for p, _ in early.values())
+                job_after = sorted(a for _, a in early.values())
         for node in sorted(by_node):
             own = by_node[node]
             if len(own) < 2:
@@ -591,7 +602,8 @@ class ImbalanceDetector(JobAndHostDetector):
             fastest = min(row[2] for _, row in own)
             score = ref / fastest
             if early is not None:
-                score = min(score, self._node_pre_sync_score(own, *early))
+                own_early = [early[rank] for rank, _ in own]
+                score = min(score, self._node_pre_sync_score(own_early, job_pre, job_after))
             st = states.get(node)
             if st is None:
                 st = states[node] = _new_seq(self.cusum)
@@ -614,16 +626,18 @@ class ImbalanceDetector(JobAndHostDetector):
         return held
 
     def _node_pre_sync_score(
-        self, own: list[tuple[int, list[Any]]], pre: list[float], after: list[float]
+        self, own: list[tuple[float, float]], job_pre: list[float], job_after: list[float]
     ) -> float:
         """A node's fastest rank's data wait + forward against the other nodes' median (1.0 unless
-        the other nodes' ranks wait for it: their backward + comm longer by half its extra)."""
-        own_pre = sorted(float(_pre_sync(row) or 0.0) for _, row in own)
-        ref = _median_without(pre, own_pre)
+        the other nodes' ranks wait for it: their backward + comm longer by half its extra).
+        `own`: the node's ranks' (data wait + forward, backward + comm); `job_pre`, `job_after`:
+        every rank's, sorted."""
+        own_pre = sorted(p for p, _ in own)
+        ref = _median_without(job_pre, own_pre)
         if not ref or own_pre[0] <= ref:
             return 1.0
-        others_after = _median_without(after, sorted(float(_after_pre_sync(row) or 0.0) for _, row in own))
-        own_after = median([float(_after_pre_sync(row) or 0.0) for _, row in own])
+        others_after = _median_without(job_after, sorted(a for _, a in own))
+        own_after = median([a for _, a in own])
         if others_after is None or own_after is None:
             return 1.0
         if others_after - own_after < self.waited_share * (own_pre[0] - ref):
@@ -737,8 +751,10 @@ class ImbalanceDetector(JobAndHostDetector):
         row: list[Any],
         peers: dict[str, Any],
         end: int,
+        by_pre_sync: bool = False,
     ) -> str:
-        """The firing alert's text, fixed when it fires; sets the state's suspected layer."""
+        """The firing alert's text, fixed when it fires; sets the state's suspected layer.
+        `by_pre_sync`: the score is the work-before-the-first-wait one (DDP)."""
         why = st.get("why") or []
         d_wait = median([w[0] for w in why]) if why else None
         d_compute = median(finite(w[1] for w in why)) if why else None
@@ -754,10 +770,9 @@ class ImbalanceDetector(JobAndHostDetector):
                 f"; compute {row[3]:.3f} s, data wait {row[4]:.3f} s per step"
                 f" (its peers: {peers['compute'] or 0.0:.3f} s, {peers['wait'] or 0.0:.3f} s)"
             )
-        own_early = _pre_sync(row)
-        if own_early is not None and peers.get("pre_sync") and score < peers["busy"] / row[2] - 0.02:
+        if by_pre_sync:
             summary += (
-                f"; data wait + forward {own_early:.3f} s vs {peers['pre_sync']:.3f} s on its peers,"
+                f"; data wait + forward {_pre_sync(row) or 0.0:.3f} s vs {peers['pre_sync']:.3f} s on its peers,"
                 " who wait for it inside backward (the all-reduce overlaps it, as in DDP)"
             )
         c = st["c"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -140,3 +141,20 @@ def test_the_median_of_the_other_nodes_ranks_is_the_plain_median_of_the_rest(
     for i in sorted(removed_at, reverse=True):
         del rest[i]
     assert _median_without(everyone, removed) == median([float(v) for v in rest])
+
+
+def test_summaries_carry_forward_and_backward_only_for_steps_that_time_no_collective() -> None:
+    """The work-before-the-first-wait score reads them only there; its median, without the values."""
+    from tests.unit.streams.stages import job_stage_input
+
+    def summaries(ddp: bool) -> list[dict[str, Any]]:
+        return [
+            e.record
+            for e in job_stage_input(_run_events(60, None, ddp=ddp))
+            if e.type == "RankSummary" and e.record.get("rank") is not None and e.record.get("steps")
+        ]
+
+    timed, untimed = summaries(False), summaries(True)
+    assert timed and all(r["forward_s"] is None and r["backward_s"] is None for r in timed)
+    assert untimed and all(r["forward_s"] is not None and r["backward_s"] is not None for r in untimed)
+    assert all(r["forward_s"]["values"] is None and r["forward_s"]["med"] > 0 for r in untimed)
