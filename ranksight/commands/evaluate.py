@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ranksight.console import console, err_console, fail, user_errors
+from ranksight.signals import StopRequested, stop_signals
 
 if TYPE_CHECKING:
     from streams.offline.evaluate import EvaluationReport, ScenarioResult
@@ -43,7 +44,8 @@ def _print_rules(report: EvaluationReport) -> None:
     )
     for col in (*cols, "precision"):
         table.add_column(col, justify="left" if col == "rule" else "right")
-    for rule, row in report.by_rule().items():
+    rows = report.by_rule()
+    for rule, row in rows.items():
         table.add_row(
             rule,
             str(row["labels"]),
@@ -59,7 +61,7 @@ def _print_rules(report: EvaluationReport) -> None:
     console.print(table)
     ramped = [
         f"{rule} {row['ramped']} (p90 {row['ramped_p90_from_full_s']:+.1f} s)"
-        for rule, row in report.by_rule().items()
+        for rule, row in rows.items()
         if row["ramped"] and row["ramped_p90_from_full_s"] is not None
     ]
     if ramped:
@@ -170,36 +172,60 @@ def evaluate(
     ),
 ) -> None:
     """Simulate every scenario, replay it offline, and print recall, precision and time to detect."""
+    # SIGINT/SIGTERM stop the run where it is (its worker processes too), whatever disposition
+    # it inherited (`cmd &`, nohup): nothing is printed but that it stopped, and it exits non-zero.
+    with user_errors(), stop_signals(name="evaluate", interrupt=True) as stop:
+        try:
+            _evaluate(
+                config, routing, scenarios, seed, deadline, only, fail_under, generated, workers, mute_grace
+            )
+        except StopRequested:
+            err_console.print(f"evaluate: stopped by {stop.signal_name}, nothing scored", highlight=False)
+            raise typer.Exit(stop.exit_code) from None
+
+
+def _evaluate(
+    config: Path | None,
+    routing: Path | None,
+    scenarios: Path | None,
+    seed: int,
+    deadline: float,
+    only: list[str] | None,
+    fail_under: float | None,
+    generated: int | None,
+    workers: int,
+    mute_grace: float,
+) -> None:
+    """The command's work (the options as given)."""
     from ranksight.evaluation import scenario_cases
     from streams.alerting.routing import load_router
     from streams.config import load_config
     from streams.offline.evaluate import evaluate_cases, scenario_files
 
-    with user_errors():
-        cfg = load_config(config)
-        router = load_router(routing)
-        if generated is not None:
-            _evaluate_generated(generated, seed, cfg, router, deadline, workers, fail_under, mute_grace)
-            return
-        files = scenario_files(scenarios or _default_scenarios())
-        if only:
-            files = [f for f in files if f.stem in set(only)]
-            if not files:
-                fail(f"no scenario named {', '.join(only)} in {scenarios or _default_scenarios()}")
+    cfg = load_config(config)
+    router = load_router(routing)
+    if generated is not None:
+        _evaluate_generated(generated, seed, cfg, router, deadline, workers, fail_under, mute_grace)
+        return
+    files = scenario_files(scenarios or _default_scenarios())
+    if only:
+        files = [f for f in files if f.stem in set(only)]
+        if not files:
+            fail(f"no scenario named {', '.join(only)} in {scenarios or _default_scenarios()}")
 
-        def progress(result: ScenarioResult) -> None:
-            err_console.print(
-                f"  {result.name}: {result.events:,} events, {result.firing} firing alert(s)", highlight=False
-            )
-
-        report = evaluate_cases(
-            scenario_cases(files, seed),
-            cfg,
-            router,
-            deadline_s=deadline,
-            on_scenario=progress,
-            mute_grace_s=mute_grace,
+    def progress(result: ScenarioResult) -> None:
+        err_console.print(
+            f"  {result.name}: {result.events:,} events, {result.firing} firing alert(s)", highlight=False
         )
+
+    report = evaluate_cases(
+        scenario_cases(files, seed),
+        cfg,
+        router,
+        deadline_s=deadline,
+        on_scenario=progress,
+        mute_grace_s=mute_grace,
+    )
     _print_report(report)
     if fail_under is not None and report.recall < fail_under:
         fail(f"recall {report.recall:.2f} is below --fail-under {fail_under:.2f}")
@@ -223,6 +249,9 @@ def _evaluate_generated(
 
     began = time.monotonic()
     done = [0]
+    err_console.print(
+        f"evaluating {n:,} generated cases (seed {seed}) in {workers} process(es)", highlight=False
+    )
 
     def progress(result: ScenarioResult) -> None:
         done[0] += 1

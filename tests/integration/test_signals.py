@@ -366,6 +366,24 @@ def _published_count(output: str) -> int:
 
 
 @pytest.mark.parametrize(("ignore_sigint", "sig"), VARIANTS)
+def test_evaluate_stops_its_worker_processes(
+    tmp_path: Path, ignore_sigint: bool, sig: signal.Signals
+) -> None:
+    """A long evaluation (200 generated cases on 2 processes: minutes) stops at once, cases in flight too."""
+    stopped = _run_and_stop(
+        tmp_path,
+        ["evaluate", "--generated", "200", "--workers", "2"],
+        {},
+        r"evaluating 200 generated cases",
+        ignore_sigint,
+        sig,
+        lambda _: time.sleep(2.0),  # the two processes are inside their first cases
+    )
+    _cut_short(stopped, sig)
+    assert "nothing scored" in stopped.output and "overall recall" not in stopped.output
+
+
+@pytest.mark.parametrize(("ignore_sigint", "sig"), VARIANTS)
 def test_simulate_to_kafka_flushes_what_it_published(
     kafka_bootstrap: str, own_topics: str, tmp_path: Path, ignore_sigint: bool, sig: signal.Signals
 ) -> None:
