@@ -99,7 +99,10 @@ DEFAULTS: dict[str, Any] = {
     "retrans_factor": 5.0,  # a node retransmitting this many times its peers' median is named
     "retrans_min_per_s": 50.0,  # ...with at least this many retransmitted segments per second
     "ib_min_errors": 10.0,  # a node counting this many InfiniBand port errors in a window (and retrans_factor x its peers) is named first
-    "history_points": 10,  # points of metric history carried on a finding
+    "history_points": 10,  # points of metric history carried on a gpu_imbalance finding (one per window)
+    # ...and on a straggler or network_degradation finding (one per 5 s bucket: 6 minutes, so the
+    # alert page's chart covers a typical episode from before it fired, not its last 50 s)
+    "bucket_history_points": 72,
 }
 
 # NVML clock-event reasons worth quoting when a GPU is slow.
@@ -192,6 +195,7 @@ class ImbalanceDetector(JobAndHostDetector):
         self.retrans_min = float(p["retrans_min_per_s"])
         self.ib_min_errors = float(p["ib_min_errors"])
         self.history_points = int(p["history_points"])
+        self.bucket_history_points = int(p["bucket_history_points"])
         # self.hosts: node -> [[ts, tcp_retrans_segs_s, ib_errors]] (older snapshots hold [ts, retrans])
         self._derived: list[Event] = []
         # Windows looked at by `advance` (closed or jumped over): a work counter, not state.
@@ -476,7 +480,7 @@ class ImbalanceDetector(JobAndHostDetector):
             if st is None:
                 st = job["seq"][key] = _new_seq(self.cusum)
             verdict = self._judge(st, score, start, end, waited, int(row[7]))
-            _note(st, end, score, row, peers, self.history_points)
+            _note(st, end, score, row, peers, self.bucket_history_points)
             if st["since"] is None:
                 if not verdict or self._node_of(job_id, rank) in held:
                     if not _has_evidence(st):
@@ -610,7 +614,7 @@ class ImbalanceDetector(JobAndHostDetector):
             verdict = self._judge(st, score, start, end, True, min(int(row[7]) for _, row in own))
             if _has_evidence(st) or st["since"] is not None:
                 held.add(node)
-                st["hist"] = [*st.get("hist", []), [end, round(score, 4)]][-self.history_points :]
+                st["hist"] = [*st.get("hist", []), [end, round(score, 4)]][-self.bucket_history_points :]
             if st["since"] is None:
                 if verdict:
                     st["since"] = _evidence_start(st, start, end)
@@ -947,7 +951,7 @@ class ImbalanceDetector(JobAndHostDetector):
         net["n"] += 1
         if net["n"] <= self.net_skip:
             return []  # warm-up
-        job["net_hist"] = [*job["net_hist"], [end, round(intrinsic, 6)]][-self.history_points :]
+        job["net_hist"] = [*job["net_hist"], [end, round(intrinsic, 6)]][-self.bucket_history_points :]
         if net["normal"] is None:
             net["learn"].append(round(intrinsic, 6))
             if len(net["learn"]) >= self.net_learn:
