@@ -94,8 +94,11 @@ def _marker(e: Event) -> tuple[str, str, int] | None:
     return None
 
 
-def _run(bootstrap: str, nodes: int, seconds: int, timeout_s: float) -> dict[str, Any]:
-    """One job size: a fresh worker and topics, events in real time; latencies and lag."""
+def _run(
+    bootstrap: str, nodes: int, seconds: int, timeout_s: float, keep_log: Path | None = None
+) -> dict[str, Any]:
+    """One job size: a fresh worker and topics, events in real time; latencies and lag (the
+    worker's log copied to `keep_log` when given)."""
     prefix = f"lat{uuid.uuid4().hex[:6]}."
     create_topics(bootstrap, prefix=prefix)
     proc = None
@@ -174,6 +177,8 @@ def _run(bootstrap: str, nodes: int, seconds: int, timeout_s: float) -> dict[str
             stop.set()
             reader.join(10)
             text = log_path.read_text(errors="replace")
+            if keep_log is not None:
+                keep_log.write_text(text)
     finally:
         if proc is not None:
             proc.terminate()
@@ -223,11 +228,14 @@ def _report(r: dict[str, Any]) -> bool:
     return bounded
 
 
-def _bench(bootstrap: str, sizes: list[int], seconds: int, timeout_s: float) -> None:
+def _bench(bootstrap: str, sizes: list[int], seconds: int, timeout_s: float, log_dir: Path | None) -> None:
     best: dict[str, Any] | None = None
     for nodes in sizes:
         print(f"{nodes} nodes x 8 GPUs, {seconds} s:")
-        result = _run(bootstrap, nodes, seconds, timeout_s)
+        keep = log_dir / f"worker-{nodes}-nodes.log" if log_dir is not None else None
+        result = _run(bootstrap, nodes, seconds, timeout_s, keep)
+        if keep is not None:
+            print(f"  worker log: {keep}")
         if _report(result):
             best = result
         else:
@@ -249,6 +257,7 @@ def main() -> None:
     parser.add_argument("--sweep", help="comma-separated node counts, run one after another")
     parser.add_argument("--seconds", type=int, default=90)
     parser.add_argument("--timeout", type=float, default=120)
+    parser.add_argument("--log-dir", type=Path, help="keep each run's worker log here (worker-N-nodes.log)")
     parser.add_argument("--runtime", default="faust", choices=("faust", "direct"), help="worker runtime")
     args = parser.parse_args()
     # The worker processes the bench starts read it (`ranksight worker --runtime`).
@@ -257,12 +266,12 @@ def main() -> None:
     sizes = [int(n) for n in args.sweep.split(",")] if args.sweep else [args.nodes]
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
     if bootstrap:
-        _bench(bootstrap, sizes, args.seconds, args.timeout)
+        _bench(bootstrap, sizes, args.seconds, args.timeout, args.log_dir)
         return
     from infra.kafka.local import LocalKafka, ensure_jars
 
     with tempfile.TemporaryDirectory() as tmp, LocalKafka(Path(tmp), libs=ensure_jars()) as broker:
-        _bench(broker.bootstrap, sizes, args.seconds, args.timeout)
+        _bench(broker.bootstrap, sizes, args.seconds, args.timeout, args.log_dir)
 
 
 if __name__ == "__main__":

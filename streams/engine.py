@@ -30,7 +30,7 @@ from streams.alerting.lifecycle import AlertTracker, JobProgress
 from streams.alerting.routing import Router, load_router
 from streams.config import EngineConfig, state_key
 from streams.detectors import ALL_DETECTORS
-from streams.detectors.base import Detector, Finding, Topology, dumps_state, loads_state
+from streams.detectors.base import LEADER_RANK, Detector, Finding, Topology, dumps_state, loads_state
 from streams.detectors.clock import ClockDetector, source_of
 from streams.detectors.validate import clean
 from streams.errors import StreamsError
@@ -69,12 +69,11 @@ REJECT_REASONS = ("out_of_range", "clock_ahead", "clock_behind")
 
 # What the rank stage passes to the job stage besides its summaries and alerts: job-level records
 # (from the engine that owns the job's key), bindings and rank faults, and the leader rank's steps
-# (the numerical, validation and skip rules read one rank's loss and gradient norm: the global ones).
+# (the validation, skip and trend rules read one rank's loss and gradient norm: the global ones).
 _JOB_LEVEL = frozenset(
     {"JobStarted", "JobStateChanged", "CheckpointEvent", "EvaluationEvent", "ValidationResult", "RestoreTest"}
 )
 _FORWARDED = _JOB_LEVEL | {"RankBound", "RankFault"}
-LEADER_RANK = 0
 # Tie order of records of one event time in the job stage's input (then job, rank, node).
 _ORDER = {
     "JobStarted": 0,

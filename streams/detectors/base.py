@@ -17,6 +17,7 @@ from schemas.records import Event
 from streams.detectors.pace import JobPace
 
 __all__ = [
+    "LEADER_RANK",
     "Binding",
     "Category",
     "Detector",
@@ -29,6 +30,10 @@ __all__ = [
     "dumps_state",
     "loads_state",
 ]
+
+# The rank whose steps carry the job's global values (loss, gradient norm, skips): the numerical,
+# validation and skip rules read its steps only, and the rank stage passes them to the job stage.
+LEADER_RANK = 0
 
 Category = Literal["model", "data", "platform", "infra"]
 _ENDED = ("completed", "failed")  # job states after which a job makes no more progress

@@ -1,8 +1,10 @@
 """The condition shared by the non-finite rules: a value of a job's steps is NaN or infinite.
 
 Not a rule itself: `nonfinite_loss` and `nonfinite_grad` subclass `NonfiniteDetector` and say
-which value of a StepCompleted they check. One identity per job (the first rank that showed the
-problem is named in the finding). It fires at once on the first non-finite value and resolves
+which value of a StepCompleted they check. One identity per job: the leader rank's steps carry the
+job's global values, so only they are judged. The rules run in the rank stage, where the leader's
+steps are read (a critical page at once, not after the stage boundary's lateness and alignment:
+10 s live at 1,024 GPUs when they ran in the job stage). It fires at once on the first non-finite value and resolves
 when finite values have resumed for `nonfinite_resolve_steps` steps past the last non-finite one;
 an active condition is re-reported at most every `reemit_s` of event time.
 """
@@ -12,7 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from streams.detectors.base import Finding, PerJobDetector, Topology
+from schemas.records import Event
+from streams.detectors.base import LEADER_RANK, Finding, PerJobDetector, Topology
 from streams.detectors.placement import rank_place
 
 __all__ = ["NONFINITE_DEFAULTS", "NonfiniteDetector", "is_finite"]
@@ -46,6 +49,13 @@ class NonfiniteDetector(PerJobDetector):
         p = {**NONFINITE_DEFAULTS, **self.params}
         self._resolve_steps = int(p["nonfinite_resolve_steps"])
         self._reemit_ms = int(float(p["reemit_s"]) * 1000)
+
+    @staticmethod
+    def leader_step(event: Event) -> dict[str, Any] | None:
+        """The record of a StepCompleted of a job's leader rank (None for anything else)."""
+        if event.type != "StepCompleted" or event.record.get("rank") != LEADER_RANK:
+            return None
+        return event.record
 
     def new_job_state(self) -> dict[str, Any]:
         """The job's open condition (None while every value is finite)."""

@@ -1,6 +1,6 @@
 """Rule `nonfinite_grad`: a job's gradient norm is NaN or infinite.
 
-Category `model`, critical, one identity per job (the first rank that showed it is named). Fires
+Category `model`, critical, one identity per job, judged on the leader rank's steps (rank stage). Fires
 at once on a StepCompleted whose `grad_norm` is NaN or infinite; resolves when finite norms have
 resumed for `nonfinite_resolve_steps` steps past the last non-finite one. A non-finite norm on a
 step the optimizer *skipped* (loss-scale overflow under dynamic loss scaling) is normal once in a
@@ -29,7 +29,7 @@ class NonfiniteGradDetector(NonfiniteDetector):
     """A non-finite gradient norm, per job; overflow-skipped steps count only in a run."""
 
     section: ClassVar[str] = "numerical"
-    stage: ClassVar[str] = "job"
+    stage: ClassVar[str] = "rank"
     rule: ClassVar[str] = "nonfinite_grad"
     rules: ClassVar[tuple[str, ...]] = ("nonfinite_grad",)
     what: ClassVar[str] = "gradient norm"
@@ -45,9 +45,9 @@ class NonfiniteGradDetector(NonfiniteDetector):
 
     def observe(self, event: Event) -> list[Finding]:
         """Check the gradient norm of a StepCompleted."""
-        if event.type != "StepCompleted":
+        r = self.leader_step(event)
+        if r is None:
             return []
-        r = event.record
         job = self._job(r["job_id"])
         grad = r.get("grad_norm")
         counts = grad is not None

@@ -1,6 +1,6 @@
 """Rule `nonfinite_loss`: a job's training loss is NaN or infinite.
 
-Category `model`, critical, one identity per job (the first rank that showed it is named). Fires
+Category `model`, critical, one identity per job, judged on the leader rank's steps (rank stage). Fires
 at once on a StepCompleted whose `loss` is NaN or infinite; resolves when finite losses have
 resumed for `nonfinite_resolve_steps` steps past the last non-finite one. Steps without a loss are
 not judged. See `nonfinite.py` for the condition.
@@ -23,7 +23,7 @@ class NonfiniteLossDetector(NonfiniteDetector):
     """A non-finite loss, per job."""
 
     section: ClassVar[str] = "numerical"
-    stage: ClassVar[str] = "job"
+    stage: ClassVar[str] = "rank"
     rule: ClassVar[str] = "nonfinite_loss"
     rules: ClassVar[tuple[str, ...]] = ("nonfinite_loss",)
     what: ClassVar[str] = "loss"
@@ -31,9 +31,9 @@ class NonfiniteLossDetector(NonfiniteDetector):
 
     def observe(self, event: Event) -> list[Finding]:
         """Check the loss of a StepCompleted."""
-        if event.type != "StepCompleted":
+        r = self.leader_step(event)
+        if r is None:
             return []
-        r = event.record
         job = self._job(r["job_id"])
         loss = r.get("loss")
         return self.check(job, r, loss) if loss is not None else []

@@ -26,6 +26,9 @@ RANK_RULES = frozenset(
         "gpu_outside_allocation",
         "gpu_idle_allocated",
         "clock_skew",
+        # The leader rank's steps are judged where they are read: a critical page at once.
+        "nonfinite_loss",
+        "nonfinite_grad",
     }
 )
 
