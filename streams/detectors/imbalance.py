@@ -53,13 +53,14 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobAndHostDetector, JobInfo
 from streams.detectors.changepoint import RelativeSpeedCusum
 from streams.detectors.stats import MAD_TO_SIGMA, finite, mad, mean, median, robust_scorer, weighted_median
-from streams.summary import stat_mean, stat_median
+from streams.summary import stat_mean, stat_median, stat_packed
 
 __all__ = ["DEFAULTS", "ImbalanceDetector", "baseline_key"]
 
@@ -114,8 +115,9 @@ _THROTTLE_BITS = {
     0x80: "hw_power_brake",
 }
 
-# A rank's steps over one summary bucket (plain lists: they go into the snapshot as they are); the
-# Stats are `streams.summary` ones ({n, sum, min, max, med, values}).
+# A rank's steps over one summary bucket: a tuple of numbers, strings and packed Stats
+# (`streams.summary.PackedStat`), which the cyclic collector stops tracking (a 16k-rank job holds
+# 200,000 of them per 60 s window); after a snapshot's JSON round trip, lists of the same items.
 _TS, _RANK, _BUSY, _COMPUTE, _WAIT, _COMM, _STEP_TIME, _TOKENS, _SAMPLES, _LOSS, _STEP, _N, _ATTR = range(13)
 # A rank's GPU over one bucket.
 _G_TS, _G_RANK, _G_UTIL, _G_POWER, _G_CLOCK, _G_REASONS, _G_MEM = range(7)
@@ -216,9 +218,12 @@ class ImbalanceDetector(JobAndHostDetector):
         return job
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Restore from `state()`; a snapshot from before the per-bucket rules (issue 20.1) is migrated."""
+        """Restore from `state()`; a snapshot from before the per-bucket rules (issue 20.1) is migrated,
+        and one whose rows hold Stat dicts (before packed Stats) has them packed."""
         super().load_state(state)
         for job in self.jobs.values():
+            job["steps"] = [_packed_row(row, _STEP_STATS) for row in job.get("steps", [])]
+            job["gpu"] = [_packed_row(row, _GPU_STATS) for row in job.get("gpu", [])]
             if "seq" in job:
                 continue
             # Window-era state: its window rows and GPU imbalance carry over; a straggler firing then
@@ -297,33 +302,33 @@ class ImbalanceDetector(JobAndHostDetector):
                     ]
                 )
             job["steps"].append(
-                [
+                (
                     ts,
                     rank,
-                    r.get("busy_s"),
-                    r.get("compute_s"),
-                    r.get("data_wait_s"),
-                    r.get("comm_s"),
-                    r.get("step_time_s"),
+                    stat_packed(r.get("busy_s")),
+                    stat_packed(r.get("compute_s")),
+                    stat_packed(r.get("data_wait_s")),
+                    stat_packed(r.get("comm_s")),
+                    stat_packed(r.get("step_time_s")),
                     r.get("tokens"),
                     r.get("samples"),
-                    r.get("loss"),
+                    stat_packed(r.get("loss")),
                     r.get("last_step"),
                     int(r["steps"]),
-                    [r["attr_step_time_s"], r["attr_idle_s"], r["attr_wait_s"], r["attr_comm_s"]],
-                ]
+                    (r["attr_step_time_s"], r["attr_idle_s"], r["attr_wait_s"], r["attr_comm_s"]),
+                )
             )
         if r.get("gpu_n") and r["job_id"] in self.jobs:
             self.jobs[r["job_id"]]["gpu"].append(
-                [
+                (
                     ts,
                     rank,
-                    r.get("gpu_util_pct"),
-                    r.get("power_w"),
-                    r.get("sm_clock_mhz"),
+                    stat_packed(r.get("gpu_util_pct")),
+                    stat_packed(r.get("power_w")),
+                    stat_packed(r.get("sm_clock_mhz")),
                     r.get("throttle_reasons") or 0,
-                    r.get("mem_frac"),
-                ]
+                    stat_packed(r.get("mem_frac")),
+                )
             )
         return []
 
@@ -1152,7 +1157,7 @@ class ImbalanceDetector(JobAndHostDetector):
         ]
         sps = finite(per_rank_sps)
         wait_frac = weighted_median(
-            (_rate(s[_WAIT]["sum"] if s[_WAIT] else None, s[_STEP_TIME]), _steps_in(s)) for s in steps
+            (_rate(s[_WAIT][1] if s[_WAIT] else None, s[_STEP_TIME]), _steps_in(s)) for s in steps
         )
         scores = finite(v["score"] for v in stats.values())
         self._derived.append(
@@ -1282,17 +1287,30 @@ def _group(steps: list[list[Any]]) -> dict[int, list[list[Any]]]:
     return out
 
 
-def _steps_in(row: list[Any]) -> float:
+# The items of a step row and of a GPU row that are Stats.
+_STEP_STATS = frozenset({_BUSY, _COMPUTE, _WAIT, _COMM, _STEP_TIME, _LOSS})
+_GPU_STATS = frozenset({_G_UTIL, _G_POWER, _G_CLOCK, _G_MEM})
+
+
+def _packed_row(row: Sequence[Any], stats: frozenset[int]) -> tuple[Any, ...]:
+    """A restored row as `observe` makes it: a tuple, its Stats packed (a snapshot holds lists, and
+    Stat dicts before Stats were packed)."""
+    return tuple(
+        stat_packed(v) if i in stats else (tuple(v) if isinstance(v, list) else v) for i, v in enumerate(row)
+    )
+
+
+def _steps_in(row: Sequence[Any]) -> float:
     """How many steps a bucket row's step times cover."""
     st = row[_STEP_TIME]
-    return float(st["n"]) if st else 0.0
+    return float(st[0]) if st else 0.0
 
 
-def _rate(amount: float | None, step_time: dict[str, Any] | None) -> float | None:
-    """Per second over a bucket's steps: an amount (tokens, samples, wait) over their step time."""
-    if amount is None or not step_time or not step_time["sum"]:
+def _rate(amount: float | None, step_time: Sequence[Any] | None) -> float | None:
+    """Per second over a bucket's steps: an amount (tokens, samples, wait) over their step time (a packed Stat)."""
+    if amount is None or not step_time or not step_time[1]:
         return None
-    return float(amount) / float(step_time["sum"])
+    return float(amount) / float(step_time[1])
 
 
 def _idle_attribution(steps: list[list[Any]]) -> dict[str, float | None]:
