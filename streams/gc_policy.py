@@ -12,7 +12,7 @@ so every one was walked again by each older collection and by a full collection 
 every 60 s of wall time, which walked all that had built up since: 17.5 us of GC per record at
 16,384 ranks against 7.6 at 1,024 (issue 19; in the same work the engine with the collector off
 costs the same per record at every size). Here an older collection runs only once what was
-allocated since the last one is `_GROWTH` times what the last one froze, and freezes what survives
+allocated since the last one is at least `_GROWTH` times what the last one froze, and freezes what survives
 it at once: each long-lived object is walked once young and about once more, whatever the job's
 size, while cycles among new objects are still collected (by the young collections, and by each
 older one before it freezes). The young generation grows with the frozen state (`_YOUNG_SHARE`),
@@ -30,12 +30,13 @@ __all__ = ["for_long_lived_state", "python_default", "settle"]
 # Young objects are collected every this many allocations (Python's default: 700).
 _YOUNG = 50_000
 # ...or a quarter of the frozen state when that is more: state that lives one summary bucket is
-# then gone before a young collection promotes it (at 16,384 ranks a bucket's rows are ~300,000
-# objects): 1.56M -> 1.27M objects frozen after 30 s, the collector 8.8 -> 6.9 us per raw event.
+# then gone before a young collection promotes it (16,384 ranks, 30 s of event time: 1.56M ->
+# 1.27M objects frozen, the collector 8.8 -> 6.9 us per raw event).
 _YOUNG_SHARE = 4
-# Young collections between two older ones, at least (while the frozen state is small).
+# Young collections between two older ones, at least.
 _OLD_MIN = 20
-# An older collection once this many times the frozen objects were allocated since the last one.
+# ...and at least this many times the frozen objects allocated since the last older one (with the
+# young generation at a quarter of the frozen state, `_OLD_MIN` is the larger: 5 times).
 _GROWTH = 2
 _DEFAULT = gc.get_threshold()
 
@@ -65,7 +66,8 @@ def settle() -> None:
 
 
 def _pace_older() -> None:
-    """The next older collection after `_GROWTH` times the frozen objects were allocated."""
+    """The young generation's size, and the next older collection after `_OLD_MIN` young ones and
+    `_GROWTH` times the frozen objects allocated, whichever comes later."""
     frozen = gc.get_freeze_count()
     young = max(_YOUNG, frozen // _YOUNG_SHARE)
     gc.set_threshold(young, max(_OLD_MIN, _GROWTH * frozen // young), 100)

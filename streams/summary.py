@@ -37,7 +37,8 @@ Stat = dict[str, Any]  # {"n", "sum", "min", "max", "med", "values"}: see schema
 # A Stat a detector keeps in its state: (n, sum, min, max, med, values or None). A tuple of numbers,
 # which the cyclic collector stops tracking once it has looked at it; a Stat dict and its list of
 # values stay tracked. Held for a 60 s window per rank, they were most of a big job's tracked
-# objects (58 % at 4,096 ranks), and the collector's cost per raw event grew with the job.
+# objects (4,096 ranks, 40 s of event time: 937,000 tracked, 408,000 once packed), and the
+# collector's cost per raw event grew with the job.
 # After a snapshot's JSON round trip it is a list of the same items; the functions below read both.
 PackedStat = tuple[int, float, float, float, float, tuple[float, ...] | None]
 

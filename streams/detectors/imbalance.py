@@ -285,16 +285,19 @@ class ImbalanceDetector(JobAndHostDetector):
             return []
         if r.get("steps"):
             job = self._job(r["job_id"], ts)
+            busy, compute, wait, comm = (
+                stat_packed(r.get(f)) for f in ("busy_s", "compute_s", "data_wait_s", "comm_s")
+            )
             if job["decided"] is None or ts > job["decided"]:
                 # Kept apart until the bucket is decided (the window rows below are pruned per hop).
                 job["bucket"].setdefault(str(ts), []).append(
                     [
                         rank,
                         r.get("node") or "",
-                        stat_median([r.get("busy_s")]),
-                        stat_median([r.get("compute_s")]),
-                        stat_median([r.get("data_wait_s")]),
-                        stat_median([r.get("comm_s")]),
+                        stat_median([busy]),
+                        stat_median([compute]),
+                        stat_median([wait]),
+                        stat_median([comm]),
                         int(r["ts"]) - ts,
                         int(r["steps"]),
                         stat_median([r.get("forward_s")]),
@@ -305,10 +308,10 @@ class ImbalanceDetector(JobAndHostDetector):
                 (
                     ts,
                     rank,
-                    stat_packed(r.get("busy_s")),
-                    stat_packed(r.get("compute_s")),
-                    stat_packed(r.get("data_wait_s")),
-                    stat_packed(r.get("comm_s")),
+                    busy,
+                    compute,
+                    wait,
+                    comm,
                     stat_packed(r.get("step_time_s")),
                     r.get("tokens"),
                     r.get("samples"),
@@ -760,7 +763,7 @@ class ImbalanceDetector(JobAndHostDetector):
         row: list[Any],
         peers: dict[str, Any],
         end: int,
-        by_pre_sync: bool = False,
+        by_pre_sync: bool,
     ) -> str:
         """The firing alert's text, fixed when it fires; sets the state's suspected layer.
         `by_pre_sync`: the score is the work-before-the-first-wait one (DDP)."""

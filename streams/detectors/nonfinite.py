@@ -3,10 +3,11 @@
 Not a rule itself: `nonfinite_loss` and `nonfinite_grad` subclass `NonfiniteDetector` and say
 which value of a StepCompleted they check. One identity per job: the leader rank's steps carry the
 job's global values, so only they are judged. The rules run in the rank stage, where the leader's
-steps are read (a critical page at once, not after the stage boundary's lateness and alignment:
-10 s live at 1,024 GPUs when they ran in the job stage). It fires at once on the first non-finite value and resolves
-when finite values have resumed for `nonfinite_resolve_steps` steps past the last non-finite one;
-an active condition is re-reported at most every `reemit_s` of event time.
+steps are read: a critical page at once, not after the stage boundary's lateness and alignment
+(10 s live at 1,024 GPUs when they ran in the job stage). It fires at once on the first
+non-finite value and resolves when finite values have resumed for `nonfinite_resolve_steps` steps
+past the last non-finite one; an active condition is re-reported at most every `reemit_s` of
+event time.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ written against (faults drawn at random sizes, places and noise, each with a mus
 Cycles 1-3 of the generator's classes run here: every class three times, both GPU states of a
 hang and both sides of the first evaluation. Cycle 0 is left to `ranksight evaluate --generated`
 (README: 1,000 cases): its healthy 1,000-rank boundary pair costs more than a whole cycle of the
-rest, and CI must stay under 30 minutes (the 128-rank boundary runs of cycles 1-3 stay here). What the detectors miss today is
-an explicit, strict list (issue 20's classes, for the detector work to close): a gap that closes
-fails this test until it is struck from the list, and a new one fails it at once.
+rest, and CI must stay under 30 minutes (the 128-rank boundary runs of cycles 1-3 stay here).
+What the detectors miss today is an explicit, strict list (issue 20's classes, for the detector
+work to close): a gap that closes fails this test until it is struck from the list, and a new one
+fails it at once.
 """
 
 from __future__ import annotations
