@@ -103,6 +103,9 @@ def test_topics_and_producers_are_set_up_for_one_lost_broker(cluster: LocalKafka
     prefix = f"t{uuid.uuid4().hex[:6]}."
     names = create_topics(cluster.bootstrap, prefix=prefix)
     admin = _admin(cluster.bootstrap)
+    # Creation is acknowledged by the controller; the broker asked here may learn of the
+    # topics a moment later (KRaft propagates metadata to each broker asynchronously).
+    _wait(lambda: set(names) <= set(admin.list_topics(timeout=15).topics), "every topic in the metadata")
     metadata = admin.list_topics(timeout=15)
     assert len(metadata.brokers) == 3
     for name in names:
