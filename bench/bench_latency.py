@@ -35,6 +35,7 @@ from confluent_kafka import Consumer, TopicPartition
 from infra.kafka.topics import create_topics, delete_topics, prefixed
 from producers.publisher import open_publisher
 from producers.simulator import load_scenario, simulate
+from ranksight.signals import run_main
 from schemas.codec import Codec
 from schemas.records import Event
 from schemas.topics import ALERTS
@@ -275,4 +276,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # SIGINT/SIGTERM unwind through the finally blocks that stop the broker and the processes.
+    run_main(main, name="bench_latency")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from producers.agent import FakeNvml, GpuSampler
 from producers.publisher import open_publisher
+from ranksight.signals import run_main
 from schemas.records import Event
 
 
@@ -78,4 +79,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # SIGINT/SIGTERM unwind through the finally blocks that stop the broker and the processes.
+    run_main(main, name="bench_publisher")

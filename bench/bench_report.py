@@ -29,6 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ranksight.signals import run_main
+
 if TYPE_CHECKING:
     from schemas.records import Event
 
@@ -197,4 +199,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # SIGINT/SIGTERM unwind through the finally blocks that stop the broker and the processes.
+    run_main(main, name="bench_report")

@@ -44,6 +44,7 @@ from fastavro import schemaless_reader
 
 from infra.kafka.local import LocalKafka, ensure_jars
 from infra.kafka.topics import TopicSpec, create_topics
+from ranksight.signals import run_main
 from schemas.codec import Codec
 from schemas.eventtime import TimeBound
 from schemas.records import Event, default_schemas
@@ -476,4 +477,5 @@ def _child(spec: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # SIGINT/SIGTERM unwind through the finally blocks that stop the broker and the processes.
+    run_main(main, name="bench_sink")

@@ -35,6 +35,7 @@ from typing import Any
 from infra.kafka.topics import create_topics, delete_topics, prefixed
 from producers.publisher import open_publisher
 from producers.simulator import load_scenario, simulate
+from ranksight.signals import run_main
 from schemas.codec import Codec
 from schemas.eventtime import reference_ms
 from schemas.records import Event
@@ -465,4 +466,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # SIGINT/SIGTERM unwind through the finally blocks that stop the broker and the processes.
+    run_main(main, name="bench_worker")

@@ -39,6 +39,7 @@ __all__ = [
     "StopRequested",
     "StopSignals",
     "install_stop_handlers",
+    "run_main",
     "stop_signals",
 ]
 
@@ -234,3 +235,17 @@ def install_stop_handlers(
     return StopSignals(
         on_stop, name=name, grace_s=grace_s, hard_after_s=hard_after_s, interrupt=interrupt
     ).install()
+
+
+def run_main(main: Callable[[], Any], *, name: str, hard_after_s: float = 60.0) -> None:
+    """Run a script's `main` so that SIGINT and SIGTERM unwind it like Ctrl-C, whatever it
+    inherited: its `finally` blocks and context managers stop what it started (a broker, worker
+    processes) instead of leaving them running, and the process exits 128 + the signal number.
+
+    For the benches and tools whose cleanup is `finally`/`with`; `hard_after_s` is long because
+    stopping a local Kafka broker takes seconds."""
+    with stop_signals(name=name, grace_s=hard_after_s, hard_after_s=hard_after_s, interrupt=True) as stop:
+        try:
+            main()
+        except StopRequested:
+            raise SystemExit(stop.exit_code) from None

@@ -119,3 +119,39 @@ def test_interrupt_raises_in_the_main_thread_like_ctrl_c() -> None:
     with pytest.raises(StopRequested), stop_signals(interrupt=True, announce=False):
         signal.raise_signal(signal.SIGTERM)
         time.sleep(5)  # not reached: the handler raised
+
+
+_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from ranksight.signals import run_main
+
+    def main():
+        try:
+            print("ready", flush=True)
+            time.sleep(60)
+        finally:
+            print("cleaned up", flush=True)
+
+    run_main(main, name="script")
+    """
+)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_run_main_unwinds_a_script_through_its_finally_blocks(sig: signal.Signals) -> None:
+    """What the benches rely on to stop the broker and workers they started (even from `nohup`)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert "cleaned up" in out, err
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err
