@@ -11,8 +11,17 @@ partitions, job stages on their summaries) is timed, so the generator's own cost
 Printed per size: events/s, microseconds per raw event (and the ratio to the smallest job: flat
 means the job stage does not grow per raw event), the share of the time in the rank and the job
 stages, the job stage's input per raw event, the alerts (the straggler must be found at every size)
-and the engine's peak resident memory. Before the two stages (issue 19's own measurement of the
-single engine): 25 us/event at 16 ranks, 38 at 1,024, 46 at 4,096.
+and the engine's peak resident memory. A size runs again (a fresh engine, the same input) until
+its runs add up to `--min-wall` seconds, and the median run is printed with the range. Before the
+two stages (issue 19's own measurement of the single engine): 25 us/event at 16 ranks, 38 at
+1,024, 46 at 4,096.
+
+Where the time goes when it is not flat: run one size under a cache simulator twice, with the
+engine and with `--input-only` (the same input, no engine), and subtract: instructions, and cache
+misses per raw event, of the engine alone (docs/worker.md has the numbers):
+
+    valgrind --tool=cachegrind --cache-sim=yes --LL=33554432,16,64 \
+        python bench/bench_engine_ranks.py --seconds 20 --ranks 4096 --min-wall 0 [--input-only]
 """
 
 from __future__ import annotations
@@ -220,7 +229,7 @@ def _timed(engine: DetectionEngine) -> tuple[float, float]:
     return spent  # type: ignore[return-value]
 
 
-def _run(ranks: int, seconds: int) -> dict[str, float]:
+def _run(ranks: int, seconds: int, input_only: bool = False) -> dict[str, float]:
     rng = random.Random(ranks)
     engine = DetectionEngine()
     spent = _timed(engine)
@@ -235,12 +244,12 @@ def _run(ranks: int, seconds: int) -> dict[str, float]:
     gc_s = _GcClock()
     for chunk in chunks:
         t = time.perf_counter()
-        out = [o for e in chunk for o in engine.process(e)]
+        out = [] if input_only else [o for e in chunk for o in engine.process(e)]
         elapsed += time.perf_counter() - t
         n += len(chunk)
         alerts |= {(o.record["rule"], o.record.get("rank")) for o in out if o.type == "Alert"}
     t = time.perf_counter()
-    out = engine.finish()
+    out = [] if input_only else engine.finish()
     elapsed += time.perf_counter() - t
     alerts |= {(o.record["rule"], o.record.get("rank")) for o in out if o.type == "Alert"}
     job_in = sum(e.stats["events"] for e in engine.job_stages)
@@ -278,7 +287,7 @@ class _GcClock:
 
 
 def main() -> None:
-    """Run each size once and print the numbers."""
+    """Run each size and print the numbers."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -294,14 +303,28 @@ def main() -> None:
         default="tuned",
         help="the collector as the worker sets it (streams/gc_policy.py), Python's default, or both",
     )
+    parser.add_argument(
+        "--min-wall",
+        type=float,
+        default=30.0,
+        help="run a size again (a fresh engine, the same input) until its timed work adds up to this"
+        " many seconds, and print the median run: a small job's run is a few seconds, and one such"
+        " run's time moves by 15%% with what else the machine does",
+    )
+    parser.add_argument(
+        "--input-only",
+        action="store_true",
+        help="make the same input and feed no engine: what to subtract when the bench runs under a"
+        " cache simulator (valgrind --tool=cachegrind), which counts the whole process",
+    )
     args = parser.parse_args()
     modes = ["default", "tuned"] if args.gc == "both" else [args.gc]
     for mode in modes:
-        _sizes(args.ranks, args.seconds, mode)
+        _sizes(args.ranks, args.seconds, mode, args.min_wall, args.input_only)
 
 
-def _sizes(sizes: str, seconds: int, mode: str) -> None:
-    """Each size once with the collector set as `mode` says."""
+def _sizes(sizes: str, seconds: int, mode: str, min_wall: float, input_only: bool) -> None:
+    """Each size, as often as `min_wall` asks, with the collector set as `mode` says."""
     if mode == "tuned":
         gc_policy.for_long_lived_state()
     else:
@@ -309,14 +332,27 @@ def _sizes(sizes: str, seconds: int, mode: str) -> None:
     print(f"-- garbage collector: {mode}", flush=True)
     base: float | None = None
     for ranks in (int(r) for r in sizes.split(",")):
-        m = _run(ranks, seconds)
-        gc.unfreeze()
-        gc.collect()
+        runs: list[dict[str, float]] = []
+        while not runs or (not input_only and sum(r["elapsed"] for r in runs) < min_wall):
+            runs.append(_run(ranks, seconds, input_only))
+            gc.unfreeze()
+            gc.collect()
+        runs.sort(key=lambda r: r["elapsed"])
+        m = runs[len(runs) // 2]
+        if input_only:
+            print(f"{ranks:>6} ranks: {int(m['events']):>9,} events made, no engine", flush=True)
+            continue
         us = 1e6 * m["elapsed"] / m["events"]
         base = us if base is None else base
+        spread = (
+            f" (median of {len(runs)} runs: {1e6 * runs[0]['elapsed'] / m['events']:.1f}"
+            f" to {1e6 * runs[-1]['elapsed'] / m['events']:.1f})"
+            if len(runs) > 1
+            else " (one run)"
+        )
         print(
             f"{ranks:>6} ranks: {int(m['events']):>9,} events in {m['elapsed']:7.1f} s ="
-            f" {m['events'] / m['elapsed']:>7,.0f} events/s, {us:5.1f} us/event"
+            f" {m['events'] / m['elapsed']:>7,.0f} events/s, {us:5.1f} us/event{spread}"
             f" ({us / base:.2f}x the smallest); rank stages {m['rank_s'] / m['elapsed']:.0%},"
             f" job stages {m['job_s'] / m['elapsed']:.0%} of it on {m['job_in'] / m['events']:.2f} records"
             f" per raw event, garbage collector {1e6 * m['gc_s'] / m['events']:.1f} us/event;"
