@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import psutil
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -369,7 +370,19 @@ def _published_count(output: str) -> int:
 def test_evaluate_stops_its_worker_processes(
     tmp_path: Path, ignore_sigint: bool, sig: signal.Signals
 ) -> None:
-    """A long evaluation (200 generated cases on 2 processes: minutes) stops at once, cases in flight too."""
+    """A long evaluation (200 generated cases on 2 processes: minutes) stops at once, cases in flight
+    too, and leaves none of its processes behind."""
+    children: list[psutil.Process] = []
+
+    def pool_started(running: Running) -> None:
+        # Signalled once the pool's two processes exist (they take their first cases at once).
+        parent = psutil.Process(running.proc.pid)
+        deadline = time.monotonic() + 120
+        while len(children) < 2:
+            assert time.monotonic() < deadline, "the evaluation's 2 processes did not start"
+            time.sleep(0.05)
+            children[:] = parent.children(recursive=True)
+
     stopped = _run_and_stop(
         tmp_path,
         ["evaluate", "--generated", "200", "--workers", "2"],
@@ -377,10 +390,12 @@ def test_evaluate_stops_its_worker_processes(
         r"evaluating 200 generated cases",
         ignore_sigint,
         sig,
-        lambda _: time.sleep(2.0),  # the two processes are inside their first cases
+        pool_started,
     )
     _cut_short(stopped, sig)
     assert "nothing scored" in stopped.output and "overall recall" not in stopped.output
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"left running: {[p.pid for p in alive]}"
 
 
 @pytest.mark.parametrize(("ignore_sigint", "sig"), VARIANTS)
