@@ -10,8 +10,11 @@ order of events per key is kept, except for an event whose delivery failed after
 handed to librdkafka (message.timeout.ms): it is re-sent from the spool behind newer ones.
 
 Delivery guarantee: exactly once while the process lives (the idempotent producer retries inside
-librdkafka; a failed event is re-sent exactly once from the spool); at least once across a crash
-or `close()` with undelivered in-flight messages (the spool is drained again on the next start).
+librdkafka, which by default never times a message out; a failed event is re-sent exactly once
+from the spool). With a finite `message_timeout_ms`, an event whose delivery timed out while its
+request was in flight may have been written by the broker before the connection failed
+(librdkafka cannot tell), and its re-send may double it. At least once across a crash or
+`close()` with undelivered in-flight messages (the spool is drained again on the next start).
 
 `open_publisher("file:///path/events.avro")` returns a `FilePublisher`: events buffered into a
 temporary Avro container file, renamed into place on `close()`.
@@ -65,7 +68,11 @@ DEFAULT_PRODUCER_CONF: dict[str, Any] = {
     "batch.size": 1_000_000,
     "queue.buffering.max.messages": 100_000,
     "queue.buffering.max.kbytes": 256 * 1024,
-    "message.timeout.ms": 30_000,
+    # Never time out what librdkafka holds: a message that timed out while its request was in
+    # flight may already be in the log (librdkafka cannot tell), so re-sending it from the spool
+    # could double it; held, it is retried by the idempotent producer, which the broker dedupes.
+    # While the broker is away new events go to the spool, and `close()` spools what is left.
+    "message.timeout.ms": 0,
     "socket.keepalive.enable": True,
     "reconnect.backoff.max.ms": 2_000,
     # The Java client's partitioner (murmur2; random for null keys), which aiokafka (the Faust
