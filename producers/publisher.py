@@ -2,12 +2,13 @@
 
 `open_publisher("kafka", kafka_conf={...})` returns a `KafkaPublisher`: an idempotent
 `confluent_kafka.Producer` (acks=all, lz4) fed by `publish(event)`, which never blocks and never
-raises for broker trouble. While the broker is unreachable (all brokers down, deliveries timing
-out) or librdkafka's queue is full, events go to a `Spool` on disk; a background thread polls
-delivery reports, probes the broker with a metadata request, and drains the spool oldest first
-once the broker answers. Until the spool is empty new events are appended behind it, so the
-order of events per key is kept, except for an event whose delivery failed after it had been
-handed to librdkafka (message.timeout.ms): it is re-sent from the spool behind newer ones.
+raises for broker trouble. While the broker is unreachable (all brokers down, or deliveries timing
+out when a finite `message_timeout_ms` is set) or librdkafka's queue is full, events go to a `Spool`
+on disk; a background thread polls delivery reports, probes the broker with a metadata request, and
+drains the spool oldest first once the broker answers. Until the spool is empty new events are
+appended behind it, so the order of events per key is kept, except for an event whose delivery
+failed after it had been handed to librdkafka (message.timeout.ms): it is re-sent from the spool
+behind newer ones.
 
 Delivery guarantee: exactly once while the process lives (the idempotent producer retries inside
 librdkafka, which by default never times a message out; a failed event is re-sent exactly once

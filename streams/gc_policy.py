@@ -11,13 +11,13 @@ of records that grows with the job: at 16,384 ranks a window's rows outlive any 
 so every one was walked again by each older collection and by a full collection (then `gc.freeze`)
 every 60 s of wall time, which walked all that had built up since: 17.5 us of GC per record at
 16,384 ranks against 7.6 at 1,024 (issue 19; in the same work the engine with the collector off
-costs the same per record at every size). Here an older collection runs only once what was
-allocated since the last one is at least `_GROWTH` times what the last one froze, and freezes what survives
-it at once: each long-lived object is walked once young and about once more, whatever the job's
-size, while cycles among new objects are still collected (by the young collections, and by each
-older one before it freezes). The young generation grows with the frozen state (`_YOUNG_SHARE`),
-so what lives one summary bucket dies young at any job size; and the detectors keep what lives a
-window as tuples of numbers (`streams.summary.PackedStat`), which the collector stops tracking.
+costs the same per record at every size). Here an older collection runs only once what was allocated
+since the last one is at least `_GROWTH` times what the last one froze, and freezes what survives it
+at once: each long-lived object is walked once young and about once more, whatever the job's size,
+while cycles among new objects are still collected (by the young collections, and by each older one
+before it freezes). The young generation grows with the frozen state (`_YOUNG_SHARE`), so what lives
+one summary bucket dies young at any job size; and the detectors keep what lives a window as tuples
+of numbers (`streams.summary.PackedStat`), which the collector stops tracking.
 """
 
 from __future__ import annotations
