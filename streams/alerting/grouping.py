@@ -199,23 +199,26 @@ def graph_cycle(rules: Iterable[InhibitRule]) -> list[str] | None:
     """A cycle of rule names through the graph's edges (`[a, b, a]`), or None: causes must not mute each other."""
     edges = _edges(rules)
     done: set[str] = set()
-
-    def visit(rule: str, path: list[str]) -> list[str] | None:
-        if rule in path:
-            return [*path[path.index(rule) :], rule]
-        if rule in done:
-            return None
-        for nxt in sorted(edges.get(rule, ())):
-            found = visit(nxt, [*path, rule])
-            if found:
-                return found
-        done.add(rule)
-        return None
-
     for start in sorted(edges):
-        found = visit(start, [])
+        found = _cycle_from(start, [], edges, done)
         if found:
             return found
+    return None
+
+
+def _cycle_from(rule: str, path: list[str], edges: dict[str, set[str]], done: set[str]) -> list[str] | None:
+    """A cycle reached from `rule` along `path` (depth first), or None; `done` holds rules known to
+    reach none. A module function, not a closure that calls itself: that closure would be a
+    reference cycle, garbage only the cyclic collector frees (see streams/gc_policy.py)."""
+    if rule in path:
+        return [*path[path.index(rule) :], rule]
+    if rule in done:
+        return None
+    for nxt in sorted(edges.get(rule, ())):
+        found = _cycle_from(nxt, [*path, rule], edges, done)
+        if found:
+            return found
+    done.add(rule)
     return None
 
 
