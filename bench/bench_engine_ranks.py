@@ -10,10 +10,12 @@ partitions, job stages on their summaries) is timed, so the generator's own cost
 
 Printed per size: events/s, microseconds per raw event (and the ratio to the smallest job: flat
 means the job stage does not grow per raw event), the share of the time in the rank and the job
-stages, the job stage's input per raw event, the alerts (the straggler must be found at every size)
-and the engine's peak resident memory. A size runs again (a fresh engine, the same input) until
-its runs add up to `--min-wall` seconds, and the median run is printed with the range. Before the
-two stages (issue 19's own measurement of the single engine): 25 us/event at 16 ranks, 38 at
+stages, the job stage's input per raw event, the collector's time per raw event and its longest
+collection (a pause), the alerts (the straggler must be found at every size) and the engine's peak
+resident memory; then the time per raw event after the first `WARMUP_S` (90) s of event time, when
+the state is as large as it gets (steady state: what a job that runs for hours costs). A size
+runs again (a fresh engine, the same input) until its runs add up to `--min-wall` seconds, and the
+median run is printed with the range. Before the two stages (issue 19's own measurement of the single engine): 25 us/event at 16 ranks, 38 at
 1,024, 46 at 4,096.
 
 Where the time goes when it is not flat: run one size under a cache simulator twice, with the
@@ -100,6 +102,11 @@ def _start(ranks: int) -> list[Event]:
         )
     return out
 
+
+# Event time after which the state is as large as it gets: the imbalance rule's 60 s window and
+# its 30 s hop. From then on the engine frees about what it makes (steady state), as it does for
+# all but the first minute and a half of a job that runs for hours.
+WARMUP_S = 90
 
 BATCH = 500  # records per timed call, about what one consumer poll hands the worker
 
@@ -233,20 +240,29 @@ def _run(ranks: int, seconds: int, input_only: bool = False) -> dict[str, float]
     rng = random.Random(ranks)
     engine = DetectionEngine()
     spent = _timed(engine)
-    chunks: Iterator[list[Event]] = (
-        chunk
+    chunks: Iterator[tuple[int, list[Event]]] = (
+        (s, chunk)
         for s in range(seconds + 1)
         for chunk in (_second(ranks, s, seconds, rng) if s else [_start(ranks)])
     )
     n = 0
     elapsed = 0.0
+    steady_n = 0
+    steady_s = 0.0
     alerts: set[tuple[str, object]] = set()
     gc_s = _GcClock()
-    for chunk in chunks:
+    gc_steady = 0.0
+    for second, chunk in chunks:
+        if second == WARMUP_S and not steady_n:
+            gc_steady = gc_s.spent
         t = time.perf_counter()
         out = [] if input_only else [o for e in chunk for o in engine.process(e)]
-        elapsed += time.perf_counter() - t
+        took = time.perf_counter() - t
+        elapsed += took
         n += len(chunk)
+        if second >= WARMUP_S:
+            steady_n += len(chunk)
+            steady_s += took
         alerts |= {(o.record["rule"], o.record.get("rank")) for o in out if o.type == "Alert"}
     t = time.perf_counter()
     out = [] if input_only else engine.finish()
@@ -263,6 +279,10 @@ def _run(ranks: int, seconds: int, input_only: bool = False) -> dict[str, float]
         "alerts": float(len(alerts)),
         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "gc_s": gc_s.stop(),
+        "gc_longest_s": gc_s.longest,
+        "steady_events": steady_n,
+        "steady_s": steady_s,
+        "steady_gc_s": gc_s.spent - gc_steady if steady_n else 0.0,
     }
 
 
@@ -271,6 +291,7 @@ class _GcClock:
 
     def __init__(self) -> None:
         self.spent = 0.0
+        self.longest = 0.0  # the longest collection: a pause in the records' processing
         self._began = 0.0
         gc.callbacks.append(self._tick)
 
@@ -278,7 +299,9 @@ class _GcClock:
         if phase == "start":
             self._began = time.perf_counter()
         else:
-            self.spent += time.perf_counter() - self._began
+            took = time.perf_counter() - self._began
+            self.spent += took
+            self.longest = max(self.longest, took)
 
     def stop(self) -> float:
         """Stop counting; the seconds counted."""
@@ -331,6 +354,7 @@ def _sizes(sizes: str, seconds: int, mode: str, min_wall: float, input_only: boo
         gc_policy.python_default()
     print(f"-- garbage collector: {mode}", flush=True)
     base: float | None = None
+    steady_base: float | None = None
     for ranks in (int(r) for r in sizes.split(",")):
         runs: list[dict[str, float]] = []
         while not runs or (not input_only and sum(r["elapsed"] for r in runs) < min_wall):
@@ -355,11 +379,21 @@ def _sizes(sizes: str, seconds: int, mode: str, min_wall: float, input_only: boo
             f" {m['events'] / m['elapsed']:>7,.0f} events/s, {us:5.1f} us/event{spread}"
             f" ({us / base:.2f}x the smallest); rank stages {m['rank_s'] / m['elapsed']:.0%},"
             f" job stages {m['job_s'] / m['elapsed']:.0%} of it on {m['job_in'] / m['events']:.2f} records"
-            f" per raw event, garbage collector {1e6 * m['gc_s'] / m['events']:.1f} us/event;"
+            f" per raw event, garbage collector {1e6 * m['gc_s'] / m['events']:.1f} us/event"
+            f" (longest collection {1e3 * m['gc_longest_s']:,.0f} ms);"
             f" straggler rank {STRAGGLER} found: {'yes' if m['straggler'] else 'NO'},"
             f" {int(m['alerts'])} alert kinds; peak RSS {m['rss_mb']:,.0f} MB",
             flush=True,
         )
+        if m["steady_events"]:
+            steady = 1e6 * m["steady_s"] / m["steady_events"]
+            steady_base = steady if steady_base is None else steady_base
+            print(
+                f"{'':>14}after warm-up (event time >= {WARMUP_S} s, {int(m['steady_events']):,} events):"
+                f" {steady:5.1f} us/event ({steady / steady_base:.2f}x the smallest's), garbage collector"
+                f" {1e6 * m['steady_gc_s'] / m['steady_events']:.1f} us/event",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
