@@ -337,7 +337,8 @@ def _giant_job(ranks: int, seconds: int) -> list[Event]:
     rng = random.Random(ranks)
     events = giant._start(ranks)
     for second in range(1, seconds + 1):
-        events += giant._second(ranks, second, seconds, rng)
+        for batch in giant._second(ranks, second, seconds, rng):  # a second comes in batches
+            events += batch
     shift = int(time.time() * 1000) - 3_600_000 - seconds * 1000 - giant.T0
     return [Event(e.type, {**e.record, "ts": e.record["ts"] + shift}) for e in events]
 
