@@ -140,6 +140,9 @@ class WorkerCore:
                 tasks[p] = task
         self.assigned |= parts
         self.side.assign(parts, restored.routes, now)
+        for task in self._all_tasks():  # a silence that fired before a restart goes on
+            self.silence.adopt(task.silence)
+        self._carry_silence()
         log.info("assigned partitions %s", sorted(self.assigned))
 
     def revoke(self) -> list[Action]:
@@ -336,6 +339,19 @@ class WorkerCore:
             last_ms = wall_ms - int(silent_s * 1000)
         records = self.silence.check(wall_ms, silent_s, last_ms, newest)
         out: list[Action] = []
+        if records:
+            # Every partition's next checkpoint carries it, and one is written now: the input is
+            # silent, so no record would bring one before a restart.
+            self._carry_silence()
+            out += [task.checkpoint(now) for task in self._all_tasks()]
+        if not self.silence.holding and any(r["status"] == "resolved" for r in records):
+            # Records flow again: the guard counts every partition's silence from now. A partition
+            # the first records have not reached yet (the job stage, until the rank stage releases
+            # its summaries) is not "silent" for the whole outage: its time would jump to the wall
+            # clock and every job stall.
+            for task in self._all_tasks():
+                if task.last_receive is not None:
+                    task.last_receive = now
         for record in records:
             self.totals["input_silent"] += record["status"] == "firing"
             log.warning("%s: %s", record["rule"], record["summary"])
@@ -343,6 +359,12 @@ class WorkerCore:
                 value = self.codec.encode(Event("Alert", {**record, "team": team, "receiver": receiver}))
                 out.append(Send(ALERTS, key_for(ALERTS, {**record, "team": team}), value))
         return out
+
+    def _carry_silence(self) -> None:
+        """Put the worker's `input_silent` state (None unless it fires) into every task's checkpoints."""
+        state = self.silence.state()
+        for task in self._all_tasks():
+            task.silence = state
 
     def _log_if_stuck(self, what: str, aligner: Aligner, now: float) -> None:
         """A held-back aligner that does not move for long says which input holds it, and why."""

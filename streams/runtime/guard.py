@@ -65,6 +65,21 @@ class InputSilence:
         """True while the alert fires: the guard must not move any engine's event time."""
         return self.since_ms is not None
 
+    def state(self) -> dict[str, Any] | None:
+        """What a worker restarted during the silence needs to go on with the alert (None while it
+        does not fire): carried in every partition's checkpoint."""
+        if self.since_ms is None:
+            return None
+        return {"since": self.since_ms, "tracker": self.tracker.state()}
+
+    def adopt(self, state: dict[str, Any] | None) -> None:
+        """Go on from a restored `state()`: the alert fires, the guard holds, and the first record
+        resolves it (a worker killed while it fired would otherwise leave it firing for good)."""
+        if not state or self.since_ms is not None:
+            return
+        self.since_ms = int(state["since"])
+        self.tracker.load_state(state["tracker"])
+
     def is_silent(self, silent_s: float | None, last_input_ms: int | None, newest_ts: int | None) -> bool:
         """Every source silent for `guard_s`, and the data live when it stopped (its newest event time
         within `live_ms` of the wall clock at the last record): a historical replay never raises it."""

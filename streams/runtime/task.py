@@ -76,14 +76,17 @@ def encode_snapshot(
     engine_bytes: bytes,
     seen: dict[str, int] | None = None,
     markers: dict[str, list[Any]] | None = None,
+    silence: dict[str, Any] | None = None,
 ) -> bytes:
     """Changelog value: one JSON header line (sequence, next offset per source partition, telemetry
-    seen, the rank stages' markers) + the snapshot."""
+    seen, the rank stages' markers, the worker's firing `input_silent`) + the snapshot."""
     meta: dict[str, Any] = {"seq": seq, "offsets": dict(sorted(offsets.items()))}
     if seen:
         meta["seen"] = dict(sorted(seen.items()))
     if markers:
         meta["markers"] = dict(sorted(markers.items()))
+    if silence:
+        meta["silence"] = silence
     header = json.dumps(meta, separators=(",", ":"))
     return header.encode() + b"\n" + engine_bytes
 
@@ -97,6 +100,7 @@ def decode_snapshot_meta(value: bytes) -> tuple[dict[str, Any], bytes]:
         meta["offsets"] = {str(k): int(v) for k, v in meta["offsets"].items()}
         meta["seen"] = {str(k): int(v) for k, v in meta.get("seen", {}).items()}
         meta["markers"] = {str(k): list(v) for k, v in meta.get("markers", {}).items()}
+        meta["silence"] = dict(meta["silence"]) if meta.get("silence") else None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StreamsError(
             f"engine snapshot header is corrupt ({exc}); delete the worker's changelog topic"
@@ -198,6 +202,9 @@ class PartitionTask:
         # Newest event time per telemetry source ("G|node|gpu", "H|node") already in the engine:
         # the side path is at-least-once, so a re-forwarded sample is dropped here.
         self.seen: dict[str, int] = {}
+        # The worker's `input_silent` while it fires (`InputSilence.state`), carried in this
+        # partition's checkpoints so that a worker restarted during the silence goes on with it.
+        self.silence: dict[str, Any] | None = None
         # Records that entered the state (released into the engine, rejected, or skipped as already
         # in it) since the last checkpoint: a held record counts once it leaves the aligner.
         self.uncommitted = 0
@@ -226,6 +233,7 @@ class PartitionTask:
             return
         meta, body = decode_snapshot_meta(value)
         self.seq, self.offsets, self.seen = meta["seq"], meta["offsets"], meta["seen"]
+        self.silence = meta["silence"]
         self.engine = StageEngine.restore(body, self.config, self.router, self.kind, self.holds)
         # A rank-stage partition idle then may not be now (it restarts from its own checkpoint and
         # sends again): wait for each one's next marker before following the worker past it. Nor
@@ -273,7 +281,7 @@ class PartitionTask:
         self.counts["checkpoints"] += 1
         self.counts["snapshot_bytes"] = len(body)
         self.uncommitted = 0
-        value = encode_snapshot(self.seq, offsets, body, self.seen, self.markers)
+        value = encode_snapshot(self.seq, offsets, body, self.seen, self.markers, self.silence)
         return Checkpoint(
             f"partition {self.partition} ({self.kind} stage)",
             offsets,

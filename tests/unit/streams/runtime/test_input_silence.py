@@ -22,7 +22,7 @@ from streams.runtime.checkpoint import perform
 from streams.runtime.core import WorkerCore
 from streams.runtime.guard import InputSilence, WallClockGuard
 from streams.runtime.options import WorkerOptions
-from tests.unit.streams.runtime.fake_kafka import Clock, Consumer, FakeIO, FakeKafka, alerts_of
+from tests.unit.streams.runtime.fake_kafka import Clock, Consumer, FakeIO, FakeKafka, alerts_of, restored_from
 
 CODEC = Codec()
 JOB_A, JOB_B = "sim-a-0001", "sim-b-0002"
@@ -56,11 +56,21 @@ class Live:
         self.io = FakeIO(self.kafka)
         self.clock = Clock()
         self.wall = wall_ms
+        self.options = WorkerOptions(bootstrap="x", workdir=tmp_path)
+        self.start(set(range(6)) if parts is None else parts, Restored())
+
+    def start(self, parts: set[int], restored: Restored) -> None:
+        """A worker process: its consumer from the committed offsets, its core with `restored`."""
         self.consumer = Consumer(self.kafka, self.io.committed, chunk=500)
         self.io.consumer = self.consumer
-        options = WorkerOptions(bootstrap="x", workdir=tmp_path)
-        self.core = WorkerCore(options, self.consumer.lag, monotonic=self.clock, wall_ms=lambda: self.wall)
-        self.core.assign(set(range(6)) if parts is None else parts, Restored())
+        self.core = WorkerCore(
+            self.options, self.consumer.lag, monotonic=self.clock, wall_ms=lambda: self.wall
+        )
+        self.core.assign(parts, restored)
+
+    def kill_and_restart(self) -> None:
+        """The worker dies (no checkpoint, no goodbye) and a new one restores what it wrote."""
+        self.start(set(range(6)), restored_from(self.kafka, self.options))
 
     def publish(self, event: Event) -> None:
         value = CODEC.encode(event)
@@ -138,6 +148,35 @@ def test_all_input_silent_on_live_data_raises_input_silent_once_and_no_stall_the
     assert resolved["alert_id"] == silent["alert_id"] and resolved["summary"].startswith("records flow again")
     assert sum(t.engine.stats["late_dropped"] for t in live.core._all_tasks()) == 0
     assert live.core.totals["input_silent"] == 1
+
+
+def test_a_worker_restarted_while_input_silent_fires_holds_it_and_resolves_it_when_records_flow(
+    events: list[Event], tmp_path: Path
+) -> None:
+    """The worker dies while input_silent fires and a new one starts, still in the silence: the new
+    one knows the alert fires (from the checkpoint written when it fired), so it holds the guard (no
+    stall for every job) and resolves that alert when records come, instead of leaving it firing."""
+    start = event_ts(events[0])
+    cut = start + 240_000
+    live = Live(tmp_path, start)
+    live.run([e for e in events if event_ts(e) <= cut], cut)
+    live.run([], cut + 130_000)
+    (silent,) = live.alerts("input_silent")
+    live.kill_and_restart()
+    assert live.core.silence.holding
+    live.run([], live.wall + 300_000)  # still silent: nothing new, and no stall
+    assert _pairs(live.alerts()) == [("input_silent", "", "firing")]
+    back = live.wall
+    live.run(
+        [e for e in events if event_ts(e) > cut],
+        back + 60_000,
+        at=lambda e: back + (event_ts(e) - cut) // 100,
+    )
+    assert _pairs(live.alerts()) == [("input_silent", "", "firing"), ("input_silent", "", "resolved")]
+    assert live.alerts("input_silent")[1]["alert_id"] == silent["alert_id"]
+    # Once resolved, that is what a further restart knows too: it does not resolve it again.
+    live.kill_and_restart()
+    assert not live.core.silence.holding
 
 
 def test_one_job_silent_while_the_other_flows_pages_its_job_stall_and_no_input_silent(
