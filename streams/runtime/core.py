@@ -340,10 +340,7 @@ class WorkerCore:
         records = self.silence.check(wall_ms, silent_s, last_ms, newest)
         out: list[Action] = []
         if records:
-            # Every partition's next checkpoint carries it, and one is written now: the input is
-            # silent, so no record would bring one before a restart.
-            self._carry_silence()
-            out += [task.checkpoint(now) for task in self._all_tasks()]
+            self._carry_silence()  # every partition's next checkpoint carries it
         if not self.silence.holding and any(r["status"] == "resolved" for r in records):
             # Records flow again: the guard counts every partition's silence from now. A partition
             # the first records have not reached yet (the job stage, until the rank stage releases
@@ -358,6 +355,11 @@ class WorkerCore:
             for team, receiver in self.router.route_all(record):
                 value = self.codec.encode(Event("Alert", {**record, "team": team, "receiver": receiver}))
                 out.append(Send(ALERTS, key_for(ALERTS, {**record, "team": team}), value))
+        if records:
+            # A checkpoint of every partition, after the alert (outputs go before state): no record
+            # brings one during a silence, nor to a partition the returning records do not reach,
+            # and a restart must know whether the alert still fires.
+            out += [task.checkpoint(now) for task in self._all_tasks()]
         return out
 
     def _carry_silence(self) -> None:

@@ -59,6 +59,9 @@ class InputSilence:
         self.tracker = AlertTracker(runbook_base_url)
         self.key = (app_id,)  # one fingerprint per worker group: "input_silent/<app id>"
         self.since_ms: int | None = None  # wall time of the last source record, while the alert fires
+        # Other workers' firing alerts taken over with their partitions ({"since", "tracker"}):
+        # resolved with this one.
+        self.inherited: list[dict[str, Any]] = []
 
     @property
     def holding(self) -> bool:
@@ -70,15 +73,25 @@ class InputSilence:
         does not fire): carried in every partition's checkpoint."""
         if self.since_ms is None:
             return None
-        return {"since": self.since_ms, "tracker": self.tracker.state()}
+        return {"since": self.since_ms, "tracker": self.tracker.state(), "inherited": self.inherited}
 
     def adopt(self, state: dict[str, Any] | None) -> None:
         """Go on from a restored `state()`: the alert fires, the guard holds, and the first record
-        resolves it (a worker killed while it fired would otherwise leave it firing for good)."""
-        if not state or self.since_ms is not None:
+        resolves it (a worker killed while it fired would otherwise leave it firing for good).
+
+        Firing already (another worker's partitions taken over, its own alert with its own id):
+        that alert is kept too and resolved with this worker's."""
+        if not state:
             return
-        self.since_ms = int(state["since"])
-        self.tracker.load_state(state["tracker"])
+        if self.since_ms is None:
+            self.since_ms = int(state["since"])
+            self.tracker.load_state(state["tracker"])
+            self.inherited = []
+        known = {self.since_ms, *(int(i["since"]) for i in self.inherited)}
+        for other in [{"since": state["since"], "tracker": state["tracker"]}, *state.get("inherited", [])]:
+            if int(other["since"]) not in known:
+                known.add(int(other["since"]))
+                self.inherited.append({"since": int(other["since"]), "tracker": other["tracker"]})
 
     def is_silent(self, silent_s: float | None, last_input_ms: int | None, newest_ts: int | None) -> bool:
         """Every source silent for `guard_s`, and the data live when it stopped (its newest event time
@@ -98,17 +111,33 @@ class InputSilence:
             assert last_input_ms is not None and silent_s is not None
             self.since_ms = last_input_ms
             return self.tracker.observe(self._finding(now_ms, last_input_ms, silent_s), Topology(), {})
-        if self.since_ms is not None and silent_s is not None and silent_s < self.guard.guard_s:
-            # A record came: silence only ends that way (it never grows shorter otherwise).
+        if (
+            self.since_ms is not None
+            and silent_s is not None
+            and (silent_s < self.guard.guard_s or self.guard.guard_s <= 0)
+        ):
+            # A record came: silence only ends that way (it never grows shorter otherwise). A
+            # restored alert also ends so when this worker runs with the guard off.
             since, self.since_ms = self.since_ms, None
-            back = max(since, now_ms - int(silent_s * 1000))
-            summary = (
-                f"records flow again since {_utc(back)} after {(back - since) / 1000:.0f} s "
-                "without any: the stall, hang and missing-telemetry rules judge every job again"
-            )
-            finding = Finding(self.RULE, self.key, False, max(now_ms, back), summary=summary)
-            return self.tracker.observe(finding, Topology(), {})
+            out = self._resolve(self.tracker, since, now_ms, silent_s)
+            for other in self.inherited:
+                tracker = AlertTracker(self.tracker.runbook_base_url)
+                tracker.load_state(other["tracker"])
+                out += self._resolve(tracker, int(other["since"]), now_ms, silent_s)
+            self.inherited = []
+            return out
         return []
+
+    def _resolve(
+        self, tracker: AlertTracker, since: int, now_ms: int, silent_s: float
+    ) -> list[dict[str, Any]]:
+        back = max(since, now_ms - int(silent_s * 1000))
+        summary = (
+            f"records flow again since {_utc(back)} after {(back - since) / 1000:.0f} s "
+            "without any: the stall, hang and missing-telemetry rules judge every job again"
+        )
+        finding = Finding(self.RULE, self.key, False, max(now_ms, back), summary=summary)
+        return tracker.observe(finding, Topology(), {})
 
     def _finding(self, now_ms: int, since_ms: int, silent_s: float) -> Finding:
         return Finding(

@@ -100,12 +100,22 @@ def decode_snapshot_meta(value: bytes) -> tuple[dict[str, Any], bytes]:
         meta["offsets"] = {str(k): int(v) for k, v in meta["offsets"].items()}
         meta["seen"] = {str(k): int(v) for k, v in meta.get("seen", {}).items()}
         meta["markers"] = {str(k): list(v) for k, v in meta.get("markers", {}).items()}
-        meta["silence"] = dict(meta["silence"]) if meta.get("silence") else None
+        meta["silence"] = _silence(meta.get("silence"))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StreamsError(
             f"engine snapshot header is corrupt ({exc}); delete the worker's changelog topic"
         ) from None
     return meta, body
+
+
+def _silence(value: Any) -> dict[str, Any] | None:
+    """A header's firing `input_silent` (`InputSilence.state`), checked; None when absent."""
+    if not value:
+        return None
+    inherited = [
+        {"since": int(i["since"]), "tracker": dict(i["tracker"])} for i in value.get("inherited", [])
+    ]
+    return {"since": int(value["since"]), "tracker": dict(value["tracker"]), "inherited": inherited}
 
 
 def decode_snapshot(value: bytes) -> tuple[int, dict[str, int], bytes]:

@@ -17,11 +17,13 @@ from schemas.codec import Codec
 from schemas.records import Event
 from schemas.topics import key_for, telemetry_copies, topic_for
 from streams.engine import event_ts
+from streams.errors import StreamsError
 from streams.runtime.changelog import Restored
 from streams.runtime.checkpoint import perform
 from streams.runtime.core import WorkerCore
 from streams.runtime.guard import InputSilence, WallClockGuard
 from streams.runtime.options import WorkerOptions
+from streams.runtime.task import decode_snapshot_meta, encode_snapshot
 from tests.unit.streams.runtime.fake_kafka import Clock, Consumer, FakeIO, FakeKafka, alerts_of, restored_from
 
 CODEC = Codec()
@@ -262,3 +264,41 @@ def test_input_silence_is_pure_and_fires_once_per_silence() -> None:
     assert silence.check(t0 + 999_000, 500.0, t0, t0 - 3_600_000) == []
     assert InputSilence(WallClockGuard(guard_s=0), "g", "").check(t0, 1e9, t0, t0) == []
     assert silence.check(t0, None, None, None) == []
+
+
+def test_a_worker_that_takes_over_a_firing_workers_partitions_resolves_both_alerts() -> None:
+    """Two workers of a group each fire their own input_silent (their own last record, their own
+    id); one dies and the other takes its partitions: its checkpoints carry both, and a record
+    resolves both, each once."""
+    guard = WallClockGuard(guard_s=120, live_ms=600_000)
+    t0 = 1_800_000_000_000
+    a, b = InputSilence(guard, "g", "docs/runbooks/"), InputSilence(guard, "g", "docs/runbooks/")
+    (fired_a,) = a.check(t0 + 121_000, 121.0, t0, t0 - 1_000)
+    (fired_b,) = b.check(t0 + 125_000, 122.0, t0 + 3_000, t0 - 1_000)
+    assert fired_a["alert_id"] != fired_b["alert_id"]
+    b.adopt(a.state())
+    b.adopt(a.state())  # every partition of the dead worker carries it: kept once
+    restarted = InputSilence(guard, "g", "docs/runbooks/")
+    restarted.adopt(b.state())  # and b restarts in turn, from its own checkpoints
+    done = restarted.check(t0 + 300_000, 0.5, t0 + 299_500, t0 + 299_000)
+    assert sorted((d["status"], d["alert_id"]) for d in done) == sorted(
+        [("resolved", fired_a["alert_id"]), ("resolved", fired_b["alert_id"])]
+    )
+    assert restarted.state() is None and not restarted.holding
+    # A worker restarted with the guard off still resolves what it restored, at its first record.
+    off = InputSilence(WallClockGuard(guard_s=0), "g", "docs/runbooks/")
+    off.adopt(a.state())
+    (resolved,) = off.check(t0 + 400_000, 0.2, t0 + 399_800, t0 + 399_000)
+    assert (resolved["status"], resolved["alert_id"]) == ("resolved", fired_a["alert_id"])
+
+
+def test_the_firing_alert_travels_in_the_snapshot_header_and_a_corrupt_one_is_refused() -> None:
+    silence = InputSilence(WallClockGuard(guard_s=120, live_ms=600_000), "g", "docs/runbooks/")
+    t0 = 1_800_000_000_000
+    silence.check(t0 + 121_000, 121.0, t0, t0 - 1_000)
+    value = encode_snapshot(4, {"rs.training.steps:1": 9}, b"engine", silence=silence.state())
+    meta, body = decode_snapshot_meta(value)
+    assert (meta["silence"], body) == (silence.state(), b"engine")
+    assert decode_snapshot_meta(encode_snapshot(4, {}, b"engine"))[0]["silence"] is None  # older snapshots
+    with pytest.raises(StreamsError, match="header is corrupt"):
+        decode_snapshot_meta(encode_snapshot(4, {}, b"engine", silence={"since": "soon"}))
