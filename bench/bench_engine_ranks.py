@@ -15,8 +15,8 @@ collection (a pause), the alerts (the straggler must be found at every size) and
 resident memory; then the time per raw event after the first `WARMUP_S` (90) s of event time, when
 the state is as large as it gets (steady state: what a job that runs for hours costs). A size
 runs again (a fresh engine, the same input) until its runs add up to `--min-wall` seconds, and the
-median run is printed with the range. Before the two stages (issue 19's own measurement of the single engine): 25 us/event at 16 ranks, 38 at
-1,024, 46 at 4,096.
+median run is printed with the range. Before the two stages (issue 19's own measurement of the
+single engine): 25 us/event at 16 ranks, 38 at 1,024, 46 at 4,096.
 
 Where the time goes when it is not flat: run one size under a cache simulator twice, with the
 engine and with `--input-only` (the same input, no engine), and subtract: instructions, and cache

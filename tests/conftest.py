@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import uuid
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 from infra.errors import KafkaSetupError
 from infra.kafka.local import LocalKafka, ensure_jars
 from infra.kafka.topics import create_topics, delete_topics, prefixed
+from streams import gc_policy
 
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
 
@@ -23,6 +25,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _INTEGRATION_DIR in item.path.parents:
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _python_collector() -> Iterator[None]:
+    """A command run in-process (`ranksight replay`) sets the worker's collector policy for the
+    whole process (streams/gc_policy.py): every test after it gets Python's own collector back."""
+    yield
+    gc_policy.python_default()
+    if gc.get_freeze_count():
+        gc.unfreeze()
 
 
 @pytest.fixture(scope="session", autouse=True)
