@@ -339,16 +339,6 @@ class WorkerCore:
             last_ms = wall_ms - int(silent_s * 1000)
         records = self.silence.check(wall_ms, silent_s, last_ms, newest)
         out: list[Action] = []
-        if records:
-            self._carry_silence()  # every partition's next checkpoint carries it
-        if not self.silence.holding and any(r["status"] == "resolved" for r in records):
-            # Records flow again: the guard counts every partition's silence from now. A partition
-            # the first records have not reached yet (the job stage, until the rank stage releases
-            # its summaries) is not "silent" for the whole outage: its time would jump to the wall
-            # clock and every job stall.
-            for task in self._all_tasks():
-                if task.last_receive is not None:
-                    task.last_receive = now
         for record in records:
             self.totals["input_silent"] += record["status"] == "firing"
             log.warning("%s: %s", record["rule"], record["summary"])
@@ -356,17 +346,25 @@ class WorkerCore:
                 value = self.codec.encode(Event("Alert", {**record, "team": team, "receiver": receiver}))
                 out.append(Send(ALERTS, key_for(ALERTS, {**record, "team": team}), value))
         if records:
-            # A checkpoint of every partition, after the alert (outputs go before state): no record
-            # brings one during a silence, nor to a partition the returning records do not reach,
-            # and a restart must know whether the alert still fires.
+            # Fired or resolved: a checkpoint of every partition carries it, after the alert (outputs
+            # go before state): no record brings one during a silence, nor to a partition the
+            # returning records do not reach, and a restart must know whether the alert still fires.
+            self._carry_silence(resolved_at=None if self.silence.holding else now)
             out += [task.checkpoint(now) for task in self._all_tasks()]
         return out
 
-    def _carry_silence(self) -> None:
-        """Put the worker's `input_silent` state (None unless it fires) into every task's checkpoints."""
+    def _carry_silence(self, resolved_at: float | None = None) -> None:
+        """Put the worker's `input_silent` state (None unless it fires) into every task's checkpoints.
+
+        `resolved_at`: records flow again, so the guard counts each partition's silence from then. A
+        partition the first records have not reached yet (the job stage, until the rank stage
+        releases its summaries) is not silent for the whole outage: its time would jump to the wall
+        clock and every job would stall."""
         state = self.silence.state()
         for task in self._all_tasks():
             task.silence = state
+            if resolved_at is not None and task.last_receive is not None:
+                task.last_receive = resolved_at
 
     def _log_if_stuck(self, what: str, aligner: Aligner, now: float) -> None:
         """A held-back aligner that does not move for long says which input holds it, and why."""

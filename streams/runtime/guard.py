@@ -73,7 +73,7 @@ class InputSilence:
         does not fire): carried in every partition's checkpoint."""
         if self.since_ms is None:
             return None
-        return {"since": self.since_ms, "tracker": self.tracker.state(), "inherited": self.inherited}
+        return {"since": self.since_ms, "tracker": self.tracker.state(), "inherited": list(self.inherited)}
 
     def adopt(self, state: dict[str, Any] | None) -> None:
         """Go on from a restored `state()`: the alert fires, the guard holds, and the first record
@@ -84,14 +84,13 @@ class InputSilence:
         if not state:
             return
         if self.since_ms is None:
-            self.since_ms = int(state["since"])
+            self.since_ms = state["since"]
             self.tracker.load_state(state["tracker"])
-            self.inherited = []
-        known = {self.since_ms, *(int(i["since"]) for i in self.inherited)}
-        for other in [{"since": state["since"], "tracker": state["tracker"]}, *state.get("inherited", [])]:
-            if int(other["since"]) not in known:
-                known.add(int(other["since"]))
-                self.inherited.append({"since": int(other["since"]), "tracker": other["tracker"]})
+        known = {self.since_ms, *(i["since"] for i in self.inherited)}
+        for other in [{"since": state["since"], "tracker": state["tracker"]}, *state["inherited"]]:
+            if other["since"] not in known:
+                known.add(other["since"])
+                self.inherited.append(other)
 
     def is_silent(self, silent_s: float | None, last_input_ms: int | None, newest_ts: int | None) -> bool:
         """Every source silent for `guard_s`, and the data live when it stopped (its newest event time
