@@ -294,3 +294,49 @@ def test_a_kubernetes_refusal_is_one_sentence(api: FakeApiServer) -> None:
     with pytest.raises(SchedulerActionError, match="refused to suspend the Job: 404"):
         api.actions().act("cancel", other)
     assert api.actions("elsewhere").lookup("llama-ft-7") is None
+
+
+def test_the_namespace_escape_replayed_through_remediation_acts_only_on_the_alerts_own_job(
+    api: FakeApiServer,
+) -> None:
+    """The attack through the whole decision path: records for `kube-system/coredns` (opted in by
+    their labels, team and state) and an alert on it, next to a real zombie in ml-research. With
+    --namespace ml-research, remediation writes only to ml-research/llama-ft."""
+    from streams.alerting.remediation import RemediationPolicy, Remediator
+    from tests.unit.streams.builders import job_started, job_state
+
+    actions = api.actions("ml-research")
+    policy = RemediationPolicy.from_dict(
+        {
+            "rules": {"zombie_job": {"action": "cancel", "min_firing_s": 0}},
+            "opt_in": {"accounts": ["ml-research", "kube-system"], "label": "ranksight.dev/remediate"},
+        }
+    )
+    r = Remediator(policy, lookup=actions.lookup, execute=True, scheduler="kubernetes")
+    opted = {"ranksight.dev/remediate": "true"}
+    # The recorded Job's Pod started at 2026-11-30T10:25Z; the alerts fire after it (12:00Z).
+    now = 1_796_040_000_000
+    for job in ("kube-system/coredns", "llama-ft-7"):
+        r.observe_event(job_started(job, now - 60_000, labels=opted, checkpoint_max_age_s=None))
+        r.observe_event(job_state(job, now - 50_000, "running"))
+        r.observe_alert(
+            {
+                "alert_id": f"z-{job}",
+                "rule": "zombie_job",
+                "status": "firing",
+                "ts": now - 10_000,
+                "job_id": job,
+            }
+        )
+    decisions = r.decide(now)
+    got = {d.alert["job_id"]: (d.kind, d.reason_code) for d in decisions}
+    assert got == {"kube-system/coredns": ("skipped", "scheduler_refused"), "llama-ft-7": ("acted", "acted")}
+    for decision in decisions:
+        if decision.execute:
+            assert decision.scheduler_job is not None
+            actions.act("cancel", decision.scheduler_job)
+    assert {p.split("?")[0] for _, p, _ in api.writes()} == {
+        "/apis/batch/v1/namespaces/ml-research/jobs/llama-ft",
+        "/api/v1/namespaces/ml-research/pods/llama-ft-a1b2c",
+    }
+    assert not [p for _, p, _ in api.requests if "kube-system" in p]
