@@ -39,7 +39,7 @@ from schemas.topics import (
     WORKER_SOURCES,
 )
 
-__all__ = ["ROLES", "Grant", "Principals", "apply", "grants", "render"]
+__all__ = ["ROLES", "Grant", "Principals", "apply", "grants", "render", "writers"]
 
 Operation = Literal["READ", "WRITE", "DESCRIBE", "CREATE", "DESCRIBE_CONFIGS", "ALTER_CONFIGS"]
 Resource = Literal["TOPIC", "GROUP"]

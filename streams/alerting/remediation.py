@@ -161,9 +161,6 @@ class Selection:
             return True
         return bool(self.label) and str(job.labels.get(self.label, "")).lower() == "true"
 
-    def __bool__(self) -> bool:
-        return bool(self.teams or self.jobs or self.users or self.accounts or self.label)
-
 
 @dataclass(frozen=True)
 class RemediationPolicy:
