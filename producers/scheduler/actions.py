@@ -144,7 +144,7 @@ class SlurmActions:
             raise SchedulerActionError(
                 "`squeue --json` did not print JSON; is this Slurm 21.08 or newer?"
             ) from None
-        # squeue's JSON output may ignore --jobs (22.05 does for some filters): keep the one job
+        # `squeue --json --jobs` of Slurm 22.05 ignores --jobs (it lists every job): keep the one job
         # whose own id is the one asked for, and nothing that merely resembles it.
         matches = [entry for entry in entries if isinstance(entry, dict) and target in _slurm_names(entry)]
         if not matches:

@@ -79,7 +79,7 @@ def test_slurm_cancel_is_scancel_and_requeue_is_scontrol_requeue() -> None:
 
 
 def test_slurm_keeps_only_the_entry_whose_id_is_the_one_asked_for() -> None:
-    """squeue --json of 22.05 may list every job: a neighbour is never taken for the job."""
+    """squeue --json of 22.05 lists every job whatever --jobs says: a neighbour is never taken for the job."""
     slurm = SlurmActions(runner=FakeRunner(squeue=_squeue(_entry(42), _entry(424), _entry(4243))))
     assert slurm.lookup("4242") is None
     tasks = _squeue(
