@@ -227,6 +227,9 @@ class BrokerSecurity:
     users: Mapping[str, str] = field(default_factory=dict, repr=False)  # name -> password
     ca_location: Path | None = None  # the CA that signed the keystore's certificate (readiness checks)
     mechanism: str = "SCRAM-SHA-512"
+    # KRaft's StandardAuthorizer with these SCRAM users as super users (the operators who apply the
+    # ACLs of `infra.kafka.acls`); everyone else may do only what an ACL allows. Off: no authorizer.
+    super_users: tuple[str, ...] = ()
 
     def scram_arguments(self) -> list[str]:
         """`kafka-storage format --add-scram` arguments creating every user."""
@@ -322,6 +325,14 @@ def _server_properties(layout: _Layout, *, log_dir: Path, security: BrokerSecuri
             "ssl.keystore.password": security.keystore_password,
             "ssl.key.password": security.keystore_password,
         }
+        if security.super_users:
+            # The PLAINTEXT inter-broker and controller listeners (127.0.0.1 only) are ANONYMOUS.
+            supers = ["User:ANONYMOUS", *(f"User:{name}" for name in security.super_users)]
+            settings |= {
+                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                "super.users": ";".join(supers),
+                "allow.everyone.if.no.acl.found": "false",
+            }
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 

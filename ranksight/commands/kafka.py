@@ -1,4 +1,4 @@
-"""`ranksight kafka fetch|up|down|status|topics`: a local KRaft broker, or a cluster of several."""
+"""`ranksight kafka fetch|up|down|status|topics|acls`: a local KRaft broker, or a cluster of several; topics and ACLs."""
 
 from __future__ import annotations
 
@@ -105,6 +105,44 @@ def topics() -> None:
         bootstrap = settings.kafka_bootstrap
         created = create_topics(bootstrap, prefix=settings.topic_prefix, conf=settings.kafka_config())
     console.print(f"topics ready: {', '.join(created)}")
+
+
+@kafka_app.command("acls")
+def acls(
+    apply: bool = typer.Option(
+        False,
+        "--apply",
+        help="Create the ACLs on KAFKA_BOOTSTRAP (as an admin principal); without it, print them.",
+    ),
+    principal: list[str] = typer.Option(
+        [],
+        "--principal",
+        help="ROLE=PRINCIPAL, repeatable (roles: agent, sdk, scheduler, worker, remediate, sink, reader; "
+        "default User:ranksight-<role>).",
+    ),
+    app_id: str = typer.Option(
+        "ranksight-detect", "--app-id", help="The worker's application id (its group)."
+    ),
+) -> None:
+    """Who may write what (docs/security.md): render the Kafka ACLs of each ranksight principal, or --apply them."""
+    from infra.kafka.acls import Principals, grants, render
+    from ranksight.settings import load_settings
+
+    settings = load_settings()
+    with user_errors():
+        model = grants(Principals.parse(principal), prefix=settings.topic_prefix, app_id=app_id)
+        if not apply:
+            console.print(render(model), highlight=False, markup=False, soft_wrap=True)
+            return
+        from infra.kafka.acls import apply as create_acls
+        from ranksight.broker import check_broker, kafka_settings
+
+        kafka = kafka_settings()
+        check_broker(kafka)
+        created = create_acls(kafka.kafka_config(), model)
+    console.print(
+        f"{created} ACL bindings in place on {kafka.kafka_bootstrap}", highlight=False, markup=False
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -24,8 +24,13 @@ def remediate(
     kubernetes: bool = typer.Option(
         False, "--kubernetes", help="Act through Kubernetes (suspend the Job, delete its Pods)."
     ),
-    namespace: str | None = typer.Option(
-        None, "--namespace", help="Kubernetes: the Jobs' namespace (default: all)."
+    namespace: list[str] = typer.Option(
+        [],
+        "--namespace",
+        help="Kubernetes: a namespace remediate may act in (repeatable; required with --kubernetes).",
+    ),
+    cluster: str = typer.Option(
+        "", "--cluster", help="Kubernetes: the cluster's name in decisions and the hourly budget."
     ),
     execute: bool = typer.Option(
         False, "--execute", help="Really act. Without it every action is a dry run, recorded as such."
@@ -63,8 +68,17 @@ def remediate(
                 lookback_s = parse_duration(lookback)
             except ValueError as exc:
                 fail(f"--lookback: {exc}")
-        actions = _actions(slurm, namespace, rules.scheduler_job_label)
-        remediator = Remediator(rules, execute=execute, scheduler=actions.name)
+        if kubernetes and not namespace:
+            fail("--kubernetes needs --namespace: name each namespace remediate may act in")
+        team_for = None
+        if rules.team_map is not None:
+            from producers.scheduler.teams import TeamMap
+
+            team_for = TeamMap.load(rules.team_map).team_for
+        actions = _actions(slurm, namespace, cluster)
+        remediator = Remediator(
+            rules, lookup=actions.lookup, execute=execute, scheduler=actions.name, team_for=team_for
+        )
         kafka = kafka_settings()
         check_broker(kafka)  # wrong credentials or an untrusted certificate: one sentence, not retries
         prefix = settings.topic_prefix
@@ -77,17 +91,16 @@ def remediate(
             soft_wrap=True,
         )
 
-        def resolve(decision: Any) -> tuple[str, str]:
-            labels = decision.job.labels if decision.job is not None else {}
-            target = actions.target(str(decision.alert["job_id"]), labels)
-            return target, actions.describe(decision.action, target)
+        def describe(decision: Any) -> str:
+            return str(actions.describe(decision.action, decision.scheduler_job))
 
-        def act(decision: Any, target: str) -> Any:
+        def act(decision: Any) -> Any:
             from producers.scheduler.actions import SchedulerActionError
             from streams.alerting.remediation import Outcome
 
+            target = decision.scheduler_job.target
             try:
-                return Outcome(True, actions.act(decision.action, target), target)
+                return Outcome(True, actions.act(decision.action, decision.scheduler_job), target)
             except SchedulerActionError as exc:
                 return Outcome(False, str(exc), target)
 
@@ -118,7 +131,7 @@ def remediate(
                 topics,
                 remediator,
                 codec,
-                resolve=resolve,
+                describe=describe,
                 act=act,
                 lookback_s=lookback_s,
                 tick_s=tick_s,
@@ -138,14 +151,14 @@ def remediate(
         raise typer.Exit(stop.exit_code)
 
 
-def _actions(slurm: bool, namespace: str | None, job_label: str) -> Any:
+def _actions(slurm: bool, namespaces: list[str], cluster: str) -> Any:
     if slurm:
         from producers.scheduler.actions import SlurmActions
 
-        return SlurmActions(job_label=job_label)
+        return SlurmActions()
     from producers.scheduler.actions import KubernetesActions
 
-    return KubernetesActions(namespace=namespace)
+    return KubernetesActions(namespaces=namespaces, cluster=cluster)
 
 
 def register(app: typer.Typer) -> None:

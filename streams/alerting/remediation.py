@@ -1,42 +1,59 @@
 """Remediation with safeguards: decide, per incident, whether to ask the scheduler to cancel or requeue a job.
 
-A pure core (records and a clock in, decisions out), fed by `ranksight remediate` from three
-topics: `rs.alerts` (the incidents), `rs.training.events` (what each job is doing: open
-checkpoints and evaluations, restore tests, verified checkpoints, its state and team) and
+A pure core (records, a clock and a scheduler look-up in, decisions out), fed by `ranksight
+remediate` from three topics: `rs.alerts` (the incidents), `rs.training.events` (what each job
+says it is doing: open checkpoints and evaluations, restore tests, verified checkpoints) and
 `rs.actions` (its own earlier decisions, so a restart never acts twice). The shell executes the
 actions the core decides and publishes every decision as an `ActionTaken` record.
+
+**A record is a claim.** Who the job is, who owns it, whether it runs and whether it may be acted
+on come from the scheduler (`lookup`: Slurm's squeue, the Kubernetes API in the configured
+namespaces) and from this operator-owned policy, never from a record. What records say (an open
+checkpoint, a job's own collective timeout or checkpoint policy) can only make remediation more
+careful: a forged record can hold an action back, never cause one (docs/security.md).
 
 An *incident* is one firing of one alert (`alert_id`: fingerprint + start); the copies routed to
 several teams are the same incident. For an enabled rule the safeguards run in this order, and the
 first that holds decides (a skip is recorded once per incident and reason, when the reason changes):
 
-1. `already_acted`: never twice for one incident, nor twice for one job within `job_cooldown_s`;
-2. `not_opted_in`: the job, its team, or its `opt_in.label` must be opted in; `opt_out` wins;
-3. `job_unknown`: no JobStarted or scheduler JobStateChanged of the job was read: its open
-   operations are unknown, so nothing is done;
-4. `job_not_running`: the job's latest state is not `running`, or a new run started after the alert;
-5. `firing_too_short`: the alert has fired continuously for less than the rule's `min_firing_s`;
-6. `within_collective_timeout` (rank_hang): the rank stopped less than the job's collective
-   timeout ago (NCCL may still abort it);
-7. `operation_open`: a checkpoint or an evaluation is open, or a restore test runs (a checkpoint
-   was restored and its RestoreTest has not arrived);
-8. `stale_checkpoint`: the latest verified checkpoint is older than the job's policy: the job is
-   requeued instead of cancelled when its job or team is in `stale_checkpoint_requeue`, else
-   nothing is done;
-9. `rate_limited`: `max_actions_per_hour` actions (dry runs included) on the job's cluster in the
-   last hour;
-10. otherwise the action: `dry_run` without `--execute` (or with the rule's `dry_run: true`), else
+1. `firing_too_short`: the alert has fired continuously for less than the rule's `min_firing_s`;
+2. `job_unknown`: no training event of the job was read (its open operations are unknown), or
+   the scheduler lists no such job;
+3. `scheduler_refused`: the job id cannot name a job of this scheduler (not a Slurm id, a
+   namespace remediate may not act in) or the scheduler did not answer;
+4. `identity_mismatch`: the job the scheduler answered is not the alert's job;
+5. `not_opted_in`: the scheduler's job id, user, account (Slurm account, Kubernetes namespace),
+   team (from the policy's `team_map` of those) or, on Kubernetes, a label on the Job object must
+   be opted in; `opt_out` wins;
+6. `job_not_running`: the scheduler says the job is not running, or that it started after the
+   alert fired (that run did not raise it), or its training events say a new run started since;
+7. `already_acted`: never twice for one incident, nor twice for one scheduler job within
+   `job_cooldown_s`;
+8. `within_collective_timeout` (rank_hang): the rank stopped less than the rule's collective
+   timeout ago (a job's own label may make it longer, never shorter);
+9. `operation_open`: a checkpoint or an evaluation is open, or a restore test runs;
+10. `stale_checkpoint`: the latest verified checkpoint is older than the policy's (or the job's
+    own, when stricter) maximum age: the job is requeued instead of cancelled when it is in
+    `stale_checkpoint_requeue`, else nothing is done;
+11. `rate_limited`: `max_actions_per_hour` actions (dry runs included) on the scheduler's cluster
+    (as the scheduler names it) in the last hour;
+12. otherwise the action: `dry_run` without `--execute` (or with the rule's `dry_run: true`), else
     `acted` or `failed` as the scheduler answers (a failure is retried up to 3 times, a minute apart).
+
+The scheduler is read at most every `lookup_every_s` per job while an incident waits, and again
+right before an action or dry run is decided, so every action rests on what the scheduler says now.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
+from schemas.errors import RanksightError
 from schemas.records import Event
 from streams.errors import StreamsError
 
@@ -49,6 +66,7 @@ __all__ = [
     "RemediationPolicy",
     "Remediator",
     "RulePolicy",
+    "SchedulerView",
     "load_policy",
     "relevant_event_types",
 ]
@@ -69,8 +87,13 @@ _TOP_KEYS = (
     "checkpoint_max_age_s",
     "stale_checkpoint_requeue",
     "collective_timeout_label",
-    "scheduler_job_label",
+    "team_map",
 )
+# Keys that used to take a record's word for a job's identity; refused with the reason.
+_REMOVED_KEYS = {
+    "scheduler_job_label": "the target comes from the scheduler, never from a JobStarted label "
+    "(docs/security.md); on Slurm the ranksight job id is the Slurm job id",
+}
 _RULE_KEYS = ("action", "min_firing_s", "dry_run", "collective_timeout_s")
 
 
@@ -88,19 +111,55 @@ class RulePolicy:
     collective_timeout_s: float = 1800.0
 
 
+class SchedulerView(Protocol):
+    """One job as its scheduler reports it (producers.scheduler.actions.SchedulerJob has this shape)."""
+
+    @property
+    def job_id(self) -> str: ...  # the ranksight job id the scheduler job answers to
+    @property
+    def target(self) -> str: ...  # how the scheduler names it
+    @property
+    def state(self) -> str: ...  # a ranksight JobState symbol
+    @property
+    def native_state(self) -> str: ...
+    @property
+    def user(self) -> str | None: ...
+    @property
+    def account(self) -> str | None: ...
+    @property
+    def cluster(self) -> str: ...
+    @property
+    def start_ts(self) -> int | None: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+
+# A job id -> the scheduler's job (None: it lists none); raises a RanksightError (one sentence) when
+# the id cannot name a job of this scheduler or the scheduler does not answer.
+Lookup = Callable[[str], SchedulerView | None]
+# (user, account) -> team, from the operator's team map (the file `ranksight scheduler --teams` reads).
+TeamFor = Callable[[str | None, str | None], str | None]
+
+
 @dataclass(frozen=True)
 class Selection:
-    """Jobs and teams (and, for opt-in, a JobStarted label set to "true")."""
+    """Scheduler jobs, users, accounts and teams (and, for opt-in, a label on the Kubernetes Job set to "true")."""
 
     teams: frozenset[str] = frozenset()
     jobs: frozenset[str] = frozenset()
+    users: frozenset[str] = frozenset()
+    accounts: frozenset[str] = frozenset()
     label: str = ""
 
-    def holds(self, job_id: str, team: str, labels: dict[str, str]) -> bool:
-        """True when the job is selected by id, team or label."""
-        if job_id in self.jobs or (team and team in self.teams):
+    def holds(self, job: SchedulerView, team: str | None) -> bool:
+        """True when the scheduler's job is selected by its id, user, account, team or label."""
+        if job.target in self.jobs or job.job_id in self.jobs:
             return True
-        return bool(self.label) and str(labels.get(self.label, "")).lower() == "true"
+        if (job.user and job.user in self.users) or (job.account and job.account in self.accounts):
+            return True
+        if team and team in self.teams:
+            return True
+        return bool(self.label) and str(job.labels.get(self.label, "")).lower() == "true"
 
 
 @dataclass(frozen=True)
@@ -115,7 +174,7 @@ class RemediationPolicy:
     checkpoint_max_age_s: float | None = None
     stale_checkpoint_requeue: Selection = field(default_factory=Selection)
     collective_timeout_label: str = "ranksight.dev/collective-timeout-s"
-    scheduler_job_label: str = "ranksight.dev/scheduler-job-id"
+    team_map: Path | None = None  # the operator's user/account -> team map (relative to the policy file)
     source: str = "policy"
 
     @classmethod
@@ -123,6 +182,9 @@ class RemediationPolicy:
         """Validate a parsed policy; an error names the bad key."""
         if not isinstance(data, dict):
             raise RemediationError(f"{source}: expected a mapping with `rules` and `opt_in`")
+        for key, why in _REMOVED_KEYS.items():
+            if key in data:
+                raise RemediationError(f"{source}: {key} is no longer read: {why}")
         bad = sorted(set(data) - set(_TOP_KEYS))
         if bad:
             raise RemediationError(f"{source}: unknown key {bad[0]!r}; known: {', '.join(_TOP_KEYS)}")
@@ -144,24 +206,33 @@ class RemediationPolicy:
                 isinstance(value, bool) or not isinstance(value, int | float) or value < 0
             ):
                 raise RemediationError(f"{source}: {key} must be a number of seconds >= 0")
-        labels = {}
-        for key in ("collective_timeout_label", "scheduler_job_label"):
-            value = data.get(key, cls.__dataclass_fields__[key].default)
-            if not isinstance(value, str):
-                raise RemediationError(f"{source}: {key} must be a label name")
-            labels[key] = value
+        timeout_label = data.get("collective_timeout_label", "ranksight.dev/collective-timeout-s")
+        if not isinstance(timeout_label, str):
+            raise RemediationError(f"{source}: collective_timeout_label must be a label name")
+        team_map = data.get("team_map")
+        if team_map is not None and not isinstance(team_map, str):
+            raise RemediationError(f"{source}: team_map must be the path of a team map YAML file")
+        opt_in = _selection(data.get("opt_in"), f"{source}: opt_in", label=True)
+        opt_out = _selection(data.get("opt_out"), f"{source}: opt_out")
+        requeue = _selection(data.get("stale_checkpoint_requeue"), f"{source}: stale_checkpoint_requeue")
+        if team_map is None and any(sel.teams for sel in (opt_in, opt_out, requeue)):
+            raise RemediationError(
+                f"{source}: selecting by teams needs team_map (the users/accounts -> team file of "
+                "`ranksight scheduler --teams`): a job's team comes from its scheduler user and account, "
+                "never from a record"
+            )
+        base = Path(source).parent if source != "policy" else Path(".")
         return cls(
             rules=rules,
-            opt_in=_selection(data.get("opt_in"), f"{source}: opt_in", label=True),
-            opt_out=_selection(data.get("opt_out"), f"{source}: opt_out"),
+            opt_in=opt_in,
+            opt_out=opt_out,
             max_actions_per_hour=per_hour,
             job_cooldown_s=float(data.get("job_cooldown_s", 3600)),
             checkpoint_max_age_s=None if max_age is None else float(max_age),
-            stale_checkpoint_requeue=_selection(
-                data.get("stale_checkpoint_requeue"), f"{source}: stale_checkpoint_requeue"
-            ),
+            stale_checkpoint_requeue=requeue,
+            collective_timeout_label=timeout_label,
+            team_map=None if team_map is None else base / team_map,
             source=source,
-            **labels,
         )
 
 
@@ -193,14 +264,16 @@ def _rule(name: str, spec: Any, where: str) -> RulePolicy:
 def _selection(data: Any, where: str, *, label: bool = False) -> Selection:
     if data is None:
         return Selection()
-    keys = ("teams", "jobs", "label") if label else ("teams", "jobs")
+    keys = (
+        ("users", "accounts", "teams", "jobs", "label") if label else ("users", "accounts", "teams", "jobs")
+    )
     if not isinstance(data, dict):
         raise RemediationError(f"{where}: expected {{{', '.join(k + ': ...' for k in keys)}}}")
     bad = sorted(set(data) - set(keys))
     if bad:
         raise RemediationError(f"{where}: unknown key {bad[0]!r}; known: {', '.join(keys)}")
     out: dict[str, frozenset[str]] = {}
-    for key in ("teams", "jobs"):
+    for key in ("users", "accounts", "teams", "jobs"):
         value = data.get(key) or []
         if not isinstance(value, list) or not all(isinstance(v, str | int) for v in value):
             raise RemediationError(f"{where}.{key} must be a list of names")
@@ -208,7 +281,9 @@ def _selection(data: Any, where: str, *, label: bool = False) -> Selection:
     name = data.get("label", "")
     if not isinstance(name, str):
         raise RemediationError(f"{where}.label must be a label name")
-    return Selection(teams=out["teams"], jobs=out["jobs"], label=name)
+    return Selection(
+        teams=out["teams"], jobs=out["jobs"], users=out["users"], accounts=out["accounts"], label=name
+    )
 
 
 def load_policy(path: str | Path) -> RemediationPolicy:
@@ -327,6 +402,7 @@ class Decision:
     reason: str
     job: JobFacts | None
     checkpoint_age_s: float | None = None
+    scheduler_job: SchedulerView | None = None  # what the scheduler said; the target of an action
 
     @property
     def execute(self) -> bool:
@@ -353,18 +429,42 @@ class _Incident:
     last_attempt: int | None = None
 
 
-class Remediator:
-    """Incidents, job facts and past decisions in; `decide(now_ms)` out. No I/O."""
+@dataclass(frozen=True)
+class _Read:
+    """One look-up of a job at the scheduler: its answer, or the sentence it failed with."""
 
-    def __init__(self, policy: RemediationPolicy, *, execute: bool = False, scheduler: str = "") -> None:
+    at_ms: int
+    job: SchedulerView | None
+    error: str | None = None
+
+
+class Remediator:
+    """Incidents, job facts and past decisions in, the scheduler's word on each job through `lookup`;
+    `decide(now_ms)` out. No I/O of its own."""
+
+    def __init__(
+        self,
+        policy: RemediationPolicy,
+        *,
+        lookup: Lookup,
+        execute: bool = False,
+        scheduler: str = "",
+        team_for: TeamFor | None = None,
+        lookup_every_s: float = 30.0,
+    ) -> None:
         self.policy = policy
         self.execute = execute
         self.scheduler = scheduler
         self.jobs: dict[str, JobFacts] = {}
+        self._lookup = lookup
+        self._team_for = team_for
+        self._lookup_every_ms = int(lookup_every_s * 1000)
+        self._reads: dict[str, _Read] = {}
         self._incidents: dict[str, _Incident] = {}
-        # (time ms, alert_id) of every action taken (or dry-run, in dry-run mode): per job for the
-        # cooldown, per cluster for the hourly budget. An action the scheduler refused is taken back.
-        self._by_job: dict[str, list[tuple[int, str]]] = {}
+        # (time ms, alert_id) of every action taken (or dry-run, in dry-run mode), keyed on the
+        # scheduler's identities: per scheduler job (its target) for the cooldown, per cluster as the
+        # scheduler names it for the hourly budget. An action the scheduler refused is taken back.
+        self._by_target: dict[str, list[tuple[int, str]]] = {}
         self._by_cluster: dict[str, list[tuple[int, str]]] = {}
         self._done: set[str] = set()  # alert_ids acted on (restored from rs.actions too)
         self._codes: dict[str, str] = {}  # alert_id -> last recorded reason code
@@ -394,7 +494,7 @@ class Remediator:
         """Take one earlier ActionTaken (read back from rs.actions at start): acted incidents stay acted.
 
         A dry run counts only for a dry-running remediator: switching to --execute acts on what a
-        dry run only announced."""
+        dry run only announced. Its `target` and `cluster` are the scheduler's, as recorded."""
         alert_id = str(record.get("alert_id") or "")
         self._codes[alert_id] = str(record.get("reason_code") or "")
         counts = record.get("decision") == "acted" or (
@@ -403,7 +503,9 @@ class Remediator:
         if counts:
             mark = (int(record["ts"]), alert_id)
             self._done.add(alert_id)
-            self._by_job.setdefault(str(record.get("job_id") or ""), []).append(mark)
+            self._by_target.setdefault(str(record.get("target") or record.get("job_id") or ""), []).append(
+                mark
+            )
             self._by_cluster.setdefault(str(record.get("cluster") or ""), []).append(mark)
 
     # -- decisions -------------------------------------------------------------------------------
@@ -419,18 +521,26 @@ class Remediator:
         out: list[Decision] = []
         for incident in sorted(self._incidents.values(), key=lambda i: (i.firing_since, i.alert["alert_id"])):
             decision = self._decide(incident, now_ms)
+            if decision is not None and decision.kind in ("acted", "dry_run"):
+                job_id = str(incident.alert["job_id"])
+                read = self._reads.get(job_id)
+                if read is None or read.at_ms != now_ms:
+                    # Before acting (or announcing it), the scheduler is asked again, now.
+                    self._reads.pop(job_id, None)
+                    decision = self._decide(incident, now_ms)
             if decision is None:
                 continue
             alert_id = str(incident.alert["alert_id"])
             if decision.kind == "skipped" and self._codes.get(alert_id) == decision.reason_code:
                 continue  # recorded already: a skip is written when its reason changes
             if decision.kind in ("acted", "dry_run"):
+                assert decision.scheduler_job is not None
                 incident.attempts += 1
                 incident.last_attempt = now_ms
                 mark = (now_ms, alert_id)
                 self._done.add(alert_id)
-                self._by_job.setdefault(str(incident.alert["job_id"]), []).append(mark)
-                self._by_cluster.setdefault(self._cluster(incident.alert, decision.job), []).append(mark)
+                self._by_target.setdefault(decision.scheduler_job.target, []).append(mark)
+                self._by_cluster.setdefault(decision.scheduler_job.cluster, []).append(mark)
             self._codes[alert_id] = decision.reason_code
             out.append(decision)
         return out
@@ -442,7 +552,7 @@ class Remediator:
         # A refused action does not use up the incident, the job's cooldown or the cluster's budget.
         alert_id = str(decision.alert["alert_id"])
         self._done.discard(alert_id)
-        for marks in (*self._by_job.values(), *self._by_cluster.values()):
+        for marks in (*self._by_target.values(), *self._by_cluster.values()):
             marks[:] = [m for m in marks if m[1] != alert_id]
         incident = self._incidents.get(alert_id)
         tries = incident.attempts if incident else _MAX_ATTEMPTS
@@ -455,14 +565,22 @@ class Remediator:
             f"the action could not be done (attempt {tries} of {_MAX_ATTEMPTS}): {outcome.detail}",
             decision.job,
             decision.checkpoint_age_s,
+            decision.scheduler_job,
         )
 
-    @staticmethod
-    def _cluster(alert: dict[str, Any], job: JobFacts | None) -> str:
-        return str(alert.get("cluster") or (job.cluster if job else "") or "")
+    def _read(self, job_id: str, now_ms: int) -> _Read:
+        """The scheduler's job, read at most every `lookup_every_s` while an incident waits."""
+        read = self._reads.get(job_id)
+        if read is None or now_ms - read.at_ms >= self._lookup_every_ms or now_ms < read.at_ms:
+            try:
+                read = _Read(now_ms, self._lookup(job_id))
+            except RanksightError as exc:
+                read = _Read(now_ms, None, str(exc))
+            self._reads[job_id] = read
+        return read
 
-    def _skip(self, incident: _Incident, job: JobFacts | None, code: str, reason: str) -> Decision:
-        return Decision(incident.alert, None, "skipped", code, reason, job)
+    def _team(self, job: SchedulerView) -> str | None:
+        return self._team_for(job.user, job.account) if self._team_for is not None else None
 
     def _decide(self, incident: _Incident, now_ms: int) -> Decision | None:
         alert = incident.alert
@@ -476,118 +594,138 @@ class Remediator:
             return None  # the scheduler failed every attempt: the failures are recorded
         if incident.last_attempt is not None and now_ms - incident.last_attempt < _RETRY_MS:
             return None
-        last = max((t for t, _ in self._by_job.get(job_id, [])), default=None)
-        cooldown_ms = int(self.policy.job_cooldown_s * 1000)
-        if last is not None and now_ms - last < cooldown_ms:
-            return self._skip(
-                incident,
-                job,
-                "already_acted",
-                f"job {job_id} was acted on at {_iso(last)}, within job_cooldown_s "
-                f"({self.policy.job_cooldown_s:g} s): never twice for one job",
-            )
-        team = job.team if job and job.team else str(alert.get("team") or "")
-        labels = job.labels if job else {}
-        if self.policy.opt_out.holds(job_id, team, labels) or not self.policy.opt_in.holds(
-            job_id, team, labels
-        ):
-            return self._skip(
-                incident,
-                job,
-                "not_opted_in",
-                f"job {job_id} (team {team or '-'}) is not opted in to remediation",
-            )
-        if job is None or job.state_ts is None:
-            return self._skip(
-                incident,
-                job,
-                "job_unknown",
-                f"no JobStarted or scheduler state of job {job_id} was read from the training events: "
-                "its open checkpoints and evaluations are unknown",
-            )
-        if job.state != "running":
-            return self._skip(incident, job, "job_not_running", f"job {job_id} is {job.state}, not running")
-        if job.run_started_ts is not None and job.run_started_ts > incident.firing_since:
-            return self._skip(
-                incident, job, "job_not_running", f"job {job_id} started a new run after the alert fired"
-            )
+
+        def skip(
+            code: str, reason: str, sched: SchedulerView | None = None, age: float | None = None
+        ) -> Decision:
+            return Decision(alert, None, "skipped", code, reason, job, age, sched)
+
         fired_s = (now_ms - incident.firing_since) / 1000.0
         if fired_s < rule_policy.min_firing_s:
             eligible = incident.firing_since + int(rule_policy.min_firing_s * 1000)
-            return self._skip(
-                incident,
-                job,
+            return skip(
                 "firing_too_short",
                 f"{rule} has fired for {max(fired_s, 0):.0f} s; the policy waits {rule_policy.min_firing_s:g} s "
                 f"(until {_iso(eligible)})",
+            )
+        if job is None:
+            return skip(
+                "job_unknown",
+                f"no training event of job {job_id} was read: its open checkpoints and evaluations are unknown",
+            )
+        # -- the scheduler's word: who the job is, who owns it, whether it runs -------------------------
+        read = self._read(job_id, now_ms)
+        if read.error is not None:
+            return skip(
+                "scheduler_refused",
+                f"{self.scheduler or 'the scheduler'} cannot name job {job_id!r}: {read.error}",
+            )
+        sched = read.job
+        if sched is None:
+            return skip("job_unknown", f"{self.scheduler or 'the scheduler'} lists no job {job_id!r}")
+        if sched.job_id != job_id:
+            return skip(
+                "identity_mismatch",
+                f"{self.scheduler or 'the scheduler'} job {sched.target} answers to job {sched.job_id!r}, "
+                f"not {job_id!r}: never acted on",
+                sched,
+            )
+        team = self._team(sched)
+        owner = f"user {sched.user or '-'}, account {sched.account or '-'}" + (
+            f", team {team}" if team else ""
+        )
+        if self.policy.opt_out.holds(sched, team) or not self.policy.opt_in.holds(sched, team):
+            return skip(
+                "not_opted_in",
+                f"{self.scheduler or 'scheduler'} job {sched.target} ({owner}) is not opted in to remediation",
+                sched,
+            )
+        if sched.state != "running":
+            return skip(
+                "job_not_running",
+                f"{self.scheduler or 'the scheduler'} says job {sched.target} is {sched.native_state or sched.state}, "
+                "not running",
+                sched,
+            )
+        if sched.start_ts is not None and sched.start_ts > incident.firing_since:
+            return skip(
+                "job_not_running",
+                f"job {sched.target} started at {_iso(sched.start_ts)}, after the alert fired: this run did not "
+                "raise it",
+                sched,
+            )
+        if job.run_started_ts is not None and job.run_started_ts > incident.firing_since:
+            return skip("job_not_running", f"job {job_id} started a new run after the alert fired", sched)
+        last = max((t for t, _ in self._by_target.get(sched.target, [])), default=None)
+        cooldown_ms = int(self.policy.job_cooldown_s * 1000)
+        if last is not None and now_ms - last < cooldown_ms:
+            return skip(
+                "already_acted",
+                f"job {sched.target} was acted on at {_iso(last)}, within job_cooldown_s "
+                f"({self.policy.job_cooldown_s:g} s): never twice for one job",
+                sched,
             )
         if rule == "rank_hang":
             timeout_s = _collective_timeout(job, self.policy, rule_policy)
             hung_s = (now_ms - int(alert.get("starts_at") or incident.firing_since)) / 1000.0
             if hung_s < timeout_s:
-                return self._skip(
-                    incident,
-                    job,
+                return skip(
                     "within_collective_timeout",
                     f"rank {alert.get('rank')} stopped {hung_s:.0f} s ago, within the job's collective timeout "
                     f"({timeout_s:g} s): the collective may still time out by itself",
+                    sched,
                 )
         operation = job.open_operation()
         if operation is not None:
-            return self._skip(incident, job, "operation_open", f"{operation}: never while it runs")
+            return skip("operation_open", f"{operation}: never while it runs", sched)
         action: Action = rule_policy.action
         age = job.checkpoint_age_s(now_ms)
-        max_age = (
-            job.checkpoint_max_age_s
-            if job.checkpoint_max_age_s is not None
-            else self.policy.checkpoint_max_age_s
-        )
+        # The job's own policy may only be stricter than the operator's.
+        limits = [
+            float(v)
+            for v in (job.checkpoint_max_age_s, self.policy.checkpoint_max_age_s)
+            if isinstance(v, int | float) and math.isfinite(v)
+        ]
+        max_age = min(limits) if limits else None
         stale_note = ""
         if max_age is not None and age is not None and age > max_age:
-            if not self.policy.stale_checkpoint_requeue.holds(job_id, team, labels):
-                return Decision(
-                    alert,
-                    None,
-                    "skipped",
+            if not self.policy.stale_checkpoint_requeue.holds(sched, team):
+                return skip(
                     "stale_checkpoint",
                     f"the latest verified checkpoint of job {job_id} is {age:.0f} s old, older than its policy "
                     f"({max_age:g} s): cancelling would lose that work; requeue needs opt-in "
                     "(stale_checkpoint_requeue)",
-                    job,
+                    sched,
                     age,
                 )
             action = "requeue"
             stale_note = f"; requeued, not cancelled: its latest verified checkpoint is {age:.0f} s old (policy {max_age:g} s)"
-        cluster = self._cluster(alert, job)
+        cluster = sched.cluster
         recent = [m for m in self._by_cluster.get(cluster, []) if now_ms - m[0] < _HOUR_MS]
         self._by_cluster[cluster] = recent
         if len(recent) >= self.policy.max_actions_per_hour:
-            return Decision(
-                alert,
-                None,
-                "skipped",
+            return skip(
                 "rate_limited",
-                f"{len(recent)} actions on cluster {cluster or '-'} in the last hour: max_actions_per_hour is "
-                f"{self.policy.max_actions_per_hour}",
-                job,
+                f"{len(recent)} actions on {self.scheduler or 'scheduler'} cluster {cluster or '-'} in the last hour: "
+                f"max_actions_per_hour is {self.policy.max_actions_per_hour}",
+                sched,
                 age,
             )
-        what = f"{action} job {job_id}: {rule} has fired for {fired_s:.0f} s{stale_note}"
+        what = f"{action} {self.scheduler or 'scheduler'} job {sched.target} ({owner}): {rule} has fired for {fired_s:.0f} s{stale_note}"
         if not self.execute or rule_policy.dry_run:
             why = "dry run (no --execute)" if not self.execute else f"dry run (rules.{rule}.dry_run)"
-            return Decision(alert, action, "dry_run", "dry_run", f"would {what}; {why}", job, age)
-        return Decision(alert, action, "acted", "acted", what, job, age)
+            return Decision(alert, action, "dry_run", "dry_run", f"would {what}; {why}", job, age, sched)
+        return Decision(alert, action, "acted", "acted", what, job, age, sched)
 
     # -- records ---------------------------------------------------------------------------------
-    def record(
-        self, decision: Decision, now_ms: int, *, target: str = "", detail: str | None = None
-    ) -> dict[str, Any]:
-        """The ActionTaken record of a decision."""
-        alert, job = decision.alert, decision.job
+    def record(self, decision: Decision, now_ms: int, *, detail: str | None = None) -> dict[str, Any]:
+        """The ActionTaken record of a decision (its target, team and cluster as the scheduler names them)."""
+        alert, job, sched = decision.alert, decision.job, decision.scheduler_job
         alert_id = str(alert["alert_id"])
         action_id = hashlib.sha256(
             f"{alert_id}|{decision.kind}|{decision.reason_code}|{now_ms}".encode()
         ).hexdigest()[:24]
+        team = (self._team(sched) if sched is not None else None) or str(alert.get("team") or "")
         return {
             "ts": now_ms,
             "action_id": action_id,
@@ -595,11 +733,11 @@ class Remediator:
             "fingerprint": str(alert.get("fingerprint") or ""),
             "rule": str(alert["rule"]),
             "job_id": str(alert["job_id"]),
-            "run_id": job.run_id if job else str(alert.get("run_id") or ""),
-            "team": (job.team if job and job.team else str(alert.get("team") or "")),
-            "cluster": self._cluster(alert, job),
+            "run_id": job.run_id if job and job.run_id else str(alert.get("run_id") or ""),
+            "team": team,
+            "cluster": sched.cluster if sched is not None else "",
             "scheduler": self.scheduler,
-            "target": target,
+            "target": sched.target if sched is not None and decision.kind != "skipped" else "",
             "action": decision.action or "none",
             "decision": decision.kind,
             "reason_code": decision.reason_code,
@@ -612,20 +750,28 @@ class Remediator:
         }
 
     def forget_ended_jobs(self) -> None:
-        """Drop facts of jobs that ended and have no open incident (a long-running remediator stays small)."""
+        """Drop facts and reads of jobs that ended and have no open incident (a long-running remediator stays small).
+
+        A record saying a job ended can only make remediation forget what the job said: with no
+        facts it is `job_unknown`, never acted on."""
         open_jobs = {str(i.alert["job_id"]) for i in self._incidents.values()}
         for job_id in [j for j, f in self.jobs.items() if f.state in ("completed", "failed")]:
             if job_id not in open_jobs:
                 del self.jobs[job_id]
+        for job_id in [j for j in self._reads if j not in open_jobs]:
+            del self._reads[job_id]
 
 
 def _collective_timeout(job: JobFacts, policy: RemediationPolicy, rule: RulePolicy) -> float:
-    """The job's collective timeout: its `collective_timeout_label` label, else the rule's default."""
+    """The rule's collective timeout, or the job's own label when that is longer (a record may only wait more)."""
     raw = job.labels.get(policy.collective_timeout_label)
     try:
-        return float(raw) if raw is not None else rule.collective_timeout_s
+        own = float(raw) if raw is not None else 0.0
     except ValueError:
-        return rule.collective_timeout_s
+        own = 0.0
+    if not math.isfinite(own):
+        own = 0.0 if math.isnan(own) else own
+    return max(rule.collective_timeout_s, own)
 
 
 def relevant_event_types() -> Iterable[str]:

@@ -3,9 +3,10 @@
 On start it reads `rs.actions` whole (its own earlier decisions: what was acted on, the hourly
 budget), `rs.alerts` and `rs.training.events` from their oldest records kept (or a lookback), up
 to the end offsets of the moment it started. It decides nothing before all three are caught up,
-so no decision rests on a partial picture of a job. Then, every `tick_s`, the core decides; the
-shell asks the scheduler for the actions (through `act`) and publishes one `ActionTaken` per
-decision on `rs.actions`, keyed by job, flushed before the next tick.
+so no decision rests on a partial picture of a job. Then, every `tick_s`, the core decides (asking
+the scheduler about each job through its own `lookup`); the shell asks the scheduler for the
+actions (through `act`) and publishes one `ActionTaken` per decision on `rs.actions`, keyed by
+job, flushed before the next tick.
 
 The remediator keeps no offsets: its state is rebuilt from the topics at every start (they are
 small next to telemetry; records of other types on the events topic are decoded and dropped).
@@ -22,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from schemas.codec import Codec
-from schemas.errors import DecodeError, RanksightError
+from schemas.errors import DecodeError
 from schemas.records import Event
 from streams.alerting.remediation import Decision, Outcome, Remediator, relevant_event_types
 
@@ -52,9 +53,10 @@ class RemediationStats:
     caught_up: bool = False
 
 
-# (target, what would be / was done); raises a RanksightError (one sentence) when the job cannot be named.
-Resolve = Callable[[Decision], tuple[str, str]]
-Act = Callable[[Decision, str], Outcome]
+# What would be done to the decision's scheduler job, in words (dry runs record it).
+Describe = Callable[[Decision], str]
+# Do it; the scheduler's answer (never raises for a refusal: Outcome(False, sentence)).
+Act = Callable[[Decision], Outcome]
 
 
 def follow_remediation(
@@ -63,7 +65,7 @@ def follow_remediation(
     remediator: Remediator,
     codec: Codec,
     *,
-    resolve: Resolve,
+    describe: Describe,
     act: Act,
     lookback_s: float | None = None,
     tick_s: float = 1.0,
@@ -164,7 +166,7 @@ def follow_remediation(
                     codec,
                     producer,
                     delivered,
-                    resolve,
+                    describe,
                     act,
                     int(now * 1000),
                     stats,
@@ -222,7 +224,7 @@ def _tick(
     codec: Codec,
     producer: Any,
     delivered: Callable[[Any, Any], None],
-    resolve: Resolve,
+    describe: Describe,
     act: Act,
     now_ms: int,
     stats: RemediationStats,
@@ -231,19 +233,14 @@ def _tick(
     """Decide, act, publish; the records are flushed before the next tick."""
     decisions = remediator.decide(now_ms)
     for decision in decisions:
-        target, detail = "", None
-        if decision.kind in ("acted", "dry_run"):
-            try:
-                target, detail = resolve(decision)
-            except RanksightError as exc:
-                decision = remediator.settle(decision, Outcome(False, str(exc)))
-                detail = str(exc)
-            else:
-                if decision.kind == "acted":
-                    outcome = act(decision, target)
-                    decision = remediator.settle(decision, outcome)
-                    detail = outcome.detail
-        record = remediator.record(decision, now_ms, target=target, detail=detail)
+        detail = None
+        if decision.kind == "dry_run":
+            detail = describe(decision)
+        elif decision.kind == "acted":
+            outcome = act(decision)
+            decision = remediator.settle(decision, outcome)
+            detail = outcome.detail
+        record = remediator.record(decision, now_ms, detail=detail)
         producer.produce(
             topics.actions,
             key=record["job_id"].encode(),

@@ -9,6 +9,7 @@ librdkafka flood; no output of any command contains the password (issue 21.6).
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import subprocess
@@ -100,11 +101,16 @@ def events_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _run(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [RANKSIGHT, *args],
-        env={"PATH": "/usr/bin:/bin", **env},
+        # PYTHONPATH passes through: a checkout run against a shared virtual environment imports its own code.
+        env={"PATH": "/usr/bin:/bin", **_pythonpath(), **env},
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def _pythonpath() -> dict[str, str]:
+    return {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
 
 
 def _no_secret(secured: Secured, *outputs: str) -> None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from producers.scheduler.actions import SchedulerJob
 from ranksight.signals import STOP_GRACE_S
 from schemas.codec import Codec
 from schemas.records import Event
@@ -27,9 +28,20 @@ NOW = int(time.time() * 1000)
 MIN = 60_000
 POLICY = {
     "rules": {"zombie_job": {"action": "cancel", "min_firing_s": 300}},
-    "opt_in": {"teams": ["llm"]},
+    "opt_in": {"users": ["alice"]},
     "max_actions_per_hour": 5,
 }
+# What the scheduler says of each job: job-other is bob's, not opted in.
+OWNERS = {"job-stuck": "alice", "job-eval": "alice", "job-other": "bob"}
+
+
+def _lookup(job_id: str) -> SchedulerJob | None:
+    user = OWNERS.get(job_id)
+    if user is None:
+        return None
+    return SchedulerJob(
+        job_id, f"slurm-{job_id}", "running", "RUNNING", user, "research", "c1", NOW - 90 * MIN
+    )
 
 
 def _alert(job: str, status: str = "firing") -> dict[str, Any]:
@@ -119,21 +131,30 @@ def _run(
     acted: list[str],
     lookback_s: float | None = None,
 ) -> Any:
-    def resolve(decision: Decision) -> tuple[str, str]:
-        return f"slurm-{decision.alert['job_id']}", f"scancel slurm-{decision.alert['job_id']}"
+    def describe(decision: Decision) -> str:
+        assert decision.scheduler_job is not None
+        return f"scancel {decision.scheduler_job.target}"
 
-    def act(decision: Decision, target: str) -> Outcome:
+    def act(decision: Decision) -> Outcome:
+        assert decision.scheduler_job is not None
+        target = decision.scheduler_job.target
         acted.append(target)
         return Outcome(True, f"{target}: cancelled", target)
 
-    remediator = Remediator(RemediationPolicy.from_dict(POLICY), execute=execute, scheduler="slurm")
+    remediator = Remediator(
+        RemediationPolicy.from_dict(POLICY),
+        lookup=_lookup,
+        execute=execute,
+        scheduler="slurm",
+        team_for=lambda user, account: {"alice": "llm"}.get(user or ""),
+    )
     names = RemediationTopics(topics[ALERTS], topics[TRAINING_EVENTS], topics[ACTIONS])
     return follow_remediation(
         {"bootstrap.servers": bootstrap},
         names,
         remediator,
         CODEC,
-        resolve=resolve,
+        describe=describe,
         act=act,
         tick_s=0.2,
         idle_exit_s=3.0,
