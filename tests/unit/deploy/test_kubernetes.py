@@ -270,3 +270,74 @@ def test_remediate_acts_only_where_its_role_allows(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(policy["data"]["policy.yaml"], encoding="utf-8")
     assert load_policy(path).rules
+
+
+def _allows(acls: list[dict[str, Any]], operation: str, kind: str, name: str) -> bool:
+    """Whether a Strimzi ACL list allows `operation` on resource `kind`/`name` (no deny rules are used)."""
+    for acl in acls:
+        resource = acl["resource"]
+        if resource["type"] != kind or acl.get("type", "allow") != "allow":
+            continue
+        literal = resource.get("patternType", "literal") == "literal"
+        matches = name == resource["name"] if literal else name.startswith(resource["name"])
+        if matches and (operation in acl["operations"] or "All" in acl["operations"]):
+            return True
+    return False
+
+
+def test_each_service_user_may_do_what_its_command_does_and_no_more_writes() -> None:
+    """The KafkaUsers' ACLs cover what each command reads and writes (from the code's own topic lists),
+    and no producer-side user may write the worker's outputs (the trust model)."""
+    from sinks.consumer import SINK_TOPICS
+    from streams.runtime.changelog import ROUTES_TABLE, SNAPSHOT_TABLE, changelog_topic
+    from streams.runtime.options import (
+        BINDINGS,
+        CONTROL,
+        DEFAULT_APP_ID,
+        INPUT_TOPICS,
+        SUMMARIES,
+        TELEMETRY_BY_JOB,
+    )
+
+    internal = (BINDINGS, TELEMETRY_BY_JOB, CONTROL, SUMMARIES)
+
+    users = {
+        o["metadata"]["name"]: o["spec"]["authorization"]["acls"]
+        for o in render("small")
+        if o["kind"] == "KafkaUser"
+    }
+    changelogs = [changelog_topic(DEFAULT_APP_ID, t) for t in (SNAPSHOT_TABLE, ROUTES_TABLE)]
+    needs = {
+        "ranksight-agent": [
+            ("Write", t)
+            for t in (
+                "rs.telemetry.gpu",
+                "rs.telemetry.host",
+                "rs.telemetry.job",
+                "rs.telemetry.unattributed",
+            )
+        ],
+        "ranksight-training": [("Write", t) for t in ("rs.training.steps", "rs.training.events")],
+        "ranksight-worker": [("Read", t) for t in INPUT_TOPICS]
+        + [
+            ("Write", t)
+            for t in ("rs.alerts", "rs.derived.rank", "rs.derived.job", "rs.deadletter", *internal)
+        ]
+        + [(op, t) for t in [*internal, *changelogs] for op in ("Create", "Read", "Write")],
+        "ranksight-sink": [("Read", t) for t in SINK_TOPICS] + [("Write", "rs.deadletter")],
+        "ranksight-forwarder": [("Read", "rs.alerts")],
+        "ranksight-remediate": [
+            ("Read", "rs.alerts"),
+            ("Read", "rs.training.events"),
+            ("Write", "rs.actions"),
+        ],
+        "ranksight-scheduler": [("Write", "rs.scheduler.jobs")],
+    }
+    for user, wanted in needs.items():
+        missing = [(op, t) for op, t in wanted if not _allows(users[user], op, "topic", t)]
+        assert not missing, f"{user} lacks {missing}"
+    for user in ("ranksight-agent", "ranksight-training", "ranksight-scheduler"):
+        for topic in ("rs.alerts", "rs.derived.rank", "rs.actions", "rs.internal.summaries", changelogs[0]):
+            assert not _allows(users[user], "Write", "topic", topic), f"{user} may write {topic}"
+    assert _allows(users["ranksight-worker"], "Read", "group", DEFAULT_APP_ID)
+    assert _allows(users["ranksight-sink"], "Read", "group", "ranksight-sink")
