@@ -118,8 +118,9 @@ dist: $(STAMP) ui-assets
 test-wheel: dist kafka-jars
 	PYTHON=$(PYTHON) .ci/check-wheel
 
+# deploy/ alone (make test runs these too: they are under tests/unit and tests/integration).
 test-deploy: $(STAMP)
-	$(BIN)/python -m pytest tests/deploy $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/unit/deploy tests/integration/scheduler/test_slurm_prolog.py $(PYTEST_ARGS)
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
