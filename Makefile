@@ -9,6 +9,7 @@ ECHARTS_VERSION := 6.0.0
 ECHARTS_JS      := ui/static/vendor/echarts.min.js
 
 .PHONY: demo test unit integration lint bench kafka-jars ui-assets clean help test-frameworks framework-torch test-scenarios
+.PHONY: dist test-wheel test-deploy docs
 
 help:
 	@echo "make demo   - start a local Kafka, simulate a cluster, detect, store in ClickHouse (chDB), show alerts"
@@ -17,6 +18,10 @@ help:
 	@echo "make integration - the integration tests (real Kafka broker, real chDB)"
 	@echo "make lint   - ruff + mypy"
 	@echo "make bench  - benchmarks (print numbers; never part of the tests)"
+	@echo "make dist   - the sdist and the wheel in dist/ (the UI's charting library included)"
+	@echo "make test-wheel  - install the wheel in fresh venvs outside the repository and run it there"
+	@echo "make test-deploy - render and validate deploy/ (Kubernetes, systemd, Prometheus rules, compose)"
+	@echo "make docs   - the documentation site in site/ (mkdocs build --strict)"
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null || { echo "error: Java 17+ is required (the local Kafka broker runs on it)"; exit 1; }
@@ -104,5 +109,21 @@ lint: $(STAMP)
 bench: $(STAMP) kafka-jars ui-assets
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
+# Packaging and deployment (issue 36). `dist` needs the charting library first: setup.py refuses
+# to build a wheel without it. `test-wheel` runs outside the repository (.ci/check-wheel says what).
+dist: $(STAMP) ui-assets
+	rm -rf dist
+	$(BIN)/python -m build -o dist .
+
+test-wheel: dist kafka-jars
+	PYTHON=$(PYTHON) .ci/check-wheel
+
+# deploy/ alone (make test runs these too: they are under tests/unit and tests/integration).
+test-deploy: $(STAMP)
+	$(BIN)/python -m pytest tests/unit/deploy tests/integration/scheduler/test_slurm_prolog.py $(PYTEST_ARGS)
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache dist build site

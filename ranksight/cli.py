@@ -10,6 +10,7 @@ import warnings
 import typer
 
 import ranksight.commands
+from ranksight import __version__
 
 __all__ = ["SERVER_MODULES", "app", "main"]
 
@@ -20,6 +21,21 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"ranksight {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Health of distributed GPU training jobs, as a stream: Kafka in, alerts and ClickHouse out."""
 
 
 def _register_commands() -> None:

@@ -1,4 +1,4 @@
-"""The runbooks (`docs/runbooks/<rule>.md`) served as pages at `/runbooks/<rule>`, rendered safely.
+"""The runbooks (`ui/runbook_pages/<rule>.md`, shipped in the package; `docs/runbooks` links to them) served as pages at `/runbooks/<rule>`, rendered safely.
 
 An alert's `runbook_url` is either `docs/runbooks/<rule>` (the engine's default base, relative) or an
 absolute URL built from a configured base (which may point at this UI); the alert page links either
@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import re
 from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,11 @@ _SIBLING = re.compile(r"^([A-Za-z0-9_-]+)\.md(#[^\s]*)?$")
 
 
 def default_runbooks_dir() -> Path:
-    """`docs/runbooks` of the checkout this package runs from (`ranksight ui --runbooks` names another)."""
-    return Path(__file__).resolve().parents[1] / "docs" / "runbooks"
+    """The runbook pages shipped in this package (`ranksight ui --runbooks` names another folder).
+
+    Read through importlib.resources, so an installed wheel serves the same pages as a checkout.
+    """
+    return Path(str(resources.files("ui").joinpath("runbook_pages")))
 
 
 def runbook_rules(directory: Path) -> list[str]:
@@ -60,7 +64,7 @@ def render_runbook(directory: Path, rule: str) -> str:
         raise NotFoundError("runbook", rule)
     if not directory.is_dir():
         raise UiError(
-            f"no runbooks at {directory}: start the UI with --runbooks DIR (the repository's docs/runbooks)"
+            f"no runbooks at {directory}: start the UI with --runbooks DIR (a folder of <rule>.md pages)"
         )
     path = directory / f"{rule}.md"
     if not path.is_file():

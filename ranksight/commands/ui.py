@@ -97,7 +97,7 @@ def ui(
     runbooks: Path | None = typer.Option(
         None,
         "--runbooks",
-        help="Folder of runbook pages served at /runbooks/<rule> (default: docs/runbooks).",
+        help="Folder of runbook pages served at /runbooks/<rule> (default: the pages shipped with ranksight).",
     ),
     routing: Path | None = typer.Option(
         None,

@@ -1,4 +1,4 @@
-"""The example files the README names ship with ranksight and load (issue 24.8)."""
+"""The example files the README and the docs name ship with ranksight and load (issue 24.8)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_every_example_the_readme_names_exists() -> None:
-    named = set(re.findall(r"\bexamples/[\w.-]+\w", (REPO / "README.md").read_text()))
+    """The README's and the docs' references to examples/ (the README's reference moved to docs/, issue 31.6)."""
+    text = "\n".join(p.read_text() for p in (REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))))
+    named = set(re.findall(r"\bexamples/[\w.-]+\w", text))
     assert "examples/my-rules.yaml" in named
     missing = sorted(name for name in named if not (REPO / name).exists())
     assert missing == []
