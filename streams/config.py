@@ -178,6 +178,10 @@ class EngineConfig:
                             )
                         )
             params[section] = dict(knobs)
+        for detector in ALL_DETECTORS:
+            check = getattr(detector, "check_params", None)
+            if check is not None:
+                check(params.get(config_section(detector), {}), source)
         try:
             lateness = float(engine.get("allowed_lateness_s", 5))
             every = float(engine.get("advance_every_s", 1))
@@ -255,4 +259,30 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         source = str(path)
     if overrides:
         merged = deep_merge(merged, overrides)
+    _inline_acceptance_files(merged, Path(path).resolve().parent if path is not None else Path.cwd(), source)
     return EngineConfig.from_dict(merged, source=source)
+
+
+def _inline_acceptance_files(merged: dict[str, Any], base: Path, source: str) -> None:
+    """Read `detectors.acceptance.files` (relative to the config file) into its `rules` list.
+
+    A team keeps its acceptance rules in a file of its own; each file is a mapping with a `rules:`
+    list. The file's rules come after the inline ones; the loader refuses duplicate names.
+    """
+    section = (merged.get("detectors") or {}).get("acceptance")
+    if not isinstance(section, dict) or not section.get("files"):
+        return
+    files = section["files"]
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise ConfigError(f"{source}: detectors.acceptance.files must be a list of file paths")
+    rules = list(section.get("rules") or [])
+    for name in files:
+        path = Path(name) if Path(name).is_absolute() else base / name
+        data = read_yaml(path, "acceptance rules", ConfigError)
+        if not isinstance(data, dict) or not isinstance(data.get("rules"), list) or set(data) - {"rules"}:
+            raise ConfigError(
+                f"acceptance rules file {path} must be a mapping with one key, `rules:` (a list)"
+            )
+        rules += data["rules"]
+    section["rules"] = rules
+    section["files"] = []

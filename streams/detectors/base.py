@@ -71,6 +71,7 @@ class Finding:
     baseline: str | None = None
     baseline_runs: int | None = None
     sustain_ms: int = 0
+    team: str = ""  # the team a declared rule names as its owner (acceptance rules); "": the job's team
 
     @property
     def fingerprint(self) -> str:
