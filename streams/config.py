@@ -124,6 +124,7 @@ class EngineConfig:
     max_record_age_ms: int = 0  # 0: off (replays and simulations publish old event times now)
     summary_bucket_ms: int = 5_000  # the rank stage summarises each rank per this much event time
     detectors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    overrides: tuple[Any, ...] = ()  # streams.overrides.Override: knobs per workload (issue 35.1)
 
     @classmethod
     def default(cls) -> EngineConfig:
@@ -135,10 +136,10 @@ class EngineConfig:
         """Validate a merged mapping (`engine` + `detectors`) into a config."""
         from streams.detectors import ALL_DETECTORS  # late: detectors import nothing from here
 
-        unknown = sorted(set(data) - {"engine", "detectors"})
+        unknown = sorted(set(data) - {"engine", "detectors", "overrides"})
         if unknown:
             raise ConfigError(
-                f"{source}: unknown top-level key {unknown[0]!r}; expected `engine` or `detectors`"
+                f"{source}: unknown top-level key {unknown[0]!r}; expected `engine`, `detectors` or `overrides`"
             )
         engine = data.get("engine") or {}
         if not isinstance(engine, dict):
@@ -178,6 +179,11 @@ class EngineConfig:
                             )
                         )
             params[section] = dict(knobs)
+        for detector in ALL_DETECTORS:
+            check = getattr(detector, "check_params", None)
+            if check is not None:
+                check(params.get(config_section(detector), {}), source)
+        overrides = _overrides(data.get("overrides"), source, known_sections, params)
         try:
             lateness = float(engine.get("allowed_lateness_s", 5))
             every = float(engine.get("advance_every_s", 1))
@@ -213,11 +219,42 @@ class EngineConfig:
             max_record_age_ms=int(max_age * 1000),
             summary_bucket_ms=max(1, int(bucket * 1000)),
             detectors=params,
+            overrides=overrides,
         )
 
     def params_for(self, cls: type) -> dict[str, Any]:
         """Parameters for one detector class (its section; the module DEFAULTS fill the rest)."""
         return dict(self.detectors.get(config_section(cls), {}))
+
+
+def _overrides(
+    raw: Any, source: str, sections: set[str], params: dict[str, dict[str, Any]]
+) -> tuple[Any, ...]:
+    """Validate `overrides:` and try each profile's knobs on the classes they reach (a bad value
+    fails at load, naming the override, not when the first job of that workload comes)."""
+    from streams.detectors import ALL_DETECTORS
+    from streams.detectors.base import Topology
+    from streams.overrides import merged_params, parse_overrides
+
+    overrides = parse_overrides(raw, source, {s: section_defaults(s) for s in sorted(sections)})
+    for override in overrides:
+        for detector in ALL_DETECTORS:
+            section = config_section(detector)
+            if section not in override.detectors:
+                continue
+            merged, _ = merged_params(params.get(section, {}), section, (override,))
+            check = getattr(detector, "check_params", None)
+            try:
+                if check is not None:
+                    check(merged, source)
+                detector(Topology(), merged)
+            except ConfigError:
+                raise
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(
+                    f"{source}: override {override.name}: a knob of detectors.{section} has a bad value ({exc})"
+                ) from None
+    return overrides
 
 
 def _module_defaults(cls: type) -> dict[str, Any] | None:
@@ -255,4 +292,30 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         source = str(path)
     if overrides:
         merged = deep_merge(merged, overrides)
+    _inline_acceptance_files(merged, Path(path).resolve().parent if path is not None else Path.cwd(), source)
     return EngineConfig.from_dict(merged, source=source)
+
+
+def _inline_acceptance_files(merged: dict[str, Any], base: Path, source: str) -> None:
+    """Read `detectors.acceptance.files` (relative to the config file) into its `rules` list.
+
+    A team keeps its acceptance rules in a file of its own; each file is a mapping with a `rules:`
+    list. The file's rules come after the inline ones; the loader refuses duplicate names.
+    """
+    section = (merged.get("detectors") or {}).get("acceptance")
+    if not isinstance(section, dict) or not section.get("files"):
+        return
+    files = section["files"]
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise ConfigError(f"{source}: detectors.acceptance.files must be a list of file paths")
+    rules = list(section.get("rules") or [])
+    for name in files:
+        path = Path(name) if Path(name).is_absolute() else base / name
+        data = read_yaml(path, "acceptance rules", ConfigError)
+        if not isinstance(data, dict) or not isinstance(data.get("rules"), list) or set(data) - {"rules"}:
+            raise ConfigError(
+                f"acceptance rules file {path} must be a mapping with one key, `rules:` (a list)"
+            )
+        rules += data["rules"]
+    section["rules"] = rules
+    section["files"] = []

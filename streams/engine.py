@@ -34,6 +34,7 @@ from streams.detectors.base import LEADER_RANK, Detector, Finding, Topology, dum
 from streams.detectors.clock import ClockDetector, source_of
 from streams.detectors.validate import clean
 from streams.errors import StreamsError
+from streams.overrides import build_detector, detector_class
 from streams.runtime.routes import Holder, NodeRoutes, gpu_fault, partition_for  # pure routing
 from streams.summary import RankSummarizer
 
@@ -157,7 +158,7 @@ class StageEngine:
         self.holds = holds
         self.topology = Topology()
         self.detectors: list[Detector] = [
-            cls(self.topology, self.config.params_for(cls))
+            build_detector(cls, self.topology, self.config)
             for cls in ALL_DETECTORS
             if stage is None
             or (stage == "gate" and set(cls.rules) <= _GATE_RULES)
@@ -525,7 +526,7 @@ class StageEngine:
             "progress": {k: [p.step, p.ts] for k, p in sorted(self.progress.items())},
             "tracker": self.tracker.state(),
             "grouper": self.grouper.state(),
-            "detectors": {state_key(type(d)): d.state() for d in self.detectors},
+            "detectors": {state_key(detector_class(d)): d.state() for d in self.detectors},
             "summarizer": self.summarizer.state() if self.summarizer is not None else None,
             "forward": [[ts, list(tb), seq, [e.type, e.record]] for ts, tb, seq, e in sorted(self._forward)],
             "forward_seq": self._forward_seq,
@@ -570,7 +571,7 @@ class StageEngine:
         engine.tracker.load_state(state["tracker"])
         engine.grouper.load_state(state.get("grouper", {}))
         for det in engine.detectors:
-            key = state_key(type(det))
+            key = state_key(detector_class(det))
             if key in state["detectors"]:
                 det.load_state(state["detectors"][key])
         if engine.summarizer is not None and state.get("summarizer"):

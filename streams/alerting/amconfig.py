@@ -124,6 +124,11 @@ def _escalation_scopes(ownership: Ownership, team: str | None) -> list[list[str]
         else:
             continue
         scopes.append(where)
+    # A layer the team owns (`layers`, e.g. storage): its pages escalate whatever their category,
+    # except on a cluster whose own owners decide that category (`owner_of`'s precedence).
+    for layer, owner in sorted(ownership.layers.items()):
+        if team is not None and owner == team:
+            scopes.append([matcher("suspected_layer", layer)])
     return scopes
 
 

@@ -174,7 +174,7 @@ class AlertTracker:
             "ts": ts,
             "starts_at": entry["starts_at"],
             "ends_at": ends_at,
-            "team": job.team if job else "",
+            "team": finding.team or (job.team if job else ""),
             "receiver": "",
             "summary": finding.summary or f"{finding.rule} on {finding.fingerprint}",
             "owner": job.owner if job else "",

@@ -15,6 +15,7 @@ other_teams: {page: platform-pager, inform: platform-chat}  # a job team not lis
 owners: {infra: infrastructure-operations, platform: platform, model: "{job.team}", data: "{job.team}"}
 clusters:
   provider-east: {infra: provider-noc}      # the provider owns infra on provider-east
+layers: {storage: storage-oncall}          # alerts whose suspected layer is storage page its owner
 inform_job_team: [infra, platform]         # the job's team gets these too, not paged
 fallback_team: platform                    # "{job.team}" alerts that name no job team
 receivers: {infra-pager: {pagerduty_configs: [...]}}   # Alertmanager integrations, verbatim
@@ -53,6 +54,7 @@ _TOP_KEYS = (
     "other_teams",
     "owners",
     "clusters",
+    "layers",
     "inform_job_team",
     "fallback_team",
     "receivers",
@@ -106,6 +108,7 @@ class Ownership:
     other_teams: TeamReceivers
     owners: dict[str, str]
     clusters: dict[str, dict[str, str]] = field(default_factory=dict)
+    layers: dict[str, str] = field(default_factory=dict)  # suspected layer -> owning team
     inform_job_team: frozenset[str] = frozenset()
     fallback_team: str = "platform"
     receivers: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -116,11 +119,18 @@ class Ownership:
         """The receivers of a team; a job team not listed gets `other_teams`."""
         return self.teams.get(team) or self.other_teams
 
-    def owner_of(self, category: str, cluster: str) -> tuple[str, str]:
-        """(owning team or `{job.team}`, the key of the file that decided) for an alert category."""
+    def owner_of(self, category: str, cluster: str, layer: str = "") -> tuple[str, str]:
+        """(owning team or `{job.team}`, the key of the file that decided) for an alert category.
+
+        A cluster's own owner for the category decides first (an operating agreement with a
+        provider); then a layer with an owner of its own (`layers`, e.g. storage): a slow
+        filesystem is the storage team's to fix whichever category the rule files it under.
+        """
         per_cluster = self.clusters.get(cluster) if cluster else None
         if per_cluster and category in per_cluster:
             return per_cluster[category], f"clusters.{cluster}.{category}"
+        if layer and layer in self.layers:
+            return self.layers[layer], f"layers.{layer}"
         return self.owners[category], f"owners.{category}"
 
     def all_receivers(self) -> list[str]:
@@ -140,7 +150,8 @@ class Ownership:
         cluster = str(record.get("cluster") or "")
         job_team = str(record.get("team") or "")
         severity = str(record.get("severity") or "warning")
-        owner, key = self.owner_of(category, cluster)
+        layer = str(record.get("suspected_layer") or "")
+        owner, key = self.owner_of(category, cluster, layer)
         if owner == JOB_TEAM:
             if job_team:
                 team, who = job_team, f"{key} = {JOB_TEAM}: the job's team {job_team}"
@@ -158,16 +169,15 @@ class Ownership:
             )
         else:
             out.append(Delivery(team, receivers.page, "page", f"{who}{listed}; {severity}: pages"))
-        if job_team and job_team != team and category in self.inform_job_team:
+        by_layer = key.startswith("layers.")
+        if job_team and job_team != team and (category in self.inform_job_team or by_layer):
             job_receivers = self.receivers_of(job_team)
-            out.append(
-                Delivery(
-                    job_team,
-                    job_receivers.inform,
-                    "inform",
-                    f"inform_job_team includes {category}: the job's team {job_team} is informed, not paged",
-                )
+            why = (
+                f"{key} owns it: the job's team {job_team} is informed, not paged"
+                if by_layer
+                else f"inform_job_team includes {category}: the job's team {job_team} is informed, not paged"
             )
+            out.append(Delivery(job_team, job_receivers.inform, "inform", why))
         return out
 
     @classmethod
@@ -204,6 +214,16 @@ class Ownership:
             str(c): _owners(o, f"{source}: clusters.{c}", teams, complete=False)
             for c, o in clusters_data.items()
         }
+        layers_data = data.get("layers") or {}
+        if not isinstance(layers_data, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in layers_data.items()
+        ):
+            raise RoutingError(f"{source}: `layers` must map suspected layers (e.g. storage) to a team")
+        for layer_name, owner_team in layers_data.items():
+            if owner_team not in teams:
+                raise RoutingError(
+                    f"{source}: layers.{layer_name} names team {owner_team!r}, which is not listed under `teams`"
+                )
         inform = data.get("inform_job_team") or []
         if not isinstance(inform, list) or any(c not in CATEGORIES for c in inform):
             raise RoutingError(
@@ -227,6 +247,7 @@ class Ownership:
             other_teams=other,
             owners=owners,
             clusters=clusters,
+            layers={str(k): str(v) for k, v in layers_data.items()},
             inform_job_team=frozenset(inform),
             fallback_team=fallback,
             receivers={str(k): dict(v) for k, v in receivers_data.items()},

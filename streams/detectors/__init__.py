@@ -66,6 +66,10 @@ _DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
     ("streams.detectors.gpu_idle_allocated", "GpuIdleAllocatedDetector"),
     ("streams.detectors.checkpoint_verify_failed", "CheckpointVerifyFailedDetector"),
     ("streams.detectors.checkpoint_retention", "CheckpointRetentionDetector"),
+    # Issue 35: what "good" means, declared by teams; the learning rate; non-finite evaluations.
+    ("streams.detectors.acceptance", "AcceptanceDetector"),
+    ("streams.detectors.lr_invalid", "LrInvalidDetector"),
+    ("streams.detectors.validation_nonfinite", "ValidationNonfiniteDetector"),
 )
 
 

@@ -71,6 +71,7 @@ class Finding:
     baseline: str | None = None
     baseline_runs: int | None = None
     sustain_ms: int = 0
+    team: str = ""  # the team a declared rule names as its owner (acceptance rules); "": the job's team
 
     @property
     def fingerprint(self) -> str:
@@ -102,6 +103,21 @@ class JobInfo:
     target_tokens: int | None = None
     target_epochs: float | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    # The parallel layout and the data path (part of the baseline key), and what a restore test
+    # must match: code, runtime, configuration and checkpoint format; the image it runs in.
+    data_parallel: int | None = None
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
+    expert_parallel: int | None = None
+    zero_stage: int | None = None
+    sharding: str = ""
+    storage_tier: str = ""
+    code_version: str = ""
+    runtime_version: str = ""
+    config_hash: str = ""
+    checkpoint_format: str = ""
+    image: str = ""
+    workspace: str = ""
     state: str = "running"
     state_since: int = 0
     started_ts: int = 0
@@ -192,6 +208,19 @@ class Topology:
                 target_tokens=r.get("target_tokens"),
                 target_epochs=r.get("target_epochs"),
                 labels=dict(r.get("labels") or {}),
+                data_parallel=r.get("data_parallel"),
+                tensor_parallel=r.get("tensor_parallel"),
+                pipeline_parallel=r.get("pipeline_parallel"),
+                expert_parallel=r.get("expert_parallel"),
+                zero_stage=r.get("zero_stage"),
+                sharding=r.get("sharding") or "",
+                storage_tier=r.get("storage_tier") or "",
+                code_version=r.get("code_version") or "",
+                runtime_version=r.get("runtime_version") or "",
+                config_hash=r.get("config_hash") or "",
+                checkpoint_format=r.get("checkpoint_format") or "",
+                image=r.get("image") or "",
+                workspace=r.get("workspace") or "",
                 state="running",
                 state_since=r["ts"],
                 started_ts=r["ts"],

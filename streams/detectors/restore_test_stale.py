@@ -9,6 +9,13 @@ none). Before any passing test the job's first start is the reference. Re-report
 A checkpoint's age counts from its `completed` (or `verified`) CheckpointEvent (the last
 `checkpoints_kept` write times of a job are remembered); a restore test of a checkpoint the
 detector never saw written counts from the test itself.
+
+Recovery is tested when it matters, not only on a timer (issue 35.4): the condition also holds
+while the running job's code version, runtime version, configuration hash or checkpoint format
+(JobStarted) differs from what its newest passing restore test restored with (RestoreTest): a
+restore proven for yesterday's code or format proves nothing for today's. A field is compared
+only when both the job and the test name it; the summary says which changed, from what to what.
+A passing test with the job's current values resolves it.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.base import Finding, JobInfo, PerJobDetector, Topology
 from streams.detectors.durations import age_text
 from streams.detectors.history import add_point
 
@@ -27,6 +34,28 @@ DEFAULTS: dict[str, Any] = {
     "reemit_s": 60.0,  # re-report an active condition at most this often (event time)
     "checkpoints_kept": 256,  # write times remembered per job (bounded state)
 }
+
+
+# What a restore test must match of the running job: (JobInfo field, RestoreTest field, in words).
+_TESTED_WITH = (
+    ("code_version", "code_version", "code version"),
+    ("runtime_version", "runtime_version", "runtime"),
+    ("config_hash", "config_hash", "configuration"),
+    ("checkpoint_format", "checkpoint_format", "checkpoint format"),
+)
+
+
+def _changes(info: JobInfo | None, passed: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """(what, tested with, running with) for each identity the job changed since its passing test."""
+    if info is None or passed is None:
+        return []
+    tested = passed.get("with") or {}
+    out = []
+    for job_field, test_field, what in _TESTED_WITH:
+        now, then = getattr(info, job_field, ""), tested.get(test_field) or ""
+        if now and then and now != then:
+            out.append((what, then, now))
+    return out
 
 
 class RestoreTestStaleDetector(PerJobDetector):
@@ -73,6 +102,7 @@ class RestoreTestStaleDetector(PerJobDetector):
                         "step": r.get("step"),
                         "written": written,
                         "ts": r["ts"],
+                        "with": {t: r.get(t) or "" for _, t, _ in _TESTED_WITH},
                     }
         return []
 
@@ -86,20 +116,30 @@ class RestoreTestStaleDetector(PerJobDetector):
             ref = job["passed"]["written"] if job["passed"] is not None else job["started"]
             max_s = float(job["policy_s"] or self._max_age_s)
             cond = job["stale"]
-            if running and ref is not None and watermark - ref > max_s * 1000:
+            old = ref is not None and watermark - ref > max_s * 1000
+            changed = _changes(info, job["passed"]) if running else []
+            if running and ref is not None and (old or changed):
                 if cond is None:
-                    cond = job["stale"] = {"since": int(ref + max_s * 1000), "emit": watermark}
+                    since = int(ref + max_s * 1000) if old else watermark
+                    cond = job["stale"] = {"since": since, "emit": watermark}
                 elif watermark - cond["emit"] < self._reemit_ms:
                     continue
                 cond["emit"] = watermark
-                out.append(self._finding(job_id, job, watermark, ref, max_s, True))
+                out.append(self._finding(job_id, job, watermark, ref, max_s, True, changed))
             elif cond is not None:
                 out.append(self._finding(job_id, job, watermark, ref or watermark, max_s, False))
                 job["stale"] = None
         return out
 
     def _finding(
-        self, job_id: str, job: dict[str, Any], ts: int, ref: int, max_s: float, active: bool
+        self,
+        job_id: str,
+        job: dict[str, Any],
+        ts: int,
+        ref: int,
+        max_s: float,
+        active: bool,
+        changed: list[tuple[str, str, str]] | None = None,
     ) -> Finding:
         passed = job["passed"]
         history = (
@@ -115,6 +155,12 @@ class RestoreTestStaleDetector(PerJobDetector):
             if active
             else f"job {job_id} has a recently restore-tested checkpoint again (or stopped running)"
         )
+        if active and changed:
+            moved = "; ".join(f"{what} {then!r} -> {now!r}" for what, then, now in changed)
+            summary = (
+                f"job {job_id} changed since its newest passing restore test ({passed['cid']}): {moved}; "
+                "a restore with what it runs now is untested"
+            )
         return Finding(
             rule="restore_test_stale",
             key=(job_id,),
@@ -124,7 +170,10 @@ class RestoreTestStaleDetector(PerJobDetector):
             severity="warning",
             job_id=job_id,
             since=int(job["stale"]["since"]) if job["stale"] else ts,
-            invariant=f"the newest restore-tested checkpoint is younger than {max_s:g}s",
+            invariant=(
+                f"the newest restore-tested checkpoint is younger than {max_s:g}s and was restored with the "
+                "job's current code, runtime, configuration and checkpoint format"
+            ),
             observed=(ts - ref) / 1000,
             expected=max_s,
             summary=summary,

@@ -105,3 +105,42 @@ def test_the_engine_routes_a_failed_restore_test_to_the_owning_team() -> None:
         ("firing", "platform", "platform-pager"),
         ("firing", "vision", "multimodal-chat"),
     ]
+
+
+def test_a_change_of_code_runtime_config_or_format_since_the_passing_test_makes_it_due() -> None:
+    """Issue 35.4: a restore proven for other code or another checkpoint format proves nothing now."""
+    det = SectionRules("readiness", Topology())
+    tested = {
+        "code_version": "abc123",
+        "runtime_version": "torch 2.4",
+        "config_hash": "cfg1",
+        "checkpoint_format": "dcp-1",
+    }
+    events = [
+        job_started(JOB, T0, **tested),
+        written(T0 + 1000, "c1"),
+        restore(T0 + 5000, "c1", passed=True, **tested),
+    ]
+    assert [f for f in drive(det, events, until=T0 + HOUR) if f.rule == "restore_test_stale"] == []
+    # The job restarts with new code and a new checkpoint format: due at once, naming both changes.
+    upgraded = {**tested, "code_version": "def456", "checkpoint_format": "dcp-2"}
+    found = drive(det, [job_started(JOB, T0 + HOUR + 1, **upgraded)])
+    [due] = [f for f in found if f.rule == "restore_test_stale"]
+    assert due.active and "code version 'abc123' -> 'def456'" in due.summary
+    assert "checkpoint format 'dcp-1' -> 'dcp-2'" in due.summary and "configuration" not in due.summary
+    # A passing test restored with what the job runs now resolves it.
+    fixed = drive(
+        det, [written(T0 + HOUR + 2000, "c2"), restore(T0 + HOUR + 3000, "c2", passed=True, **upgraded)]
+    )
+    assert [(f.rule, f.active) for f in fixed] == [("restore_test_stale", False)]
+
+
+def test_a_field_the_test_did_not_record_is_not_a_change() -> None:
+    """A restore test run without --code-version compares nothing on that field (no page per job)."""
+    det = SectionRules("readiness", Topology())
+    events = [
+        job_started(JOB, T0, code_version="abc123", config_hash="cfg1"),
+        written(T0 + 1000, "c1"),
+        restore(T0 + 5000, "c1", passed=True, config_hash="cfg1"),
+    ]
+    assert [f for f in drive(det, events, until=T0 + HOUR) if f.rule == "restore_test_stale"] == []

@@ -175,3 +175,34 @@ def test_the_shipped_ownership_routes_infra_to_infrastructure_operations_and_pla
     assert ownership.owner_of("model", "")[0] == ownership.owner_of("data", "")[0] == "{job.team}"
     assert ownership.owner_of("infra", "provider-east")[0] == "provider-noc"
     assert {"infra", "platform"} <= ownership.inform_job_team
+
+
+def test_storage_layer_alerts_page_the_storage_owner_and_inform_the_jobs_team() -> None:
+    """Issue 35.5: a data-category alert whose suspected layer is storage pages the storage owner."""
+    ownership = load_ownership()
+    alert = {
+        "rule": "file_open_drop",
+        "category": "data",
+        "severity": "warning",
+        "team": "llm-pretrain",
+        "cluster": "",
+        "suspected_layer": "storage",
+    }
+    page, inform = ownership.deliveries(alert)
+    assert (page.team, page.kind) == ("infrastructure-operations", "page") and "layers.storage" in page.why
+    assert (inform.team, inform.kind) == ("llm-pretrain", "inform")
+    # The same rule with the data layer stays the job team's page; a provider cluster's agreement wins.
+    [own] = ownership.deliveries({**alert, "suspected_layer": "data"})
+    assert (own.team, own.kind) == ("llm-pretrain", "page")
+    assert ownership.owner_of("infra", "provider-east", "storage")[0] == "provider-noc"
+
+
+def test_a_layer_owner_must_be_a_listed_team() -> None:
+    data = {
+        "teams": {"platform": {"page": "p"}},
+        "other_teams": {"page": "p"},
+        "owners": {"infra": "platform", "platform": "platform", "model": "{job.team}", "data": "{job.team}"},
+        "layers": {"storage": "nobody"},
+    }
+    with pytest.raises(RoutingError, match=r"layers\.storage names team 'nobody'"):
+        Ownership.from_dict(data)

@@ -26,7 +26,7 @@ NANOGPT = [
     "5bdc3988-496c-4232-b4ef-53764cb81c92.txt",  # SOAP: every 10th step 5x slower
     "c0078066-c8c9-49c8-868a-ff4d4f32e615.txt",  # 1.5B: 31 isolated loss spikes, 15k steps
 ]
-NUMERICAL = {"nonfinite_loss", "nonfinite_grad", "loss_divergence", "grad_spike"}
+NUMERICAL = {"nonfinite_loss", "nonfinite_grad", "loss_divergence", "grad_spike", "lr_invalid"}
 
 
 @pytest.fixture(scope="module")
