@@ -19,6 +19,7 @@ table and an offline replay reproduces production alerts.
 from __future__ import annotations
 
 import heapq
+import logging
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -50,6 +51,8 @@ __all__ = [
     "stage_of",
     "tiebreak",
 ]
+
+log = logging.getLogger("ranksight.worker")
 
 SNAPSHOT_VERSION = 2  # 2: one engine per stage (rank / job); 1 was one engine for everything
 _DERIVED = ("RankWindowStats", "JobWindowStats")
@@ -202,6 +205,9 @@ class StageEngine:
         # Job stage: alerts the rank stage raised (for inhibition and healthy windows): fingerprint ->
         # [job, firing, last change ts].
         self._external: dict[str, list[Any]] = {}
+        # Every job this engine holds state of -> event time last heard, least recently heard first:
+        # past `config.max_jobs` the first is evicted (any publisher can make up job ids).
+        self._jobs_heard: dict[str, int] = {}
 
     # -- the per-event path ------------------------------------------------------------
     def process(
@@ -265,6 +271,12 @@ class StageEngine:
                 field_key = f"{event.type}.{name}"
                 invalid[field_key] = invalid.get(field_key, 0) + 1
         out: list[Event] = []
+        job_id = event.record.get("job_id")
+        if job_id:
+            heard = self._jobs_heard
+            if heard.pop(job_id, None) is None and len(heard) >= self.config.max_jobs:
+                self._evict(next(iter(heard)), ts, out)
+            heard[job_id] = ts
         self.topology.observe(event)
         if event.type == "StepCompleted":
             self._progress(event.record)
@@ -496,6 +508,35 @@ class StageEngine:
         self.tracker.forget_job(job_id)
         self.progress.pop(job_id, None)
 
+    def _evict(self, job_id: str, ts: int, out: list[Event]) -> None:
+        """Forget a job to make room (bounded state): its alerts resolve, its state goes, it is counted."""
+        self._end_job(job_id, ts, out)
+        self.topology.forget_job(job_id)
+        self._jobs_heard.pop(job_id, None)
+        # Its records still queued for the job stage go too (a JobStarted's labels are held there).
+        kept = [f for f in self._forward if f[3].record.get("job_id") != job_id]
+        if len(kept) != len(self._forward):
+            heapq.heapify(kept)
+            self._forward = kept
+        self._forwarded = [e for e in self._forwarded if e.record.get("job_id") != job_id]
+        self.stats["evicted_jobs"] = self.stats.get("evicted_jobs", 0) + 1
+        log.warning(
+            "%s stage: evicted the state of job %r, the least recently heard", self.stage or "single", job_id
+        )
+
+    def shed(self, count: int) -> list[Event]:
+        """Evict the `count` least recently heard jobs (a snapshot over the changelog's limit); their outputs."""
+        out: list[Event] = []
+        ts = self.max_ts or 0
+        for job_id in list(self._jobs_heard)[:count]:
+            self._evict(job_id, ts, out)
+        return out
+
+    @property
+    def jobs_held(self) -> int:
+        """How many distinct jobs this engine holds state of."""
+        return len(self._jobs_heard)
+
     # -- queries -----------------------------------------------------------------------
     def firing(self) -> list[str]:
         """Fingerprints of alerts firing now."""
@@ -533,6 +574,7 @@ class StageEngine:
             "forwarded": [[e.type, e.record] for e in self._forwarded],
             "foreign": sorted([list(f) for f in self.foreign], key=str),
             "external": {k: self._external[k] for k in sorted(self._external)},
+            "jobs_heard": list(self._jobs_heard.items()),  # in eviction order
         }
         return zlib.compress(dumps_state(state), 6)
 
@@ -583,6 +625,12 @@ class StageEngine:
         engine._forwarded = [Event(t, r) for t, r in state.get("forwarded", [])]
         engine.foreign = {tuple(f) for f in state.get("foreign", [])}
         engine._external = {k: list(v) for k, v in state.get("external", {}).items()}
+        heard = state.get("jobs_heard")
+        if heard is None:  # a snapshot from before the cap: every job it holds, oldest start first
+            heard = sorted(
+                ((j, info.started_ts) for j, info in engine.topology.jobs.items()), key=lambda x: x[1]
+            )
+        engine._jobs_heard = {str(j): int(t) for j, t in heard}
         return engine
 
 
