@@ -208,6 +208,10 @@ class StageEngine:
         # Every job this engine holds state of -> event time last heard, least recently heard first:
         # past `config.max_jobs` the first is evicted (any publisher can make up job ids).
         self._jobs_heard: dict[str, int] = {}
+        # The ranks each job's records named (any publisher can name rank 2,000,000,000 or a million
+        # ranks): past `config.max_ranks` in all, the job holding the most is evicted.
+        self._job_ranks: dict[str, set[int]] = {}
+        self._ranks_held = 0
 
     # -- the per-event path ------------------------------------------------------------
     def process(
@@ -277,6 +281,9 @@ class StageEngine:
             if heard.pop(job_id, None) is None and len(heard) >= self.config.max_jobs:
                 self._evict(next(iter(heard)), ts, out)
             heard[job_id] = ts
+            rank = event.record.get("rank")
+            if rank is not None:
+                self._hold_rank(job_id, rank, ts, out)
         self.topology.observe(event)
         if event.type == "StepCompleted":
             self._progress(event.record)
@@ -508,11 +515,27 @@ class StageEngine:
         self.tracker.forget_job(job_id)
         self.progress.pop(job_id, None)
 
+    def _hold_rank(self, job_id: str, rank: int, ts: int, out: list[Event]) -> None:
+        """Count a (job, rank) held; past `config.max_ranks`, evict the job naming the most ranks."""
+        ranks = self._job_ranks.get(job_id)
+        if ranks is not None and rank in ranks:
+            return
+        if self._ranks_held >= self.config.max_ranks:
+            biggest = max(self._job_ranks, key=lambda j: len(self._job_ranks[j]))
+            self._evict(biggest, ts, out)
+            self._jobs_heard[job_id] = ts  # this record's job is held again, even if it was the one
+            ranks = self._job_ranks.get(job_id)
+        if ranks is None:
+            ranks = self._job_ranks[job_id] = set()
+        ranks.add(rank)
+        self._ranks_held += 1
+
     def _evict(self, job_id: str, ts: int, out: list[Event]) -> None:
         """Forget a job to make room (bounded state): its alerts resolve, its state goes, it is counted."""
         self._end_job(job_id, ts, out)
         self.topology.forget_job(job_id)
         self._jobs_heard.pop(job_id, None)
+        self._ranks_held -= len(self._job_ranks.pop(job_id, ()))
         # Its records still queued for the job stage go too (a JobStarted's labels are held there).
         kept = [f for f in self._forward if f[3].record.get("job_id") != job_id]
         if len(kept) != len(self._forward):
@@ -536,6 +559,11 @@ class StageEngine:
     def jobs_held(self) -> int:
         """How many distinct jobs this engine holds state of."""
         return len(self._jobs_heard)
+
+    @property
+    def ranks_held(self) -> int:
+        """How many distinct (job, rank) this engine holds state of."""
+        return self._ranks_held
 
     # -- queries -----------------------------------------------------------------------
     def firing(self) -> list[str]:
@@ -575,6 +603,7 @@ class StageEngine:
             "foreign": sorted([list(f) for f in self.foreign], key=str),
             "external": {k: self._external[k] for k in sorted(self._external)},
             "jobs_heard": list(self._jobs_heard.items()),  # in eviction order
+            "job_ranks": {j: sorted(r) for j, r in sorted(self._job_ranks.items())},
         }
         return zlib.compress(dumps_state(state), 6)
 
@@ -631,6 +660,8 @@ class StageEngine:
                 ((j, info.started_ts) for j, info in engine.topology.jobs.items()), key=lambda x: x[1]
             )
         engine._jobs_heard = {str(j): int(t) for j, t in heard}
+        engine._job_ranks = {j: set(r) for j, r in state.get("job_ranks", {}).items()}
+        engine._ranks_held = sum(len(r) for r in engine._job_ranks.values())
         return engine
 
 

@@ -98,3 +98,17 @@ def test_a_snapshot_over_the_changelogs_limit_sheds_jobs_and_the_worker_keeps_ru
     assert shed > 0
     # Every record read and committed once: no stop, no re-reading.
     assert io.committed.get(f"{TRAINING_EVENTS}:0") == len(kafka.logs[(TRAINING_EVENTS, 0)])
+
+
+def test_a_job_naming_ranks_without_end_is_evicted_and_the_others_keep_theirs() -> None:
+    engine = StageEngine(dataclasses.replace(EngineConfig.default(), max_ranks=100), stage="rank")
+    engine.process(job_started("legit", T0, world_size=8))
+    for rank in range(8):
+        engine.process(step("legit", rank, 1, T0 + 1000))
+    engine.process(job_started("liar", T0 + 2000))
+    for n, rank in enumerate([2_000_000_000, *range(300)]):
+        engine.process(step("liar", rank, 1, T0 + 3000 + n))
+    assert engine.ranks_held <= 100 and engine.stats["evicted_jobs"] >= 3
+    assert "legit" in engine.topology.jobs and engine._job_ranks["legit"] == set(range(8))
+    restored = StageEngine.restore(engine.snapshot(), engine.config, stage="rank")
+    assert restored.ranks_held == engine.ranks_held  # the count survives a restart
