@@ -17,6 +17,7 @@ from typing import Any, Protocol, cast
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from schemas.errors import DecodeError, EncodeError, UnknownSchemaError
+from schemas.limits import DEFAULT_LIMITS, RecordLimits, RecordTooLarge, check_record
 from schemas.records import Event, RecordSchema, SchemaSet, default_schemas, strip_logical_types
 
 __all__ = [
@@ -92,11 +93,20 @@ class RegistryFraming:
 
 
 class Codec:
-    """Encodes `Event`s to Kafka message bytes and decodes either framing back."""
+    """Encodes `Event`s to Kafka message bytes and decodes either framing back.
 
-    def __init__(self, schemas: SchemaSet | None = None, registry: RegistryFraming | None = None) -> None:
+    Decoded input records are checked against `limits` (`schemas.limits`; None: unchecked).
+    """
+
+    def __init__(
+        self,
+        schemas: SchemaSet | None = None,
+        registry: RegistryFraming | None = None,
+        limits: RecordLimits | None = DEFAULT_LIMITS,
+    ) -> None:
         self.schemas = schemas or default_schemas()
         self.registry = registry
+        self.limits = limits
 
     def encode(self, event: Event) -> bytes:
         """Frame and encode one event (registry framing when a registry is configured)."""
@@ -154,7 +164,13 @@ class Codec:
         if left:
             # A record followed by junk is not that record: the writer sent something else.
             raise DecodeError(f"{reader.name} body is followed by {left} unexpected byte(s)", data)
-        return Event(reader.name, cast(dict[str, Any], record))
+        decoded = cast(dict[str, Any], record)
+        if self.limits is not None:
+            try:
+                check_record(reader.name, decoded, len(data), self.limits)
+            except RecordTooLarge as exc:
+                raise RecordTooLarge(exc.reason, data) from None
+        return Event(reader.name, decoded)
 
 
 class AvroSerializer:

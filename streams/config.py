@@ -38,6 +38,8 @@ _ENGINE_KEYS = {
     "clock_jump_sources",
     "max_record_age_s",
     "summary_bucket_s",
+    "max_jobs",
+    "max_ranks",
 }
 
 
@@ -123,6 +125,10 @@ class EngineConfig:
     clock_jump_sources: int = 3
     max_record_age_ms: int = 0  # 0: off (replays and simulations publish old event times now)
     summary_bucket_ms: int = 5_000  # the rank stage summarises each rank per this much event time
+    max_jobs: int = 10_000  # distinct jobs one partition's engine holds; the least recently heard is evicted
+    max_ranks: int = (
+        131_072  # distinct (job, rank) one partition's engine holds; the job with most is evicted
+    )
     detectors: dict[str, dict[str, Any]] = field(default_factory=dict)
     overrides: tuple[Any, ...] = ()  # streams.overrides.Override: knobs per workload (issue 35.1)
 
@@ -191,6 +197,8 @@ class EngineConfig:
             jump_sources = int(engine.get("clock_jump_sources", 3))
             max_age = float(engine.get("max_record_age_s", 0))
             bucket = float(engine.get("summary_bucket_s", 5))
+            max_jobs = int(engine.get("max_jobs", 10_000))
+            max_ranks = int(engine.get("max_ranks", 131_072))
         except (TypeError, ValueError):
             raise ConfigError(
                 f"{source}: engine.allowed_lateness_s, engine.advance_every_s, engine.max_clock_skew_s, "
@@ -203,6 +211,8 @@ class EngineConfig:
             )
         if jump_sources < 1:
             raise ConfigError(f"{source}: engine.clock_jump_sources must be >= 1")
+        if max_jobs < 1 or max_ranks < 1:
+            raise ConfigError(f"{source}: engine.max_jobs and engine.max_ranks must be >= 1")
         if not bucket > 0 or math.isinf(bucket):
             raise ConfigError(f"{source}: engine.summary_bucket_s must be a finite number > 0")
         base_url = str(engine.get("runbook_base_url", "docs/runbooks/"))
@@ -218,6 +228,8 @@ class EngineConfig:
             clock_jump_sources=jump_sources,
             max_record_age_ms=int(max_age * 1000),
             summary_bucket_ms=max(1, int(bucket * 1000)),
+            max_jobs=max_jobs,
+            max_ranks=max_ranks,
             detectors=params,
             overrides=overrides,
         )

@@ -19,6 +19,7 @@ table and an offline replay reproduces production alerts.
 from __future__ import annotations
 
 import heapq
+import logging
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -51,6 +52,8 @@ __all__ = [
     "stage_of",
     "tiebreak",
 ]
+
+log = logging.getLogger("ranksight.worker")
 
 SNAPSHOT_VERSION = 2  # 2: one engine per stage (rank / job); 1 was one engine for everything
 _DERIVED = ("RankWindowStats", "JobWindowStats")
@@ -203,6 +206,13 @@ class StageEngine:
         # Job stage: alerts the rank stage raised (for inhibition and healthy windows): fingerprint ->
         # [job, firing, last change ts].
         self._external: dict[str, list[Any]] = {}
+        # Every job this engine holds state of -> event time last heard, least recently heard first:
+        # past `config.max_jobs` the first is evicted (any publisher can make up job ids).
+        self._jobs_heard: dict[str, int] = {}
+        # The ranks each job's records named (any publisher can name rank 2,000,000,000 or a million
+        # ranks): past `config.max_ranks` in all, the job holding the most is evicted.
+        self._job_ranks: dict[str, set[int]] = {}
+        self._ranks_held = 0
 
     # -- the per-event path ------------------------------------------------------------
     def process(
@@ -266,6 +276,15 @@ class StageEngine:
                 field_key = f"{event.type}.{name}"
                 invalid[field_key] = invalid.get(field_key, 0) + 1
         out: list[Event] = []
+        job_id = event.record.get("job_id")
+        if job_id:
+            heard = self._jobs_heard
+            if heard.pop(job_id, None) is None and len(heard) >= self.config.max_jobs:
+                self._evict(next(iter(heard)), ts, out)
+            heard[job_id] = ts
+            rank = event.record.get("rank")
+            if rank is not None:
+                self._hold_rank(job_id, rank, ts, out)
         self.topology.observe(event)
         if event.type == "StepCompleted":
             self._progress(event.record)
@@ -497,6 +516,56 @@ class StageEngine:
         self.tracker.forget_job(job_id)
         self.progress.pop(job_id, None)
 
+    def _hold_rank(self, job_id: str, rank: int, ts: int, out: list[Event]) -> None:
+        """Count a (job, rank) held; past `config.max_ranks`, evict the job naming the most ranks."""
+        ranks = self._job_ranks.get(job_id)
+        if ranks is not None and rank in ranks:
+            return
+        if self._ranks_held >= self.config.max_ranks:
+            biggest = max(self._job_ranks, key=lambda j: len(self._job_ranks[j]))
+            self._evict(biggest, ts, out)
+            self._jobs_heard[job_id] = ts  # this record's job is held again, even if it was the one
+            ranks = self._job_ranks.get(job_id)
+        if ranks is None:
+            ranks = self._job_ranks[job_id] = set()
+        ranks.add(rank)
+        self._ranks_held += 1
+
+    def _evict(self, job_id: str, ts: int, out: list[Event]) -> None:
+        """Forget a job to make room (bounded state): its alerts resolve, its state goes, it is counted."""
+        self._end_job(job_id, ts, out)
+        self.topology.forget_job(job_id)
+        self._jobs_heard.pop(job_id, None)
+        self._ranks_held -= len(self._job_ranks.pop(job_id, ()))
+        # Its records still queued for the job stage go too (a JobStarted's labels are held there).
+        kept = [f for f in self._forward if f[3].record.get("job_id") != job_id]
+        if len(kept) != len(self._forward):
+            heapq.heapify(kept)
+            self._forward = kept
+        self._forwarded = [e for e in self._forwarded if e.record.get("job_id") != job_id]
+        self.stats["evicted_jobs"] = self.stats.get("evicted_jobs", 0) + 1
+        log.warning(
+            "%s stage: evicted the state of job %r, the least recently heard", self.stage or "single", job_id
+        )
+
+    def shed(self, count: int) -> list[Event]:
+        """Evict the `count` least recently heard jobs (a snapshot over the changelog's limit); their outputs."""
+        out: list[Event] = []
+        ts = self.max_ts or 0
+        for job_id in list(self._jobs_heard)[:count]:
+            self._evict(job_id, ts, out)
+        return out
+
+    @property
+    def jobs_held(self) -> int:
+        """How many distinct jobs this engine holds state of."""
+        return len(self._jobs_heard)
+
+    @property
+    def ranks_held(self) -> int:
+        """How many distinct (job, rank) this engine holds state of."""
+        return self._ranks_held
+
     # -- queries -----------------------------------------------------------------------
     def firing(self) -> list[str]:
         """Fingerprints of alerts firing now."""
@@ -534,6 +603,8 @@ class StageEngine:
             "forwarded": [[e.type, e.record] for e in self._forwarded],
             "foreign": sorted([list(f) for f in self.foreign], key=str),
             "external": {k: self._external[k] for k in sorted(self._external)},
+            "jobs_heard": list(self._jobs_heard.items()),  # in eviction order
+            "job_ranks": {j: sorted(r) for j, r in sorted(self._job_ranks.items())},
         }
         return zlib.compress(dumps_state(state), 6)
 
@@ -584,6 +655,14 @@ class StageEngine:
         engine._forwarded = [Event(t, r) for t, r in state.get("forwarded", [])]
         engine.foreign = {tuple(f) for f in state.get("foreign", [])}
         engine._external = {k: list(v) for k, v in state.get("external", {}).items()}
+        heard = state.get("jobs_heard")
+        if heard is None:  # a snapshot from before the cap: every job it holds, oldest start first
+            heard = sorted(
+                ((j, info.started_ts) for j, info in engine.topology.jobs.items()), key=lambda x: x[1]
+            )
+        engine._jobs_heard = {str(j): int(t) for j, t in heard}
+        engine._job_ranks = {j: set(r) for j, r in state.get("job_ranks", {}).items()}
+        engine._ranks_held = sum(len(r) for r in engine._job_ranks.values())
         return engine
 
 

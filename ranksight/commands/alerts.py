@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ranksight.console import console, err_console, fail, user_errors
+from ranksight.console import console, err_console, fail, literal, user_errors
 from ranksight.signals import StopSignals, stop_signals
-from schemas.topics import ALERTS
+from schemas.topics import ALERTS, DEADLETTER
 
 if TYPE_CHECKING:
     from schemas.files import JsonlFormat
@@ -26,19 +26,19 @@ _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def alert_line(r: dict[str, Any]) -> str:
-    """One rich-markup line for an Alert record."""
+    """One rich-markup line for an Alert record, every string from the record shown literally."""
     from schemas.files import format_ts
 
-    where = [f"job={r.get('job_id') or '-'}"]
+    where = [f"job={literal(r.get('job_id') or '-')}"]
     for name in ("rank", "node", "gpu_index"):
         if r.get(name) is not None:
-            where.append(f"{name}={r[name]}")
-    status = r.get("status", "?")
-    sev = r.get("severity", "")
+            where.append(f"{name}={literal(r[name])}")
+    status = str(r.get("status", "?"))
+    sev = str(r.get("severity", ""))
     return (
-        f"{format_ts(int(r['ts']))} [{_STATUS_STYLE.get(status, 'white')}]{status:<8}[/] "
-        f"[{_SEVERITY_STYLE.get(sev, 'white')}]{sev:<8}[/] [bold]{r['rule']}[/] team={r.get('team')} "
-        f"{' '.join(where)} — {r.get('summary', '')}"
+        f"{format_ts(int(r['ts']))} [{_STATUS_STYLE.get(status, 'white')}]{literal(f'{status:<8}')}[/] "
+        f"[{_SEVERITY_STYLE.get(sev, 'white')}]{literal(f'{sev:<8}')}[/] [bold]{literal(r['rule'])}[/] "
+        f"team={literal(r.get('team'))} {' '.join(where)} — {literal(r.get('summary', ''))}"
     )
 
 
@@ -106,7 +106,7 @@ def _records(
             yield None
             continue
         if msg.error() is not None:
-            err_console.print(f"[yellow]warning:[/] {msg.error().str()}")
+            err_console.print(f"[yellow]warning:[/] {literal(msg.error().str())}")
             continue
         last = time.monotonic()
         # Keys are the team: skip other teams without decoding.
@@ -116,7 +116,7 @@ def _records(
             event = codec.decode(msg.value())
         except DecodeError as exc:
             err_console.print(
-                f"[yellow]skipped:[/] {exc.located(msg.topic(), msg.partition(), msg.offset())}"
+                f"[yellow]skipped:[/] {literal(exc.located(msg.topic(), msg.partition(), msg.offset()))}"
             )
             continue
         if team is not None and event.record.get("team") != team:
@@ -211,6 +211,14 @@ def forward(
     idle_exit_s: float | None = typer.Option(
         None, "--idle-exit", help="Exit after N seconds without alerts."
     ),
+    job_labels: list[str] = typer.Option(
+        [],
+        "--job-label",
+        envvar="RANKSIGHT_ALERT_JOB_LABELS",
+        help="A job label (JobStarted labels) to send to Alertmanager as a label, its name in "
+        "Alertmanager's syntax (ranksight.dev/tier -> ranksight_dev_tier); repeat for more. No others "
+        "are sent, and none can set alertname, job, team, severity, receiver, inhibited_by or the like.",
+    ),
     metrics_port: int = typer.Option(
         0,
         "--metrics-port",
@@ -246,22 +254,26 @@ def forward(
                 ui_url=ui_url,
                 team=team,
                 runbook_base_url=runbook_base_url,
+                job_labels=job_labels,
             )
         except ValueError as exc:
             client.close()
-            fail(f"--keepalive: {exc}")
+            fail(f"--job-label: {exc}" if "job label" in str(exc) else f"--keepalive: {exc}")
         try:
             if file is not None:
                 try:
                     sent = forward_file(file, forwarder)
                 except AlertmanagerError as exc:
                     fail(str(exc))
-                console.print(f"sent the last state of {sent} alerts from {file} to {client.url}")
+                console.print(
+                    f"sent the last state of {sent} alerts from {literal(file)} to {literal(client.shown_url)}",
+                    highlight=False,
+                )
                 return
             full_topic = settings.topic_prefix + topic
             group_id = group or f"ranksight-alerts-forward.{full_topic}" + (f".{team}" if team else "")
             console.print(
-                f"forwarding {full_topic} to {client.url} as group {group_id} "
+                f"forwarding {full_topic} to {literal(client.shown_url)} as group {literal(group_id)} "
                 f"(re-send every {resend_s:.0f} s, endsAt +{forwarder.keepalive_s:.0f} s)"
             )
             settings = kafka_settings()  # KAFKA_BOOTSTRAP, else the running `ranksight kafka up`
@@ -282,7 +294,7 @@ def forward(
                 console.print(alert_line(r), highlight=False, soft_wrap=True)
 
             def warn(message: str) -> None:
-                err_console.print(f"[yellow]warning:[/] {message}")
+                err_console.print(f"[yellow]warning:[/] {literal(message)}", highlight=False, soft_wrap=True)
 
             # The loop ends at the next poll after SIGINT/SIGTERM, commits what was sent and leaves.
             with stop_signals(name="alerts forward") as stop:
@@ -298,6 +310,7 @@ def forward(
                     on_record=record,
                     on_rebuilt=rebuilt,
                     warn=warn,
+                    deadletter_topic=settings.topic_prefix + DEADLETTER,
                 )
         finally:
             client.close()

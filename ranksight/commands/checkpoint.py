@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ranksight.console import console, fail, user_errors
+from ranksight.console import console, fail, literal, user_errors
 
 __all__ = ["register"]
 
@@ -88,8 +88,8 @@ def restore_test(
             event, to, kafka_conf=kafka_conf, topic_prefix=settings.topic_prefix, spool_dir=spool_dir
         )
     r = event.record
-    verdict = "[green]passed[/]" if r["passed"] else f"[bold red]failed[/]: {r['error']}"
-    console.print(f"restore test of checkpoint {checkpoint} (job {job}) {verdict}", highlight=False)
+    verdict = "[green]passed[/]" if r["passed"] else f"[bold red]failed[/]: {literal(r['error'])}"
+    console.print(f"restore test of checkpoint {checkpoint} (job {literal(job)}) {verdict}", highlight=False)
 
 
 @checkpoint_app.command("restore-job")

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from ranksight.console import console, fail, user_errors
+from ranksight.console import fail, print_rows, user_errors
 
 __all__ = ["register"]
 
@@ -64,20 +64,7 @@ def _cell(value: Any, fmt: str) -> str:
 
 def _print(rows: list[dict[str, Any]], columns: tuple[tuple[str, str, str], ...], title: str) -> None:
     cells = [[_cell(r.get(c), f) for c, _, f in columns] for r in rows]
-    headers = [h for _, h, _ in columns]
-    if sys.stdout.isatty():
-        from rich.table import Table
-
-        table = Table(*headers, title=title)
-        for row in cells:
-            table.add_row(*row)
-        console.print(table)
-        return
-    # Plain text for pipes and files: aligned columns, no markup.
-    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(headers)]
-    sys.stdout.write("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip() + "\n")
-    for row in cells:
-        sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+    print_rows([h for _, h, _ in columns], cells, title)
 
 
 def _json_default(value: Any) -> Any:

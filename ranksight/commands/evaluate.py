@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ranksight.console import console, err_console, fail, user_errors
+from ranksight.console import console, err_console, fail, literal, user_errors
 from ranksight.signals import StopRequested, stop_signals
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def _print_rules(report: EvaluationReport) -> None:
     rows = report.by_rule()
     for rule, row in rows.items():
         table.add_row(
-            rule,
+            literal(rule),
             str(row["labels"]),
             str(row["detected"]),
             _fmt(row["recall"], "{:.2f}"),

@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from ranksight.console import console, fail, user_errors
+from ranksight.console import fail, print_rows, user_errors
 
 __all__ = ["register"]
 
@@ -86,20 +86,7 @@ def jobs(
         for row in rows:
             sys.stdout.write(json.dumps(row.as_dict()) + "\n")
         return
-    cells = [_cells(r) for r in rows]
-    if sys.stdout.isatty():
-        from rich.table import Table
-
-        table = Table(*_HEADERS, title="jobs: progress and time to completion")
-        for line in cells:
-            table.add_row(*line)
-        console.print(table)
-        return
-    # Plain text for pipes and files: aligned columns, no markup.
-    widths = [max(len(h), *(len(line[i]) for line in cells)) for i, h in enumerate(_HEADERS)]
-    sys.stdout.write("  ".join(h.ljust(w) for h, w in zip(_HEADERS, widths, strict=True)).rstrip() + "\n")
-    for line in cells:
-        sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() + "\n")
+    print_rows(list(_HEADERS), [_cells(r) for r in rows], "jobs: progress and time to completion")
 
 
 def register(app: typer.Typer) -> None:

@@ -7,11 +7,11 @@ from typing import Any
 
 import typer
 
-from ranksight.console import console, err_console, fail, user_errors
+from ranksight.console import console, err_console, fail, literal, user_errors
 from ranksight.signals import stop_signals
 from schemas.topics import ACTIONS, ALERTS, TRAINING_EVENTS
 
-__all__ = ["register"]
+__all__ = ["decision_line", "register"]
 
 _STYLE = {"acted": "bold red", "dry_run": "yellow", "skipped": "dim", "failed": "bold magenta"}
 
@@ -105,13 +105,7 @@ def remediate(
                 return Outcome(False, str(exc), target)
 
         def show(record: dict[str, Any]) -> None:
-            style = _STYLE.get(record["decision"], "white")
-            console.print(
-                f"[{style}]{record['decision']:<8}[/] {record['rule']} job={record['job_id']} "
-                f"{record['action'] if record['action'] != 'none' else ''} — {record['reason']}",
-                highlight=False,
-                soft_wrap=True,
-            )
+            console.print(decision_line(record), highlight=False, soft_wrap=True)
 
         def caught_up(stats: Any) -> None:
             err_console.print(
@@ -121,7 +115,7 @@ def remediate(
             )
 
         def warn(message: str) -> None:
-            err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+            err_console.print(f"[yellow]warning:[/] {literal(message)}", highlight=False, soft_wrap=True)
 
         codec = codec_from_settings(kafka.schema_registry_url)
         # The loop checks the stop flag every poll (0.2 s) and flushes within the 5 s budget.
@@ -149,6 +143,16 @@ def remediate(
     )
     if stop.requested:
         raise typer.Exit(stop.exit_code)
+
+
+def decision_line(record: dict[str, Any]) -> str:
+    """One rich-markup line for an ActionTaken record, every string from the records shown literally."""
+    style = _STYLE.get(record["decision"], "white")
+    action = literal(record["action"]) if record["action"] != "none" else ""
+    return (
+        f"[{style}]{literal(str(record['decision']).ljust(8))}[/] {literal(record['rule'])} "
+        f"job={literal(record['job_id'])} {action} — {literal(record['reason'])}"
+    )
 
 
 def _actions(slurm: bool, namespaces: list[str], cluster: str) -> Any:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from ranksight.console import console, err_console, fail, user_errors
+from ranksight.console import console, err_console, fail, literal, user_errors
 
 __all__ = ["register", "write_summary"]
 
@@ -22,7 +22,9 @@ def write_summary(alert_counts: Counter[tuple[str, str]], stats: dict[str, objec
     table.add_column("firing", justify="right")
     table.add_column("resolved", justify="right")
     for rule in sorted({r for r, _ in alert_counts}):
-        table.add_row(rule, str(alert_counts[(rule, "firing")]), str(alert_counts[(rule, "resolved")]))
+        table.add_row(
+            literal(rule), str(alert_counts[(rule, "firing")]), str(alert_counts[(rule, "resolved")])
+        )
     if not alert_counts:
         table.add_row("(none)", "0", "0")
     console.print(table)

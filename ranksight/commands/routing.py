@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from ranksight.console import console, fail, user_errors
+from ranksight.console import console, fail, literal, user_errors
 
 __all__ = ["register"]
 
@@ -82,11 +82,13 @@ def explain(
             )
             continue
         where = " ".join(
-            f"{name}={record[name]}" for name in ("job_id", "cluster", "node", "rank") if record.get(name)
+            f"{name}={literal(record[name])}"
+            for name in ("job_id", "cluster", "node", "rank")
+            if record.get(name)
         )
         console.print(
-            f"[bold]{record.get('rule', '?')}[/] ({record.get('category', 'platform')}, "
-            f"{record.get('severity', 'warning')}) job team={record.get('team') or '-'} {where}",
+            f"[bold]{literal(record.get('rule', '?'))}[/] ({literal(record.get('category', 'platform'))}, "
+            f"{literal(record.get('severity', 'warning'))}) job team={literal(record.get('team') or '-')} {where}",
             highlight=False,
             soft_wrap=True,
         )
@@ -95,7 +97,8 @@ def explain(
         for i, d in enumerate(deliveries, 1):
             label = {"page": "pages", "inform": "informs", "route": "routes to"}[d.kind]
             console.print(
-                f"  {i}. {label} [bold]{d.team}[/] at receiver [bold]{d.receiver}[/]\n     why: {d.why}",
+                f"  {i}. {label} [bold]{literal(d.team)}[/] at receiver [bold]{literal(d.receiver)}[/]\n"
+                f"     why: {literal(d.why)}",
                 highlight=False,
                 soft_wrap=True,
             )

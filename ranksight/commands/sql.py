@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from ranksight.console import console, fail, say_store, user_errors
+from ranksight.console import console, fail, literal, say_store, user_errors
 
 __all__ = ["register"]
 
@@ -135,9 +135,9 @@ def sql(
         writer.writerow(columns)
         writer.writerows(row for row in rows)
     else:
-        table = Table(*columns, show_lines=False)
+        table = Table(*(literal(c) for c in columns), show_lines=False)
         for row in rows:
-            table.add_row(*(str(v) for v in row))
+            table.add_row(*(literal(v) for v in row))
         console.print(table)
         console.print(f"{len(rows)} row{'s' if len(rows) != 1 else ''}", style="dim", highlight=False)
 

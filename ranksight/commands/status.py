@@ -40,7 +40,6 @@ def _status(settings: Any, interval: float, max_alerts: int) -> None:
     from confluent_kafka.admin import AdminClient
 
     from infra.kafka.quiet import quiet_kafka_conf
-    from ranksight.commands.alerts import alert_line
     from schemas.codec import codec_from_settings
     from schemas.errors import DecodeError
     from schemas.topics import ALERTS, DEADLETTER, TOPICS
@@ -140,8 +139,15 @@ def _status(settings: Any, interval: float, max_alerts: int) -> None:
     out("")
     out(f"dead letters: {deadletters:,} kept in {DEADLETTER}", highlight=False)
     out(f"firing alerts: {len(firing)}", highlight=False)
-    for r in firing[-max_alerts:] if max_alerts else []:
-        out("  " + alert_line(dict(r)))
+    print_firing(firing[-max_alerts:] if max_alerts else [])
+
+
+def print_firing(records: list[Any]) -> None:
+    """The firing alerts' lines, as `alerts tail` prints them (record strings shown literally)."""
+    from ranksight.commands.alerts import alert_line
+
+    for r in records:
+        console.print("  " + alert_line(dict(r)), highlight=False, soft_wrap=True)
 
 
 # `ranksight status` and `ranksight alerts tail` read with a group of their own, named so, and

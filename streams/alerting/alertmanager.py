@@ -17,6 +17,13 @@ Runbook links: an alert whose `runbook_url` is not absolute (the engine's defaul
 repository path `docs/runbooks/`) is sent with `<runbook base>/<rule>`, the base being
 `runbook_base_url` when given, else `<ui_url>/runbooks/` (the UI serves every runbook there).
 
+Job labels are claims, not control: only the names an operator allowlists (`job_labels`) reach
+Alertmanager, renamed to its label syntax (`[a-zA-Z_][a-zA-Z0-9_]*`, `label_name`), never one of
+the names ranksight itself sets (`RESERVED_LABELS`: identity, `inhibited_by`, `receiver`, the
+routing keys). An alert Alertmanager refuses (HTTP 400/422) is set aside with the reason
+(`take_refused`, which `alerts forward` dead-letters) and the rest go on: one bad alert never
+holds the others back or the offsets uncommitted.
+
 Silences are Alertmanager's acknowledgement: `read_silences` reads them (`GET /api/v2/silences`)
 and which ranksight alerts each one mutes (`GET /api/v2/alerts`), for pages that show them.
 """
@@ -38,15 +45,20 @@ from streams.errors import StreamsError
 
 __all__ = [
     "LABEL_FIELDS",
+    "RESERVED_LABELS",
     "AlertForwarder",
     "AlertmanagerClient",
     "AlertmanagerError",
+    "AlertmanagerRefused",
     "Silence",
     "SilenceReport",
     "alert_key",
+    "check_job_labels",
     "coalesce",
     "generator_url",
+    "label_name",
     "read_silences",
+    "redact_url",
     "round_observed",
     "runbook_link",
     "to_alertmanager",
@@ -70,6 +82,11 @@ LABEL_FIELDS: tuple[str, ...] = (
     "receiver",
     "inhibited_by",
 )
+# Names a job label can never take, whatever the allowlist says: the alert's identity and what
+# Alertmanager routes, groups, inhibits and silences on.
+RESERVED_LABELS: frozenset[str] = frozenset({"alertname", "fingerprint", "job", *LABEL_FIELDS})
+_LABEL_VALUE_CHARS = 1024  # a label value longer than this is cut (a claim, not a page's content)
+_NOT_LABEL_CHAR = re.compile(r"[^a-zA-Z0-9_]")
 _ANNOTATIONS = (
     "summary",
     "runbook_url",
@@ -88,6 +105,43 @@ _NUMERIC_ANNOTATIONS = ("observed", "expected")
 
 class AlertmanagerError(StreamsError):
     """Alertmanager could not be reached or rejected the alerts."""
+
+
+class AlertmanagerRefused(AlertmanagerError):
+    """Alertmanager answered that the alerts are invalid (400/422): re-sending them cannot help."""
+
+    def __init__(self, message: str, status: int, reason: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+def label_name(name: str) -> str:
+    """A job label's name in Alertmanager's label syntax: other characters become `_`, no leading digit."""
+    cleaned = _NOT_LABEL_CHAR.sub("_", name)
+    return cleaned if cleaned and not cleaned[0].isdigit() else "_" + cleaned
+
+
+def check_job_labels(names: Iterable[str]) -> tuple[str, ...]:
+    """The job-label allowlist, refused (ValueError) when a name would land on a reserved label."""
+    names = tuple(dict.fromkeys(names))
+    for name in names:
+        if label_name(name) in RESERVED_LABELS:
+            raise ValueError(
+                f"job label {name!r} would set Alertmanager's {label_name(name)!r}, which ranksight "
+                "sets itself; choose other job labels"
+            )
+    return names
+
+
+def redact_url(url: str) -> str:
+    """`url` with any password in it replaced by `***` (`http://admin:***@am:9093`), for messages and logs."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}{slash}{path}"
 
 
 def _iso(ms: int) -> str:
@@ -144,13 +198,19 @@ def coalesce(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def to_alertmanager(
-    record: dict[str, Any], *, ui_url: str = "", ends_at_ms: int | None = None, runbook_base_url: str = ""
+    record: dict[str, Any],
+    *,
+    ui_url: str = "",
+    ends_at_ms: int | None = None,
+    runbook_base_url: str = "",
+    job_labels: Iterable[str] = (),
 ) -> dict[str, Any]:
     """One Alertmanager v2 alert: labels, annotations, startsAt, endsAt, generatorURL.
 
     A resolved record gets its own `ends_at`; a firing one `ends_at_ms` when given (the
     keep-alive deadline), else no `endsAt` (Alertmanager's `resolve_timeout` applies). The
-    `runbook_url` annotation is absolute whenever a base is known (`runbook_link`).
+    `runbook_url` annotation is absolute whenever a base is known (`runbook_link`). Of the job's
+    labels only those named in `job_labels` are sent, as `label_name`s, never a reserved one.
     """
     labels = {"alertname": str(record["rule"]), "fingerprint": str(record["fingerprint"])}
     for name in LABEL_FIELDS:
@@ -159,8 +219,13 @@ def to_alertmanager(
             labels[name] = str(value)
     if record.get("job_id"):
         labels["job"] = str(record["job_id"])
-    for name, value in sorted((record.get("labels") or {}).items()):
-        labels.setdefault(str(name), str(value))
+    claimed = record.get("labels") or {}
+    for name in job_labels:
+        value = claimed.get(name)
+        shown = label_name(name)
+        if value is None or value == "" or shown in RESERVED_LABELS:
+            continue
+        labels.setdefault(shown, str(value)[:_LABEL_VALUE_CHARS])
     annotations = {}
     for name in _ANNOTATIONS:
         value = record.get(name)
@@ -204,35 +269,55 @@ class AlertmanagerClient:
 
     def __init__(self, url: str, *, timeout_s: float = 10.0, client: httpx.Client | None = None) -> None:
         self.url = url.rstrip("/") + "/api/v2/alerts"
+        self.shown_url = redact_url(self.url)  # what messages say: never the password
         self._client = client or httpx.Client(timeout=timeout_s)
 
+    def _hidden(self, text: str) -> str:
+        """`text` with the URL's password taken out (httpx may quote the URL it failed on)."""
+        text = text.replace(self.url, self.shown_url)
+        try:
+            password = httpx.URL(self.url).password
+        except httpx.InvalidURL:
+            password = None
+        return text.replace(password, "***") if password else text
+
     def post(self, alerts: list[dict[str, Any]]) -> None:
-        """Send alerts; raise `AlertmanagerError` on a connection error or a non-2xx answer."""
+        """Send alerts; raise `AlertmanagerError` on a connection error or a non-2xx answer.
+
+        A 400/422 (Alertmanager validated the alerts and refused them) raises `AlertmanagerRefused`.
+        """
         if not alerts:
             return
         try:
             response = self._client.post(self.url, json=alerts)
         except httpx.HTTPError as exc:
-            raise AlertmanagerError(f"cannot reach Alertmanager at {self.url}: {exc}") from None
-        if response.status_code // 100 != 2:
             raise AlertmanagerError(
-                f"Alertmanager at {self.url} answered {response.status_code}: {response.text[:200]}"
-            )
+                self._hidden(f"cannot reach Alertmanager at {self.shown_url}: {exc}")
+            ) from None
+        if response.status_code // 100 != 2:
+            reason = self._hidden(response.text[:200].strip())
+            message = f"Alertmanager at {self.shown_url} answered {response.status_code}: {reason}"
+            if response.status_code in (400, 422):
+                raise AlertmanagerRefused(message, response.status_code, reason)
+            raise AlertmanagerError(message)
 
     def _get(self, path: str) -> Any:
         url = self.url.removesuffix("/api/v2/alerts") + path
+        shown = redact_url(url)
         try:
             response = self._client.get(url)
         except httpx.HTTPError as exc:
-            raise AlertmanagerError(f"cannot reach Alertmanager at {url}: {exc}") from None
+            raise AlertmanagerError(self._hidden(f"cannot reach Alertmanager at {shown}: {exc}")) from None
         if response.status_code // 100 != 2:
             raise AlertmanagerError(
-                f"Alertmanager at {url} answered {response.status_code}: {response.text[:200]}"
+                self._hidden(
+                    f"Alertmanager at {shown} answered {response.status_code}: {response.text[:200]}"
+                )
             )
         try:
             return response.json()
         except ValueError:
-            raise AlertmanagerError(f"Alertmanager at {url} answered something that is not JSON") from None
+            raise AlertmanagerError(f"Alertmanager at {shown} answered something that is not JSON") from None
 
     def silences(self) -> list[dict[str, Any]]:
         """Every silence Alertmanager keeps (`GET /api/v2/silences`), as it answers."""
@@ -363,9 +448,11 @@ class AlertForwarder:
         team: str | None = None,
         clock: Callable[[], float] = time.time,
         runbook_base_url: str = "",
+        job_labels: Iterable[str] = (),
     ) -> None:
         self._post = post
         self.runbook_base_url = runbook_base_url
+        self.job_labels = check_job_labels(job_labels)
         self.resend_s = resend_s
         self.keepalive_s = 4 * resend_s if keepalive_s is None else keepalive_s
         if self.keepalive_s <= resend_s:
@@ -376,8 +463,10 @@ class AlertForwarder:
         # key (fingerprint, team) -> (latest firing record, last sent at; -inf = never by us)
         self._firing: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
         self._unsent_resolved: dict[tuple[str, str], dict[str, Any]] = {}
+        self._refused: list[tuple[dict[str, Any], AlertmanagerRefused]] = []
         self.sent = 0
         self.restored = 0
+        self.refused = 0
 
     @property
     def firing(self) -> int:
@@ -399,7 +488,11 @@ class AlertForwarder:
     def _payload(self, record: dict[str, Any], now: float) -> dict[str, Any]:
         ends = None if record.get("status") == "resolved" else int((now + self.keepalive_s) * 1000)
         return to_alertmanager(
-            record, ui_url=self.ui_url, ends_at_ms=ends, runbook_base_url=self.runbook_base_url
+            record,
+            ui_url=self.ui_url,
+            ends_at_ms=ends,
+            runbook_base_url=self.runbook_base_url,
+            job_labels=self.job_labels,
         )
 
     def restore(self, record: dict[str, Any]) -> None:
@@ -445,8 +538,38 @@ class AlertForwarder:
             self._send(out, now)
         return len(out)
 
+    def take_refused(self) -> list[tuple[dict[str, Any], AlertmanagerRefused]]:
+        """The alerts Alertmanager refused since the last call, each with its reason (for the dead letters)."""
+        refused, self._refused = self._refused, []
+        return refused
+
+    def holds(self, key: tuple[str, str]) -> bool:
+        """Whether the alert `key` (`alert_key`) is firing or has a resolution still to send."""
+        return key in self._firing or key in self._unsent_resolved
+
+    def _refuse(self, record: dict[str, Any], refusal: AlertmanagerRefused) -> None:
+        """Set aside an alert Alertmanager refused: never re-sent, it no longer holds the offsets back."""
+        key = alert_key(record)
+        if record.get("status") == "resolved":
+            if self._unsent_resolved.get(key) is record:
+                del self._unsent_resolved[key]
+        elif key in self._firing and self._firing[key][0] is record:
+            del self._firing[key]
+        self._refused.append((record, refusal))
+        self.refused += 1
+
     def _send(self, records: list[dict[str, Any]], now: float) -> None:
-        self._post([self._payload(r, now) for r in records])
+        try:
+            self._post([self._payload(r, now) for r in records])
+        except AlertmanagerRefused as exc:
+            # Alertmanager keeps the valid alerts of a batch and names only what it refused:
+            # send each alone to know which (re-sending an accepted alert is harmless).
+            if len(records) == 1:
+                self._refuse(records[0], exc)
+                return
+            for record in records:
+                self._send([record], now)
+            return
         for record in records:
             key = alert_key(record)
             if record.get("status") == "resolved":

@@ -8,6 +8,10 @@ still firing are re-sent at once (they were sent before, Alertmanager deduplicat
 records after the committed offset are sent as new. A group without a committed offset starts
 live at the end of the topic, after the same rebuild.
 
+An alert Alertmanager refuses as invalid (400) goes to the dead-letter topic with the reason in
+its headers, once, and the forwarder goes on: the offsets are committed past it once the dead
+letter is written, so a refused alert is neither re-posted every tick nor holds the others back.
+
 Why rebuild from the alert topic rather than keep a compacted state topic: the alert topic
 already is the log of every state, it is small (alerts, not telemetry), and a second topic
 would be one more thing to create, retain and keep consistent with the first.
@@ -25,7 +29,8 @@ from typing import Any, TypeVar
 from infra.metrics import Metric
 from schemas.errors import DecodeError
 from schemas.records import Event
-from streams.alerting.alertmanager import AlertForwarder, AlertmanagerError
+from schemas.topics import deadletter_headers
+from streams.alerting.alertmanager import AlertForwarder, AlertmanagerError, alert_key
 from streams.errors import StreamsError
 
 T = TypeVar("T")
@@ -53,6 +58,7 @@ class DeliveryStats:
     received: int = 0
     sent: int = 0
     committed: dict[int, int] = field(default_factory=dict)
+    deadlettered: int = 0
 
 
 def _warn_default(message: str) -> None:
@@ -72,9 +78,13 @@ def forward_topic(
     on_record: Callable[[dict[str, Any]], None] | None = None,
     on_rebuilt: Callable[[DeliveryStats], None] | None = None,
     warn: Callable[[str], None] = _warn_default,
+    deadletter_topic: str | None = None,
 ) -> DeliveryStats:
-    """Rebuild the firing set of `group` on `topic`, then forward new alerts until stopped or idle."""
-    from confluent_kafka import Consumer, TopicPartition
+    """Rebuild the firing set of `group` on `topic`, then forward new alerts until stopped or idle.
+
+    Alerts Alertmanager refuses go to `deadletter_topic` (without one they are only warned about).
+    """
+    from confluent_kafka import Consumer, Producer, TopicPartition
 
     consumer = Consumer(
         {
@@ -86,6 +96,32 @@ def forward_topic(
         }
     )
     stats = DeliveryStats()
+    producer: Any = None
+    # The message each held alert came from: what a refused alert's dead letter carries.
+    sources: dict[tuple[str, str], tuple[bytes, int, int]] = {}
+
+    def dead_letter() -> None:
+        nonlocal producer
+        for record, refusal in forwarder.take_refused():
+            key = alert_key(record)
+            value, p, offset = sources.get(key, (b"", -1, -1))
+            where = f" to {deadletter_topic}" if deadletter_topic else ""
+            warn(
+                f"Alertmanager refused alert {record.get('rule')} of job {record.get('job_id')} "
+                f"({refusal.reason}); dead-lettered{where}, going on"
+            )
+            if deadletter_topic is None:
+                continue
+            if producer is None:
+                producer = Producer({**conf, "enable.idempotence": True})
+            headers = deadletter_headers(refusal, topic, p, offset, component="alerts-forward")
+            producer.produce(deadletter_topic, value=value, key=key[1].encode(), headers=headers)
+            stats.deadlettered += 1
+        for key in [k for k in sources if not forwarder.holds(k)]:
+            del sources[key]
+        if producer is not None and producer.flush(30) > 0:
+            raise StreamsError(f"could not write refused alerts to {deadletter_topic} within 30 s")
+
     try:
         parts = topic_partitions(consumer, topic)
         committed = _committed(consumer, [TopicPartition(topic, p) for p in parts])
@@ -131,6 +167,8 @@ def forward_topic(
                 except DecodeError as exc:
                     warn(f"skipped: {exc.located(topic, p, offset)}")
                     record = None
+                if record is not None:
+                    sources[alert_key(record)] = (msg.value() or b"", p, offset)
                 if offset < boundary[p]:
                     if record is not None:
                         forwarder.restore(record)
@@ -164,6 +202,7 @@ def forward_topic(
                     stats.sent += forwarder.tick()
             except AlertmanagerError as exc:
                 warn(str(exc))
+            dead_letter()  # before the commit: a refused alert's offset passes once its dead letter is written
             if pending and forwarder.settled:
                 consumer.commit(
                     offsets=[TopicPartition(topic, p, o) for p, o in sorted(pending.items())],
@@ -262,7 +301,15 @@ def forward_file(path: str | Path, forwarder: AlertForwarder) -> int:
     Alerts firing at the end of the file are sent with the keep-alive `endsAt`: Alertmanager
     resolves them by itself unless something keeps sending them.
     """
-    return forwarder.handle_batch(list(read_alert_file(path)))
+    sent = forwarder.handle_batch(list(read_alert_file(path)))
+    refused = forwarder.take_refused()
+    if refused:
+        record, refusal = refused[0]
+        raise StreamsError(
+            f"Alertmanager refused {len(refused)} alert(s) of {path} (the others were sent), first "
+            f"{record.get('rule')} of job {record.get('job_id')}: {refusal.reason}"
+        )
+    return sent
 
 
 def forwarder_metrics(*, received: int, sent: int, firing_by_rule: Mapping[str, int]) -> list[Metric]:

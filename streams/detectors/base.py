@@ -287,6 +287,23 @@ class Topology:
         self._ranks.pop(binding.job_id, None)
         self._on_node.pop((binding.job_id, binding.node), None)
 
+    def forget_job(self, job_id: str) -> None:
+        """Drop everything held about a job: its JobInfo, pace and rank bindings (an evicted job)."""
+        self.jobs.pop(job_id, None)
+        self.pace.pop(job_id, None)
+        for rank, binding in self._by_job.pop(job_id, {}).items():
+            key = (job_id, rank)
+            self.bindings.pop(key, None)
+            if binding.gpu_uuid is not None and self._by_gpu.get((binding.node, binding.gpu_uuid)) is binding:
+                del self._by_gpu[(binding.node, binding.gpu_uuid)]
+            on_node = self._by_node.get(binding.node)
+            if on_node is not None:
+                on_node.pop(key, None)
+                if not on_node:
+                    del self._by_node[binding.node]
+            self._on_node.pop((job_id, binding.node), None)
+        self._ranks.pop(job_id, None)
+
     def binding_for_gpu(self, node: str, gpu_uuid: str) -> Binding | None:
         """The rank bound to a GPU of a node, if any."""
         return self._by_gpu.get((node, gpu_uuid))

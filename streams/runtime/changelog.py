@@ -26,6 +26,7 @@ from streams.runtime.options import INPUT_TOPICS, WorkerOptions
 from streams.runtime.routes import partition_for
 
 __all__ = [
+    "MAX_SNAPSHOT_BYTES",
     "ROUTES_TABLE",
     "SNAPSHOT_TABLE",
     "Restored",
@@ -42,6 +43,9 @@ log = logging.getLogger("ranksight.worker")
 SNAPSHOT_TABLE = "engine-snapshot"
 ROUTES_TABLE = "node-routes"
 _MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a large job's engine snapshot
+# What one snapshot may take: the topic's limit less room for the record's key, headers and batch
+# framing. A partition whose state grows past it sheds its least recently heard jobs (`checkpoint`).
+MAX_SNAPSHOT_BYTES = _MAX_MESSAGE_BYTES - 64 * 1024
 _COMPACTION = {"segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1"}
 _DAY_MS = 24 * 60 * 60 * 1000
 _RESTORE_TIMEOUT_S = 120.0

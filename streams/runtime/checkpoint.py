@@ -62,9 +62,12 @@ class Checkpoint:
     what: str  # "partition 3", "the side path": for errors and logs
     offsets: dict[str, int]  # next offset per input partition ("topic:p") the state covers
     changelog: list[Send] = field(default_factory=list)  # state records, written after the outputs
+    outputs: list[Send] = field(default_factory=list)  # made while taking the state (evictions' resolutions)
 
     def run(self, io: WorkerIO) -> None:
         """Carry the checkpoint out in the only safe order (module docstring)."""
+        for record in self.outputs:
+            io.send(record)
         io.flush(f"the outputs of {self.what}")
         if self.changelog:
             for record in self.changelog:

@@ -42,7 +42,7 @@ from streams.config import EngineConfig
 from streams.engine import MIN_EVENT_TS, StageEngine, event_ts, tiebreak
 from streams.errors import StreamsError
 from streams.runtime.aligner import Aligner, LagFn, tp_key
-from streams.runtime.changelog import SNAPSHOT_TABLE, changelog_topic, state_key
+from streams.runtime.changelog import MAX_SNAPSHOT_BYTES, SNAPSHOT_TABLE, changelog_topic, state_key
 from streams.runtime.checkpoint import Action, Checkpoint, Send
 from streams.runtime.guard import WallClockGuard
 from streams.runtime.intake import ClockRejected, Intake, Record
@@ -166,6 +166,7 @@ TASK_COUNTS: tuple[str, ...] = (
     "forwarded",  # records the rank stage passed to the job stage
     "markers",  # StageProgress markers sent (rank stage) or read (job stage)
     "repeated",  # job stage: a record the rank stage sent again after a restart, dropped
+    "shed_jobs",  # jobs evicted because the partition's snapshot outgrew the changelog's limit
 )
 
 
@@ -223,6 +224,7 @@ class PartitionTask:
         self.counts = dict.fromkeys(TASK_COUNTS, 0)
         self.telemetry_ts: int | None = None  # newest telemetry sample fed to the engine
         self.checkpointed_offsets: dict[str, int] = {}  # the offsets of the last snapshot taken
+        self.max_snapshot_bytes = MAX_SNAPSHOT_BYTES  # what the changelog takes (tests set less)
         # Job stage: each rank-stage partition's marker, str(source) -> [ts, idle].
         self.markers: dict[str, list[Any]] = {}
         # Job stage: when each rank-stage partition's marker last moved forward (monotonic): another
@@ -287,16 +289,37 @@ class PartitionTask:
             held = self.aligner.lowest_held(tp)
             offsets[tp] = nxt if held is None else min(nxt, held)
         self.checkpointed_offsets = offsets
-        body = self.engine.snapshot()
+        outputs: list[Action] = []
+        value = self._snapshot_value(offsets)
+        while len(value) > self.max_snapshot_bytes and self.engine.jobs_held:
+            # Too big for the changelog (Kafka would refuse it and the worker would stop and re-read
+            # the same records forever): shed a quarter of the jobs, least recently heard first.
+            shed = max(1, self.engine.jobs_held // 4)
+            log.warning(
+                "partition %d (%s stage): snapshot of %d bytes is over the changelog's %d; evicting %d of %d jobs",
+                self.partition,
+                self.kind,
+                len(value),
+                self.max_snapshot_bytes,
+                shed,
+                self.engine.jobs_held,
+            )
+            self._send_outputs(self.engine.shed(shed), outputs)
+            self.counts["shed_jobs"] += shed
+            value = self._snapshot_value(offsets)
         self.counts["checkpoints"] += 1
-        self.counts["snapshot_bytes"] = len(body)
         self.uncommitted = 0
-        value = encode_snapshot(self.seq, offsets, body, self.seen, self.markers, self.silence)
         return Checkpoint(
             f"partition {self.partition} ({self.kind} stage)",
             offsets,
             [Send(self.snapshot_topic, state_key(self.snapshot_name), value, partition=self.partition)],
+            [a for a in outputs if isinstance(a, Send)],
         )
+
+    def _snapshot_value(self, offsets: dict[str, int]) -> bytes:
+        body = self.engine.snapshot()
+        self.counts["snapshot_bytes"] = len(body)
+        return encode_snapshot(self.seq, offsets, body, self.seen, self.markers, self.silence)
 
     # -- records in ----------------------------------------------------------------------------
     def already_seen(self, tp: str, offset: int) -> bool:

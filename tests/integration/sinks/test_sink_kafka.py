@@ -462,3 +462,35 @@ def test_sink_in_a_thread_and_queries_from_the_main_thread_share_one_client(
         worker.join(30)
     assert not worker.is_alive()
     assert _counts(client)["host_samples"] == produced
+
+
+def test_job_started_records_over_the_per_record_caps_are_dead_lettered_once_with_the_cap(
+    kafka_bootstrap: str, topics: dict[str, str], group_id: str, chdb: Client
+) -> None:
+    """The issue's 19 JobStarted records of ~0.94 MB of labels (each under Kafka's 1 MB): the sink,
+    which owns rs.training.events' dead letters, refuses each at decode, stores the good ones and
+    commits past all of them."""
+    uncapped = Codec(limits=None)
+    now = int(time.time() * 1000)
+    good = sample_events("JobStarted", 3, now)
+    fat = []
+    for i in range(19):
+        record = sample_event("JobStarted", i, now).record | {"job_id": f"fat-{i}"}
+        record["labels"] = {f"l{n}": "x" * 15_000 for n in range(63)}
+        fat.append(uncapped.encode(Event("JobStarted", record)))
+    assert all(900_000 < len(v) < 1_000_000 for v in fat)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    for value in [*fat, *(uncapped.encode(e) for e in good)]:
+        producer.produce(topics[TRAINING_EVENTS], key=b"job", value=value, partition=0)
+    assert producer.flush(30) == 0
+
+    stats = _sink(kafka_bootstrap, chdb, topics, group_id, batch_interval_s=0.3).run(idle_exit_s=2.0)
+    assert stats["deadlettered"] == 19
+    assert chdb.query("SELECT count() FROM job_started").result_rows[0][0] == 3
+    letters = _read_letters(kafka_bootstrap, topics[DEADLETTER], group_id + "-dlq", 19)
+    assert len(letters) == 19
+    for msg in letters:
+        headers = _headers(msg)
+        assert headers["x-error-type"] == b"RecordTooLarge" and b"labels hold" in headers["x-error"]
+    committed, end = _committed_and_end(kafka_bootstrap, group_id, [topics[TRAINING_EVENTS]])
+    assert committed == end == 22

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -14,7 +16,9 @@ from streams.alerting.alertmanager import (
     AlertForwarder,
     AlertmanagerClient,
     AlertmanagerError,
+    AlertmanagerRefused,
     coalesce,
+    redact_url,
     round_observed,
     to_alertmanager,
 )
@@ -100,7 +104,8 @@ def test_firing_payload_has_rule_as_alertname_identity_labels_and_no_end() -> No
     assert p["annotations"]["observed"] == "1.41"
     assert p["labels"]["rank"] == "3"
     assert p["labels"]["severity"] == "warning"
-    assert p["labels"]["model"] == "7b"
+    assert "model" not in p["labels"]  # a job label reaches Alertmanager only when allowlisted
+    assert to_alertmanager(_alert(), job_labels=("model",))["labels"]["model"] == "7b"
     assert "gpu_uuid" not in p["labels"]  # nulls are left out, not sent as "None"
     assert p["annotations"]["summary"].startswith("rank 3")
     assert p["annotations"]["runbook_url"] == "https://runbooks.example/straggler"
@@ -389,3 +394,88 @@ def test_a_job_alert_says_the_runs_progress_and_eta_in_its_annotations() -> None
     assert p["annotations"]["eta_s"] == "7560" and p["annotations"]["current_step"] == "1199"
     bare = to_alertmanager(_alert(target_kind=None, target=None, target_done=None, eta_s=None))
     assert "progress" not in bare["annotations"] and "eta_s" not in bare["annotations"]
+
+
+def test_job_labels_reach_alertmanager_only_allowlisted_renamed_and_never_as_a_reserved_label() -> None:
+    claimed = {
+        "inhibited_by": "cause-of-another-job",
+        "receiver": "muted",
+        "team": "nobody",
+        "alertname": "x",
+        "ranksight.dev/remediate": "true",
+        "9lives": "y",
+        "model": "7b",
+    }
+    labels = to_alertmanager(_alert(labels=claimed), job_labels=tuple(claimed))["labels"]
+    assert "inhibited_by" not in labels and labels["receiver"] == "llm-pretrain-oncall"
+    assert labels["team"] == "llm-pretrain" and labels["alertname"] == "straggler"
+    assert (
+        labels["ranksight_dev_remediate"] == "true" and labels["_9lives"] == "y" and labels["model"] == "7b"
+    )
+    assert all(re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name) for name in labels)
+    assert "model" not in to_alertmanager(_alert(labels=claimed))["labels"]  # nothing unless allowlisted
+    long = to_alertmanager(_alert(labels={"model": "7" * 100_000}), job_labels=("model",))["labels"]
+    assert len(long["model"]) == 1024
+
+
+def test_an_allowlist_naming_a_reserved_label_is_refused() -> None:
+    for name in ("inhibited_by", "inhibited.by", "receiver", "team", "job"):
+        with pytest.raises(ValueError, match="sets itself"):
+            AlertForwarder(lambda _: None, job_labels=(name,))
+
+
+def test_a_refused_alert_is_set_aside_with_its_reason_and_never_wedges_the_forwarder() -> None:
+    clock = FakeClock()
+    sent: list[list[str]] = []
+
+    def post(alerts: list[dict[str, Any]]) -> None:
+        sent.append([a["labels"]["job_id"] for a in alerts])
+        if any(a["labels"]["job_id"] == "bad" for a in alerts):
+            raise AlertmanagerRefused("answered 400", 400, "start time must be before end time")
+
+    f = AlertForwarder(post, resend_s=60, clock=clock)
+    f.handle_batch([_alert(job_id="ok", fingerprint="a"), _alert(job_id="bad", fingerprint="b")])
+    assert sent == [["ok", "bad"], ["ok"], ["bad"]]  # the batch, then each alone to find which
+    refused = f.take_refused()
+    assert [(r["job_id"], e.reason) for r, e in refused] == [("bad", "start time must be before end time")]
+    assert f.settled and f.firing == 1 and f.refused == 1 and f.take_refused() == []
+    clock.now += 61
+    assert f.tick() == 1 and sent[-1] == ["ok"]  # the refused one is not re-posted every tick
+
+
+def test_the_alertmanager_password_is_never_in_an_error() -> None:
+    port = _closed_port()
+    url = f"http://admin:s3cret-pw@127.0.0.1:{port}"
+    assert redact_url(url + "/api/v2/alerts") == f"http://admin:***@127.0.0.1:{port}/api/v2/alerts"
+    client = AlertmanagerClient(url)
+    try:
+        with pytest.raises(AlertmanagerError) as caught:
+            client.post([{"labels": {}}])
+    finally:
+        client.close()
+    assert "s3cret-pw" not in str(caught.value) and "admin:***@" in str(caught.value)
+
+
+def test_alerts_forward_never_prints_the_alertmanager_password(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from ranksight.cli import app
+    from schemas.files import write_container
+    from schemas.records import Event, default_schemas
+
+    defaults = {
+        f["name"]: f["default"] for f in default_schemas().records["Alert"].json["fields"] if "default" in f
+    }
+    record = defaults | {k: v for k, v in _alert().items() if v is not None or k in defaults}
+    file = tmp_path / "alerts.avro"
+    write_container(file, [Event("Alert", record)])
+    url = f"http://admin:s3cret-pw@127.0.0.1:{_closed_port()}"
+    result = CliRunner().invoke(app, ["alerts", "forward", "--alertmanager", url, "--file", str(file)])
+    assert result.exit_code == 1 and "cannot reach Alertmanager" in result.output, result.output
+    assert "s3cret-pw" not in result.output and "admin:***@" in result.output
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -49,3 +49,13 @@ def test_a_refused_send_fails_the_next_flush_naming_the_topic() -> None:
     io.errors.append("t.rs.alerts: Broker: Message size too large")
     with pytest.raises(StreamsError, match=r"refused 1 send\(s\) of the outputs of partition 0: t.rs.alerts"):
         io.flush("the outputs of partition 0")
+
+
+def test_a_record_too_large_for_the_producer_is_one_sentence_naming_its_size_and_topic() -> None:
+    """librdkafka refuses it at produce: the worker says what and where, not a KafkaException traceback."""
+    io = KafkaIO({"bootstrap.servers": "127.0.0.1:1"}, "t.", lambda offsets: None, collections.Counter())
+    try:
+        with pytest.raises(StreamsError, match=r"record of 17,825,792 bytes for t\.rs\.alerts as too large"):
+            io.send(Send("rs.alerts", b"team", b"x" * (17 * 1024 * 1024)))
+    finally:
+        io.close(0.1)
