@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from ranksight.console import console, fail, user_errors
-from streams.detectors.base import JobInfo
+
+if TYPE_CHECKING:
+    from streams.detectors.base import JobInfo
 
 __all__ = ["register"]
 
@@ -65,6 +68,8 @@ def explain_rule(
 
 def _job_info(job_id: str, identity: dict[str, str]) -> JobInfo:
     """A JobInfo with the identity fields given (the rest left empty)."""
+    from streams.detectors.base import JobInfo
+
     info = JobInfo(job_id)
     for key, value in identity.items():
         setattr(info, key, value)
