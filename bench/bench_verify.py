@@ -23,11 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from producers.publisher import MemoryPublisher  # noqa: E402
-from producers.training import Reporter  # noqa: E402
-from producers.training.verify import verify_path  # noqa: E402
+from producers.publisher import MemoryPublisher
+from producers.training import Reporter
+from producers.training.verify import verify_path
 
 
 def _loop(steps: int, every: int, hidden: int, folder: Path, reporter: Reporter | None) -> list[float]:
