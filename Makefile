@@ -61,34 +61,27 @@ test: $(STAMP) kafka-jars ui-assets
 	echo "=== integration exit $$integration, unit + scenarios exit $$offline_rc ==="; \
 	test $$integration -eq 0 -a $$offline_rc -eq 0
 
-# Opt-in, not part of `make test`: the SDK's Lightning / Hugging Face callbacks and the PyTorch
-# example in the real frameworks, in their own venv with a CPU-only torch (PyPI's torch wheel
-# brings ~3 GB of CUDA libraries; the CPU wheel index does not).
-FRAMEWORK_VENV  ?= $(VENV)/frameworks
-TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+# The SDK in the real frameworks (.ci/run runs it after `make test`): torchrun DDP over gloo, a
+# Lightning Trainer (DDP on CPU), a Hugging Face Trainer, each publishing through the real broker to
+# the real worker, and the callbacks' own tests. Own venv: PyPI's torch (its CUDA build runs on
+# CPU; ~5 GB with its CUDA libraries, kept in pip's cache between runs) with every package pinned
+# in .ci/framework-requirements.txt and installed without resolution (resolving lightning +
+# transformers + faust took over 16 minutes: faust wants click<8.4, huggingface-hub click>=8.4.2).
+FRAMEWORK_VENV ?= $(VENV)/frameworks
+FRAMEWORK_REQS := .ci/framework-requirements.txt
+FRAMEWORK_STAMP := $(FRAMEWORK_VENV)/.ranksight-frameworks
+FRAMEWORK_TESTS := tests/unit/producers/test_training_callbacks.py tests/integration/producers/test_training_frameworks.py \
+  tests/integration/producers/test_torch_example.py tests/integration/producers/test_frameworks_live.py
 test-frameworks: kafka-jars framework-torch
-	$(FRAMEWORK_VENV)/bin/python -m pip install -q -e ".[server,dev]" lightning transformers accelerate
-	RANKSIGHT_FRAMEWORK_TESTS=1 RANKSIGHT_TORCH_TESTS=1 $(FRAMEWORK_VENV)/bin/python -m pytest \
-	  tests/unit/producers/test_training_callbacks.py tests/integration/producers/test_training_frameworks.py \
-	  tests/integration/producers/test_torch_example.py $(PYTEST_ARGS)
+	RANKSIGHT_FRAMEWORK_TESTS=1 RANKSIGHT_TORCH_TESTS=1 $(FRAMEWORK_VENV)/bin/python -m pytest $(FRAMEWORK_TESTS) $(PYTEST_ARGS)
 
-# A CPU torch in the framework venv: kept when one is there; else from TORCH_INDEX_URL, asked first so
-# that a network without PyTorch's index gets what to do instead of pip retrying for minutes.
-framework-torch:
+framework-torch: $(FRAMEWORK_STAMP)
+$(FRAMEWORK_STAMP): $(FRAMEWORK_REQS) pyproject.toml
 	@test -x $(FRAMEWORK_VENV)/bin/python || $(PYTHON) -m venv $(FRAMEWORK_VENV)
-	@if $(FRAMEWORK_VENV)/bin/python -c "import torch" >/dev/null 2>&1; then \
-	  echo "torch already installed in $(FRAMEWORK_VENV)"; \
-	elif $(PYTHON) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=15)" \
-	    "$(TORCH_INDEX_URL)" >/dev/null 2>&1; then \
-	  $(FRAMEWORK_VENV)/bin/python -m pip install -q --upgrade pip && \
-	  $(FRAMEWORK_VENV)/bin/python -m pip install -q torch --index-url $(TORCH_INDEX_URL); \
-	else \
-	  echo "error: PyTorch's CPU wheel index $(TORCH_INDEX_URL) cannot be reached from here: run" \
-	    "'make test-frameworks TORCH_INDEX_URL=<a mirror of it>', or install a CPU torch into" \
-	    "$(FRAMEWORK_VENV) yourself ($(FRAMEWORK_VENV)/bin/pip install /path/to/torch-*+cpu-*.whl)" \
-	    "and run 'make test-frameworks' again (PyPI's own torch works too, with ~3 GB of CUDA libraries)" >&2; \
-	  exit 2; \
-	fi
+	$(FRAMEWORK_VENV)/bin/python -m pip install -q --no-deps -r $(FRAMEWORK_REQS)
+	$(FRAMEWORK_VENV)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+	$(FRAMEWORK_VENV)/bin/python -c "import torch, lightning, transformers; print('torch', torch.__version__)"
+	@touch $@
 
 # Every shipped scenario through the worker's core as well as offline (`make test` compares a
 # subset that raises every rule: tests/scenarios/test_scenarios.py CORE_SCENARIOS); ~15 minutes.

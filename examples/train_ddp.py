@@ -6,6 +6,10 @@ spawn its ranks:
     torchrun --nproc_per_node 4 examples/train_ddp.py --steps 50
     python examples/train_ddp.py --spawn 4 --steps 50 --to file:///tmp/steps.avro
     python examples/train_ddp.py --spawn 4 --straggler-rank 2 --straggler-delay 0.05
+    torchrun --nproc_per_node 2 -m producers.training.launch examples/train_ddp.py --die-rank 1
+
+The last runs each rank under ranksight's launcher, which reports a rank that dies without a
+Python exception (`--die-how kill|segfault|oom`) as `rank_failed` at once.
 
 Gradients are averaged by an explicit all-reduce inside the `comm` segment (instead of DDP's
 overlap with backward), so a slow rank shows up as communication wait on the others.
@@ -25,8 +29,8 @@ is enough:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -55,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--checkpoint-every", type=int, default=25, help="0 disables checkpoints")
     p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--checkpoint-max-age-s", type=float, default=3600.0, help="the job's checkpoint policy")
     p.add_argument("--straggler-rank", type=int, default=None)
     p.add_argument(
         "--straggler-delay", type=float, default=0.05, help="seconds slept in forward by the straggler"
@@ -63,7 +68,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-rank", type=int, default=None)
     p.add_argument("--hang-at-step", type=int, default=None)
     p.add_argument("--hang-seconds", type=float, default=3600.0)
+    p.add_argument(
+        "--step-delay", type=float, default=0.0, help="seconds every rank waits for data each step"
+    )
+    p.add_argument("--die-rank", type=int, default=None, help="this rank dies at --die-at-step (--die-how)")
+    p.add_argument("--die-at-step", type=int, default=5)
+    p.add_argument(
+        "--die-how",
+        choices=("kill", "segfault", "oom"),
+        default="kill",
+        help="SIGKILL, a segfault, or memory",
+    )
+    p.add_argument("--die-note", default=None, help="write the wall time of the death here (tests)")
     return p.parse_args(argv)
+
+
+def _die(how: str, note: str | None) -> None:
+    """Fault injection: end this process the way no `except` block sees."""
+    if note:
+        Path(note).write_text(f"{time.time():.3f}")
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "segfault":
+        import ctypes
+
+        ctypes.string_at(0)
+    else:  # grow until the memory limit (the launcher's --memory-limit) stops it
+        hog = []
+        while True:
+            hog.append(bytearray(64 << 20))
+            hog[-1][::4096] = b"x" * len(hog[-1][::4096])
 
 
 def _free_port() -> int:
@@ -77,6 +111,16 @@ def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # several ranks share a few CPU cores
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(1234)  # same initial weights on every rank
+    model = nn.Sequential(
+        nn.Linear(64, args.hidden),
+        nn.ReLU(),
+        nn.Linear(args.hidden, args.hidden),
+        nn.ReLU(),
+        nn.Linear(args.hidden, 1),
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    # The job starts once it can train: the first optimizer alone imports for seconds in torch 2.x.
     reporter = Reporter(args.job_id, rank, world_size=world, destination=args.to)
     if rank == 0:
         reporter.job_started(
@@ -88,19 +132,10 @@ def train(args: argparse.Namespace) -> None:
             workload_family="example-mlp",
             global_batch_size=args.batch * world,
             gpu_class="cpu",
-            checkpoint_max_age_s=3600,
+            checkpoint_max_age_s=args.checkpoint_max_age_s,
             checkpoint_timeout_s=120,
         )
         reporter.state("running")
-    torch.manual_seed(1234)  # same initial weights on every rank
-    model = nn.Sequential(
-        nn.Linear(64, args.hidden),
-        nn.ReLU(),
-        nn.Linear(args.hidden, args.hidden),
-        nn.ReLU(),
-        nn.Linear(args.hidden, 1),
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     true_w = torch.randn(64, 1)
     data_rng = torch.Generator().manual_seed(rank)
     ckpt_dir = Path(args.checkpoint_dir or tempfile.mkdtemp(prefix="ranksight-example-ckpt-"))
@@ -108,6 +143,10 @@ def train(args: argparse.Namespace) -> None:
         for step in range(args.steps):
             with reporter.step(step) as s:
                 with s.segment("data_wait"):
+                    if args.die_rank == rank and args.die_at_step == step:
+                        _die(args.die_how, args.die_note)
+                    if args.step_delay:
+                        time.sleep(args.step_delay)
                     x = torch.randn(args.batch, 64, generator=data_rng)
                     y = x @ true_w + 0.1 * torch.randn(args.batch, 1, generator=data_rng)
                 with s.segment("forward"):
@@ -142,16 +181,19 @@ def train(args: argparse.Namespace) -> None:
                 )
             if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and rank == 0:
                 path = ckpt_dir / f"step{step + 1}.pt"
+                # Read back and verified off the training thread once the block completes.
                 with reporter.checkpoint(step + 1, path.as_uri()) as ck:
                     torch.save(model.state_dict(), path)
                     ck.bytes = path.stat().st_size
-                ck.verified(hashlib.sha256(path.read_bytes()).hexdigest())
         if rank == 0:
             reporter.validation(args.steps, {"train_loss": float(loss.detach())})
             reporter.state("completed")
     except BaseException as exc:
         reporter.fault("exit", f"{type(exc).__name__}: {exc}")
-        if rank == 0:
+        # A collective error here is most often another rank's death; that rank's own report (its
+        # launcher's) may come a moment later, and the job's end would drop it: the launcher and the
+        # scheduler say when the job failed, not the first rank that noticed.
+        if rank == 0 and not isinstance(exc, RuntimeError):
             reporter.state("failed", reason=f"{type(exc).__name__}: {exc}")
         raise
     finally:

@@ -365,6 +365,8 @@ class LoopHooks:
         for cid in gone:
             del self._saved[cid]
         ck.deleted = gone
+        if where and "://" not in str(where):
+            ck.path = str(where)  # what the reporter reads back to verify
         if where and "://" not in str(where) and os.path.exists(where):
             self._saved[ck.checkpoint_id] = str(where)
         ck.__exit__(None, None, None)

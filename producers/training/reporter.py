@@ -31,6 +31,7 @@ from producers.training.identity import RankIdentity, job_nodes, resolve_identit
 from producers.training.loader import MonitoredLoader
 from producers.training.restore_test import DEFAULT_LOSS_TOLERANCE, restore_test_event
 from producers.training.timing import HostTimer, SegmentTimer, TimingMode, choose_timer
+from producers.training.verify import CheckpointVerifier, Verification
 from schemas.errors import RanksightError
 from schemas.records import Event
 
@@ -248,6 +249,8 @@ class CheckpointReport:
         self.keep = keep
         self.bytes: int | None = None
         self.deleted: list[str] = []
+        # The local file or folder written; verified off the training thread once completed.
+        self.path: str | None = _local_path(uri)
         self._t0 = 0
 
     def _emit(self, phase: str, **extra: Any) -> None:
@@ -288,6 +291,7 @@ class CheckpointReport:
         try:
             if exc is None:
                 self._emit("completed", bytes=self.bytes, duration_s=duration, deleted=self.deleted)
+                self._reporter._verify_checkpoint(self)
             else:
                 self._emit(
                     "failed",
@@ -298,6 +302,14 @@ class CheckpointReport:
         except Exception as internal:
             self._reporter._internal("checkpoint", internal)
         return False  # the user's exception is theirs: re-raised
+
+    def _verification(self, result: Verification) -> None:
+        """The verifier's outcome for this checkpoint (called on its thread)."""
+        if result.ok:
+            self.bytes = self.bytes if self.bytes is not None else result.bytes
+            self.verified(result.checksum)
+        else:
+            self.verification_failed(result.error or "verification failed")
 
     def verified(self, checksum: str | None = None) -> None:
         """The checkpoint was read back and its checksum matches."""
@@ -406,10 +418,15 @@ class Reporter:
         timing: TimingMode | SegmentTimer | None = None,
         heartbeat_s: float | None = None,
         runtime_dir: Path | str | None = None,
+        verify_checkpoints: bool | None = None,
         wall_ns: Callable[[], int] = time_ns,
         mono_ns: Callable[[], int] = perf_counter_ns,
     ) -> None:
         env = os.environ if env is None else env
+        # Completed local checkpoints are read back off the training thread unless turned off.
+        if verify_checkpoints is None:
+            verify_checkpoints = env.get("RANKSIGHT_VERIFY_CHECKPOINTS", "1") != "0"
+        self._verifier: CheckpointVerifier | None = CheckpointVerifier() if verify_checkpoints else None
         self._wall_ns = wall_ns
         self._mono_ns = mono_ns
         self.identity: RankIdentity = resolve_identity(
@@ -506,6 +523,11 @@ class Reporter:
 
     def _now_ms(self) -> int:
         return self._wall_ns() // 1_000_000
+
+    def _verify_checkpoint(self, ck: CheckpointReport) -> None:
+        """Queue a completed local checkpoint for read-back verification (one append on this thread)."""
+        if self._verifier is not None and ck.path and not self._closed:
+            self._verifier.submit(ck.path, ck._verification)
 
     def _job_event(self, record_type: str, fields: dict[str, Any], *, per_rank: bool) -> None:
         """Enqueue a record stamped now with this process's job and run (and rank, when per rank)."""
@@ -1099,6 +1121,9 @@ class Reporter:
         """Wait until queued events are handed to the publisher and delivered; returns what is left."""
         try:
             deadline = time.monotonic() + timeout
+            if self._verifier is not None:
+                self._verifier.wait(timeout)
+                deadline = max(deadline, time.monotonic())
             while self._outbox and time.monotonic() < deadline:
                 time.sleep(0.005)
             left = len(self._outbox)
@@ -1115,6 +1140,8 @@ class Reporter:
             return
         self._closed = True
         try:
+            if self._verifier is not None:  # the verdicts on the last checkpoints go out with the rest
+                self._verifier.close(timeout)
             self._stop.set()
             self._thread.join(timeout)
             if self.publisher is not None and self._owns_publisher:
@@ -1138,6 +1165,15 @@ class Reporter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _local_path(uri: str | None) -> str | None:
+    """The local path of a checkpoint URI (`file://...` or a plain path); None for remote stores."""
+    if not uri:
+        return None
+    if uri.startswith("file://"):
+        return uri[len("file://") :]
+    return None if "://" in uri else uri
 
 
 def _close_at_exit(ref: weakref.ref[Reporter]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import sys
 import types
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -97,7 +98,8 @@ def test_lightning_callback_reports_segments_loss_lr_evaluations_and_checkpoints
             clock.advance(3.0)
             cb.on_validation_end(trainer, module)
             cb.on_save_checkpoint(trainer, module, {})
-            ckpt.write_bytes(b"x" * 1234)
+            with zipfile.ZipFile(ckpt, "w") as zf:  # the layout torch.save writes
+                zf.writestr("archive/data.pkl", b"x" * 1000)
     cb.on_train_end(trainer, module)
     events = publisher.events
     steps = [e.record for e in events if e.type == "StepCompleted"]
@@ -113,8 +115,11 @@ def test_lightning_callback_reports_segments_loss_lr_evaluations_and_checkpoints
     assert evals == [("started", 2), ("completed", 2)]
     [val] = [e.record for e in events if e.type == "ValidationResult"]
     assert val["metrics"] == {"val_loss": 0.25}
+    size = ckpt.stat().st_size
     ck = [(e.record["phase"], e.record["bytes"]) for e in events if e.type == "CheckpointEvent"]
-    assert ck == [("started", None), ("completed", 1234)]
+    assert ck == [("started", None), ("completed", size), ("verified", size)], "read back off-thread"
+    [verified] = [e.record for e in events if e.type == "CheckpointEvent" and e.record["phase"] == "verified"]
+    assert verified["checksum"].startswith("sha256:")
     [started] = [e.record for e in events if e.type == "JobStarted"]
     assert (started["owner"], started["team"], started["model_name"]) == ("ada", "vision", "resnet")
     states = [e.record["state"] for e in events if e.type == "JobStateChanged"]
@@ -190,7 +195,11 @@ def test_hf_callback_waits_for_logged_values_and_reports_eval_and_save(
     ]
     assert completed["duration_s"] == pytest.approx(4.0)
     ck = [(e.record["phase"], e.record["bytes"]) for e in events if e.type == "CheckpointEvent"]
-    assert ck == [("started", None), ("completed", 4096)]
+    assert ck == [("started", None), ("completed", 4096), ("verify_failed", 4096)], "not a safetensors file"
+    [failed] = [
+        e.record for e in events if e.type == "CheckpointEvent" and e.record["phase"] == "verify_failed"
+    ]
+    assert "model.safetensors" in failed["error"] and "truncated or corrupt" in failed["error"]
     assert [e.record["state"] for e in events if e.type == "JobStateChanged"] == ["running", "completed"]
 
 
