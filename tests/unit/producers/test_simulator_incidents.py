@@ -229,7 +229,7 @@ def test_generated_cases_pair_each_fault_with_a_must_not_alert_twin_and_cover_th
         assert [j.id for j in twin.jobs] == [j.id for j in fault_case.jobs]
         cls = _class(fault_case.name)
         classes.add(cls)
-        if cls == "boundaries":
+        if cls in ("boundaries", "startup_gap", "checkpoint_in_step", "agent_pace"):
             assert fault_case.faults == twin.faults == ()  # healthy runs: both must stay quiet
         else:
             (fault,) = fault_case.faults
@@ -239,6 +239,29 @@ def test_generated_cases_pair_each_fault_with_a_must_not_alert_twin_and_cover_th
     assert any(
         len({n for j in c.jobs for n in j.nodes if n == "node-01"}) and len(c.jobs) == 2 for c in cases
     )
+
+
+def test_issue_33_shapes_start_up_gaps_late_watchdogs_checkpoints_in_steps_and_agent_paces() -> None:
+    """Start-up of 60-240 s (twin 20-40 s), a hang whose watchdog times out 600 s later (twin: a long
+    checkpoint), 90 s checkpoints of 20-45 s on 4-6 s steps, agents every 3 s (twin every 30 s)."""
+    seen = set()
+    for m in generate_mappings(4 * 2 * len(GENERATED_FAULTS), 0):
+        cls, twin, job = _class(m["name"]), m["name"].endswith("-twin"), m["jobs"][0]
+        seen.add(cls)
+        if cls == "startup_gap":
+            assert (20 <= job["init_time"] <= 40) if twin else (60 <= job["init_time"] <= 240)
+        elif cls == "late_watchdog":
+            if twin:
+                assert [f["type"] for f in m["faults"]] == ["long_checkpoint"]
+            else:
+                (hang,) = m["faults"]
+                assert hang["type"] == "rank_hang" and hang["duration"] == 600
+                assert m["duration"] >= hang["start"] + 600 + 60  # the timeouts are in the recording
+        elif cls == "checkpoint_in_step":
+            assert job["checkpoint"]["every"] == "90s" and 4.0 <= job["step_time"] <= 6.0
+        elif cls == "agent_pace":
+            assert m["telemetry"]["interval"] == ("30s" if twin else "3s")
+    assert {"startup_gap", "late_watchdog", "checkpoint_in_step", "agent_pace"} <= seen
 
 
 def test_every_cycle_of_pairs_covers_every_class_once() -> None:
