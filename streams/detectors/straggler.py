@@ -10,7 +10,7 @@ from typing import Any
 
 from streams.detectors.base import Finding
 from streams.detectors.network_degradation import NetworkDegradationRule
-from streams.detectors.stats import finite, median
+from streams.detectors.stats import MAD_TO_SIGMA, finite, mad, median
 from streams.detectors.windows import (
     _G_CLOCK,
     _G_POWER,
@@ -76,6 +76,8 @@ class StragglerRule(NetworkDegradationRule):
             if 2 * len(pre_syncs) >= len(by_rank):
                 peers["pre_sync"] = median(pre_syncs)
                 peers["after"] = median(finite(_after_pre_sync(r) for r in by_rank.values()))
+                if len(pre_syncs) >= self.cross_min_ranks:
+                    peers["spread"] = MAD_TO_SIGMA * (mad(pre_syncs) or 0.0)
         for rank in sorted(by_rank):
             row = by_rank[rank]
             key = str(rank)
@@ -92,19 +94,23 @@ class StragglerRule(NetworkDegradationRule):
             if st is None:
                 st = job["seq"][key] = _new_seq(self.cusum)
             verdict = self._judge(st, score, start, end, waited, int(row[7]))
+            cross = self._cross_rank(st, row, peers, start)
             _note(st, end, score, row, peers, self.bucket_history_points)
             if st["since"] is None:
-                if not verdict or self._node_of(job_id, rank) in held:
+                if not (verdict or cross) or self._node_of(job_id, rank) in held:
                     if not _has_evidence(st):
                         st.pop("hist", None)  # a healthy rank keeps no history: snapshots stay small
                         st.pop("why", None)
                     continue
-                st["since"] = _evidence_start(st, start, end)
+                st["path"] = self._path(st, score, verdict)
+                st["since"] = st["xfrom"] if st["path"] == "cross-rank" else _evidence_start(st, start, end)
+                if st["path"] == "cross-rank":
+                    score = min(score, float(peers["pre_sync"] or 0.0) / float(_pre_sync(row) or 1.0))
                 st["summary"] = self._straggler_summary(
-                    job_id, job, rank, st, score, row, peers, end, by_pre_sync
+                    job_id, job, rank, st, score, row, peers, end, by_pre_sync or st["path"] == "cross-rank"
                 )
                 out.append(self._straggler_finding(job_id, rank, st, score, end, True))
-            elif verdict:
+            elif verdict or (cross and st.get("path") == "cross-rank"):
                 out.append(self._straggler_finding(job_id, rank, st, score, end, True))
             else:
                 out.append(self._straggler_finding(job_id, rank, st, score, end, False))
@@ -113,6 +119,40 @@ class StragglerRule(NetworkDegradationRule):
                 st.pop("why", None)
         out.extend(self._net_bucket(job_id, job, by_rank, info, start, end))
         return out
+
+    def _cross_rank(self, st: dict[str, Any], row: list[Any], peers: dict[str, Any], start: int) -> bool:
+        """The cross-rank path: is the rank's work before the first wait (data wait + forward, the
+        segments DDP does not overlap) out of line with its peers' in `cross_rank_buckets` buckets,
+        while they wait for it? A GPU slow from the first step has no normal of its own for the
+        change point to leave, and at 1.2-1.3x its score stays above the threshold; its peers are
+        the reference. Out of line: at least `cross_rank_excess` above the peers' median and
+        `cross_rank_z` robust sigmas of their spread. It holds until 3 buckets are back in line."""
+        spread, ref, own = peers.get("spread"), peers.get("pre_sync"), _pre_sync(row)
+        outlier = (
+            spread is not None
+            and ref is not None
+            and own is not None
+            and own >= ref * (1.0 + self.cross_excess)
+            and own - ref >= self.cross_z * spread
+            and self._pre_sync_score(row, peers) is not None  # its peers wait for it
+        )
+        if outlier:
+            if not st.get("x"):
+                st["xfrom"] = start
+            st["x"], st["xok"] = int(st.get("x", 0)) + 1, 0
+        elif st.get("x"):
+            st["xok"] = int(st.get("xok", 0)) + 1
+            if st["xok"] >= 3:
+                for k in ("x", "xok", "xfrom"):
+                    st.pop(k, None)
+        return int(st.get("x", 0)) >= self.cross_buckets
+
+    def _path(self, st: dict[str, Any], score: float, verdict: bool) -> str:
+        """Which path decided a straggler: the threshold on the bucket score, the change point (a
+        rank that left its own normal), or the cross-rank comparison (a rank slow against its peers)."""
+        if not verdict:
+            return "cross-rank"
+        return "change-point" if st["c"].get("alarm") and score >= self.threshold else "threshold"
 
     def _pre_sync_score(self, row: list[Any], peers: dict[str, Any]) -> float | None:
         """The rank's score on its work before the first wait (job median / its data wait + forward).
@@ -378,6 +418,12 @@ class StragglerRule(NetworkDegradationRule):
             layer = "data" if d_wait is not None and d_wait > 0 and row[4] is not None else "unknown"
         else:
             layer = "data" if (d_wait or 0.0) > d_compute else "gpu"
+        if st.get("path") == "cross-rank" and peers.get("pre_sync") is not None:
+            # Slow against its peers from the start: whichever of its data wait and its forward
+            # pass is further above theirs.
+            extra_wait = float(row[4] or 0.0) - float(peers["wait"] or 0.0)
+            extra = float(_pre_sync(row) or 0.0) - float(peers["pre_sync"])
+            layer = "data" if extra_wait > extra - extra_wait else "gpu"
         st["layer"] = layer
         what = "data loading" if layer == "data" else "its GPU" if layer == "gpu" else "an unknown layer"
         summary = f"rank {rank} of job {job_id} is a straggler (score {score:.2f}): suspect {what}"
@@ -394,6 +440,14 @@ class StragglerRule(NetworkDegradationRule):
         c = st["c"]
         if c.get("alarm") and score >= self.threshold:
             summary += "; " + self.cusum.describe(c)
+        path = st.get("path") or "threshold"
+        summary += {
+            "threshold": "; decided by the threshold path (score below "
+            f"{self.threshold:.2f} in {self.straggler_buckets} buckets)",
+            "change-point": "; decided by the change-point path (it left its own normal)",
+            "cross-rank": "; decided by the cross-rank path (slow against its peers since "
+            f"{self.cross_buckets} buckets, by {self.cross_excess + 1:.2f}x or more)",
+        }[path]
         if layer == "gpu":
             detail, _ = self._gpu_detail(job, rank, end)
             if detail:

@@ -32,6 +32,10 @@ DEFAULTS: dict[str, Any] = {
     "cusum_sigma_slack": 2.0,  # k is at least this many robust sigmas of the learned scores...
     "cusum_sigma_threshold": 8.0,  # ...and h at least this many (noisy ranks need more evidence)
     "waited_for_share": 0.5,  # peers must wait for a slow rank: its comm_s below theirs by this share of its extra busy time
+    "cross_rank_excess": 0.15,  # DDP: a rank whose work before the first wait is >= 1.15x its peers' median...
+    "cross_rank_z": 5.0,  # ...and this many robust sigmas of the peers' spread above it...
+    "cross_rank_buckets": 6,  # ...in this many buckets (30 s), while its peers wait for it: straggler (cross-rank path)
+    "cross_rank_min_ranks": 8,  # ranks a bucket needs for the peers' spread to mean something
     "imbalance_metrics": ["gpu_util_pct", "power_w"],  # GPU metrics compared across the job's GPUs
     "imbalance_z": 4.0,  # robust z-score beyond which a GPU is out of line
     "imbalance_min_rel": 0.15,  # ...and at least this relative distance from the peers' median
@@ -126,6 +130,10 @@ class ImbalanceWindows(JobAndHostDetector):
             clear_after=self.clear_buckets,
         )
         self.waited_share = float(p["waited_for_share"])
+        self.cross_excess = float(p["cross_rank_excess"])
+        self.cross_z = float(p["cross_rank_z"])
+        self.cross_buckets = int(p["cross_rank_buckets"])
+        self.cross_min_ranks = int(p["cross_rank_min_ranks"])
         self.imb_metrics = [str(m) for m in p["imbalance_metrics"]]
         self.imb_z = float(p["imbalance_z"])
         self.imb_rel = float(p["imbalance_min_rel"])
