@@ -30,7 +30,9 @@ after the first or the second evaluation) alternate from one cycle to the next. 
   both must stay quiet: start-up is not a stall);
 - `checkpoint_in_step`: 4-6 s steps with a synchronous 20-45 s checkpoint every 90 s, carried by the
   step after it (both must stay quiet);
-- `agent_pace`: healthy runs whose node agents sample every 3 s (twin: every 30 s; both quiet).
+- `agent_pace`: healthy runs whose node agents sample every 3 s (twin: every 30 s; both quiet);
+- `ddp_static`: a GPU 1.2-1.35x slow from the first step (a degraded card: no throttle, clock or
+  power sign) in a DDP job whose all-reduce overlaps backward; twin: a rank 2-4 % slower.
 
 Each case is validated by the same loader as a YAML file and can be written as one.
 """
@@ -55,9 +57,9 @@ _GPUS = 8  # GPUs per node
 # thousand cases run in well under an hour (the engine's cost grows with a job's ranks).
 _SIZES = ((1, 55), (2, 30), (4, 8), (8, 4), (16, 2), (32, 1))
 # One degraded node among 2 to 128 nodes: the node counts network_degradation takes, one per
-# cycle of classes (the largest, 1,024 ranks, once in 24 cycles: at cycle 19, so that 1,000 cases of
-# 25 classes hold it); ib_degradation takes smaller ones.
-_NETWORK_NODES = (2, 4, 2, 8, 2, 16, 4, 32, 2, 64, 8, 4, 2, 4, 2, 8, 2, 16, 4, 128, 2, 8, 4, 32)
+# cycle of classes (the largest, 1,024 ranks, once in 24 cycles: at cycle 11, so that 1,000 cases of
+# 26 classes hold it); ib_degradation takes smaller ones.
+_NETWORK_NODES = (2, 4, 2, 8, 2, 16, 4, 32, 2, 64, 8, 128, 2, 4, 2, 8, 2, 16, 4, 32, 2, 8, 4, 4)
 _IB_NODES = (2, 4, 2, 8, 2, 16, 4, 2, 8, 2, 4, 16)
 # Healthy runs over evaluation and checkpoint boundaries: 1,000 ranks every fourth cycle, else 128.
 _BOUNDARY_NODES = (125, 16, 16, 16)
@@ -94,6 +96,7 @@ GENERATED_FAULTS: tuple[str, ...] = (
     "startup_gap",
     "checkpoint_in_step",
     "agent_pace",
+    "ddp_static",
 )
 _NODE_FAULTS = ("network_degradation", "ib_degradation", "storage_slowdown", "host_oom")
 _GPU_FAULTS = ("xid_error", "ecc_uncorrectable", "gpu_memory_pressure", "foreign_process", "contention")
@@ -477,7 +480,31 @@ def _agent_pace(case: _Case, _: str) -> None:
     case.notes.append(f"agents every {case.telemetry['interval']}")
 
 
+def _ddp_static(case: _Case, _: str) -> None:
+    """A GPU slow from the first step, with no throttle sign, under DDP; twin: a rank 2-4 % slower."""
+    rng = case.rng
+    case.place(_weighted(rng, _SIZES), False)
+    job = case.main
+    job["comm_overlap"] = True
+    rank = rng.randrange(_world(job))
+    case.notes.append("DDP (all-reduce overlaps backward), slow from the start")
+    if case.twin:
+        job["slow_ranks"] = {rank: round(rng.uniform(1.02, 1.04), 3)}
+        return
+    case.faults = [
+        {
+            "type": "straggler_gpu",
+            "job": job["id"],
+            "rank": rank,
+            "start": 0,
+            "magnitude": round(rng.uniform(1.2, 1.35), 2),
+            "variant": "degraded",
+        }
+    ]
+
+
 _BUILDERS: dict[str, Callable[[_Case, str], None]] = {
+    "ddp_static": _ddp_static,
     "late_watchdog": _late_watchdog,
     "startup_gap": _startup_gap,
     "checkpoint_in_step": _checkpoint_in_step,
