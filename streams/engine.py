@@ -227,8 +227,7 @@ class StageEngine:
         `shared` True for a GPU sample of a co-located job's GPU (a fault it shares).
         """
         if event.type == "Alert" and self.stage == "job":
-            self._observe_external(event.record)
-            return []
+            return self._observe_external(event.record)
         if event.type == "BaselineRun":
             # Another job-stage partition's completed run: knowledge, not a record of this time.
             for det in self._learners:
@@ -369,20 +368,34 @@ class StageEngine:
         return self.holds(str(job), str(node))
 
     # -- alerts of the rank stage (job stage) --------------------------------------------
-    def _observe_external(self, record: dict[str, Any]) -> None:
+    def _observe_external(self, record: dict[str, Any]) -> list[Event]:
         """An alert the rank stage raised: a cause the grouper may mute symptoms with, and a
-        reason its job's windows are not healthy (baselines learn from healthy windows only)."""
+        reason its job's windows are not healthy (baselines learn from healthy windows only).
+
+        Inhibition is decided when it happens, and published then: the symptoms of this stage
+        that a cause from the rank stage mutes as it fires (a straggler under a throttled GPU),
+        and a rank-stage symptom that a cause of this stage mutes (an exit after a hang), are
+        re-sent muted now, not only marked in their resolved records."""
         fp = str(record.get("fingerprint"))
         firing = record.get("status") == "firing"
         ts = int(record.get("ts") or 0)
         entry = self._external.get(fp)
         if entry is not None and entry[1] == firing:
-            return  # another routed copy of the same state
+            return []  # another routed copy of the same state
         self._external[fp] = [record.get("job_id"), firing, ts]
-        self.grouper.annotate([dict(record)])
+        batch = [dict(record)]
+        self.grouper.annotate(batch)
+        late = batch[1:]
+        if firing and batch[0].get("inhibited_by") and not record.get("inhibited_by"):
+            late.insert(0, {k: v for k, v in batch[0].items() if k not in ("team", "receiver")})
         if not firing:
             job = record.get("job_id")
             self._external = {k: v for k, v in self._external.items() if v[1] or v[0] != job or k == fp}
+        out: list[Event] = []
+        for muted in late:
+            for team, receiver in self.router.route_all(muted):
+                out.append(Event("Alert", {**muted, "team": team, "receiver": receiver}))
+        return out
 
     def _job_healthy(self, job_id: str, window_start: int) -> bool:
         if not self.tracker.job_healthy(job_id, window_start):

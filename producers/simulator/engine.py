@@ -492,7 +492,10 @@ class _Engine:
                     if f.type == "straggler_gpu" and active:
                         m = _magnitude_at(f, tick, 1.5)
                         sm_clock = int(clock_max / m) + rng.randint(-15, 15)
-                        if f.params.get("variant") == "power":
+                        if f.params.get("variant") == "degraded":
+                            # A degraded card or PCIe link: slow, with no clock, power or throttle sign.
+                            sm_clock = clock_max - rng.randint(0, 45) if util > 5 else sm_clock
+                        elif f.params.get("variant") == "power":
                             limit = round(gc.power_limit_w / m**1.6, 1)
                             power = min(power, limit * (1 - abs(rng.gauss(0, 0.01))))  # the cap holds
                             reasons = _SW_POWER_CAP | _HW_POWER_BRAKE

@@ -22,7 +22,17 @@ after the first or the second evaluation) alternate from one cycle to the next. 
 - `ecc_shared`: an uncorrectable ECC error with or without XID 48 on a node two teams share;
 - `validation_stop`: evaluations stop after the run's first or second one;
 - `boundaries`: healthy runs of 1,000 ranks (every fourth cycle; else 128) across evaluation and
-  checkpoint boundaries (both cases must stay quiet).
+  checkpoint boundaries (both cases must stay quiet);
+- `late_watchdog`: a rank hangs and the NCCL watchdog on the other ranks times out 10 minutes later
+  (`dependency_timeout`, then the job fails): the hang pages, its late consequences fold into it;
+  twin: a long checkpoint where the hang would be;
+- `startup_gap`: a run that compiles and loads for 1-4 minutes before its first step (twin: 20-40 s;
+  both must stay quiet: start-up is not a stall);
+- `checkpoint_in_step`: 4-6 s steps with a synchronous 20-45 s checkpoint every 90 s, carried by the
+  step after it (both must stay quiet);
+- `agent_pace`: healthy runs whose node agents sample every 3 s (twin: every 30 s; both quiet);
+- `ddp_static`: a GPU 1.2-1.35x slow from the first step (a degraded card: no throttle, clock or
+  power sign) in a DDP job whose all-reduce overlaps backward; twin: a rank 2-4 % slower.
 
 Each case is validated by the same loader as a YAML file and can be written as one.
 """
@@ -47,8 +57,9 @@ _GPUS = 8  # GPUs per node
 # thousand cases run in well under an hour (the engine's cost grows with a job's ranks).
 _SIZES = ((1, 55), (2, 30), (4, 8), (8, 4), (16, 2), (32, 1))
 # One degraded node among 2 to 128 nodes: the node counts network_degradation takes, one per
-# cycle of classes (the largest, 1,024 ranks, once in 24 cycles); ib_degradation takes smaller ones.
-_NETWORK_NODES = (2, 4, 2, 8, 2, 16, 4, 32, 2, 64, 8, 4, 2, 4, 2, 8, 2, 16, 4, 32, 2, 8, 4, 128)
+# cycle of classes (the largest, 1,024 ranks, once in 24 cycles: at cycle 11, so that 1,000 cases of
+# 26 classes hold it); ib_degradation takes smaller ones.
+_NETWORK_NODES = (2, 4, 2, 8, 2, 16, 4, 32, 2, 64, 8, 128, 2, 4, 2, 8, 2, 16, 4, 32, 2, 8, 4, 4)
 _IB_NODES = (2, 4, 2, 8, 2, 16, 4, 2, 8, 2, 4, 16)
 # Healthy runs over evaluation and checkpoint boundaries: 1,000 ranks every fourth cycle, else 128.
 _BOUNDARY_NODES = (125, 16, 16, 16)
@@ -81,6 +92,11 @@ GENERATED_FAULTS: tuple[str, ...] = (
     "ecc_shared",
     "validation_stop",
     "boundaries",
+    "late_watchdog",
+    "startup_gap",
+    "checkpoint_in_step",
+    "agent_pace",
+    "ddp_static",
 )
 _NODE_FAULTS = ("network_degradation", "ib_degradation", "storage_slowdown", "host_oom")
 _GPU_FAULTS = ("xid_error", "ecc_uncorrectable", "gpu_memory_pressure", "foreign_process", "contention")
@@ -406,7 +422,93 @@ def _boundaries(case: _Case, _: str) -> None:
     case.notes.append("evaluation and checkpoint boundaries")
 
 
+def _late_watchdog(case: _Case, _: str) -> None:
+    """A rank hangs; 10 minutes later the other ranks' NCCL watchdog times out and the job fails.
+    The twin: a long checkpoint where the hang would be."""
+    rng = case.rng
+    case.place(min(2, _weighted(rng, _SIZES)), False)
+    job = case.main
+    job["evaluation"] = {"every_steps": 0, "duration": "10s"}
+    start = rng.randint(*_FAULT_START_S)
+    watchdog = 600
+    case.duration = start + watchdog + 120
+    if case.twin:
+        case.faults = [{"type": "long_checkpoint", "job": job["id"], "start": start, "duration": 150}]
+        return
+    rank = rng.randrange(_world(job))
+    gpus = "busy" if case.cycle % 2 == 0 else "idle"
+    case.faults = [
+        {
+            "type": "rank_hang",
+            "job": job["id"],
+            "rank": rank,
+            "start": start,
+            "duration": watchdog,
+            "gpus": gpus,
+        }
+    ]
+    case.notes.append(f"watchdog timeout after {watchdog} s, GPUs {gpus}")
+
+
+def _startup_gap(case: _Case, _: str) -> None:
+    """A run that takes 1-4 minutes (twin: 20-40 s) from launch to its first step: both quiet."""
+    rng = case.rng
+    case.place(min(4, _weighted(rng, _SIZES)), False)
+    init = rng.randint(20, 40) if case.twin else rng.randint(60, 240)
+    case.main["init_time"] = init
+    case.duration = init + 300
+    case.notes.append(f"{init} s to the first step")
+
+
+def _checkpoint_in_step(case: _Case, _: str) -> None:
+    """4-6 s steps; a synchronous 20-45 s checkpoint every 90 s, carried by the next step: both quiet."""
+    rng = case.rng
+    case.place(min(4, _weighted(rng, _SIZES)), False)
+    job = case.main
+    job["step_time"] = round(rng.uniform(4.0, 6.0), 2)
+    job["evaluation"] = {"every_steps": 0, "duration": "10s"}
+    job["checkpoint"] = {"every": "90s", "duration": f"{rng.randint(20, 45)}s", "max_age": "30m"}
+    case.duration = 600
+    case.notes.append("90 s checkpoints inside steps")
+
+
+def _agent_pace(case: _Case, _: str) -> None:
+    """Node agents that sample every 3 s (twin: every 30 s) on a healthy run: both quiet."""
+    rng = case.rng
+    case.place(max(2, min(4, _weighted(rng, _SIZES))), False)
+    case.telemetry["interval"] = "30s" if case.twin else "3s"
+    case.notes.append(f"agents every {case.telemetry['interval']}")
+
+
+def _ddp_static(case: _Case, _: str) -> None:
+    """A GPU slow from the first step, with no throttle sign, under DDP; twin: a rank 2-4 % slower."""
+    rng = case.rng
+    case.place(_weighted(rng, _SIZES), False)
+    job = case.main
+    job["comm_overlap"] = True
+    rank = rng.randrange(_world(job))
+    case.notes.append("DDP (all-reduce overlaps backward), slow from the start")
+    if case.twin:
+        job["slow_ranks"] = {rank: round(rng.uniform(1.02, 1.04), 3)}
+        return
+    case.faults = [
+        {
+            "type": "straggler_gpu",
+            "job": job["id"],
+            "rank": rank,
+            "start": 0,
+            "magnitude": round(rng.uniform(1.2, 1.35), 2),
+            "variant": "degraded",
+        }
+    ]
+
+
 _BUILDERS: dict[str, Callable[[_Case, str], None]] = {
+    "ddp_static": _ddp_static,
+    "late_watchdog": _late_watchdog,
+    "startup_gap": _startup_gap,
+    "checkpoint_in_step": _checkpoint_in_step,
+    "agent_pace": _agent_pace,
     "rank_hang": _rank_hang,
     "stall_steps": _stall_steps,
     "ecc_shared": _ecc_shared,

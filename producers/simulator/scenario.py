@@ -447,7 +447,7 @@ _FAULT_COMMON: dict[str, Conv] = {
     "magnitude": _pos_float,
 }
 _PARAM_CONV: dict[str, Conv] = {
-    "variant": lambda v: _choice(v, ("thermal", "power")),
+    "variant": lambda v: _choice(v, ("thermal", "power", "degraded")),
     "gpus": lambda v: _choice(v, ("busy", "idle")),
     "retransmits": _float,
     "error": _str,

@@ -7,8 +7,10 @@ Two steps run on every batch of Alert records the tracker emits, before routing:
   While a cause fires, a symptom it explains gets `inhibited_by` = the cause's `alert_id`. Scopes:
   `gpu` (the symptom is on the cause's GPU: its own GPU, or for a job-level symptom without one, a
   rank of its job bound to that GPU), `node` (the same for the cause's node), `job` (the same job).
-  An edge's `after_s` lets a cause explain symptoms that begin up to that long after it resolved (a
-  step that spanned a stall closes after the stall). Rules may also be written in Alertmanager's
+  An edge's `after_s` lets a cause explain symptoms that begin while its incident is open (its
+  group has a member firing) and up to that long after the incident closed: consequences that
+  arrive late (a step that spanned a stall closes after the stall; the NCCL watchdog on the other
+  ranks times out ten minutes after a rank hung, and they exit). Rules may also be written in Alertmanager's
   form (`source_match`, `target_match`, `equal`), which the same code applies.
 - A cause that fires *after* its symptom mutes it then: the grouper appends to the batch a copy of
   the symptom's firing record (same `alert_id` and `starts_at`, `ts` = when the cause fired) with
@@ -331,7 +333,7 @@ class AlertGrouper:
                 self._open.pop(fp, None)
                 if known is not None:
                     record["group_key"], record["inhibited_by"] = known
-                    self._leave(known[0])
+                    self._leave(known[0], _ts(record))
                 source = self._sources.get(fp)
                 if source is not None and self._after_ms and record.get("ends_at") is not None:
                     source["ends_at"] = int(record["ends_at"])  # still explains symptoms for a while
@@ -342,6 +344,21 @@ class AlertGrouper:
                 records.extend(self._mute_earlier(self._sources[fp]))
         if now is not None:
             self._forget_ended(now)
+
+    def _explains(self, source: dict[str, Any], target: dict[str, Any]) -> bool:
+        """Whether `source` explains `target` under some rule. A cause that resolved still explains,
+        under an edge with `after_s`, while its incident is open (the late consequences of one
+        incident belong to it)."""
+        for rule in self.rules:
+            view = source
+            if rule.after_ms and source.get("ends_at") is not None and self._is_open(source.get("group_key")):
+                view = {**source, "ends_at": None}
+            if rule.explains(view, target, self.topology):
+                return True
+        return False
+
+    def _is_open(self, group: str | None) -> bool:
+        return group is not None and any(opened[0] == group for opened in self._groups.values())
 
     def _is_source(self, record: dict[str, Any]) -> bool:
         return any(r.is_source(record) for r in self.rules)
@@ -357,7 +374,7 @@ class AlertGrouper:
             target = self._open[fp]
             if target["alert_id"] == muted_by:
                 continue  # the alert that explains this cause is never muted by it
-            if not any(rule.explains(source, target, self.topology) for rule in self.rules):
+            if not self._explains(source, target):
                 continue
             group = source["group_key"]
             known = self._alerts[fp]
@@ -379,13 +396,14 @@ class AlertGrouper:
 
     def _forget_ended(self, now: int) -> None:
         for fp in [f for f, s in self._sources.items() if s.get("ends_at") is not None]:
-            if now - int(self._sources[fp]["ends_at"]) > self._after_ms:
+            source = self._sources[fp]
+            if now - int(source["ends_at"]) > self._after_ms and not self._is_open(source.get("group_key")):
                 del self._sources[fp]
 
     def _place(self, record: dict[str, Any]) -> list[str | None]:
         for fp in sorted(self._sources, key=lambda f: (self._sources[f]["starts_at"], f)):
             source = self._sources[fp]
-            if any(rule.explains(source, record, self.topology) for rule in self.rules):
+            if self._explains(source, record):
                 group = source["group_key"] or f"{self._scope(source)}@{source['starts_at']}"
                 self._join(group)
                 return [group, source["alert_id"]]
@@ -412,14 +430,23 @@ class AlertGrouper:
                 opened[1] += 1
                 return
 
-    def _leave(self, group: str | None) -> None:
+    def _leave(self, group: str | None, ts: int | None = None) -> None:
         for scope in sorted(self._groups):
             opened = self._groups[scope]
             if opened[0] == group:
                 opened[1] -= 1
                 if opened[1] <= 0:
                     del self._groups[scope]
+                    if ts is not None:
+                        self._close(group, ts)
                 return
+
+    def _close(self, group: str | None, ts: int) -> None:
+        """The incident closed at `ts`: its resolved causes explain late consequences for their
+        `after_s` from now on, not from when each resolved."""
+        for source in self._sources.values():
+            if source.get("group_key") == group and source.get("ends_at") is not None:
+                source["ends_at"] = max(int(source["ends_at"]), ts)
 
     # -- state -------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -1,4 +1,11 @@
-"""Progress heartbeats: `job_stall` (no step for the whole job), `rank_hang` (one rank stopped), `zombie_job`.
+"""Progress heartbeats: `job_stall` (no step for the whole job), `rank_hang` (one rank stopped), `zombie_job`,
+`startup_hang` (a run that never reaches its first step).
+
+A run that has not completed its first step is starting up (compiling, loading data, initialising
+its collectives), never stalled: `job_stall`, `rank_hang` and `zombie_job` wait for the first step,
+and start-up has its own allowance (`startup_allow_s`, or `startup_factor` x the longest recent
+start-up of the run's workload family, at least `startup_floor_s`) and its own rule, which names
+the phase the ranks show. Every stall names the step it stands at.
 
 Per job the detector keeps each rank's last step and the job's last *activity*: the latest step
 that advanced the job, the end of a checkpoint, or a ValidationResult. The normal step interval
@@ -78,6 +85,10 @@ DEFAULTS: dict[str, Any] = {
     "hang_start_samples": 2,  # GPU samples after the last step that hold the next step's start
     "zombie_grace_s": 600.0,  # GPUs held without progress for this long is a zombie
     "pid_recent_s": 60.0,  # a bound pid seen this recently still holds its GPU
+    "startup_allow_s": 1200.0,  # start-up (launch to first step) allowed when the family has no history
+    "startup_factor": 3.0,  # with history: this many times the family's longest recent start-up...
+    "startup_floor_s": 300.0,  # ...but never less than this
+    "startup_history": 8,  # start-ups kept per workload family
 }
 
 
@@ -114,6 +125,10 @@ def _blank_job() -> dict[str, Any]:
         "stall": None,  # since-ts of an active stall
         "hang": None,  # [rank, since] of an active rank hang
         "zombie": None,  # since-ts of an active zombie
+        "started": None,  # JobStarted ts of the run (start-up is measured from it); None: not seen
+        "family": "",  # the run's workload family (its start-up teaches the family's allowance)
+        "cpu": {},  # str(rank) -> latest host CPU activity (names a start-up phase)
+        "startup": None,  # [since, allowed ms] of an active startup_hang
     }
 
 
@@ -122,7 +137,13 @@ class ProgressDetector(Detector):
 
     stage: ClassVar[str] = "job"  # reads the rank stage's summaries of the job's ranks
 
-    rules: ClassVar[tuple[str, ...]] = ("job_stall", "rank_hang", "zombie_job", "evaluation_stuck")
+    rules: ClassVar[tuple[str, ...]] = (
+        "job_stall",
+        "rank_hang",
+        "zombie_job",
+        "evaluation_stuck",
+        "startup_hang",
+    )
 
     def __init__(self, topology: Any, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
@@ -148,7 +169,13 @@ class ProgressDetector(Detector):
         self.hang_start_samples = int(p["hang_start_samples"])
         self.zombie_grace_ms = int(float(p["zombie_grace_s"]) * 1000)
         self.pid_recent_ms = int(float(p["pid_recent_s"]) * 1000)
+        self.startup_allow_ms = int(float(p["startup_allow_s"]) * 1000)
+        self.startup_factor = float(p["startup_factor"])
+        self.startup_floor_ms = int(float(p["startup_floor_s"]) * 1000)
+        self.startup_history = int(p["startup_history"])
         self.jobs: dict[str, dict[str, Any]] = {}
+        # workload family -> recent start-ups (JobStarted to first step), ms
+        self.families: dict[str, list[int]] = {}
         self._last_second: int | None = None
 
     # -- events ------------------------------------------------------------------------
@@ -191,8 +218,10 @@ class ProgressDetector(Detector):
         elif t == "JobStarted":
             # A new run of the job starts from scratch: old heartbeats mean nothing.
             old = self.jobs.pop(r["job_id"], None)
-            if old is not None:
-                return self._clear(r["job_id"], old, r["ts"])
+            out = self._clear(r["job_id"], old, r["ts"]) if old is not None else []
+            job = self._job_of(r["job_id"])
+            job["started"], job["family"] = int(r["ts"]), str(r.get("workload_family") or "")
+            return out
         return []
 
     def _evaluation(self, r: dict[str, Any]) -> list[Finding]:
@@ -288,6 +317,9 @@ class ProgressDetector(Detector):
                 job["power_pending"] = [*job["power_pending"], round(float(power), 1)][-_POWER_HISTORY:]
         if r.get("pid_seen_ts") is not None:
             job["pid_seen"] = max(job["pid_seen"] or 0, int(r["pid_seen_ts"]))
+        cpu = stat_mean([r.get("cpu_util_pct")])
+        if cpu is not None and job["max_step"] is None:
+            job["cpu"][key] = round(float(cpu), 1)
         return out
 
     def _note_start(self, job: dict[str, Any], key: str, row: list[Any]) -> None:
@@ -324,6 +356,8 @@ class ProgressDetector(Detector):
         prev = job["ranks"].get(rank)
         if prev is None or step >= prev[0]:
             job["ranks"][rank] = [step, ts]
+        if job["max_step"] is None and job["started"] is not None:
+            self._learn_startup(job, ts)
         if job["max_step"] is None or step > job["max_step"]:
             # A step from before the last ValidationResult (its bucket's summary came after it).
             before_eval = bool(job["eval_gap"]) and ts <= job["eval_gap"]
@@ -366,7 +400,94 @@ class ProgressDetector(Detector):
         if job["zombie"] is not None:
             out.append(self._zombie_finding(job_id, job, ts, False))
             job["zombie"] = None
+        if job["startup"] is not None:
+            out.append(self._startup_finding(job_id, job, ts, False))
+            job["startup"] = None
         return out
+
+    # -- start-up ----------------------------------------------------------------------
+    def _learn_startup(self, job: dict[str, Any], ts: int) -> None:
+        """The run's first step: its start-up (launch to first step) teaches the family's allowance."""
+        took = ts - int(job["started"])
+        if took > 0 and job["family"]:
+            seen = self.families.get(job["family"], [])
+            self.families[job["family"]] = [*seen, took][-self.startup_history :]
+        job["cpu"] = {}
+
+    def _startup_allowed_ms(self, job: dict[str, Any]) -> int:
+        """How long a run may take to its first step: learned from its workload family's recent
+        start-ups where there are some (a family that compiles for 8 minutes may take 24), else the
+        default."""
+        seen = self.families.get(job["family"]) if job["family"] else None
+        if not seen:
+            return self.startup_allow_ms
+        return max(self.startup_floor_ms, int(self.startup_factor * max(seen)))
+
+    def _check_startup(self, job_id: str, job: dict[str, Any], watermark: int) -> list[Finding]:
+        """A run that has not completed its first step is starting up, never stalled: it is
+        `startup_hang` once start-up outlasts its allowance."""
+        if job["started"] is None or job["ckpt_open"]:
+            return []
+        allowed = self._startup_allowed_ms(job)
+        if watermark - job["started"] <= allowed:
+            return []
+        if job["startup"] is None:
+            job["startup"] = [job["started"], allowed]
+        return [self._startup_finding(job_id, job, watermark, True)]
+
+    def _startup_phase(self, job_id: str, job: dict[str, Any]) -> tuple[str, str]:
+        """(phase, suspected layer) of a start-up that never ends, from what the ranks show: ranks
+        never launched (fewer bound than the world size), ranks blocked in their first collective
+        (NCCL initialisation), GPUs busy (compilation autotuning or warm-up kernels), hosts busy
+        with idle GPUs (compilation or data loading on the CPU), or everything idle."""
+        info = self.topology.jobs.get(job_id)
+        world = info.world_size if info is not None else 0
+        bound = len(self.topology.ranks_of(job_id))
+        if world and bound < world:
+            return f"process launch: {bound} of {world} ranks bound", "platform"
+        coll = [v[-1][1] for v in job["coll"].values() if v]
+        if coll and 2 * sum(c >= self.hang_coll_frac for c in coll) > len(coll):
+            return "collective initialisation (NCCL): ranks wait in their first collective", "network"
+        utils = [v[-1][1] for v in job["gpu"].values() if v]
+        busy = median(utils) if utils else None
+        if busy is not None and busy > self.hang_idle:
+            return f"GPU warm-up or compilation autotuning (GPUs {busy:.0f} % busy)", "gpu"
+        cpus = list(job["cpu"].values())
+        cpu = median(cpus) if cpus else None
+        if cpu is not None and cpu >= self.eval_busy_util:
+            return f"compilation or data loading on the host (CPU {cpu:.0f} % busy, GPUs idle)", "host"
+        if busy is not None or cpu is not None:
+            return (
+                "initialisation with hosts and GPUs idle (blocked on storage, a rendezvous or a lock?)",
+                "data",
+            )
+        return "initialisation (no telemetry says which phase)", "unknown"
+
+    def _startup_finding(self, job_id: str, job: dict[str, Any], ts: int, active: bool) -> Finding:
+        since, allowed = job["startup"]
+        took_s = (ts - since) / 1000.0
+        phase, layer = self._startup_phase(job_id, job) if active else ("", "unknown")
+        learned = "learned from its family's start-ups" if self.families.get(job["family"]) else "default"
+        return Finding(
+            rule="startup_hang",
+            key=(job_id,),
+            active=active,
+            ts=ts,
+            category="platform",
+            severity="critical",
+            job_id=job_id,
+            since=since,
+            invariant="a run completes its first step within its start-up allowance (learned per workload family)",
+            observed=took_s,
+            expected=allowed / 1000.0 if active else None,
+            summary=(
+                f"job {job_id} has completed no step {took_s:.0f} s after it started (allowed {allowed / 1000:.0f} s, "
+                f"{learned}); stuck in {phase}"
+                if active
+                else f"job {job_id} completed its first step"
+            ),
+            suspected_layer=layer,
+        )
 
     # -- time --------------------------------------------------------------------------
     def advance(self, watermark: int) -> list[Finding]:
@@ -379,7 +500,14 @@ class ProgressDetector(Detector):
         for job_id in sorted(self.jobs):
             job = self.jobs[job_id]
             info = self.topology.jobs.get(job_id)
-            if info is None or info.state != "running" or job["last_activity"] is None:
+            if info is None or info.state != "running":
+                continue
+            if job["max_step"] is None:
+                # Before its first step a run is starting up (compiling, loading, joining its
+                # collectives), never stalled: start-up has its own allowance and rule.
+                out.extend(self._check_startup(job_id, job, watermark))
+                continue
+            if job["last_activity"] is None:
                 continue
             if job["ckpt_open"]:
                 continue  # a checkpoint in progress is a legitimate pause
@@ -635,7 +763,8 @@ class ProgressDetector(Detector):
             observed=silent_s,
             expected=allowed / 1000.0 if active else None,
             summary=(
-                f"job {job_id} made no progress for {silent_s:.0f} s (allowed {allowed / 1000:.0f} s) at step {job['max_step']}"
+                f"job {job_id} made no progress for {silent_s:.0f} s (allowed {allowed / 1000:.0f} s) "
+                f"since step {job['max_step']}"
                 if active
                 else f"job {job_id} progresses again"
             ),
@@ -750,7 +879,7 @@ class ProgressDetector(Detector):
             expected=limit / 1000.0 if active else None,
             summary=(
                 f"evaluation {eid} of job {job_id} has been open for {open_s:.0f} s (allowed {limit / 1000:.0f} s) "
-                f"at step {job['max_step']}: the job is stalled in its evaluation"
+                f"{_at_step(job['max_step'])}: the job is stalled in its evaluation"
                 if active
                 else f"evaluation {eid} of job {job_id} is over"
             ),
@@ -790,7 +919,11 @@ class ProgressDetector(Detector):
     # -- state -------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """JSON-able state."""
-        return {"jobs": {k: self.jobs[k] for k in sorted(self.jobs)}, "last_second": self._last_second}
+        return {
+            "jobs": {k: self.jobs[k] for k in sorted(self.jobs)},
+            "last_second": self._last_second,
+            "families": {k: self.families[k] for k in sorted(self.families)},
+        }
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore from `state()`."""
@@ -800,6 +933,7 @@ class ProgressDetector(Detector):
             job["gpu"] = {k: [v] if v and not isinstance(v[0], list) else v for k, v in job["gpu"].items()}
             job["coll"] = {k: [v] if v and not isinstance(v[0], list) else v for k, v in job["coll"].items()}
         self._last_second = state.get("last_second")
+        self.families = {k: list(v) for k, v in state.get("families", {}).items()}
 
     def forget_job(self, job_id: str) -> None:
         """Drop a finished job."""
@@ -822,6 +956,11 @@ def _gpu_row(r: dict[str, Any], ts: int, power: float | None) -> list[Any]:
         stat_mean([r.get("sm_active_pct")]),
         stat_mean([r.get("tensor_active_pct")]),
     ]
+
+
+def _at_step(step: int | None) -> str:
+    """Where a job stands, for a summary: its last step, or that it has none yet."""
+    return f"at step {step}" if step is not None else "before its first step"
 
 
 def _sm(row: list[Any]) -> float | None:

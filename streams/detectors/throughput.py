@@ -25,6 +25,13 @@ derives) against the job's own recent normal:
   on one node's ranks alone, the alert names that node: slow storage under a node shows there,
   and a job wholly on that node has no faster peer to be a straggler against.
 
+A step that contains a checkpoint or an evaluation is attributed to it, never read as a drop: the
+detector keeps the job's recent pauses (CheckpointEvent and EvaluationEvent `started` to
+`completed`/`failed`, a ValidationResult's `duration_s` before it) and takes the time a window
+spent in them out of its step time (spread over the window's steps, as the step that carried the
+write spread it) and out of its token rate before judging it. A window slow only by its pauses is
+neither a drop nor a normal window (it never enters the reference).
+
 Pure and deterministic: the state is a few numbers per job and window.
 """
 
@@ -61,7 +68,10 @@ _SEGMENTS = (
     ("comm", "communication", "network"),
     ("other", "the rest of the step (host-side work)", "host"),
 )
-_KEEP_MS = 180_000  # raw GPU/host signals kept this long (a window plus slack)
+_KEEP_MS = 180_000  # raw GPU/host signals (and pauses) kept this long (a window plus slack)
+_OPEN_PAUSES = (
+    16  # checkpoints/evaluations kept per job: a record is a claim, what it makes us hold is capped
+)
 
 
 def _window_profile(ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -131,6 +141,8 @@ class ThroughputDetector(JobAndHostDetector):
                 "first": None,  # start of the first deviating window of the current run of them
                 "active": None,  # [since, first deviating window end] of an active drop
                 "foreign": [],  # [[ts, rank, pid]] foreign processes seen on the job's GPUs
+                "pauses": [],  # [[start, end]] recent checkpoints and evaluations (steps that carry them)
+                "open": {},  # checkpoint/evaluation id -> start of one still open
             }
         return job
 
@@ -161,6 +173,8 @@ class ThroughputDetector(JobAndHostDetector):
             return self._window(r)
         elif event.type == "RankSummary":
             self._summary(r)
+        elif event.type in ("CheckpointEvent", "EvaluationEvent", "ValidationResult"):
+            self._pause(event.type, r)
         elif event.type == "JobStarted":
             self.jobs.pop(r["job_id"], None)  # a new run has a new normal
         return []
@@ -182,6 +196,40 @@ class ThroughputDetector(JobAndHostDetector):
         if r.get("foreign_pid") is not None:
             job["foreign"].append([int(r["foreign_pid_ts"]), int(r["rank"]), int(r["foreign_pid"])])
         job["foreign"] = [f for f in job["foreign"] if f[0] >= ts - _KEEP_MS]
+
+    def _pause(self, kind: str, r: dict[str, Any]) -> None:
+        """A checkpoint or an evaluation: the steps around it carry its time."""
+        job = self.jobs.get(r["job_id"])
+        if job is None:
+            return
+        job.setdefault("pauses", [])
+        job.setdefault("open", {})
+        ts = int(r["ts"])
+        if kind == "ValidationResult":
+            dur = r.get("duration_s")
+            if dur:
+                job["pauses"].append([ts - int(float(dur) * 1000), ts])
+        else:
+            ident = f"{kind}:{r.get('checkpoint_id') or r.get('evaluation_id')}"
+            if r.get("phase") == "started":
+                if len(job["open"]) < _OPEN_PAUSES:
+                    job["open"].setdefault(ident, ts)
+            elif r.get("phase") in ("completed", "failed"):
+                start = job["open"].pop(ident, None)
+                dur = r.get("duration_s")
+                if start is None and dur:
+                    start = ts - int(float(dur) * 1000)
+                if start is not None:
+                    job["pauses"].append([int(start), ts])
+        job["pauses"] = [p for p in job["pauses"] if p[1] >= ts - _KEEP_MS][-_OPEN_PAUSES:]
+
+    def _paused_s(self, job: dict[str, Any], start: int, end: int) -> float:
+        """Seconds of the window [start, end) spent in checkpoints and evaluations (open ones to its end)."""
+        spans = [*job.get("pauses", []), *([s, end] for s in job.get("open", {}).values())]
+        total = 0
+        for a, b in spans:
+            total += max(0, min(b, end) - max(a, start))
+        return min(total, end - start) / 1000.0
 
     # -- judgement ---------------------------------------------------------------------
     def _window(self, r: dict[str, Any]) -> list[Finding]:
@@ -209,9 +257,17 @@ class ThroughputDetector(JobAndHostDetector):
         if len(job["ref"]) < self.min_history or (ref_step is None and ref_tps is None):
             job["ref"] = [*job["ref"], row][-self.history :]
             return []
-        slow = (step is not None and ref_step is not None and step > self.ratio * ref_step) or (
-            tps is not None and ref_tps is not None and ref_tps > 0 and tps < ref_tps / self.ratio
-        )
+        slow = self._slow(step, tps, ref_step, ref_tps)
+        paused = self._paused_s(job, start, end) if slow else 0.0
+        if paused > 0:
+            # The steps that carried a checkpoint or an evaluation: judge the window without it.
+            steps = median(finite(x.get("steps") for x in ranks)) or 1.0
+            net_step = None if step is None else max(0.0, step - paused / max(1.0, steps))
+            span = (end - start) / 1000.0
+            net_tps = None if tps is None or span - paused <= 0 else tps * span / (span - paused)
+            if not self._slow(net_step, net_tps, ref_step, ref_tps):
+                job["high"] = 0
+                return []
         if not slow:
             job["high"] = 0
             job["ref"] = [*job["ref"], row][-self.history :]
@@ -233,6 +289,14 @@ class ThroughputDetector(JobAndHostDetector):
         if job["active"] is None:
             job["active"] = [job["first"] if job["first"] is not None else start]
         return [self._finding(job_id, job, row, ref_step, ref_tps, end, True, job["active"][0])]
+
+    def _slow(
+        self, step: float | None, tps: float | None, ref_step: float | None, ref_tps: float | None
+    ) -> bool:
+        """Whether a window's step time (or token rate) is a drop against the reference."""
+        return (step is not None and ref_step is not None and step > self.ratio * ref_step) or (
+            tps is not None and ref_tps is not None and ref_tps > 0 and tps < ref_tps / self.ratio
+        )
 
     def _even(self, ranks: list[dict[str, Any]]) -> bool:
         """Every scored rank of the window kept pace with the job median (no rank or node behind)."""

@@ -61,6 +61,7 @@ DEFAULT_MUTE_GRACE_S = 30.0
 # Rules that by definition cannot fire before a configured delay: (detector section, knob in s).
 RULE_DELAY_PARAMS: dict[str, tuple[str, str]] = {
     "zombie_job": ("progress", "zombie_grace_s"),
+    "startup_hang": ("progress", "startup_allow_s"),
 }
 _QUIET_SCENARIOS = ("healthy", "long_checkpoint")
 

@@ -290,7 +290,7 @@ def _edge_identity(rule: str, i: int, node: str) -> dict[str, Any]:
     gpu = {"node": node, "gpu_uuid": f"GPU-{node}-3", "gpu_index": 3}
     if rule in ("xid_error", "ecc_uncorrectable", "gpu_throttling"):
         return gpu
-    if rule in ("straggler", "rank_hang", "gpu_imbalance"):
+    if rule in ("straggler", "rank_hang", "gpu_imbalance", "rank_failed"):
         return {**gpu, "rank": 3}
     if rule in ("host_memory_pressure", "telemetry_missing", "network_degradation"):
         return {"node": node}

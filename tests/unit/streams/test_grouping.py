@@ -171,6 +171,8 @@ def test_the_shipped_routing_file_has_the_documented_inhibition_graph() -> None:
         (("xid_error", "ecc_uncorrectable", "gpu_throttling"), "gpu"),
         (("host_memory_pressure", "telemetry_missing"), "node"),
         (("straggler", "network_degradation", "baseline_deviation"), "job"),
+        (("rank_hang", "ecc_uncorrectable", "xid_error", "rank_failed"), "job"),
+        (("rank_hang", "ecc_uncorrectable", "xid_error"), "job"),
         (("job_stall",), "job"),
     ]
     assert all(r.why for r in rules)

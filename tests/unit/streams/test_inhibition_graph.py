@@ -41,9 +41,16 @@ EDGES = [(cause, symptom, rule) for rule in RULES for cause in rule.causes for s
 # Where each rule's detector puts its alert: the identity fields its findings carry.
 GPU_FAULTS = {"xid_error", "ecc_uncorrectable", "gpu_throttling"}
 NODE_FAULTS = {"host_memory_pressure", "telemetry_missing"}
-RANK_ALERTS = {"straggler", "rank_hang", "gpu_imbalance"}
+RANK_ALERTS = {"straggler", "rank_hang", "gpu_imbalance", "rank_failed"}
 NODE_ALERTS = {"network_degradation"}  # job-wide, naming the node whose links degraded
-JOB_ALERTS = {"job_stall", "zombie_job", "evaluation_stuck", "baseline_deviation", "throughput_drop"}
+JOB_ALERTS = {
+    "job_stall",
+    "zombie_job",
+    "evaluation_stuck",
+    "baseline_deviation",
+    "throughput_drop",
+    "dependency_timeout",
+}
 
 
 def _topology() -> Topology:
@@ -322,3 +329,32 @@ def test_pages_word_a_muted_alert_by_its_edge() -> None:
     assert muted_by_text(RULES, "host_memory_pressure", "straggler").endswith("on the same node")
     assert edge_for(RULES, "job_stall", "rank_hang") is None
     assert muted_by_text(RULES, "job_stall", "rank_hang") == "rank_hang, muted by job_stall"
+
+
+def test_a_watchdog_timeout_long_after_a_hang_is_muted_by_it_while_its_incident_is_open_and_after() -> None:
+    """Issue 33.2: rank 3 hangs; the job stalls (muted, same incident); 10 min later the NCCL
+    watchdog on the other ranks times out (dependency_timeout) and ranks exit (rank_failed): both
+    are the hang's consequences, muted by it although the hang itself resolved when the job ended
+    -- the incident was still open (the stall fires), and the edge's after_s covers the watchdog
+    timeout after the incident closed."""
+    (edge,) = [r for c, s, r in EDGES if (c, s) == ("rank_hang", "dependency_timeout")]
+    engine = _Engine()
+    (hang,) = engine.fire(_finding("rank_hang", T0 + 100_000))
+    (stall,) = engine.fire(_finding("job_stall", T0 + 101_000))
+    assert stall["inhibited_by"] == hang["alert_id"]
+    engine.fire(_finding("rank_hang", T0 + 200_000, active=False))
+    # The stall still fires: the incident is open, longer after the hang's end than after_s.
+    late = T0 + 200_000 + edge.after_ms + 60_000
+    (timeout,) = engine.fire(_finding("dependency_timeout", late))
+    assert timeout["inhibited_by"] == hang["alert_id"] and timeout["group_key"] == hang["group_key"]
+    engine.fire(_finding("job_stall", late + 50_000, active=False))
+    engine.fire(_finding("dependency_timeout", late + 51_000, active=False))
+    # The incident closed at late + 51 s: an exit up to after_s later is still the hang's.
+    (exit_,) = engine.fire(_finding("rank_failed", late + 51_000 + edge.after_ms - 5_000))
+    assert exit_["inhibited_by"] == hang["alert_id"]
+    # Past that it is news.
+    later = _Engine()
+    later.fire(_finding("rank_hang", T0 + 100_000))
+    later.fire(_finding("rank_hang", T0 + 200_000, active=False))
+    (news,) = later.fire(_finding("dependency_timeout", T0 + 200_000 + edge.after_ms + 5_000))
+    assert news["inhibited_by"] is None

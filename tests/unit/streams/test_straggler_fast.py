@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from schemas.records import Event
 from streams.detectors.base import Finding
-from streams.detectors.imbalance import _median_without
 from streams.detectors.stats import median
+from streams.detectors.windows import _median_without
 from tests.unit.streams.builders import T0, job_started, job_state, rank_bound, step
 from tests.unit.streams.test_imbalance import _active, _run
 
