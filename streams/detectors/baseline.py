@@ -1,7 +1,8 @@
 """Baseline deviation: a run compared with earlier healthy runs of the same workload (`baseline_deviation`).
 
 Baselines are keyed by `baseline_key` (workload family | model version | GPU class | node count |
-batch size | sequence length, see `imbalance.baseline_key`) and built from the `JobWindowStats`
+batch size | sequence length, then the parallel layout and the data path where the job names them,
+see `windows.baseline_key`) and built from the `JobWindowStats`
 of *earlier, completed* runs: while a job runs, its healthy windows (no alert of the job firing)
 are buffered; when it completes (JobStateChanged `completed`), each metric's median over the run
 becomes one run summary of its baseline (the most recent `max_runs` runs are kept). A failed run
@@ -32,7 +33,7 @@ from schemas.records import Event
 from streams.detectors.base import Detector, Finding
 from streams.detectors.stats import MAD_TO_SIGMA, mad, median
 
-__all__ = ["DEFAULTS", "METRICS", "BaselineDetector"]
+__all__ = ["DEFAULTS", "METRICS", "BaselineDetector", "key_words"]
 
 # metric -> +1 when higher is worse, -1 when lower is worse
 METRICS: dict[str, int] = {
@@ -58,6 +59,17 @@ _PART_WORDS = {
     "part_other_s": "other host time",
 }
 _STEP_METRICS = ("step_time_s", "tokens_per_s_per_gpu")
+_KEY_PARTS = ("workload family", "model version", "GPU class", "node count", "batch size", "sequence length")
+
+
+def key_words(key: str) -> str:
+    """Which parts of a baseline key matched, in words: `same workload family, ..., parallel layout dp8.tp1`."""
+    parts = key.split("|")
+    words = list(_KEY_PARTS[: min(len(parts), len(_KEY_PARTS))])
+    for extra in parts[len(_KEY_PARTS) :]:
+        words.append(f"data path {extra[5:]}" if extra.startswith("data:") else f"parallel layout {extra}")
+    return "same " + ", ".join(words)
+
 
 DEFAULTS: dict[str, Any] = {
     "metrics": list(METRICS),  # metrics compared with the baseline
@@ -215,7 +227,10 @@ class BaselineDetector(Detector):
         if worst is not None:
             _, metric, x, center, _tol = worst
             pct = 100.0 * (x - center) / center if center else 0.0
-            summary = f"job {job_id}: {metric} {x:.4g} vs baseline {center:.4g} ({pct:+.0f}%) of {runs} earlier runs of {key}"
+            summary = (
+                f"job {job_id}: {metric} {x:.4g} vs baseline {center:.4g} ({pct:+.0f}%) of {runs} earlier runs "
+                f"of {key} ({key_words(key)})"
+            )
             if len(deviating) > 1:
                 summary += f"; also off: {', '.join(m for m in deviating if m != metric)}"
             layer, why = _layer(metric, r, self._base_parts(job_id, key))

@@ -81,17 +81,42 @@ _G_TS, _G_RANK, _G_UTIL, _G_POWER, _G_CLOCK, _G_REASONS, _G_MEM = range(7)
 
 
 def baseline_key(job: JobInfo) -> str:
-    """Workload family | model version | GPU class | node count | batch | sequence length."""
-    return "|".join(
-        (
-            job.workload_family or job.model_name or "unknown",
-            job.model_version or "-",
-            job.gpu_class or "-",
-            f"{len(job.nodes)}n",
-            f"bs{job.global_batch_size}" if job.global_batch_size is not None else "bs-",
-            f"seq{job.seq_len}" if job.seq_len is not None else "seq-",
+    """Workload family | model version | GPU class | node count | batch | sequence length, then
+    the parallel layout (DP/TP/PP/EP sizes, ZeRO stage, sharding) and the data path (dataset
+    version @ storage tier) where the job names them: a run is compared only with runs laid out and
+    fed the same way (a TP=8 run is not a slow TP=4 run). A job naming neither keeps the six-part key."""
+    parts = [
+        job.workload_family or job.model_name or "unknown",
+        job.model_version or "-",
+        job.gpu_class or "-",
+        f"{len(job.nodes)}n",
+        f"bs{job.global_batch_size}" if job.global_batch_size is not None else "bs-",
+        f"seq{job.seq_len}" if job.seq_len is not None else "seq-",
+    ]
+    layout = _layout(job)
+    if layout:
+        parts.append(layout)
+    if job.dataset_version or job.storage_tier:
+        parts.append(f"data:{job.dataset_version or '-'}@{job.storage_tier or '-'}")
+    return "|".join(parts)
+
+
+def _layout(job: JobInfo) -> str:
+    """`dp64.tp8.pp2.ep4.z3.fsdp:FULL_SHARD`, the sizes and stage the job named ("" if none)."""
+    sizes = [
+        f"{name}{value}"
+        for name, value in (
+            ("dp", job.data_parallel),
+            ("tp", job.tensor_parallel),
+            ("pp", job.pipeline_parallel),
+            ("ep", job.expert_parallel),
+            ("z", job.zero_stage),
         )
-    )
+        if value is not None
+    ]
+    if job.sharding:
+        sizes.append(job.sharding)
+    return ".".join(sizes)
 
 
 def _opt_sum(*values: float | None) -> float | None:

@@ -213,3 +213,37 @@ def test_the_deviating_metric_names_data_and_gpu_layers() -> None:
         f for f in _run(det, "slow", 10, step_time=1.3, complete=False, start=T0 + 2 * 10**6) if f.active
     ]
     assert active and active[0].suspected_layer == "unknown"
+
+
+def test_the_key_carries_the_parallel_layout_and_data_path_and_the_alert_says_what_matched() -> None:
+    """Issue 35.2: a TP=8 run is not compared with TP=4 runs; the summary names the key's parts."""
+    from streams.detectors.base import JobInfo
+    from streams.detectors.baseline import key_words
+    from streams.detectors.windows import baseline_key
+
+    base = dict(
+        workload_family="llama-pretrain", model_version="v1", gpu_class="H100-80GB", nodes=["n1", "n2"]
+    )
+    tp4 = JobInfo(
+        "a",
+        data_parallel=8,
+        tensor_parallel=4,
+        pipeline_parallel=1,
+        dataset_version="ds1",
+        storage_tier="lustre",
+        **base,
+    )
+    tp8 = JobInfo(
+        "b",
+        data_parallel=4,
+        tensor_parallel=8,
+        pipeline_parallel=1,
+        dataset_version="ds1",
+        storage_tier="lustre",
+        **base,
+    )
+    assert baseline_key(tp4) != baseline_key(tp8)
+    assert baseline_key(tp4).endswith("|dp8.tp4.pp1|data:ds1@lustre")
+    assert baseline_key(JobInfo("c", **base)) == "llama-pretrain|v1|H100-80GB|2n|bs-|seq-"  # names neither
+    words = key_words(baseline_key(tp4))
+    assert "parallel layout dp8.tp4.pp1" in words and "data path ds1@lustre" in words and "GPU class" in words

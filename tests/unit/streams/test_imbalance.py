@@ -226,7 +226,7 @@ def test_each_closed_window_yields_rank_and_job_window_stats() -> None:
     assert [j["window_end"] - T0 for j in jobs] == [60_000, 90_000, 120_000]
     assert len(ranks) == 3 * RANKS
     j = jobs[-1]
-    assert j["baseline_key"] == "llama-pretrain|v1|H100-80GB|1n|bs512|seq4096"
+    assert j["baseline_key"] == "llama-pretrain|v1|H100-80GB|1n|bs512|seq4096|dp8.tp1.pp1|data:ds1@-"
     assert j["ranks"] == RANKS and j["step_time_s"] == 1.0 and j["gpu_util_pct"] == 95.0
     assert j["tokens_per_s_per_gpu"] == 65536.0 and abs(j["data_wait_frac"] - 0.03) < 1e-9
     assert all(r["straggler_score"] == 1.0 for r in ranks)
