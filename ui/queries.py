@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -91,16 +92,19 @@ class RawJson:
 def to_json(data: Any) -> str:
     """Compact JSON of a page's data, `RawJson` parts spliced in as they are."""
     raws: list[str] = []
+    # The placeholders carry a fresh random tag: a record string cannot spell one (a string equal to a
+    # fixed placeholder would have been replaced in its place, and the raw part left quoted).
+    tag = secrets.token_hex(8)
 
     def default(value: Any) -> str:
         if isinstance(value, RawJson):
             raws.append(value.text)
-            return f"\u0000raw{len(raws) - 1}\u0000"
+            return f"\u0000raw{tag}:{len(raws) - 1}\u0000"
         raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
     text = json.dumps(data, separators=(",", ":"), default=default)
     for i, raw in enumerate(raws):
-        text = text.replace(f'"\\u0000raw{i}\\u0000"', raw, 1)
+        text = text.replace(f'"\\u0000raw{tag}:{i}\\u0000"', raw, 1)
     return text
 
 

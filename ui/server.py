@@ -13,7 +13,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from schemas.errors import RanksightError
 from sinks.efficiency import PriceList
 from ui import queries
 from ui.errors import NotFoundError, UiError
+from ui.guard import HostCheck, redacted
 from ui.limits import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_MAX_QUERIES,
@@ -93,6 +94,23 @@ async def _secure(request: web.BaseRequest, response: web.StreamResponse) -> Non
         response.headers.setdefault(name, value)
 
 
+def _host_guard(hosts: HostCheck) -> Any:
+    # A request naming another host (DNS rebinding) is refused before any handler reads the store.
+    @web.middleware
+    async def guard(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if not hosts.allows(request.headers.get("Host")):
+            return web.Response(
+                status=421,
+                text="this UI does not answer for that host name: open it by its address, or start it "
+                "with --allowed-host NAME",
+            )
+        return await handler(request)
+
+    return guard
+
+
 def make_app(
     client: Client,
     prices: PriceList | None = None,
@@ -103,6 +121,7 @@ def make_app(
     runbooks: Path | None = None,
     receivers: Mapping[str, str] | None = None,
     silences: Callable[[], Mapping[str, Any]] | None = None,
+    hosts: HostCheck | None = None,
 ) -> web.Application:
     """The aiohttp application of the UI over a ClickHouse client (GPU-hours priced by `prices`).
 
@@ -112,7 +131,8 @@ def make_app(
     `receivers` (receiver -> page, inform or escalate, from the ownership file) says which routed
     copies of an alert paged a team; `silences` reads Alertmanager's silences for the fleet page
     (`{"silences": [...], "silenced": [{"fingerprint", "team", "silences"}]}`; the CLI wires
-    `streams.alerting.alertmanager.read_silences` when an Alertmanager URL is configured).
+    `streams.alerting.alertmanager.read_silences` when an Alertmanager URL is configured); credentials
+    in any URL it answers are redacted. Requests whose Host header `hosts` does not allow get 421.
     """
     gate = QueryGate(max_queries, wait_s=queue_wait_s)
     pages = PageCache(cache_bytes)
@@ -218,6 +238,8 @@ def make_app(
                 "silences": [],
                 "silenced": {},
             }
+        # A URL with credentials (`http://admin:pw@alertmanager`) may be quoted in any of it.
+        answer = redacted(answer)
         silenced[:] = [(now, answer)]
         return answer
 
@@ -363,7 +385,7 @@ def make_app(
 
     # Ids are anything a record carried: the `[^/]+` patterns also match `{` and `}` (aiohttp's default
     # pattern excludes them), and `/` arrives percent-encoded.
-    app = web.Application()
+    app = web.Application(middlewares=[_host_guard(hosts if hosts is not None else HostCheck())])
     app.on_response_prepare.append(_secure)
     app[GATE] = gate
     app[PAGES] = pages
@@ -415,6 +437,7 @@ class UiServer:
         runbooks: Path | None = None,
         receivers: Mapping[str, str] | None = None,
         silences: Callable[[], Mapping[str, Any]] | None = None,
+        allowed_hosts: Sequence[str] = (),
     ) -> None:
         self.client = client
         self.prices = prices
@@ -428,6 +451,7 @@ class UiServer:
             runbooks=runbooks,
             receivers=receivers,
             silences=silences,
+            hosts=HostCheck([*allowed_hosts, *([] if host in ("0.0.0.0", "::", "") else [host])]),
         )
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -7,7 +7,7 @@ import threading
 
 import typer
 
-from ranksight.commands.ui import HOST_HELP
+from ranksight.commands.ui import ALLOWED_HOST_HELP, HOST_HELP
 from ranksight.console import console, err_console, user_errors
 from ranksight.signals import stop_signals
 
@@ -17,6 +17,7 @@ __all__ = ["register"]
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help=HOST_HELP),
     port: int = typer.Option(8088, "--port", min=0, max=65535, help="UI port (0: any free port)."),
+    allowed_host: list[str] = typer.Option([], "--allowed-host", help=ALLOWED_HOST_HELP),
     group: str = typer.Option(
         "ranksight-sink", "--group", help="Sink consumer group (prefixed like the topics)."
     ),
@@ -67,6 +68,7 @@ def serve(
             port,
             receivers=receiver_kinds(),
             silences=silence_reader(settings.alertmanager_url),
+            allowed_hosts=allowed_host,
         )
         url = server.start()
         stop = threading.Event()

@@ -13,9 +13,13 @@ from ranksight.console import console, fail, user_errors
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["open_store", "receiver_kinds", "register", "silence_reader"]
+__all__ = ["ALLOWED_HOST_HELP", "open_store", "receiver_kinds", "register", "silence_reader"]
 
 HOST_HELP = "Address to listen on (127.0.0.1: this machine only; 0.0.0.0 exposes the UI to the network)."
+ALLOWED_HOST_HELP = (
+    "A host name browsers use to reach the UI (repeatable). Requests naming any other host are refused "
+    "(DNS rebinding); IP addresses, localhost and this machine's names are always answered."
+)
 
 
 def open_store(migrate_schema: bool = True) -> Client:
@@ -79,6 +83,7 @@ def silence_reader(url: str | None) -> Callable[[], dict[str, Any]] | None:
 def ui(
     host: str = typer.Option("127.0.0.1", "--host", help=HOST_HELP),
     port: int = typer.Option(8088, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
+    allowed_host: list[str] = typer.Option([], "--allowed-host", help=ALLOWED_HOST_HELP),
     price: list[str] = typer.Option(
         [],
         "--price",
@@ -132,6 +137,7 @@ def ui(
             runbooks=runbooks,
             receivers=kinds,
             silences=silence_reader(load_settings().alertmanager_url),
+            allowed_hosts=allowed_host,
         )
 
         dsn = describe_dsn(load_settings().clickhouse_dsn())

@@ -108,14 +108,26 @@
     return ids && ids.length ? el('span', { class: 'badge silenced', title: `silenced in Alertmanager (${ids.join(', ')})` }, 'silenced') : null;
   }
 
-  // A URL from a record becomes a link only when it is http(s) or a path on this site: never
-  // javascript:, data: or anything else a browser would run. Reports (file://) have no site paths.
+  // A URL from a record becomes a link only when it parses as http(s), or as a path on this site:
+  // never javascript:, data: or anything else a browser would run. The URL parser decides, as the
+  // browser will: `/\evil.example/x` looks like a path and opens http://evil.example/x.
+  // Credentials in a URL are dropped. Reports (file://) have no site paths.
   function safeHref(url) {
     const s = String(url ?? '').trim();
-    if (/^https?:\/\/[^\s]+$/i.test(s)) return s;
-    if (!REPORT && /^\/(?!\/)[^\s]*$/.test(s)) return s;
+    if (!s || /[\s\\\u0000-\u001f\u007f]/.test(s)) return null;
+    let parsed;
+    try {
+      parsed = new URL(s, REPORT ? undefined : window.location.origin);
+    } catch (e) {
+      return null;
+    }
+    parsed.username = '';
+    parsed.password = '';
+    if (/^https?:\/\//i.test(s)) return parsed.protocol === 'http:' || parsed.protocol === 'https:' ? parsed.href : null;
+    if (!REPORT && s.startsWith('/') && !s.startsWith('//') && parsed.origin === window.location.origin) return `${parsed.pathname}${parsed.search}${parsed.hash}`;
     return null;
   }
+  RS.safeHref = safeHref; // for the tests
 
   function runbookHref(url) {
     // `docs/runbooks/<rule>` (relative, as alerts used to carry it) is served by this UI at
@@ -402,7 +414,7 @@
     for (let i = 0; i < (times || []).length; i++) {
       const v = values[i];
       const x = times[i];
-      if (v === null || v === undefined || x < 0 || x >= buckets.length || rowIds[i] < 0) continue;
+      if (v === null || v === undefined || x < 0 || x >= buckets.length || !(rowIds[i] >= 0 && rowIds[i] < rows.length)) continue;
       points.push(who ? [x, rowIds[i], v, who[i]] : [x, rowIds[i], v]);
       if (v < lo) lo = v;
       if (v > hi) hi = v;
@@ -452,6 +464,33 @@
   // The job's time panels share one window; the compare charts (steps or tokens on x) do not.
   const timeCharts = () => Object.entries(RS.charts).filter(([k]) => !k.startsWith('compare_')).map(([, c]) => c);
 
+  // The most rows a per-rank heatmap draws: the server groups a bigger job's ranks by node (`ui.rows`).
+  const MAX_RANK_ROWS = 4096;
+
+  function rankAxis(data) {
+    // The rows of a per-rank heatmap: ranks 0 .. size-1, the job's size as it declared it (else as
+    // many as it bound), never more than MAX_RANK_ROWS. A record may carry any rank (2,000,000,000):
+    // cells outside the axis are counted, not drawn, and the rows are looked up by rank, not indexed.
+    const bound = data.ranks.filter((r) => Number.isInteger(r.rank) && r.rank >= 0);
+    const declared = data.job && Number.isInteger(data.job.world_size) && data.job.world_size > 0 ? data.job.world_size : 0;
+    const size = Math.min(MAX_RANK_ROWS, declared || bound.reduce((m, r) => Math.max(m, r.rank + 1), 0));
+    const byRank = new Map(bound.filter((r) => r.rank < size).map((r) => [r.rank, r]));
+    const [times, ranks] = data.heatmap.cells;
+    let top = -1;
+    for (const r of byRank.keys()) top = Math.max(top, r);
+    for (const r of ranks || []) if (Number.isInteger(r) && r >= 0 && r < size && r > top) top = r;
+    const labels = [];
+    const rowOf = new Map();
+    for (let r = 0; r <= top; r++) {
+      const b = byRank.get(r);
+      rowOf.set(r, labels.length);
+      labels.push(b ? `r${r} ${b.node}/${b.gpu_index ?? '?'}` : `r${r}`);
+    }
+    const rowIds = (ranks || []).map((r) => (rowOf.has(r) ? rowOf.get(r) : -1));
+    const outside = new Set((ranks || []).filter((r) => !rowOf.has(r))).size;
+    return { labels, rowOf, size, outside, cells: [times, rowIds, ...data.heatmap.cells.slice(2)] };
+  }
+
   function renderJobCharts(container, data) {
     for (const [key, c] of Object.entries(RS.charts)) {
       if (key.startsWith('compare_') || key === 'history') continue;
@@ -463,11 +502,11 @@
     RS.buckets = buckets;
     // A big job's rows are nodes (or groups of nodes), a drill-down's its nodes' ranks (`heatmap.rows`).
     const rows = data.heatmap.rows || null;
-    const rankLabels = rows ? rows.labels.slice() : data.ranks.length ? data.ranks.map((r) => `r${r.rank} ${r.node}/${r.gpu_index ?? '?'}`) : [];
-    const maxRank = rows ? -1 : (data.heatmap.cells[1] || []).reduce((m, r) => Math.max(m, r), -1);
-    for (let r = rankLabels.length; r <= maxRank; r++) rankLabels.push(`r${r}`);
+    const axis = rows ? null : rankAxis(data);
+    const rankLabels = rows ? rows.labels.slice() : axis.labels;
+    const heatCells = rows ? data.heatmap.cells : axis.cells;
     const grouped = rows && rows.kind !== 'rank';
-    const rankOption = (m) => heatmapOption(data, buckets, rankLabels, data.heatmap.cells, m.index, m.label, 's', undefined, grouped && m.index < 4 ? m.index + 4 : undefined, 'worst rank');
+    const rankOption = (m) => heatmapOption(data, buckets, rankLabels, heatCells, m.index, m.label, 's', undefined, grouped && m.index < 4 ? m.index + 4 : undefined, 'worst rank');
 
     timeline(container, data);
 
@@ -478,7 +517,8 @@
       applyFocus();
       applyWindow();
     } }, HEATMAP_METRICS.map((m) => el('option', { value: m.key }, m.label)));
-    const heatTitle = !rows ? 'Per-rank time per step (ranks × time): a straggler is a stripe'
+    const outside = axis && axis.outside ? ` · ${axis.outside} rank ids outside the job's ${axis.size} ranks not drawn` : '';
+    const heatTitle = !rows ? `Per-rank time per step (ranks × time): a straggler is a stripe${outside}`
       : grouped ? `Worst rank per ${rows.kind} (${rows.labels.length} rows of ${rows.ranks} ranks × time): a straggler is a stripe on its node's row; click a row for its ranks`
         : `Ranks of ${rows.drill.join(', ')} (${rows.labels.length} of ${rows.ranks}) × time`;
     const heat = chartBox(container, 'heatmap', heatTitle, Math.min(560, Math.max(200, rankLabels.length * HEAT_ROW_PX + 50)), metricSelect,
@@ -487,6 +527,7 @@
     if (grouped && !REPORT) heat.on('click', (p) => { if (p.value) location.assign(drillHref(data, rows.nodes[p.value[1]])); });
     RS.heatmapMetric = 'compute';
     RS.rankLabels = rankLabels;
+    RS.rankRow = axis ? axis.rowOf : null;
     RS.rows = rows;
 
     const seg = data.steps.segments;
@@ -713,7 +754,7 @@
   function focusRow(f) {
     // The heatmap row of a focused alert: its rank's row, or on a grouped page the row of its node.
     const rows = RS.rows;
-    if (!rows) return f.rank !== null ? RS.rankLabels[f.rank] : undefined;
+    if (!rows) return f.rank !== null && RS.rankRow.has(f.rank) ? RS.rankLabels[RS.rankRow.get(f.rank)] : undefined;
     if (rows.kind === 'rank') return f.rank === null ? undefined : RS.rankLabels.find((l) => l.startsWith(`r${f.rank} `));
     const i = rows.nodes.findIndex((ns) => ns.includes(f.node));
     return i >= 0 ? RS.rankLabels[i] : undefined;

@@ -1,0 +1,207 @@
+"""What a record cannot make the UI do (issue 32.5): loop over a forged rank, break a page with a
+string that spells an internal placeholder, link to another site through a path-like href, answer a
+rebinding page's host name, or show the credentials of a configured URL.
+
+The UI runs in its own process over its own chDB store (chDB opens one store per process; this
+package's store is another), filled from one small simulated incident plus the forged records.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from producers.simulator import load_scenario, simulate
+from schemas.files import write_container
+from schemas.records import Event
+from tests.integration.ui.conftest import READY, needs_chromium
+
+pytestmark = needs_chromium
+
+FORGED_RANK = 2_000_000_000
+# The placeholder the UI's JSON encoder once used for spliced-in ClickHouse JSON.
+PLACEHOLDER = "\u0000raw0\u0000"
+AM_URL = "http://admin:s3cret-pw@127.0.0.1:9/"
+
+# Fills a store from a recording and serves the UI on it; prints the URL.
+_SERVE = """
+import sys
+from pathlib import Path
+from ranksight.commands.report import replayed
+from ranksight.commands.ui import silence_reader
+from sinks.clickhouse import connect
+from sinks.ddl import migrate
+from ui.server import UiServer
+from ui.store import load_events
+
+client = connect(sys.argv[2])
+migrate(client, ttl_days=None)
+load_events(client, replayed([Path(sys.argv[1])]))
+server = UiServer(client, "127.0.0.1", 0, silences=silence_reader(sys.argv[3]), allowed_hosts=["ui.example.org"])
+server.serve_forever(lambda url: print("UI on", url, flush=True))
+"""
+
+
+@dataclass(frozen=True)
+class Forged:
+    """The served UI, the forged job and its recording."""
+
+    url: str
+    job_id: str
+    recording: Path
+
+
+def _forged_events() -> tuple[str, list[Event]]:
+    scenario = load_scenario("straggler_gpu").with_overrides(duration=6 * 60)
+    events = list(simulate(scenario, 0).events())
+    job_id = next(e.record["job_id"] for e in events if e.type == "JobStarted")
+    out: list[Event] = []
+    forged = False
+    for event in events:
+        if event.type == "JobStarted":
+            event = Event(event.type, {**event.record, "owner": PLACEHOLDER})
+        out.append(event)
+        if event.type == "StepCompleted" and not forged and event.record["step"] > 20:
+            out.append(Event(event.type, {**event.record, "rank": FORGED_RANK}))
+            forged = True
+    assert forged
+    return job_id, out
+
+
+def _lines(stream: Any, into: queue.Queue[str]) -> None:
+    for line in iter(stream.readline, ""):
+        into.put(line)
+
+
+@pytest.fixture(scope="module")
+def forged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Forged]:
+    tmp = tmp_path_factory.mktemp("forged")
+    job_id, events = _forged_events()
+    recording = tmp / "forged.avro"
+    write_container(recording, iter(events))
+    env = {k: v for k, v in os.environ.items() if k != "CLICKHOUSE_URL"}
+    cmd = [sys.executable, "-c", _SERVE, str(recording), f"chdb://{tmp / 'chdb'}", AM_URL]
+    process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=_lines, args=(process.stdout, lines), daemon=True).start()
+    try:
+        url = None
+        deadline = time.monotonic() + 180
+        while url is None and time.monotonic() < deadline:
+            line = lines.get(timeout=180)
+            match = re.search(r"UI on (http://\S+/)", line)
+            url = match.group(1) if match else None
+        assert url, "the UI never said where it is"
+        yield Forged(url, job_id, recording)
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def _job_path(job_id: str) -> str:
+    return "jobs/" + urllib.parse.quote(job_id, safe="")
+
+
+def test_a_string_spelling_the_placeholder_is_data(forged: Forged) -> None:
+    """A job whose owner is the encoder's old placeholder: its page is valid JSON, the owner as published."""
+    page = httpx.get(forged.url + "api/" + _job_path(forged.job_id), timeout=60)
+    assert page.status_code == 200
+    data = page.json()
+    assert data["job"]["owner"] == PLACEHOLDER
+    assert isinstance(data["heatmap"]["cells"], list) and data["heatmap"]["cells"][0]
+
+
+def test_a_forged_rank_is_counted_not_drawn(forged: Forged, browser: Any) -> None:
+    """Rank 2,000,000,000 in one step record: the job page renders its declared ranks and says one is outside."""
+    data = httpx.get(forged.url + "api/" + _job_path(forged.job_id), timeout=60).json()
+    assert FORGED_RANK in data["heatmap"]["cells"][1]  # the store holds it; the page must cope
+    tab = browser.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    tab.goto(forged.url + _job_path(forged.job_id))
+    tab.wait_for_function(READY, timeout=30_000)
+    assert tab.evaluate("() => window.ranksight.error") is None and errors == []
+    labels = tab.evaluate("() => window.ranksight.rankLabels")
+    assert len(labels) == data["job"]["world_size"] and labels[0].startswith("r0 ")
+    assert "1 rank ids outside the job's" in tab.inner_text("#charts")
+    tab.close()
+
+
+def test_a_report_with_a_forged_rank_opens(forged: Forged, browser: Any, tmp_path: Path) -> None:
+    """The same job's report, folded from the recording without a store, opens in the browser."""
+    from ranksight.commands.report import replayed
+    from ui.report import report_from_events
+
+    out = tmp_path / "report.html"
+    report_from_events(lambda: replayed([forged.recording]), out, job_id=forged.job_id)
+    tab = browser.new_page()
+    tab.goto(out.as_uri())
+    tab.wait_for_function(READY, timeout=30_000)
+    assert tab.evaluate("() => window.ranksight.error") is None
+    assert len(tab.evaluate("() => window.ranksight.rankLabels")) < 1000
+    tab.close()
+
+
+def test_hrefs_are_parsed_as_urls(forged: Forged, browser: Any) -> None:
+    """Only http(s) URLs and paths of this site become links; what a browser would send elsewhere does not."""
+    tab = browser.new_page()
+    tab.goto(forged.url)
+    tab.wait_for_function(READY, timeout=30_000)
+    cases = {
+        "/\\evil.example/x": None,
+        "//evil.example/x": None,
+        "/%5Cevil.example/x": "/%5Cevil.example/x",
+        "javascript:alert(1)": None,
+        " JavaScript:alert(1)": None,
+        "data:text/html,x": None,
+        "http://evil.example/x\nhttp://y": None,
+        "/runbooks/straggler": "/runbooks/straggler",
+        "/alerts/a?b=1#c": "/alerts/a?b=1#c",
+        "https://runbooks.example.org/gpu#xid": "https://runbooks.example.org/gpu#xid",
+        "http://admin:pw@runbooks.example.org/x": "http://runbooks.example.org/x",
+        "http:/\\evil.example": None,
+    }
+    got = tab.evaluate("(cases) => cases.map((c) => window.ranksight.safeHref(c))", list(cases))
+    assert dict(zip(cases, got, strict=True)) == cases
+    tab.close()
+
+
+def test_only_the_uis_own_host_names_are_answered(forged: Forged) -> None:
+    """DNS rebinding: a request naming another host is refused; IPs, localhost and configured names are served."""
+    port = urllib.parse.urlsplit(forged.url).port
+    with httpx.Client(base_url=forged.url, timeout=30) as http:
+        for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", "localhost.evil"):
+            response = http.get("/api/version", headers={"Host": host})
+            assert response.status_code == 421, host
+            assert "--allowed-host" in response.text
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "ui.example.org", f"UI.example.org:{port}"):
+            assert http.get("/api/version", headers={"Host": host}).status_code == 200, host
+
+
+def test_alertmanager_credentials_are_never_shown(forged: Forged, browser: Any) -> None:
+    """The configured Alertmanager URL carries a password: the silences answer and the fleet page redact it."""
+    answer = httpx.get(forged.url + "api/fleet/silences", timeout=60)
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["configured"] and body["error"], body  # nothing listens there: the error quotes the URL
+    assert "s3cret-pw" not in answer.text and "admin" not in answer.text
+    assert "http://***@127.0.0.1:9" in body["error"]
+    tab = browser.new_page()
+    tab.goto(forged.url)
+    tab.wait_for_function(READY, timeout=30_000)
+    tab.wait_for_function("() => document.body.innerText.includes('127.0.0.1:9')", timeout=30_000)
+    assert "s3cret-pw" not in tab.inner_text("body")
+    tab.close()
