@@ -28,7 +28,7 @@ from schemas.records import Event
 from sinks.ddl import table_specs
 from sinks.efficiency import PriceList
 from sinks.rows import row_converter
-from ui.alerts import copies_of, fold_muted, routed_copies, transitions
+from ui.alerts import copies_of, fold_muted, routed_copies, transitions, units_of
 from ui.compare import SEGMENTS, BucketRow, Run, assemble, choose_runs, config_of, step_bucket
 from ui.errors import NotFoundError, UiError
 from ui.facts import PROGRESS_WINDOW_S, checkpoint_facts, progress_panel
@@ -1026,6 +1026,7 @@ def alert_report(
     alert["summary"] = fired[-1]["summary"]
     alert["resolution"] = latest["summary"] if latest["status"] == "resolved" else ""
     alert["observed_fired"] = _num(fired[-1].get("observed"), 6)
+    alert.update(units_of(fired[-1], [r for r in records if r.get("expected") is not None]))
     thresholds = [r["expected"] for r in records if r.get("expected") is not None]
     alert["threshold"] = _num(thresholds[-1], 6) if thresholds else None
     alert["starts_ms"] = min(r["starts_at"] for r in records)

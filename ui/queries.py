@@ -26,7 +26,7 @@ from clickhouse_connect.driver.client import Client
 from schemas.eventtime import MIN_EVENT_TS
 from sinks.efficiency import PriceList, job_rows, run_rows
 from sinks.errors import QueryError
-from ui.alerts import copies_of, fold_muted, routed_copies, transitions
+from ui.alerts import copies_of, fold_muted, routed_copies, transitions, units_of
 from ui.errors import NotFoundError
 from ui.facts import PROGRESS_WINDOW_S, checkpoint_facts, progress_panel
 from ui.rows import RowLayout, row_layout
@@ -1702,6 +1702,7 @@ def alert_page(
     alert["summary"] = fired[-1]["summary"]
     alert["resolution"] = latest["summary"] if latest["status"] == "resolved" else ""
     alert["observed_fired"] = _plain(fired[-1]["observed"])
+    alert.update(units_of(fired[-1], [r for r in records if r["expected"] is not None]))
     thresholds = [r["expected"] for r in records if r["expected"] is not None]
     alert["threshold"] = _plain(thresholds[-1]) if thresholds else None
     alert["starts_ms"] = _plain(min(r["starts_at"] for r in records))

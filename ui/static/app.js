@@ -36,7 +36,7 @@
       else if (k.startsWith('on')) node.addEventListener(k.slice(2), v);
       else node.setAttribute(k, v === true ? '' : v);
     }
-    for (const child of children.flat()) {
+    for (const child of children.flat(Infinity)) {
       if (child === null || child === undefined || child === false) continue;
       node.append(child instanceof Node ? child : document.createTextNode(String(child)));
     }
@@ -934,7 +934,9 @@
     if (!e) return el('p', { class: 'muted', id: 'efficiency' }, 'No run of this job is recorded yet: no efficiency figures.');
     const money = (v) => (v === null || v === undefined ? 'no price configured' : `$${fmtFixed(v, 2)}`);
     const figure = (key, label, text, title) => [el('div', { class: 'fact' }, el('dt', { title }, label), el('dd', { 'data-figure': key, 'data-value': e[key] ?? '' }, text))];
-    const perBillion = (v) => (v === null || v === undefined ? '—' : fmtNum(v));
+    const perBillion = (v) => (v === null || v === undefined || v === 0 ? '—' : fmtNum(v));
+    // No GPU energy counter read during the run sums to 0: that is nothing measured, not zero energy.
+    const kwh = (v) => (v === null || v === undefined || v === 0 ? 'not measured' : `${fmtNum(v)} kWh`);
     return el('section', { class: 'panel efficiency', id: 'efficiency' },
       el('h3', {}, `Efficiency: ${e.runs} run${e.runs === 1 ? '' : 's'}, ${e.gpus} × ${e.gpu_class || 'GPU'}, ${e.outcome}${e.outcome === 'running' ? ' (figures move until the run ends)' : ''}`),
       spentBar(e.spent_gpu_h, e.allocated_gpu_h, e.queue_gpu_h),
@@ -943,7 +945,7 @@
         ...figure('goodput_pct', 'goodput', `${fmtFixed(e.goodput_pct, 1)} %`, 'productive GPU-hours / allocated GPU-hours'),
         ...figure('tokens_per_gpu_h', 'tokens per GPU-hour', fmtCompact(e.tokens_per_gpu_h)),
         ...figure('samples_per_gpu_h', 'samples per GPU-hour', fmtCompact(e.samples_per_gpu_h)),
-        ...figure('energy_kwh', 'energy', `${fmtNum(e.energy_kwh)} kWh`),
+        ...figure('energy_kwh', 'energy', kwh(e.energy_kwh), 'from the GPUs\' energy counters'),
         ...figure('kwh_per_billion_tokens', 'kWh per billion tokens', perBillion(e.kwh_per_billion_tokens)),
         ...figure('queue_s', 'queue wait', e.queue_s === null ? 'unknown' : fmtDuration(e.queue_s * 1000)),
         ...figure('failed_work_pct', 'failed work', `${fmtFixed(e.failed_work_pct, 1)} %`, 'GPU-hours of failed runs after their last verified checkpoint, of allocated'),
@@ -955,7 +957,7 @@
           el('td', {}, r.run_id), el('td', {}, r.outcome), el('td', { class: 'num' }, r.gpus), el('td', { class: 'num' }, fmtFixed(r.allocated_gpu_h, 2)),
           el('td', { class: 'bar' }, spentBar(r.spent_gpu_h, r.allocated_gpu_h, 0)[0]),
           el('td', { class: 'num' }, `${fmtFixed(r.goodput_pct, 1)} %`), el('td', { class: 'num' }, fmtCompact(r.tokens_per_gpu_h)),
-          el('td', { class: 'num' }, fmtNum(r.energy_kwh)), el('td', { class: 'num' }, perBillion(r.kwh_per_billion_tokens)),
+          el('td', { class: 'num' }, r.energy_kwh ? fmtNum(r.energy_kwh) : '—'), el('td', { class: 'num' }, perBillion(r.kwh_per_billion_tokens)),
           el('td', { class: 'num' }, r.cost === null ? '—' : money(r.cost)))))) : null);
   }
 
@@ -1046,7 +1048,19 @@
     if (/(ratio|fraction|score)$/.test(n)) return 'ratio';
     return '';
   }
-  const withUnit = (v, unit) => (v === null || v === undefined ? '-' : `${fmtNum(v, 4)}${unit && unit !== 'count' && unit !== 'ratio' ? ` ${unit}` : ''}`);
+  // A value with its own unit, as the alert record typed it (`observed_unit`, `expected_unit`): a
+  // share (`ratio`) reads in %, a step number as "step N". Null: a record written before alerts carried
+  // units; the number is shown bare and says so, never with another value's unit.
+  function valueText(v, unit) {
+    if (v === null || v === undefined) return '-';
+    if (unit === null || unit === undefined) return `${fmtNum(v, 4)} (unit not recorded)`;
+    if (unit === 'ratio') return `${fmtNum(v * 100, 3)} %`;
+    if (unit === 'step') return `step ${Math.round(v)}`;
+    if (unit === 'steps') return `${Math.round(v)} steps`;
+    if (unit === 'count' || unit === '') return fmtNum(v, 4);
+    return `${fmtNum(v, 4)} ${unit}`;
+  }
+  const valueFact = (v, unit, what) => (v === null || v === undefined ? '-' : `${valueText(v, unit)}${what ? ` (${what})` : ''}`);
   // Rules whose metric is a progress counter while their threshold is a time without progress.
   const STALL_RULES = new Set(['job_stall', 'evaluation_stuck']);
 
@@ -1055,7 +1069,8 @@
     const end = a.status === 'resolved' && a.ends_ms ? a.ends_ms : (a.ts || a.starts_ms);
     const color = a.status === 'resolved' ? COLORS.resolved : COLORS[a.severity] || COLORS.critical;
     let name = a.history_metric || 'metric';
-    let unit = metricUnit(name);
+    // The history's own unit (`history_unit`); a record from before units were carried: from its name.
+    let unit = a.history_unit ?? metricUnit(name);
     let points = (a.history || []).filter((p) => p[1] !== null);
     const last = a.last_progress_ts || (points.length ? points[points.length - 1][0] : null);
     if (STALL_RULES.has(a.rule) && last) {
@@ -1070,10 +1085,12 @@
     const lo = Math.min(...times);
     const hi = Math.max(...times);
     const pad = Math.max(60000, 0.1 * (hi - lo));
-    const threshold = a.threshold ?? null;
+    // The threshold is drawn only on an axis of its own unit (rank_hang's step numbers are no line on
+    // its SM activity chart).
+    const threshold = a.threshold !== null && a.threshold !== undefined && a.threshold_unit === unit ? a.threshold : null;
     const unitText = unit === 'ratio' || unit === 'count' || !unit ? (unit ? ` (${unit})` : '') : ` (${unit})`;
     // An alert without history (a rule that keeps none, a record written by hand) says so instead of an empty axis.
-    const title = `What the detector saw: ${name}${unitText}${threshold === null ? '' : `; threshold ${withUnit(threshold, unit)}`}${points.length ? '' : ' — the alert carries no history of it: only its span is drawn'}`;
+    const title = `What the detector saw: ${name}${unitText}${threshold === null ? '' : `; ${a.threshold_what || 'threshold'} ${valueText(threshold, unit)}`}${points.length ? '' : ' — the alert carries no history of it: only its span is drawn'}`;
     const extent = (v, side) => {
       // The y axis always shows the threshold, with a little room around the data.
       const values = [v[side], ...(threshold === null ? [] : [threshold])];
@@ -1082,19 +1099,22 @@
       return side === 'min' ? (m >= 0 && v.min >= 0 ? Math.max(0, m - 0.1 * span) : m - 0.1 * span) : m + 0.1 * span;
     };
     const units = { [name]: unit === 'ratio' || unit === 'count' ? '' : unit };
+    const short = hi - lo + 2 * pad < 15 * 60000;
     return {
       title,
       meta: { name, unit, threshold, color, x: [lo - pad, hi + pad], points },
       option: {
         animation: false, grid: { left: 70, right: 110, top: 22, bottom: 24 }, tooltip: { trigger: 'axis', formatter: axisTip(units) },
-        xAxis: { type: 'time', min: lo - pad, max: hi + pad, axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5), hideOverlap: true } },
+        // Minutes over a long span; seconds over a short one, so no two ticks read the same ("12:28 12:28").
+        xAxis: { type: 'time', min: lo - pad, max: hi + pad, minInterval: short ? 1000 : 60000,
+          axisLabel: { formatter: (v) => (short ? fmtTime(v) : fmtTime(v).slice(0, 5)), hideOverlap: true } },
         yAxis: { type: 'value', name: unit && unit !== 'ratio' ? unit : '', nameTextStyle: { align: 'left' }, min: (v) => extent(v, 'min'), max: (v) => extent(v, 'max'), splitNumber: 3,
           // The padded extent is no round number (1.04111, 0.67379 over the ticks): only the ticks are labelled.
           axisLabel: { showMinLabel: false, showMaxLabel: false } },
         series: [{ name, type: 'line', data: points, showSymbol: true, color,
           markArea: { silent: true, itemStyle: { color: a.status === 'resolved' ? COLORS.resolvedBand : COLORS.alert }, data: [[{ xAxis: a.starts_ms }, { xAxis: end }]] },
           markLine: threshold === null ? undefined : { silent: true, symbol: 'none', lineStyle: { color: '#d62728', type: 'dashed' },
-            label: { formatter: `threshold ${withUnit(threshold, unit)}`, position: 'end' }, data: [{ yAxis: threshold, name: 'threshold' }] } }],
+            label: { formatter: `${a.threshold_what || 'threshold'} ${valueText(threshold, unit)}`, position: 'end' }, data: [{ yAxis: threshold, name: 'threshold' }] } }],
       },
     };
   }
@@ -1115,9 +1135,10 @@
         ...fact('job', a.job_id ? el('a', { href: jobHref(a.job_id) }, a.job_id) : '-'), ...fact('run', a.run_id), ...fact('owner', a.owner),
         ...fact('where', where(a)), ...fact('GPU uuid', a.gpu_uuid), ...fact('cluster', a.cluster),
         ...fact('suspected layer', a.suspected_layer), ...fact('category', a.category),
-        ...fact('invariant', a.invariant), ...fact(a.status === 'resolved' ? 'observed when it fired' : 'observed', withUnit(a.observed_fired ?? a.observed, chartSpec.meta.unit)),
-        ...(a.status === 'resolved' ? fact('observed at resolution', withUnit(a.observed, chartSpec.meta.unit)) : []),
-        ...fact('threshold', withUnit(a.threshold, chartSpec.meta.unit)),
+        ...fact('invariant', a.invariant),
+        ...fact(a.status === 'resolved' ? 'observed when it fired' : 'observed', el('span', { id: 'observed' }, valueFact(a.observed_fired ?? a.observed, a.observed_fired_unit ?? a.observed_unit, a.observed_fired_what ?? a.observed_what))),
+        ...(a.status === 'resolved' ? fact('observed at resolution', el('span', { id: 'observed-resolved' }, valueFact(a.observed, a.observed_unit, a.observed_what))) : []),
+        ...fact(a.threshold_what ? 'expected' : 'threshold', el('span', { id: 'threshold' }, valueFact(a.threshold, a.threshold_unit, a.threshold_what))),
         ...fact('baseline', a.baseline ? `${a.baseline} (${a.baseline_runs ?? '?'} runs)` : null),
         ...fact('current step', a.current_step), ...fact('last progress', fmtDateTime(a.last_progress_ts)),
         ...(a.job_id ? fact('progress', el('span', { id: 'alert-progress' }, alertProgress(a))) : []),

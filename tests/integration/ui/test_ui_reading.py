@@ -6,6 +6,7 @@ Read from the DOM and the charts' models in Chromium, never from pixels.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -95,6 +96,65 @@ def _alert_ids(ui_store: UiStore) -> list[tuple[str, str]]:
     return [(str(a), str(r)) for a, r in rows]
 
 
+# How a value of each unit reads on an alert page (`valueText` in app.js).
+_UNIT_TEXT = {
+    "s": r"-?[\d.e+-]+ s",
+    "%": r"-?[\d.e+-]+ %",
+    "ratio": r"-?[\d.e+-]+ %",
+    "step": r"step \d+",
+    "steps": r"-?\d+ steps",
+    "count": r"-?[\d.e+-]+",
+    "": r"-?[\d.e+-]+",
+}
+
+
+def _reads_as(text: str, unit: str | None, what: str | None) -> bool:
+    """Whether a fact's text is a value of `unit` (and nothing else) followed by what it measures."""
+    if unit is None:
+        return text.endswith("(unit not recorded)")
+    pattern = _UNIT_TEXT.get(unit, r"-?[\d.e+-]+ " + re.escape(unit))
+    return re.fullmatch(pattern + (r" \(" + re.escape(what) + r"\)" if what else ""), text) is not None
+
+
+def test_every_alert_page_labels_each_value_with_its_own_unit(
+    browser: Any, ui_url: str, ui_store: UiStore
+) -> None:
+    """Every alert of the store: observed and expected read in their own units (never the history's), a
+    share never over 100 %, and a threshold line only on a chart of the threshold's unit."""
+    page = _open(browser, ui_url)
+    rules = set()
+    for alert_id, rule in _alert_ids(ui_store):
+        page.goto(f"{ui_url}alerts/{alert_id}")
+        page.wait_for_function(READY, timeout=60_000)
+        a = page.evaluate("() => window.ranksight.data.alert")
+        texts = page.evaluate(
+            "() => ['observed', 'threshold'].map(id => (document.getElementById(id) || {}).textContent)"
+        )
+        if a["observed_fired"] is not None:
+            assert a["observed_fired_unit"] is not None, rule  # this store's alerts carry their units
+            assert _reads_as(texts[0], a["observed_fired_unit"], a["observed_fired_what"]), (
+                rule,
+                texts[0],
+                a,
+            )
+        if a["threshold"] is not None:
+            assert _reads_as(texts[1], a["threshold_unit"], a["threshold_what"]), (rule, texts[1])
+        for value, unit in (
+            (a["observed_fired"], a["observed_fired_unit"]),
+            (a["threshold"], a["threshold_unit"]),
+        ):
+            if unit == "ratio" and value is not None:
+                assert 0 <= value <= 1, (rule, value)  # a share in % is 0-100 %
+            if unit == "%" and value is not None:
+                assert 0 <= value <= 100, (rule, value)
+        meta = page.evaluate("() => window.ranksight.alertChart")
+        if meta["threshold"] is not None:
+            assert a["threshold_unit"] == meta["unit"], (rule, a["threshold_unit"], meta["unit"])
+        rules.add(rule)
+    assert {"straggler", "job_stall"} <= rules, rules
+    page.context.close()
+
+
 def test_every_alert_chart_has_its_threshold_line_unit_and_a_sane_axis(
     browser: Any, ui_url: str, ui_store: UiStore
 ) -> None:
@@ -125,19 +185,20 @@ def test_every_alert_chart_has_its_threshold_line_unit_and_a_sane_axis(
         if meta["threshold"] is not None:
             assert chart["mark"] == [meta["threshold"]], rule
             assert chart["y"][0] <= meta["threshold"] <= chart["y"][1], (rule, chart["y"], meta["threshold"])
-            assert "threshold" in chart["title"]
+            assert a["threshold_what"] in chart["title"]
         assert meta["unit"] or rule in (
             "nonfinite_grad",
             "nonfinite_loss",
             "grad_spike",
             "loss_divergence",
+            "straggler",  # a score: job median time / the rank's time
         ), rule
         if rule == "job_stall":
             assert meta["name"] == "seconds without a step" and meta["unit"] == "s"
-            assert "threshold" in chart["title"] and " s" in chart["title"]
+            assert "allowed" in chart["title"] and " s" in chart["title"]
             assert max(p[1] for p in meta["points"]) >= meta["threshold"]
         if rule == "straggler":
-            assert meta["threshold"] == pytest.approx(0.75) and meta["unit"] == "ratio"
+            assert meta["threshold"] == pytest.approx(0.75) and meta["unit"] == ""
         if a["status"] == "resolved":
             assert chart["color"] == "#6a9f58"  # resolved is green
             fired = [t["summary"] for t in a["transitions"] if t["status"] == "firing"]
