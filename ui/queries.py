@@ -28,7 +28,7 @@ from sinks.efficiency import PriceList, job_rows, run_rows
 from sinks.errors import QueryError
 from ui.alerts import copies_of, fold_muted, routed_copies, transitions, units_of
 from ui.errors import NotFoundError
-from ui.facts import PROGRESS_WINDOW_S, checkpoint_facts, progress_panel
+from ui.facts import PROGRESS_WINDOW_S, checkpoint_facts, job_condition, progress_panel, without_eta
 from ui.rows import RowLayout, row_layout
 
 __all__ = [
@@ -1524,6 +1524,10 @@ def job_page(
         "alerts": f.alerts,
         "actions": _actions(client, _JOB, job=job_id),
     }
+    # State wins over averages: a stalled, hung or overdue job shows no ETA and says since when.
+    now_ms = max([span[1], *(a.get("updated_ms") or 0 for a in f.alerts)])
+    page["condition"] = job_condition(page["progress"], f.alerts, now_ms)
+    without_eta(page["progress"], page["condition"])
     # A big job's panels read all its ranks, GPUs and nodes, drilled down or not.
     if defer_details and f.layout is not None:
         page["details"] = "pending"

@@ -244,16 +244,18 @@
     }, el('option', { value: '' }, `all ${name}s`), values.map((v) => el('option', v === current ? { value: v, selected: true } : { value: v }, v)));
     const jobs = data.jobs.filter(keep);
     const rows = jobs.map((j) => {
-      const stale = j.last_progress_ms && data.now_ms - j.last_progress_ms > 120000;
+      // A finished job makes no progress by design: only a job that should step is flagged.
+      const finished = ['completed', 'failed', 'preempted'].includes(j.state);
+      const stale = !finished && j.last_progress_ms && data.now_ms - j.last_progress_ms > 120000;
       const firing = ['critical', 'warning', 'info'].filter((s) => j.firing[s]).map((s) => badge(s, `${j.firing[s]} ${s}`));
       return el('tr', { 'data-job': j.job_id, class: firing.length ? 'unhealthy' : '' },
         el('td', {}, el('a', { href: jobHref(j.job_id) }, j.job_id)),
-        el('td', {}, firing.length ? firing : el('span', { class: 'ok' }, 'healthy')),
+        el('td', {}, firing.length ? firing : stale ? badge('warning', 'no progress') : el('span', { class: 'ok' }, finished ? j.state : 'healthy')),
         el('td', {}, j.state || '-'),
         el('td', {}, j.team), el('td', {}, j.cluster), el('td', {}, j.owner),
         el('td', { class: 'num' }, j.world_size || '-'),
         el('td', { class: 'num' }, j.last_step ?? '-'),
-        el('td', { class: stale ? 'stale nowrap' : 'nowrap' }, j.last_progress_ms ? `${fmtTime(j.last_progress_ms)}${stale ? ` (no progress for ${fmtDuration(data.now_ms - j.last_progress_ms)})` : ''}` : '-'),
+        el('td', { class: stale ? 'stale nowrap' : 'nowrap' }, j.last_progress_ms ? `${fmtTime(j.last_progress_ms)}${stale ? ` (no progress for ${fmtDuration(data.now_ms - j.last_progress_ms)})` : finished ? ` (${j.state})` : ''}` : '-'),
         el('td', { class: 'num' }, j.step_rate === null ? '-' : `${fmtNum(j.step_rate)} /s`),
         goodputCell(j),
         el('td', { class: 'num', title: 'proxy, not goodput: share of the minutes since the first step that have steps (a stalled job falls behind)' }, j.progress_time_frac === null ? '-' : `${Math.round(j.progress_time_frac * 100)} %`),
@@ -832,7 +834,8 @@
     const muted = all.length - firing.length ? ` (${all.length - firing.length} muted)` : '';
     return el('div', { class: 'header' },
       el('h1', {}, REPORT ? '' : el('a', { href: '/', class: 'crumb' }, 'fleet › '), `job ${j.job_id}`,
-        firing.length ? badge(firing[0].severity, `${firing.length} firing${muted}`) : el('span', { class: 'badge ok' }, `no alert firing${muted}`)),
+        firing.length ? badge(firing[0].severity, `${firing.length} firing${muted}`) : el('span', { class: 'badge ok' }, `no alert firing${muted}`),
+        conditionBadge(data.condition)),
       el('dl', { class: 'facts' },
         ...[['team', j.team], ['owner', j.owner], ['cluster', j.cluster], ['model', j.model], ['ranks', j.world_size], ['GPU', j.gpu_class],
           ['nodes', (j.nodes || []).length > 8 ? `${j.nodes.length} nodes: ${j.nodes[0]} … ${j.nodes[j.nodes.length - 1]}` : (j.nodes || []).join(', ')], ['run', j.run_id], ['started', fmtDateTime(j.started_ms)],
@@ -843,6 +846,20 @@
         ' · ', el('a', { href: `/compare?job=${encodeURIComponent(j.job_id)}`, id: 'compare-link' }, j.workload_family ? 'compare with other runs of this workload family' : 'compare its runs')));
   }
 
+  // What a job is doing now (`ui.facts.job_condition`): a state that stops it wins over its averages.
+  function conditionText(c) {
+    if (!c || c.kind === 'running') return null;
+    if (c.kind === 'finished') return `${c.state}${c.since_ms ? `, last step ${fmtDateTime(c.since_ms)}` : ''}`;
+    const since = c.since_ms ? ` since ${fmtDateTime(c.since_ms)}` : '';
+    if (c.kind === 'overdue') return `no step${since} (progress heartbeat overdue)`;
+    return `${c.kind}${since}${c.rule ? ` (${c.rule} firing)` : ''}`;
+  }
+  function conditionBadge(c) {
+    const text = conditionText(c);
+    if (!text) return null;
+    return el('span', { class: `badge ${c.kind === 'finished' ? 'ok' : 'critical'}`, id: 'job-condition' }, text);
+  }
+
   function alertProgress(a) {
     // The run's target, how much of it was done and the ETA at the recent step rate, as the alert
     // carries them (schemas.progress.estimate: the job page's arithmetic, at the alert's time).
@@ -850,6 +867,8 @@
     if (a.target_done === null || a.target_done === undefined) return `target ${fmtCompact(a.target)} ${a.target_kind}, no step yet`;
     const share = a.target > 0 ? ` (${fmtFixed((100 * a.target_done) / a.target, 1)} %)` : '';
     const done = `${fmtCompact(a.target_done)} of ${fmtCompact(a.target)} ${a.target_kind}${share}`;
+    // A firing stall or hang stops the job: an ETA at the rate before it would be a promise it cannot keep.
+    if (a.status === 'firing' && ['job_stall', 'zombie_job', 'rank_hang'].includes(a.rule)) return `${done}; no ETA: ${a.rule === 'rank_hang' ? 'hung' : 'stalled'} since ${fmtDateTime(a.last_progress_ts ?? a.starts_ms)}`;
     if (a.eta_s === null || a.eta_s === undefined) return `${done}; no ETA (no recent steps, or the job ended)`;
     const finish = a.last_progress_ts ? `, done about ${fmtDateTime(a.last_progress_ts + a.eta_s * 1000)}` : '';
     return `${done}; ETA ${fmtDuration(a.eta_s * 1000)} at the recent step rate${finish}`;
@@ -865,7 +884,8 @@
       facts.push(['progress', p.target_kind === null ? 'no target known (JobStarted carries none)'
         : p.done === null ? `target ${fmtCompact(p.target)} ${p.target_kind}, no step yet`
           : `${fmtCompact(p.done)} of ${fmtCompact(p.target)} ${p.target_kind} (${fmtFixed(100 * p.fraction, 1)} %)`]);
-      facts.push(['ETA', p.eta_s === null ? (p.state === 'completed' || p.state === 'failed' ? `none: ${p.state}` : '— (no target or no recent steps)')
+      const stopped = data.condition && ['stalled', 'hung', 'overdue'].includes(data.condition.kind) ? conditionText(data.condition) : null;
+      facts.push(['ETA', stopped ? `none: ${stopped}` : p.eta_s === null ? (p.state === 'completed' || p.state === 'failed' ? `none: ${p.state}` : '— (no target or no recent steps)')
         : `${fmtDuration(p.eta_s * 1000)}, done ${fmtDateTime(p.finish_ms)} at ${fmtNum(p.rate_steps_s)} steps/s`]);
     }
     if (c) {

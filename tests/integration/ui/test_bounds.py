@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,8 @@ class Forged:
 
 def _forged_events() -> tuple[str, list[Event]]:
     scenario = load_scenario("straggler_gpu").with_overrides(duration=6 * 60)
+    # The job completes a minute before the recording ends: the fleet must show it finished.
+    scenario = replace(scenario, jobs=tuple(replace(j, end=5 * 60) for j in scenario.jobs))
     events = list(simulate(scenario, 0).events())
     job_id = next(e.record["job_id"] for e in events if e.type == "JobStarted")
     out: list[Event] = []
@@ -204,4 +206,18 @@ def test_alertmanager_credentials_are_never_shown(forged: Forged, browser: Any) 
     tab.wait_for_function(READY, timeout=30_000)
     tab.wait_for_function("() => document.body.innerText.includes('127.0.0.1:9')", timeout=30_000)
     assert "s3cret-pw" not in tab.inner_text("body")
+    tab.close()
+
+
+def test_the_fleet_shows_a_finished_job_finished(forged: Forged, browser: Any) -> None:
+    """A completed job's fleet row says completed, not 'no progress for N min' in red."""
+    from tests.integration.ui.test_ui_reading import _FLEET_ROWS
+
+    tab = browser.new_page()
+    tab.goto(forged.url)
+    tab.wait_for_function(READY, timeout=30_000)
+    [row] = tab.evaluate(_FLEET_ROWS)
+    assert row["state"] == "completed", row
+    assert not row["stale"] and "no progress" not in row["progress"] + row["health"], row
+    assert "completed" in row["health"] + row["progress"]
     tab.close()

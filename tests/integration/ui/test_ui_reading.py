@@ -238,3 +238,53 @@ def test_a_stalled_job_reads_zero_steps_per_second_while_stalled(ui_store: UiSto
     assert before and sum(v > 0 for v in before) > 0.9 * len(before)
     fleet = {j["job_id"]: j for j in queries.fleet(ui_store.client, goodput=False)["jobs"]}
     assert fleet[STALLED_JOB]["step_rate"] == 0.0 and fleet[STRAGGLER_JOB]["step_rate"] > 0
+
+
+def test_a_stalled_job_has_no_eta_and_says_since_when(
+    ui_store: UiStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """State wins over averages: the stalled job's page and `ranksight jobs` say stalled since its last step,
+    with no ETA; a job that steps keeps its ETA."""
+    page = queries.job_page(ui_store.client, STALLED_JOB, with_efficiency=False)
+    condition = page["condition"]
+    assert condition["kind"] in ("stalled", "overdue"), condition
+    assert condition["since_ms"] == page["progress"]["last_step_ms"]
+    assert page["progress"]["eta_s"] is None and page["progress"]["finish_ms"] is None
+    healthy = queries.job_page(ui_store.client, STRAGGLER_JOB, with_efficiency=False)
+    assert healthy["condition"]["kind"] in ("running", "finished")
+
+    import json
+
+    from typer.testing import CliRunner
+
+    from ranksight.cli import app
+
+    monkeypatch.setenv("CLICKHOUSE_URL", ui_store.dsn)
+    monkeypatch.setenv("RANKSIGHT_TTL_DAYS", "3650")
+    try:
+        result = CliRunner().invoke(app, ["jobs", "--json"])
+        table = CliRunner().invoke(app, ["jobs", "--job", STALLED_JOB])
+    finally:
+        from sinks.ddl import migrate
+
+        migrate(ui_store.client, ttl_days=None)
+    assert result.exit_code == 0, result.output
+    rows = {r["job_id"]: r for r in map(json.loads, result.stdout.splitlines())}
+    assert rows[STALLED_JOB]["eta_s"] is None and rows[STALLED_JOB]["condition"]["kind"] == condition["kind"]
+    assert table.exit_code == 0 and (
+        " stalled since " in table.stdout or " no step since " in table.stdout
+    ), table.stdout
+
+
+def test_the_fleet_flags_a_stalled_job(browser: Any, ui_url: str) -> None:
+    """The stalled job's row says 'no progress' (a finished job's does not: test_bounds)."""
+    page = _open(browser, ui_url)
+    rows = page.evaluate(_FLEET_ROWS)
+    stalled = next(r for r in rows if r["job"] == STALLED_JOB)
+    assert stalled["stale"] and "no progress" in stalled["progress"], stalled
+    page.context.close()
+
+
+_FLEET_ROWS = """() => [...document.querySelectorAll('tr[data-job]')].map(tr => ({
+    job: tr.dataset.job, state: tr.children[2].textContent, health: tr.children[1].textContent,
+    stale: !!tr.querySelector('.stale'), progress: tr.children[8].textContent }))"""
