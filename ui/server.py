@@ -36,7 +36,7 @@ from ui.limits import (
     QueryGate,
 )
 from ui.pages import ASSETS, CONTENT_SECURITY_POLICY, asset_text, page_html
-from ui.runbooks import default_runbooks_dir, render_runbook
+from ui.runbooks import RUNBOOK_PARAMETERS, default_runbooks_dir, render_runbook
 
 __all__ = ["GATE", "PAGES", "UiServer", "make_app"]
 
@@ -363,7 +363,9 @@ def make_app(
     async def runbook(request: web.Request) -> web.Response:
         rule = request.match_info.get("rule", "") or "README"
         try:
-            text = render_runbook(runbook_dir, rule)
+            text = render_runbook(
+                runbook_dir, rule, {k: request.query[k] for k in RUNBOOK_PARAMETERS if k in request.query}
+            )
         except NotFoundError:
             raise web.HTTPNotFound(text="no runbook of that name: the index is /runbooks/") from None
         except UiError as exc:

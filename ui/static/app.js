@@ -139,7 +139,13 @@
   }
   function runbookLink(a) {
     if (!a.runbook_url) return 'no runbook';
-    const href = runbookHref(a.runbook_url);
+    let href = runbookHref(a.runbook_url);
+    // This UI's runbook pages fill their queries in with the alert's job, node, rank and GPU.
+    if (href && href.startsWith('/runbooks/')) {
+      const params = new URLSearchParams();
+      for (const k of ['job_id', 'node', 'rank', 'gpu_index']) if (a[k] !== null && a[k] !== undefined && a[k] !== '') params.set(k, String(a[k]));
+      if ([...params].length) href = `${href}?${params}`;
+    }
     return href ? el('a', { href, target: '_blank', rel: 'noopener', class: 'runbook' }, 'runbook') : `runbook: ${a.runbook_url}`;
   }
 
