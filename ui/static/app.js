@@ -283,8 +283,56 @@
 
   // --- job page: charts on one time axis ----------------------------------------------------------
 
+  // A CSV cell: quoted when it holds a separator, and a leading = + - @ made text (a record string
+  // must not become a spreadsheet formula).
+  function csvCell(v) {
+    if (v === null || v === undefined) return '';
+    let s = String(v);
+    if (/^[=+\-@\t\r]/.test(s) && !/^-?[\d.]+(e[+-]?\d+)?$/i.test(s)) s = `'${s}`;
+    return /[",\n\r]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
+  }
+
+  const iso = (t) => (Number.isFinite(Number(t)) ? new Date(Number(t)).toISOString() : t);
+  function chartCsv(chart) {
+    // Every point a panel draws, one row each: series, time (UTC), row (heatmaps), value and its extras.
+    const opt = chart.getOption();
+    const xAxis = (opt.xAxis || [])[0] || {};
+    const yAxis = (opt.yAxis || [])[0] || {};
+    const xCat = xAxis.type === 'category' ? xAxis.data : null;
+    const yCat = yAxis.type === 'category' ? yAxis.data : null;
+    const lines = [['series', 'time_utc', 'row', 'value', 'detail']];
+    for (const s of opt.series || []) {
+      if (s.type === 'custom') {
+        // The timeline: one row per span (lane, from, to, what it was).
+        const raw = RS.timelineItems || [];
+        for (const d of raw) lines.push(['span', iso(d.value[1]), yCat ? yCat[d.value[0]] : d.value[0], iso(d.value[2]), d.label || (d.alert ? `${d.alert.status}: ${d.alert.summary}` : '')]);
+        continue;
+      }
+      for (const d of s.data || []) {
+        const v = Array.isArray(d) ? d : d && d.value;
+        if (!Array.isArray(v)) continue;
+        const t = xCat ? xCat[v[0]] : v[0];
+        lines.push(yCat ? [s.name, iso(t), yCat[v[1]], v[2], v[3]] : [s.name, iso(t), '', v[1], v[2]]);
+      }
+    }
+    return lines.map((l) => l.map(csvCell).join(',')).join('\n') + '\n';
+  }
+  RS.chartCsv = (key) => chartCsv(RS.charts[key]);
+
+  function csvButton(key) {
+    return el('button', { class: 'csv', title: 'download this panel\'s data as CSV', 'data-csv': key, onclick: (e) => {
+      e.stopPropagation();
+      const name = RS.data && RS.data.job ? RS.data.job.job_id : RS.page && RS.page.id;
+      const link = el('a', { href: URL.createObjectURL(new Blob([chartCsv(RS.charts[key])], { type: 'text/csv' })),
+        download: `ranksight-${String(name || 'page').replace(/[^A-Za-z0-9._-]/g, '_').slice(0, 80)}-${key}.csv` });
+      document.body.append(link);
+      link.click();
+      link.remove();
+    } }, 'CSV');
+  }
+
   function chartBox(container, key, title, height, extra, below) {
-    const box = el('section', { class: 'panel', id: `panel-${key}` }, el('h3', {}, title, extra || null), below || null, el('div', { class: 'chart', style: `height:${height}px` }));
+    const box = el('section', { class: 'panel', id: `panel-${key}` }, el('h3', {}, title, extra || null, csvButton(key)), below || null, el('div', { class: 'chart', style: `height:${height}px` }));
     container.append(box);
     const chart = echarts.init(box.querySelector('.chart'), null, { renderer: 'canvas' });
     RS.charts[key] = chart;
@@ -666,6 +714,7 @@
       });
     }
     if (!lanes.length) lanes.push('no alerts, checkpoints or evaluations');
+    RS.timelineItems = items;
     const chart = chartBox(container, 'timeline', 'Alerts, checkpoints, evaluations and job state (click an alert to zoom to it)', Math.max(90, lanes.length * 22 + 40));
     chart.setOption({
       animation: false,
@@ -1023,7 +1072,36 @@
       el('span', { id: 'window-label' }, 'whole range'),
       el('span', { id: 'focus-label', class: 'focus' }, ''),
       REPORT ? null : el('a', { id: 'window-link', href: '#', hidden: true, title: 'the page keeps the buckets of the whole range; this link re-reads the window at its own resolution' }, 'open this window at full resolution'),
+      REPORT ? null : rangePicker(data),
       el('span', { class: 'muted' }, `bucket ${fmtDuration(data.range.bucket_ms)} · heatmap from ${data.heatmap.source}${data.gpus && data.gpus.source ? ` · GPUs from ${data.gpus.source}` : ''} · scroll or pinch on any panel to zoom`));
+  }
+
+  // The time range a job page reads (?from=&to=, UTC ms): the last minutes of the job's data, or two
+  // instants typed in UTC. The page re-reads at the range's own resolution; drill-down nodes are kept.
+  const RANGE_PRESETS = [['whole run', null], ['last 15 min', 15], ['last hour', 60], ['last 6 hours', 360], ['last 24 hours', 1440]];
+  const utcInput = (ms) => new Date(ms).toISOString().slice(0, 16);
+  function rangeHref(from, to) {
+    const params = new URLSearchParams(location.search);
+    params.delete('from');
+    params.delete('to');
+    if (from !== null) { params.set('from', String(Math.round(from))); params.set('to', String(Math.round(to))); }
+    return `${location.pathname}${params.toString() ? `?${params}` : ''}`;
+  }
+  function rangePicker(data) {
+    const end = data.range.span ? data.range.span[1] : data.range.to_ms;
+    const start = data.range.span ? data.range.span[0] : data.range.from_ms;
+    const from = el('input', { type: 'datetime-local', name: 'range-from', value: utcInput(data.range.from_ms), title: 'from (UTC)' });
+    const to = el('input', { type: 'datetime-local', name: 'range-to', value: utcInput(data.range.to_ms), title: 'to (UTC)' });
+    const preset = el('select', { name: 'range-preset', onchange: (e) => {
+      const minutes = RANGE_PRESETS[Number(e.target.value)][1];
+      location.assign(minutes === null ? rangeHref(null) : rangeHref(Math.max(start, end - minutes * 60000), end + 1));
+    } }, el('option', { value: '', disabled: true, selected: true }, 'range…'), RANGE_PRESETS.map(([label], i) => el('option', { value: String(i) }, label)));
+    const apply = el('button', { name: 'range-apply', onclick: () => {
+      const a = Date.parse(`${from.value}:00Z`);
+      const b = Date.parse(`${to.value}:00Z`);
+      if (Number.isFinite(a) && Number.isFinite(b) && b > a) location.assign(rangeHref(a, b));
+    } }, 'show');
+    return el('span', { class: 'range', id: 'range-picker' }, preset, from, '–', to, el('span', { class: 'muted' }, 'UTC'), apply);
   }
 
   async function loadDetails(data) {

@@ -221,3 +221,51 @@ def test_the_fleet_shows_a_finished_job_finished(forged: Forged, browser: Any) -
     assert not row["stale"] and "no progress" not in row["progress"] + row["health"], row
     assert "completed" in row["health"] + row["progress"]
     tab.close()
+
+
+def test_every_panel_exports_its_data_as_csv(forged: Forged, browser: Any) -> None:
+    """Each job panel's CSV button downloads its points (time in UTC, value); record strings stay text."""
+    tab = browser.new_page()
+    tab.goto(forged.url + _job_path(forged.job_id))
+    tab.wait_for_function(READY, timeout=30_000)
+    keys = tab.evaluate("() => [...document.querySelectorAll('button.csv')].map(b => b.dataset.csv)")
+    assert {"heatmap", "throughput", "loss"} <= set(keys), keys
+    with tab.expect_download() as download:
+        tab.click("button[data-csv='throughput']")
+    text = Path(download.value.path()).read_text()
+    header, *rows = text.splitlines()
+    assert header == "series,time_utc,row,value,detail" and len(rows) > 10
+    assert all(re.match(r"^[^,]+,\d{4}-\d\d-\d\dT", r) for r in rows), rows[:3]
+    heat = tab.evaluate("() => window.ranksight.chartCsv('heatmap')").splitlines()
+    assert heat[1].split(",")[2].startswith("r")  # the row label of a heatmap cell
+    assert tab.evaluate("() => window.ranksight.chartCsv('loss')").count("\n") > 10
+    spans = tab.evaluate("() => window.ranksight.chartCsv('timeline')").splitlines()
+    assert any(",job state," in line and "completed" in line for line in spans), spans
+    tab.close()
+
+
+def test_the_time_range_picker_rereads_the_page(forged: Forged, browser: Any) -> None:
+    """Two UTC instants typed in the picker re-read the job page over them (?from=&to=); a preset too."""
+    from datetime import UTC, datetime
+
+    tab = browser.new_page()
+    tab.goto(forged.url + _job_path(forged.job_id))
+    tab.wait_for_function(READY, timeout=30_000)
+    whole = tab.evaluate("() => window.ranksight.data.range")
+    mid = (whole["span"][0] + whole["span"][1]) // 2 // 60_000 * 60_000
+    tab.fill("input[name='range-from']", datetime.fromtimestamp(mid / 1000, UTC).strftime("%Y-%m-%dT%H:%M"))
+    with tab.expect_navigation():
+        tab.click("button[name='range-apply']")
+    tab.wait_for_function(READY, timeout=30_000)
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(tab.url).query)
+    part = tab.evaluate("() => window.ranksight.data.range")
+    assert int(query["from"][0]) == mid and part["from_ms"] <= mid < part["from_ms"] + part["bucket_ms"]
+    assert part["to_ms"] - part["from_ms"] < whole["to_ms"] - whole["from_ms"]
+    with tab.expect_navigation():
+        tab.select_option("select[name='range-preset']", label="whole run")
+    tab.wait_for_function(READY, timeout=30_000)
+    assert (
+        "from=" not in tab.url
+        and tab.evaluate("() => window.ranksight.data.range.from_ms") == whole["from_ms"]
+    )
+    tab.close()
