@@ -36,8 +36,10 @@ __all__ = [
     "BUCKET_STEPS_MS",
     "DATAPATH_METRICS",
     "DETAIL_PANELS",
+    "HISTORY_LIMIT",
     "MAX_FAULTS",
     "TARGET_BUCKETS",
+    "alert_history",
     "alert_job",
     "alert_page",
     "bucket_ms",
@@ -263,6 +265,56 @@ def _alerts(
     for alert in out:
         alert["copies"] = copies_of(alert["copies"], kinds)
     return out
+
+
+# --- alert history -----------------------------------------------------------------------------------
+
+# The most alerts one history page lists (the newest first): a narrower filter finds older ones.
+HISTORY_LIMIT = 500
+
+
+def alert_history(
+    client: Client,
+    *,
+    job: str | None = None,
+    node: str | None = None,
+    rule: str | None = None,
+    team: str | None = None,
+    t0: int | None = None,
+    t1: int | None = None,
+    kinds: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Every alert that fired for a job, node, rule or team (any of them), started in [t0, t1), newest
+    first, at most `HISTORY_LIMIT`; the teams and rules there are, for the page's filters."""
+    clauses, params = [], {}
+    for name, column, value in (("job", "job_id", job), ("node", "node", node), ("rule", "rule", rule)):
+        if value:
+            clauses.append(f"{column} = {{{name}:String}}")
+            params[name] = value
+    if team:
+        clauses.append("team = {team:String}")
+        params["team"] = team
+    if t0 is not None:
+        clauses.append("starts_at >= fromUnixTimestamp64Milli({t0:Int64}, 'UTC')")
+        params["t0"] = t0
+    if t1 is not None:
+        clauses.append("starts_at < fromUnixTimestamp64Milli({t1:Int64}, 'UTC')")
+        params["t1"] = t1
+    # Every routed copy of a matching alert: the team filter picks alerts, the page shows all their copies.
+    where = " AND ".join(clauses) or "1"
+    alerts = _alerts(
+        client, f"alert_id IN (SELECT DISTINCT alert_id FROM alerts WHERE {where})", kinds=kinds, **params
+    )
+    fold_muted(alerts)
+    alerts.sort(key=lambda a: (-(a["starts_ms"] or 0), a["alert_id"]))
+    choices = _rows(client, "SELECT groupUniqArray(team), groupUniqArray(rule) FROM alerts")
+    return {
+        "alerts": alerts[:HISTORY_LIMIT],
+        "truncated": len(alerts) > HISTORY_LIMIT,
+        "filters": {"job": job, "node": node, "rule": rule, "team": team, "from": t0, "to": t1},
+        "teams": sorted(choices[0][0]) if choices else [],
+        "rules": sorted(choices[0][1]) if choices else [],
+    }
 
 
 # --- fleet -------------------------------------------------------------------------------------------

@@ -309,6 +309,23 @@ def make_app(
             )
         )
 
+    async def history_page(request: web.Request) -> web.Response:
+        return html_page("history", None, "alert history")
+
+    async def api_history(request: web.Request) -> web.Response:
+        # ?job= &node= &rule= &team= &from= &to= (UTC ms): alerts that started in the range, newest first.
+        q = request.query
+        return await run(
+            queries.alert_history,
+            job=q.get("job") or None,
+            node=q.get("node") or None,
+            rule=q.get("rule") or None,
+            team=q.get("team") or None,
+            t0=_int_param(request, "from"),
+            t1=_int_param(request, "to"),
+            kinds=receivers,
+        )
+
     async def compare_page(request: web.Request) -> web.Response:
         return html_page("compare", None, "compare runs")
 
@@ -404,6 +421,8 @@ def make_app(
             web.get("/api/jobs/{job_id:[^/]+}/details", api_job_details),
             web.get("/api/alerts/{alert_id:[^/]+}", api_alert),
             web.get("/api/version", api_version),
+            web.get("/history", history_page),
+            web.get("/api/history", api_history),
             web.get("/compare", compare_page),
             web.get("/api/compare", api_compare),
             web.get("/reports/{kind}/{key:[^/]+}", report),

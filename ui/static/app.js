@@ -281,6 +281,36 @@
     RS.ready = true;
   }
 
+  // --- alert history: what fired for a job, node, rule or team, over a time range -----------------
+
+  function renderHistory(root, data) {
+    RS.data = data;
+    const f = data.filters;
+    const text = (name, value, placeholder) => el('input', { type: 'text', name, value: value || '', placeholder });
+    const choose = (name, values, current, all) => el('select', { name },
+      el('option', { value: '' }, all), values.map((v) => el('option', { value: v, selected: v === current }, v)));
+    const when = (name, ms) => el('input', { type: 'datetime-local', name, value: ms === null || ms === undefined ? '' : utcInput(ms), title: `${name} (UTC)` });
+    const form = el('form', { class: 'toolbar history-filters', id: 'history-filters', onsubmit: (e) => {
+      e.preventDefault();
+      const params = new URLSearchParams();
+      for (const k of ['job', 'node', 'rule', 'team']) if (form.elements[k].value) params.set(k, form.elements[k].value);
+      for (const k of ['from', 'to']) {
+        const ms = Date.parse(`${form.elements[k].value}:00Z`);
+        if (Number.isFinite(ms)) params.set(k, String(ms));
+      }
+      location.assign(`/history${params.toString() ? `?${params}` : ''}`);
+    } },
+      text('job', f.job, 'job id'), text('node', f.node, 'node'), choose('rule', data.rules, f.rule, 'every rule'), choose('team', data.teams, f.team, 'every team'),
+      when('from', f.from), '–', when('to', f.to), el('span', { class: 'muted' }, 'UTC'), el('button', { type: 'submit' }, 'filter'));
+    const firing = data.alerts.filter((a) => a.status === 'firing');
+    const resolved = data.alerts.filter((a) => a.status !== 'firing');
+    root.replaceChildren(el('h1', {}, 'Alert history'), form,
+      el('p', { class: 'muted', id: 'history-count' }, `${data.alerts.length} alert${data.alerts.length === 1 ? '' : 's'}, newest first${data.truncated ? ' (the newest only: narrow the filter for older ones)' : ''}`),
+      el('h2', {}, `Firing (${firing.length})`), alertTable(firing, false),
+      el('h2', {}, `Resolved (${resolved.length})`), resolved.length ? alertTable(resolved, true) : el('p', { class: 'muted' }, 'none'));
+    RS.ready = true;
+  }
+
   // --- job page: charts on one time axis ----------------------------------------------------------
 
   // A CSV cell: quoted when it holds a separator, and a leading = + - @ made text (a record string
@@ -898,7 +928,8 @@
           .map(([k, v]) => factPair(k, v))),
       progressFacts(data),
       REPORT ? null : el('p', {}, el('a', { href: `/reports/jobs/${encodeURIComponent(j.job_id)}` }, 'download a self-contained report of this job'),
-        ' · ', el('a', { href: `/compare?job=${encodeURIComponent(j.job_id)}`, id: 'compare-link' }, j.workload_family ? 'compare with other runs of this workload family' : 'compare its runs')));
+        ' · ', el('a', { href: `/compare?job=${encodeURIComponent(j.job_id)}`, id: 'compare-link' }, j.workload_family ? 'compare with other runs of this workload family' : 'compare its runs'),
+        ' · ', el('a', { href: `/history?job=${encodeURIComponent(j.job_id)}`, id: 'history-link' }, 'every alert of this job')));
   }
 
   // What a job is doing now (`ui.facts.job_condition`): a state that stops it wins over its averages.
@@ -1402,6 +1433,8 @@
         renderJob(root, REPORT ? REPORT.data : await getJSON(`/api/jobs/${encodeURIComponent(page.id)}${location.search}`));
       } else if (page.kind === 'alert') {
         renderAlert(root, REPORT ? REPORT.data : await getJSON(`/api/alerts/${encodeURIComponent(page.id)}`));
+      } else if (page.kind === 'history') {
+        renderHistory(root, await getJSON(`/api/history${location.search}`));
       } else if (page.kind === 'compare') {
         renderCompare(root, REPORT ? REPORT.data : await getJSON(`/api/compare${location.search}`));
       }

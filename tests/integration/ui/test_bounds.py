@@ -67,7 +67,12 @@ class Forged:
 def _forged_events() -> tuple[str, list[Event]]:
     scenario = load_scenario("straggler_gpu").with_overrides(duration=6 * 60)
     # The job completes a minute before the recording ends: the fleet must show it finished.
-    scenario = replace(scenario, jobs=tuple(replace(j, end=5 * 60) for j in scenario.jobs))
+    # The straggler fires and resolves within it (the history page lists it).
+    scenario = replace(
+        scenario,
+        jobs=tuple(replace(j, end=5 * 60) for j in scenario.jobs),
+        faults=tuple(replace(f, start=60.0, duration=150.0) for f in scenario.faults),
+    )
     events = list(simulate(scenario, 0).events())
     job_id = next(e.record["job_id"] for e in events if e.type == "JobStarted")
     out: list[Event] = []
@@ -268,4 +273,31 @@ def test_the_time_range_picker_rereads_the_page(forged: Forged, browser: Any) ->
         "from=" not in tab.url
         and tab.evaluate("() => window.ranksight.data.range.from_ms") == whole["from_ms"]
     )
+    tab.close()
+
+
+def test_the_alert_history_filters_by_job_node_rule_team_and_time(forged: Forged, browser: Any) -> None:
+    """/history lists what fired, newest first; each filter narrows it, values bound (a quote finds nothing)."""
+    with httpx.Client(base_url=forged.url, timeout=60) as http:
+        everything = http.get("/api/history").json()["alerts"]
+        assert everything, "the incident raised no alert"
+        first = everything[-1]
+        assert [a["starts_ms"] for a in everything] == sorted(
+            (a["starts_ms"] for a in everything), reverse=True
+        )
+        for key, value in (("job", first["job_id"]), ("rule", first["rule"]), ("team", first["team"])):
+            found = http.get("/api/history", params={key: value}).json()["alerts"]
+            assert first["alert_id"] in {a["alert_id"] for a in found}, key
+        by_rule = http.get("/api/history", params={"rule": first["rule"]}).json()["alerts"]
+        assert {a["rule"] for a in by_rule} == {first["rule"]}
+        assert http.get("/api/history", params={"job": "x' OR 1=1 --"}).json()["alerts"] == []
+        later = http.get("/api/history", params={"from": first["starts_ms"] + 1}).json()["alerts"]
+        assert first["alert_id"] not in {a["alert_id"] for a in later}
+        assert http.get("/api/history", params={"to": "soon"}).status_code == 400
+    tab = browser.new_page()
+    tab.goto(f"{forged.url}history?rule={urllib.parse.quote(first['rule'])}")
+    tab.wait_for_function(READY, timeout=30_000)
+    rows = tab.eval_on_selector_all("tr[data-alert]", "rows => rows.map(r => r.dataset.alert)")
+    assert first["alert_id"] in rows and len(rows) == len(by_rule)
+    assert tab.input_value("select[name='rule']") == first["rule"]
     tab.close()
