@@ -286,7 +286,8 @@ def alert_history(
 ) -> dict[str, Any]:
     """Every alert that fired for a job, node, rule or team (any of them), started in [t0, t1), newest
     first, at most `HISTORY_LIMIT`; the teams and rules there are, for the page's filters."""
-    clauses, params = [], {}
+    clauses: list[str] = []
+    params: dict[str, Any] = {}
     for name, column, value in (("job", "job_id", job), ("node", "node", node), ("rule", "rule", rule)):
         if value:
             clauses.append(f"{column} = {{{name}:String}}")
