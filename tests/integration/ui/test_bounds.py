@@ -301,3 +301,83 @@ def test_the_alert_history_filters_by_job_node_rule_team_and_time(forged: Forged
     assert first["alert_id"] in rows and len(rows) == len(by_rule)
     assert tab.input_value("select[name='rule']") == first["rule"]
     tab.close()
+
+
+# Leaf elements with text that overlap another's box or are clipped: what a reader cannot read.
+_LAYOUT_PROBLEMS = """() => {
+  const width = document.documentElement.clientWidth;
+  const leaves = [...document.querySelectorAll('body *')].filter((e) => e.children.length === 0
+    && e.textContent.trim() && e.getClientRects().length && !['OPTION', 'SCRIPT', 'STYLE', 'TITLE'].includes(e.tagName)
+    && !e.closest('.chart, .tip, select'));
+  const problems = [];
+  const boxes = [];
+  for (const e of leaves) {
+    const cs = getComputedStyle(e);
+    if (cs.visibility === 'hidden') continue;
+    const name = `${e.tagName.toLowerCase()}${e.id ? '#' + e.id : ''} "${e.textContent.trim().slice(0, 40)}"`;
+    if (['hidden', 'clip'].includes(cs.overflowX) && e.scrollWidth > e.clientWidth + 1 && cs.textOverflow !== 'ellipsis') problems.push(`cut: ${name}`);
+    for (const r of e.getClientRects()) {
+      if (r.width < 1 || r.height < 1) continue;
+      if (r.right > width + 1 && !e.closest('.scroll, table')) problems.push(`off the page: ${name}`);
+      boxes.push([r, e, name]);
+    }
+  }
+  boxes.sort((a, b) => a[0].top - b[0].top);
+  for (let i = 0; i < boxes.length; i++) {
+    const [a, ea, na] = boxes[i];
+    for (let j = i + 1; j < boxes.length && boxes[j][0].top < a.bottom - 1; j++) {
+      const [b, eb, nb] = boxes[j];
+      if (ea === eb || ea.contains(eb) || eb.contains(ea)) continue;
+      const dx = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+      const dy = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+      if (dx > 2 && dy > 2) problems.push(`overlap: ${na} / ${nb}`);
+    }
+  }
+  return [...new Set(problems)];
+}"""
+
+
+@pytest.mark.parametrize("width", [1280, 1600, 1920])
+def test_no_text_overlaps_or_is_cut_off_on_any_page(
+    forged: Forged, browser: Any, width: int, tmp_path: Path
+) -> None:
+    """Every page at desktop widths: no text box overlaps another, none is clipped (bounding boxes, not pixels).
+    The screenshots are kept under the test's tmp directory."""
+    alert_id = httpx.get(forged.url + "api/history", timeout=60).json()["alerts"][0]["alert_id"]
+    context = browser.new_context(viewport={"width": width, "height": 1000})
+    tab = context.new_page()
+    pages = {
+        "fleet": forged.url,
+        "job": forged.url + _job_path(forged.job_id),
+        "alert": forged.url + "alerts/" + urllib.parse.quote(alert_id, safe=""),
+        "history": forged.url + "history",
+        "compare": forged.url + "compare?job=" + urllib.parse.quote(forged.job_id, safe=""),
+    }
+    found = {}
+    for name, url in pages.items():
+        tab.goto(url)
+        tab.wait_for_function(READY, timeout=30_000)
+        tab.screenshot(path=str(tmp_path / f"{name}-{width}.png"), full_page=True)
+        problems = tab.evaluate(_LAYOUT_PROBLEMS)
+        if problems:
+            found[name] = problems[:10]
+    # The probe sees what it looks for: two labels drawn on one spot, and a clipped one.
+    tab.evaluate(
+        """() => {
+            for (const [text, left] of [['first label', 10], ['second label', 20]]) {
+                const s = document.createElement('span');
+                s.textContent = text;
+                Object.assign(s.style, { position: 'absolute', left: `${left}px`, top: '200px' });
+                document.body.append(s);
+            }
+            const cut = document.createElement('div');
+            cut.textContent = 'a long label that does not fit in its box';
+            Object.assign(cut.style, { width: '40px', overflow: 'hidden', whiteSpace: 'nowrap' });
+            document.body.append(cut);
+        }"""
+    )
+    planted = tab.evaluate(_LAYOUT_PROBLEMS)
+    context.close()
+    assert found == {}
+    assert any(p.startswith("overlap: span") and "second label" in p for p in planted), planted
+    assert any(p.startswith("cut: div") for p in planted), planted
