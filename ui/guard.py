@@ -9,13 +9,15 @@ answers only requests naming it: an IP literal (a rebinding page cannot be serve
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import re
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["HostCheck", "redact_credentials", "redacted"]
+__all__ = ["HostCheck", "WriteAuth", "WriteRefused", "redact_credentials", "redacted"]
 
 # `scheme://user:password@` or `scheme://token@`: what comes before the `@` of a URL's authority.
 _CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@?#]*@")
@@ -76,3 +78,45 @@ class HostCheck:
         if name is None:
             return False
         return _is_ip(name) or name in self.names or name.endswith(".localhost")
+
+
+class WriteRefused(Exception):
+    """A write (a silence) the UI's authentication does not allow; its message says what to do."""
+
+
+@dataclass(frozen=True)
+class WriteAuth:
+    """Who may create silences from the UI, the one write it does.
+
+    `user_header`: a reverse proxy in front authenticates and names the user in this header (the
+    silence's author is that name). `token`: a shared secret sent as `Authorization: Bearer ...`.
+    With neither, writes are allowed only while the UI listens on loopback (`loopback`): anyone who
+    can reach a UI bound beyond the machine could otherwise mute pages.
+    """
+
+    token: str | None = None
+    user_header: str | None = None
+    loopback: bool = True
+
+    @property
+    def required(self) -> str:
+        """What a request must carry: `header`, `token` or `` (nothing, on loopback)."""
+        return "header" if self.user_header else "token" if self.token else ""
+
+    def identity(self, headers: Mapping[str, str]) -> str:
+        """The authenticated user ('' when none is needed); WriteRefused when the request may not write."""
+        if self.user_header:
+            user = (headers.get(self.user_header) or "").strip()
+            if not user:
+                raise WriteRefused(f"silencing needs the {self.user_header} header your proxy sets")
+            return user[:200]
+        if self.token:
+            given = headers.get("Authorization") or ""
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+                raise WriteRefused("silencing needs the UI's token: paste it into the form")
+            return ""
+        if not self.loopback:
+            raise WriteRefused(
+                "silencing from a UI that listens beyond this machine needs --auth-token or --auth-header"
+            )
+        return ""

@@ -40,6 +40,7 @@ __all__ = [
     "MAX_FAULTS",
     "TARGET_BUCKETS",
     "alert_history",
+    "alert_identity",
     "alert_job",
     "alert_page",
     "bucket_ms",
@@ -265,6 +266,18 @@ def _alerts(
     for alert in out:
         alert["copies"] = copies_of(alert["copies"], kinds)
     return out
+
+
+def alert_identity(client: Client, alert_id: str) -> tuple[str, str]:
+    """The fingerprint and rule of an alert (what Alertmanager knows it by); NotFoundError if unknown."""
+    rows = _rows(
+        client,
+        "SELECT any(fingerprint), any(rule), count() FROM alerts WHERE alert_id = {id:String}",
+        id=alert_id,
+    )
+    if not rows or not rows[0][2]:
+        raise NotFoundError("alert", alert_id)
+    return str(rows[0][0]), str(rows[0][1])
 
 
 # --- alert history -----------------------------------------------------------------------------------

@@ -1254,6 +1254,29 @@
     };
   }
 
+  // Silence (acknowledge) a firing alert in Alertmanager: the one write the UI makes, behind its own
+  // authentication (a token pasted here, kept for this tab only, or the proxy's user header).
+  function silenceForm(a) {
+    const token = el('input', { type: 'password', name: 'token', placeholder: 'UI token (if the UI has one)', value: sessionStorage.getItem('ranksight-token') || '' });
+    const author = el('input', { type: 'text', name: 'author', placeholder: 'your name', required: true });
+    const comment = el('input', { type: 'text', name: 'comment', placeholder: 'why (ticket, what you are doing)', required: true, size: 40 });
+    const minutes = el('select', { name: 'minutes' }, [[30, '30 min'], [60, '1 h'], [240, '4 h'], [1440, '1 day']].map(([m, label]) => el('option', { value: String(m), selected: m === 60 }, label)));
+    const result = el('span', { id: 'silence-result', class: 'muted' }, '');
+    const form = el('form', { class: 'toolbar silence', id: 'silence-form', onsubmit: async (e) => {
+      e.preventDefault();
+      if (token.value) sessionStorage.setItem('ranksight-token', token.value);
+      result.textContent = 'silencing…';
+      const headers = { 'content-type': 'application/json', accept: 'application/json', 'x-ranksight-action': 'silence' };
+      if (token.value) headers.authorization = `Bearer ${token.value}`;
+      const response = await fetch(`/api/alerts/${encodeURIComponent(a.alert_id)}/silence`, { method: 'POST', headers,
+        body: JSON.stringify({ author: author.value, comment: comment.value, minutes: Number(minutes.value) }) }).catch((err) => ({ ok: false, json: async () => ({ error: err.message }) }));
+      const body = await response.json().catch(() => ({}));
+      result.textContent = response.ok ? `silenced in Alertmanager until ${fmtDateTime(Date.parse(body.ends_at))} (silence ${body.silence_id})` : `not silenced: ${body.error || response.status}`;
+      result.className = response.ok ? 'ok' : 'error-text';
+    } }, el('strong', {}, 'Silence in Alertmanager: '), author, comment, minutes, token, el('button', { type: 'submit' }, 'silence'), result);
+    return form;
+  }
+
   function renderAlert(root, payload) {
     RS.data = payload;
     const a = payload.alert;
@@ -1289,6 +1312,7 @@
           el('td', {}, el('strong', {}, c.team)), el('td', {}, c.receiver), el('td', {}, c.kind || 'unknown (no ownership file given to the UI)'),
           el('td', {}, c.status), el('td', { class: 'nowrap' }, fmtDateTime(c.updated_ms)))))),
       actionsPanel(a.actions, 'alert-actions'),
+      REPORT || a.status !== 'firing' ? null : silenceForm(a),
       el('h2', {}, 'Status history'),
       el('table', { class: 'grid' }, el('tbody', {}, a.transitions.map((t) => el('tr', {}, el('td', { class: 'nowrap' }, fmtDateTime(t.ts)), el('td', {}, t.status), el('td', { class: 'summary' }, t.summary))))),
       el('section', { class: 'panel', id: 'panel-history' }, el('h3', {}, chartSpec.title), el('div', { id: 'history', class: 'chart', style: 'height:170px' })));
