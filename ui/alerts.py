@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["copies_of", "fold_muted", "routed_copies", "scope_text", "transitions"]
+__all__ = ["copies_of", "fold_muted", "routed_copies", "scope_text", "transitions", "units_of"]
 
 # What a receiver's copy does, by the ownership file's receiver kinds.
 _KIND_WORDS = {"page": "paged", "escalate": "escalated", "inform": "informed"}
@@ -107,3 +107,16 @@ def transitions(records: Iterable[Mapping[str, Any]], ts: Any = lambda v: v) -> 
             seen.add(key)
             out.append({"ts": ts(r["ts"]), "status": r["status"], "summary": r["summary"]})
     return out
+
+
+def units_of(fired: Mapping[str, Any], with_expected: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The units and meanings of an alert page's numbers, each from the record its value comes from:
+    the observed value when it fired (`fired`) and the threshold (the newest record that had one).
+    None where a record written before alerts carried units has none (the page then says so)."""
+    threshold = with_expected[-1] if with_expected else {}
+    return {
+        "observed_fired_unit": fired.get("observed_unit"),
+        "observed_fired_what": fired.get("observed_what"),
+        "threshold_unit": threshold.get("expected_unit"),
+        "threshold_what": threshold.get("expected_what"),
+    }

@@ -28,10 +28,10 @@ from schemas.records import Event
 from sinks.ddl import table_specs
 from sinks.efficiency import PriceList
 from sinks.rows import row_converter
-from ui.alerts import copies_of, fold_muted, routed_copies, transitions
+from ui.alerts import copies_of, fold_muted, routed_copies, transitions, units_of
 from ui.compare import SEGMENTS, BucketRow, Run, assemble, choose_runs, config_of, step_bucket
 from ui.errors import NotFoundError, UiError
-from ui.facts import PROGRESS_WINDOW_S, checkpoint_facts, progress_panel
+from ui.facts import PROGRESS_WINDOW_S, checkpoint_facts, job_condition, progress_panel, without_eta
 from ui.queries import (
     _ALERT_MARGIN_MS,
     _DERIVED_HOP_MS,
@@ -908,7 +908,7 @@ class Panels:
         """The job page's JSON (`ui.queries.job_page` without the efficiency panel)."""
         f = self.f
         heatmap = self._heatmap()
-        return {
+        page: dict[str, Any] = {
             "job": f.meta,
             "range": {"from_ms": f.start, "to_ms": f.end, "bucket_ms": f.width, "span": list(f.span)},
             "ranks": f.ranks,
@@ -932,6 +932,11 @@ class Panels:
                 self.checkpoint_records, f.span[1], f.meta.get("checkpoint_max_age_s")
             ),
         }
+        # State wins over averages: a stalled, hung or overdue job shows no ETA and says since when.
+        now_ms = max([f.span[1], *(a.get("updated_ms") or 0 for a in f.alerts)])
+        page["condition"] = job_condition(page["progress"], f.alerts, now_ms)
+        without_eta(page["progress"], page["condition"])
+        return page
 
     def compare_rows(self) -> dict[tuple[str, str], list[BucketRow]]:
         """The compared runs' rows per step bucket."""
@@ -1026,6 +1031,7 @@ def alert_report(
     alert["summary"] = fired[-1]["summary"]
     alert["resolution"] = latest["summary"] if latest["status"] == "resolved" else ""
     alert["observed_fired"] = _num(fired[-1].get("observed"), 6)
+    alert.update(units_of(fired[-1], [r for r in records if r.get("expected") is not None]))
     thresholds = [r["expected"] for r in records if r.get("expected") is not None]
     alert["threshold"] = _num(thresholds[-1], 6) if thresholds else None
     alert["starts_ms"] = min(r["starts_at"] for r in records)

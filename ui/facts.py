@@ -15,11 +15,67 @@ from typing import Any
 
 from sinks.progress import DEFAULT_WINDOW_S, estimate
 
-__all__ = ["PROGRESS_WINDOW_S", "checkpoint_facts", "progress_panel"]
+__all__ = [
+    "OVERDUE_MIN_S",
+    "PROGRESS_WINDOW_S",
+    "checkpoint_facts",
+    "job_condition",
+    "progress_panel",
+    "without_eta",
+]
 
 PROGRESS_WINDOW_S = DEFAULT_WINDOW_S
 # States after which a job makes no more progress (`sinks.progress`: no ETA; preempted jobs come back).
 _ENDED = ("completed", "failed")
+# States in which a job writes nothing more until it is requeued.
+TERMINAL = ("completed", "failed", "preempted")
+
+
+# Firing rules that mean the job is not stepping now, and the word for it.
+_STOPPED_RULES = {"job_stall": "stalled", "zombie_job": "stalled", "rank_hang": "hung"}
+# A running job whose last step is older than this (or ten of its recent step intervals, if longer)
+# than the newest data is overdue: its progress heartbeat stopped, whether or not a rule fired yet.
+OVERDUE_MIN_S = 120.0
+
+
+def job_condition(
+    progress: Mapping[str, Any] | None, alerts: Iterable[Mapping[str, Any]], now_ms: int
+) -> dict[str, Any]:
+    """What the job is doing now, before any average: finished, stalled, hung, overdue or running.
+
+    `progress`: `progress_panel`'s answer; `alerts`: the job's alerts (`status`, `rule`, `starts_ms`,
+    `muted_by`); `now_ms`: the newest data the store (or recording) holds. A state that says the job
+    is not stepping wins: the page then shows no ETA and says since when (issue 34.2).
+    """
+    state = (progress or {}).get("state")
+    last_ms = (progress or {}).get("last_step_ms")
+    if state in TERMINAL:
+        return {"kind": "finished", "state": state, "since_ms": last_ms}
+    stopped = sorted(
+        (int(a["starts_ms"]), _STOPPED_RULES[a["rule"]], a["rule"])
+        for a in alerts
+        if a.get("status") == "firing" and a.get("rule") in _STOPPED_RULES
+    )
+    if stopped:
+        since, kind, rule = stopped[0]
+        return {
+            "kind": kind,
+            "state": state,
+            "since_ms": last_ms if last_ms is not None else since,
+            "rule": rule,
+        }
+    rate = (progress or {}).get("rate_steps_s")
+    allowed_s = max(OVERDUE_MIN_S, 10 / rate) if rate else OVERDUE_MIN_S
+    if last_ms is not None and (now_ms - last_ms) / 1000 > allowed_s:
+        return {"kind": "overdue", "state": state, "since_ms": last_ms, "allowed_s": round(allowed_s, 1)}
+    return {"kind": "running", "state": state, "since_ms": None}
+
+
+def without_eta(progress: dict[str, Any], condition: Mapping[str, Any]) -> dict[str, Any]:
+    """The progress panel with no ETA while the job is not stepping (an ETA at yesterday's rate misleads)."""
+    if condition["kind"] in ("stalled", "hung", "overdue"):
+        progress.update(eta_s=None, finish_ms=None)
+    return progress
 
 
 def _round(value: float | None, digits: int) -> float | None:

@@ -54,7 +54,10 @@ def asset_text(name: str) -> str:
 
 
 def _nav(title: str) -> str:
-    return f'<nav class="top"><a href="/">ranksight</a><span class="muted">{html.escape(title)}</span></nav>'
+    return (
+        '<nav class="top"><a href="/">ranksight</a><a href="/history">alert history</a>'
+        f'<span class="muted">{html.escape(title)}</span></nav>'
+    )
 
 
 def page_html(kind: str, key: str | None, title: str, extra: dict[str, Any] | None = None) -> str:

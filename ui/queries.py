@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -25,9 +26,9 @@ from clickhouse_connect.driver.client import Client
 from schemas.eventtime import MIN_EVENT_TS
 from sinks.efficiency import PriceList, job_rows, run_rows
 from sinks.errors import QueryError
-from ui.alerts import copies_of, fold_muted, routed_copies, transitions
+from ui.alerts import copies_of, fold_muted, routed_copies, transitions, units_of
 from ui.errors import NotFoundError
-from ui.facts import PROGRESS_WINDOW_S, checkpoint_facts, progress_panel
+from ui.facts import PROGRESS_WINDOW_S, checkpoint_facts, job_condition, progress_panel, without_eta
 from ui.rows import RowLayout, row_layout
 
 __all__ = [
@@ -35,8 +36,11 @@ __all__ = [
     "BUCKET_STEPS_MS",
     "DATAPATH_METRICS",
     "DETAIL_PANELS",
+    "HISTORY_LIMIT",
     "MAX_FAULTS",
     "TARGET_BUCKETS",
+    "alert_history",
+    "alert_identity",
     "alert_job",
     "alert_page",
     "bucket_ms",
@@ -91,16 +95,19 @@ class RawJson:
 def to_json(data: Any) -> str:
     """Compact JSON of a page's data, `RawJson` parts spliced in as they are."""
     raws: list[str] = []
+    # The placeholders carry a fresh random tag: a record string cannot spell one (a string equal to a
+    # fixed placeholder would have been replaced in its place, and the raw part left quoted).
+    tag = secrets.token_hex(8)
 
     def default(value: Any) -> str:
         if isinstance(value, RawJson):
             raws.append(value.text)
-            return f"\u0000raw{len(raws) - 1}\u0000"
+            return f"\u0000raw{tag}:{len(raws) - 1}\u0000"
         raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
     text = json.dumps(data, separators=(",", ":"), default=default)
     for i, raw in enumerate(raws):
-        text = text.replace(f'"\\u0000raw{i}\\u0000"', raw, 1)
+        text = text.replace(f'"\\u0000raw{tag}:{i}\\u0000"', raw, 1)
     return text
 
 
@@ -259,6 +266,69 @@ def _alerts(
     for alert in out:
         alert["copies"] = copies_of(alert["copies"], kinds)
     return out
+
+
+def alert_identity(client: Client, alert_id: str) -> tuple[str, str]:
+    """The fingerprint and rule of an alert (what Alertmanager knows it by); NotFoundError if unknown."""
+    rows = _rows(
+        client,
+        "SELECT any(fingerprint), any(rule), count() FROM alerts WHERE alert_id = {id:String}",
+        id=alert_id,
+    )
+    if not rows or not rows[0][2]:
+        raise NotFoundError("alert", alert_id)
+    return str(rows[0][0]), str(rows[0][1])
+
+
+# --- alert history -----------------------------------------------------------------------------------
+
+# The most alerts one history page lists (the newest first): a narrower filter finds older ones.
+HISTORY_LIMIT = 500
+
+
+def alert_history(
+    client: Client,
+    *,
+    job: str | None = None,
+    node: str | None = None,
+    rule: str | None = None,
+    team: str | None = None,
+    t0: int | None = None,
+    t1: int | None = None,
+    kinds: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Every alert that fired for a job, node, rule or team (any of them), started in [t0, t1), newest
+    first, at most `HISTORY_LIMIT`; the teams and rules there are, for the page's filters."""
+    clauses: list[str] = []
+    params: dict[str, Any] = {}
+    for name, column, value in (("job", "job_id", job), ("node", "node", node), ("rule", "rule", rule)):
+        if value:
+            clauses.append(f"{column} = {{{name}:String}}")
+            params[name] = value
+    if team:
+        clauses.append("team = {team:String}")
+        params["team"] = team
+    if t0 is not None:
+        clauses.append("starts_at >= fromUnixTimestamp64Milli({t0:Int64}, 'UTC')")
+        params["t0"] = t0
+    if t1 is not None:
+        clauses.append("starts_at < fromUnixTimestamp64Milli({t1:Int64}, 'UTC')")
+        params["t1"] = t1
+    # Every routed copy of a matching alert: the team filter picks alerts, the page shows all their copies.
+    where = " AND ".join(clauses) or "1"
+    alerts = _alerts(
+        client, f"alert_id IN (SELECT DISTINCT alert_id FROM alerts WHERE {where})", kinds=kinds, **params
+    )
+    fold_muted(alerts)
+    alerts.sort(key=lambda a: (-(a["starts_ms"] or 0), a["alert_id"]))
+    choices = _rows(client, "SELECT groupUniqArray(team), groupUniqArray(rule) FROM alerts")
+    return {
+        "alerts": alerts[:HISTORY_LIMIT],
+        "truncated": len(alerts) > HISTORY_LIMIT,
+        "filters": {"job": job, "node": node, "rule": rule, "team": team, "from": t0, "to": t1},
+        "teams": sorted(choices[0][0]) if choices else [],
+        "rules": sorted(choices[0][1]) if choices else [],
+    }
 
 
 # --- fleet -------------------------------------------------------------------------------------------
@@ -1520,6 +1590,10 @@ def job_page(
         "alerts": f.alerts,
         "actions": _actions(client, _JOB, job=job_id),
     }
+    # State wins over averages: a stalled, hung or overdue job shows no ETA and says since when.
+    now_ms = max([span[1], *(a.get("updated_ms") or 0 for a in f.alerts)])
+    page["condition"] = job_condition(page["progress"], f.alerts, now_ms)
+    without_eta(page["progress"], page["condition"])
     # A big job's panels read all its ranks, GPUs and nodes, drilled down or not.
     if defer_details and f.layout is not None:
         page["details"] = "pending"
@@ -1698,6 +1772,7 @@ def alert_page(
     alert["summary"] = fired[-1]["summary"]
     alert["resolution"] = latest["summary"] if latest["status"] == "resolved" else ""
     alert["observed_fired"] = _plain(fired[-1]["observed"])
+    alert.update(units_of(fired[-1], [r for r in records if r["expected"] is not None]))
     thresholds = [r["expected"] for r in records if r["expected"] is not None]
     alert["threshold"] = _plain(thresholds[-1]) if thresholds else None
     alert["starts_ms"] = _plain(min(r["starts_at"] for r in records))

@@ -9,12 +9,13 @@ UI shares the sink's client.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from schemas.errors import RanksightError
 from sinks.efficiency import PriceList
 from ui import queries
 from ui.errors import NotFoundError, UiError
+from ui.guard import HostCheck, WriteAuth, WriteRefused, redacted
 from ui.limits import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_MAX_QUERIES,
@@ -35,7 +37,7 @@ from ui.limits import (
     QueryGate,
 )
 from ui.pages import ASSETS, CONTENT_SECURITY_POLICY, asset_text, page_html
-from ui.runbooks import default_runbooks_dir, render_runbook
+from ui.runbooks import RUNBOOK_PARAMETERS, default_runbooks_dir, render_runbook
 
 __all__ = ["GATE", "PAGES", "UiServer", "make_app"]
 
@@ -93,6 +95,23 @@ async def _secure(request: web.BaseRequest, response: web.StreamResponse) -> Non
         response.headers.setdefault(name, value)
 
 
+def _host_guard(hosts: HostCheck) -> Any:
+    # A request naming another host (DNS rebinding) is refused before any handler reads the store.
+    @web.middleware
+    async def guard(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if not hosts.allows(request.headers.get("Host")):
+            return web.Response(
+                status=421,
+                text="this UI does not answer for that host name: open it by its address, or start it "
+                "with --allowed-host NAME",
+            )
+        return await handler(request)
+
+    return guard
+
+
 def make_app(
     client: Client,
     prices: PriceList | None = None,
@@ -103,6 +122,9 @@ def make_app(
     runbooks: Path | None = None,
     receivers: Mapping[str, str] | None = None,
     silences: Callable[[], Mapping[str, Any]] | None = None,
+    hosts: HostCheck | None = None,
+    silence: Callable[[dict[str, Any]], str] | None = None,
+    auth: WriteAuth | None = None,
 ) -> web.Application:
     """The aiohttp application of the UI over a ClickHouse client (GPU-hours priced by `prices`).
 
@@ -112,7 +134,10 @@ def make_app(
     `receivers` (receiver -> page, inform or escalate, from the ownership file) says which routed
     copies of an alert paged a team; `silences` reads Alertmanager's silences for the fleet page
     (`{"silences": [...], "silenced": [{"fingerprint", "team", "silences"}]}`; the CLI wires
-    `streams.alerting.alertmanager.read_silences` when an Alertmanager URL is configured).
+    `streams.alerting.alertmanager.read_silences` when an Alertmanager URL is configured); credentials
+    in any URL it answers are redacted. Requests whose Host header `hosts` does not allow get 421.
+    `silence` creates an Alertmanager silence (its v2 body) and returns its id: the one write the UI
+    does, behind `auth` (`ui.guard.WriteAuth`), from an alert page's form.
     """
     gate = QueryGate(max_queries, wait_s=queue_wait_s)
     pages = PageCache(cache_bytes)
@@ -218,8 +243,55 @@ def make_app(
                 "silences": [],
                 "silenced": {},
             }
+        # A URL with credentials (`http://admin:pw@alertmanager`) may be quoted in any of it.
+        answer = redacted(answer)
         silenced[:] = [(now, answer)]
         return answer
+
+    write_auth = auth if auth is not None else WriteAuth()
+
+    async def api_silence(request: web.Request) -> web.Response:
+        # A custom header: a form or image on another site cannot send it (no CORS is answered).
+        if request.headers.get("X-Ranksight-Action") != "silence":
+            return _json({"error": "send the header X-Ranksight-Action: silence (the alert page does)"}, 403)
+        try:
+            identity = write_auth.identity(request.headers)
+        except WriteRefused as exc:
+            return _json({"error": str(exc)}, 401)
+        if silence is None:
+            return _json({"error": "no Alertmanager configured: set RANKSIGHT_ALERTMANAGER_URL"}, 503)
+        try:
+            body = await request.json()
+            minutes = int(body.get("minutes", 60))
+            author = identity or str(body.get("author") or "").strip()
+            comment = str(body.get("comment") or "").strip()
+        except (ValueError, TypeError, AttributeError):
+            return _json({"error": "send JSON: {author, comment, minutes}"}, 400)
+        if not author or not comment or not 1 <= minutes <= 7 * 24 * 60:
+            return _json({"error": "a silence needs an author, a comment and 1 to 10080 minutes"}, 400)
+        alert_id = request.match_info["alert_id"]
+        try:
+            fingerprint, rule = await asyncio.to_thread(queries.alert_identity, client, alert_id)
+        except NotFoundError as exc:
+            return _json({"error": str(exc)}, 404)
+        now = datetime.now(UTC)
+        spec = {
+            "matchers": [
+                {"name": "alertname", "value": rule, "isRegex": False, "isEqual": True},
+                {"name": "fingerprint", "value": fingerprint, "isRegex": False, "isEqual": True},
+            ],
+            "startsAt": now.isoformat(),
+            "endsAt": (now + timedelta(minutes=minutes)).isoformat(),
+            "createdBy": author[:200],
+            "comment": comment[:2000],
+        }
+        try:
+            silence_id = await asyncio.to_thread(silence, spec)
+        except RanksightError as exc:
+            return _json({"error": redacted(str(exc))}, 502)
+        silenced.clear()  # the fleet's next read shows it
+        log.warning("silence %s created by %s for %s: %s", silence_id, author, fingerprint, comment)
+        return _json({"silence_id": silence_id, "ends_at": spec["endsAt"], "author": author}, 201)
 
     async def api_fleet_silences(request: web.Request) -> web.Response:
         if silences is None:
@@ -287,6 +359,23 @@ def make_app(
             )
         )
 
+    async def history_page(request: web.Request) -> web.Response:
+        return html_page("history", None, "alert history")
+
+    async def api_history(request: web.Request) -> web.Response:
+        # ?job= &node= &rule= &team= &from= &to= (UTC ms): alerts that started in the range, newest first.
+        q = request.query
+        return await run(
+            queries.alert_history,
+            job=q.get("job") or None,
+            node=q.get("node") or None,
+            rule=q.get("rule") or None,
+            team=q.get("team") or None,
+            t0=_int_param(request, "from"),
+            t1=_int_param(request, "to"),
+            kinds=receivers,
+        )
+
     async def compare_page(request: web.Request) -> web.Response:
         return html_page("compare", None, "compare runs")
 
@@ -341,7 +430,9 @@ def make_app(
     async def runbook(request: web.Request) -> web.Response:
         rule = request.match_info.get("rule", "") or "README"
         try:
-            text = render_runbook(runbook_dir, rule)
+            text = render_runbook(
+                runbook_dir, rule, {k: request.query[k] for k in RUNBOOK_PARAMETERS if k in request.query}
+            )
         except NotFoundError:
             raise web.HTTPNotFound(text="no runbook of that name: the index is /runbooks/") from None
         except UiError as exc:
@@ -363,7 +454,7 @@ def make_app(
 
     # Ids are anything a record carried: the `[^/]+` patterns also match `{` and `}` (aiohttp's default
     # pattern excludes them), and `/` arrives percent-encoded.
-    app = web.Application()
+    app = web.Application(middlewares=[_host_guard(hosts if hosts is not None else HostCheck())])
     app.on_response_prepare.append(_secure)
     app[GATE] = gate
     app[PAGES] = pages
@@ -379,7 +470,10 @@ def make_app(
             web.get("/api/jobs/{job_id:[^/]+}/efficiency", api_job_efficiency),
             web.get("/api/jobs/{job_id:[^/]+}/details", api_job_details),
             web.get("/api/alerts/{alert_id:[^/]+}", api_alert),
+            web.post("/api/alerts/{alert_id:[^/]+}/silence", api_silence),
             web.get("/api/version", api_version),
+            web.get("/history", history_page),
+            web.get("/api/history", api_history),
             web.get("/compare", compare_page),
             web.get("/api/compare", api_compare),
             web.get("/reports/{kind}/{key:[^/]+}", report),
@@ -400,6 +494,15 @@ def _by_fingerprint(copies: list[Mapping[str, Any]]) -> dict[str, list[str]]:
     return out
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class UiServer:
     """The UI served on host:port, in the foreground or on a background thread."""
 
@@ -415,6 +518,10 @@ class UiServer:
         runbooks: Path | None = None,
         receivers: Mapping[str, str] | None = None,
         silences: Callable[[], Mapping[str, Any]] | None = None,
+        allowed_hosts: Sequence[str] = (),
+        silence: Callable[[dict[str, Any]], str] | None = None,
+        auth_token: str | None = None,
+        auth_header: str | None = None,
     ) -> None:
         self.client = client
         self.prices = prices
@@ -428,6 +535,9 @@ class UiServer:
             runbooks=runbooks,
             receivers=receivers,
             silences=silences,
+            hosts=HostCheck([*allowed_hosts, *([] if host in ("0.0.0.0", "::", "") else [host])]),
+            silence=silence,
+            auth=WriteAuth(token=auth_token, user_header=auth_header, loopback=_is_loopback(host)),
         )
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,13 +35,51 @@ def _when(ms: int | None) -> str:
     return "-" if ms is None else datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _cells(row: Any) -> list[str]:
+# Firing rules that stop a job (as the job page reads them: `ui.facts.job_condition`).
+_STOPPING_RULES = ["job_stall", "zombie_job", "rank_hang"]
+
+
+def _conditions(client: Any, rows: list[Any]) -> dict[str, dict[str, Any]]:
+    """Each job's condition now (finished, stalled, hung, overdue or running): a stopped job has no ETA."""
+    from ui.facts import job_condition
+
+    firing = client.query(
+        "SELECT alert_job, alert_rule, toUnixTimestamp64Milli(alert_start) FROM (SELECT alert_id, "
+        "any(job_id) AS alert_job, any(rule) AS alert_rule, min(starts_at) AS alert_start, "
+        "argMax(status, ts) AS alert_status FROM alerts WHERE rule IN {rules:Array(String)} GROUP BY alert_id) "
+        "WHERE alert_status = 'firing'",
+        parameters={"rules": _STOPPING_RULES},
+    ).result_rows
+    newest = client.query("SELECT toUnixTimestamp64Milli(max(ts)) FROM alerts").result_rows
+    alerts: dict[str, list[dict[str, Any]]] = {}
+    for job_id, rule, starts_ms in firing:
+        alerts.setdefault(job_id, []).append({"status": "firing", "rule": rule, "starts_ms": int(starts_ms)})
+    now = max([int(newest[0][0] or 0) if newest else 0, *(r.last_step_ts or 0 for r in rows)])
+    return {
+        r.job_id: job_condition(
+            {"state": r.state, "last_step_ms": r.last_step_ts, "rate_steps_s": r.rate_steps_s},
+            alerts.get(r.job_id, []),
+            now,
+        )
+        for r in rows
+    }
+
+
+def _state(row: Any, condition: dict[str, Any]) -> str:
+    if condition["kind"] in ("stalled", "hung"):
+        return f"{row.state}, {condition['kind']} since {_when(condition['since_ms'])}"
+    if condition["kind"] == "overdue":
+        return f"{row.state}, no step since {_when(condition['since_ms'])}"
+    return str(row.state)
+
+
+def _cells(row: Any, condition: dict[str, Any]) -> list[str]:
     target = f"{_number(row.target)} {row.target_kind}" if row.target_kind else "-"
     done = f"{_number(row.done)} ({row.fraction:.1%})" if row.fraction is not None else _number(row.done)
     return [
         row.job_id,
         row.team,
-        row.state,
+        _state(row, condition),
         "-" if row.step is None else str(row.step),
         "-" if row.epoch is None else str(row.epoch),
         target,
@@ -80,13 +119,21 @@ def jobs(
             fail(str(exc), code=2)
         migrate(client, settings.ttl_days)
         rows = job_progress(client, job=job, team=team, window_s=window)
+        conditions = _conditions(client, rows)
+    # State wins over averages: a stalled, hung or overdue job has no ETA, and its state says since when.
+    stopped = {j for j, c in conditions.items() if c["kind"] in ("stalled", "hung", "overdue")}
+    rows = [replace(r, eta_s=None, finish_ts=None) if r.job_id in stopped else r for r in rows]
     if not rows:
         fail(f"no job recorded{f' as {job}' if job else ''}{f' for team {team}' if team else ''} yet", code=1)
     if as_json:
         for row in rows:
-            sys.stdout.write(json.dumps(row.as_dict()) + "\n")
+            sys.stdout.write(json.dumps({**row.as_dict(), "condition": conditions[row.job_id]}) + "\n")
         return
-    print_rows(list(_HEADERS), [_cells(r) for r in rows], "jobs: progress and time to completion")
+    print_rows(
+        list(_HEADERS),
+        [_cells(r, conditions[r.job_id]) for r in rows],
+        "jobs: progress and time to completion",
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -7,7 +7,7 @@ import threading
 
 import typer
 
-from ranksight.commands.ui import HOST_HELP
+from ranksight.commands.ui import ALLOWED_HOST_HELP, AUTH_HEADER_HELP, AUTH_TOKEN_HELP, HOST_HELP
 from ranksight.console import console, err_console, user_errors
 from ranksight.signals import stop_signals
 
@@ -17,6 +17,11 @@ __all__ = ["register"]
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help=HOST_HELP),
     port: int = typer.Option(8088, "--port", min=0, max=65535, help="UI port (0: any free port)."),
+    allowed_host: list[str] = typer.Option([], "--allowed-host", help=ALLOWED_HOST_HELP),
+    auth_token: str | None = typer.Option(
+        None, "--auth-token", envvar="RANKSIGHT_UI_TOKEN", help=AUTH_TOKEN_HELP
+    ),
+    auth_header: str | None = typer.Option(None, "--auth-header", help=AUTH_HEADER_HELP),
     group: str = typer.Option(
         "ranksight-sink", "--group", help="Sink consumer group (prefixed like the topics)."
     ),
@@ -29,7 +34,7 @@ def serve(
 ) -> None:
     """Store every ranksight topic in ClickHouse and serve the UI on it, until Ctrl-C or SIGTERM."""
     from ranksight.commands.sink import sink_time_bound
-    from ranksight.commands.ui import open_store, receiver_kinds, silence_reader
+    from ranksight.commands.ui import open_store, receiver_kinds, silence_creator, silence_reader
     from schemas.codec import codec_from_settings
     from schemas.topics import DEADLETTER
     from sinks.clickhouse import describe_dsn
@@ -67,6 +72,10 @@ def serve(
             port,
             receivers=receiver_kinds(),
             silences=silence_reader(settings.alertmanager_url),
+            allowed_hosts=allowed_host,
+            silence=silence_creator(settings.alertmanager_url),
+            auth_token=auth_token,
+            auth_header=auth_header,
         )
         url = server.start()
         stop = threading.Event()

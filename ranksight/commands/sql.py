@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import sys
 from datetime import date, datetime
 from enum import StrEnum
@@ -39,6 +40,29 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     return value
+
+
+_PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _parameters(pairs: list[str], statement: str) -> dict[str, str]:
+    """`--param NAME=VALUE` pairs as query parameters: each must fill a `{NAME:Type}` of the statement.
+
+    Values travel apart from the SQL (ClickHouse binds them on the server by their declared type):
+    a job id is never pasted into SQL text. A name the statement does not use is refused, since
+    clickhouse-connect would otherwise format the statement itself.
+    """
+    params: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not _PARAM_NAME.fullmatch(name):
+            fail(f"--param takes NAME=VALUE (e.g. --param job_id=pretrain-7b), not {pair!r}")
+        if "{" + name + ":" not in statement:
+            fail(
+                f"--param {name}: the statement has no {{{name}:Type}} placeholder (e.g. WHERE job_id = {{{name}:String}})"
+            )
+        params[name] = value
+    return params
 
 
 def _print_ddl(cluster: str | None, ttl_days: int | None, replicas: bool) -> None:
@@ -82,6 +106,13 @@ def sql(
         "--replicas/--no-replicas",
         help="With --cluster: Replicated* engines (Keeper), or plain shards.",
     ),
+    param: list[str] = typer.Option(
+        [],
+        "--param",
+        "-p",
+        help="NAME=VALUE for a {NAME:Type} placeholder of the statement, bound by ClickHouse (repeatable); "
+        "the runbooks' queries take job_id, node, rank, gpu_index.",
+    ),
 ) -> None:
     """Run SQL on ranksight's ClickHouse (applies pending migrations first, so a fresh home works)."""
     from clickhouse_connect.driver.exceptions import ClickHouseError as _DriverError
@@ -95,14 +126,15 @@ def sql(
     settings = load_settings()
     with user_errors():
         if ddl:
-            if statement is not None or demo:
-                fail("--ddl prints the schema: give it no statement and no --demo")
+            if statement is not None or demo or param:
+                fail("--ddl prints the schema: give it no statement, no --param and no --demo")
             _print_ddl(cluster, settings.ttl_days if ttl_days is None else ttl_days or None, replicas)
             return
         if cluster is not None or ttl_days is not None or not replicas:
             fail("--cluster, --ttl-days and --no-replicas go with --ddl")
         if statement is None:
             fail('give one SQL statement, e.g. ranksight sql "SELECT count() FROM steps", or --ddl')
+        params = _parameters(param, statement)
         if demo:
             if settings.clickhouse_url is not None:
                 fail("--demo reads the demo's chDB store; unset CLICKHOUSE_URL to use it")
@@ -119,10 +151,10 @@ def sql(
         migrate(client, settings.ttl_days)
         try:
             if statement.lstrip().upper().startswith(_ROW_STATEMENTS):
-                result = client.query(statement)
+                result = client.query(statement, parameters=params or None)
                 columns, rows = list(result.column_names), result.result_rows
             else:
-                client.command(statement)
+                client.command(statement, parameters=params or None)
                 console.print("ok")
                 return
         except _DriverError as exc:

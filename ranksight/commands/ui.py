@@ -13,9 +13,22 @@ from ranksight.console import console, fail, user_errors
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
-__all__ = ["open_store", "receiver_kinds", "register", "silence_reader"]
+__all__ = [
+    "ALLOWED_HOST_HELP",
+    "AUTH_HEADER_HELP",
+    "AUTH_TOKEN_HELP",
+    "open_store",
+    "receiver_kinds",
+    "register",
+    "silence_creator",
+    "silence_reader",
+]
 
 HOST_HELP = "Address to listen on (127.0.0.1: this machine only; 0.0.0.0 exposes the UI to the network)."
+ALLOWED_HOST_HELP = (
+    "A host name browsers use to reach the UI (repeatable). Requests naming any other host are refused "
+    "(DNS rebinding); IP addresses, localhost and this machine's names are always answered."
+)
 
 
 def open_store(migrate_schema: bool = True) -> Client:
@@ -57,6 +70,38 @@ def receiver_kinds(routing: Path | None = None) -> dict[str, str]:
     return kinds
 
 
+AUTH_TOKEN_HELP = (
+    "A token that allows silencing alerts from the UI (sent as Authorization: Bearer; default "
+    "RANKSIGHT_UI_TOKEN). Without it or --auth-header, only a UI on 127.0.0.1 may silence."
+)
+AUTH_HEADER_HELP = "A header your authenticating reverse proxy sets to the user's name (e.g. X-Forwarded-User): who silences."
+
+
+def silence_creator(url: str | None) -> Callable[[dict[str, Any]], str] | None:
+    """Creates a silence in the Alertmanager at `url` (its v2 body) and returns its id; None without a URL."""
+    if not url:
+        return None
+    import httpx
+
+    from ui.errors import UiError
+    from ui.guard import redact_credentials
+
+    where = redact_credentials(url.rstrip("/"))
+
+    def create(spec: dict[str, Any]) -> str:
+        try:
+            response = httpx.post(f"{url.rstrip('/')}/api/v2/silences", json=spec, timeout=10)
+        except httpx.HTTPError as exc:
+            raise UiError(f"cannot reach Alertmanager at {where}: {redact_credentials(str(exc))}") from None
+        if response.status_code != 200:
+            raise UiError(
+                f"Alertmanager at {where} refused the silence ({response.status_code}): {response.text[:200]}"
+            )
+        return str(response.json().get("silenceID", ""))
+
+    return create
+
+
 def silence_reader(url: str | None) -> Callable[[], dict[str, Any]] | None:
     """Reads Alertmanager's active silences and what they mute, for the fleet page; None without a URL."""
     if not url:
@@ -79,6 +124,11 @@ def silence_reader(url: str | None) -> Callable[[], dict[str, Any]] | None:
 def ui(
     host: str = typer.Option("127.0.0.1", "--host", help=HOST_HELP),
     port: int = typer.Option(8088, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
+    allowed_host: list[str] = typer.Option([], "--allowed-host", help=ALLOWED_HOST_HELP),
+    auth_token: str | None = typer.Option(
+        None, "--auth-token", envvar="RANKSIGHT_UI_TOKEN", help=AUTH_TOKEN_HELP
+    ),
+    auth_header: str | None = typer.Option(None, "--auth-header", help=AUTH_HEADER_HELP),
     price: list[str] = typer.Option(
         [],
         "--price",
@@ -132,6 +182,10 @@ def ui(
             runbooks=runbooks,
             receivers=kinds,
             silences=silence_reader(load_settings().alertmanager_url),
+            allowed_hosts=allowed_host,
+            silence=silence_creator(load_settings().alertmanager_url),
+            auth_token=auth_token,
+            auth_header=auth_header,
         )
 
         dsn = describe_dsn(load_settings().clickhouse_dsn())

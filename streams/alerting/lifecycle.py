@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from streams.alerting.measures import measures_of
 from streams.detectors.base import Finding, JobInfo, Topology
 
 __all__ = ["AlertTracker", "JobProgress", "alert_id"]
@@ -164,6 +165,7 @@ class AlertTracker:
         # arithmetic of the job page): none for node-only alerts or a job without a target.
         est = topology.progress(finding.job_id) if finding.job_id else None
         labels: dict[str, str] = dict(sorted(job.labels.items())) if job else {}
+        observed, expected, history_unit = measures_of(finding.rule, finding.history_metric)
         return {
             "alert_id": alert_id(finding.fingerprint, entry["starts_at"]),
             "fingerprint": finding.fingerprint,
@@ -197,6 +199,11 @@ class AlertTracker:
             "invariant": finding.invariant,
             "observed": finding.observed,
             "expected": finding.expected,
+            "observed_what": observed.what,
+            "observed_unit": observed.unit,
+            "expected_what": expected.what if finding.expected is not None else None,
+            "expected_unit": expected.unit if finding.expected is not None else None,
+            "history_unit": history_unit if finding.history_metric else None,
             "baseline": finding.baseline,
             "baseline_runs": finding.baseline_runs,
             "suspected_layer": finding.suspected_layer or "unknown",

@@ -36,7 +36,7 @@
       else if (k.startsWith('on')) node.addEventListener(k.slice(2), v);
       else node.setAttribute(k, v === true ? '' : v);
     }
-    for (const child of children.flat()) {
+    for (const child of children.flat(Infinity)) {
       if (child === null || child === undefined || child === false) continue;
       node.append(child instanceof Node ? child : document.createTextNode(String(child)));
     }
@@ -108,14 +108,26 @@
     return ids && ids.length ? el('span', { class: 'badge silenced', title: `silenced in Alertmanager (${ids.join(', ')})` }, 'silenced') : null;
   }
 
-  // A URL from a record becomes a link only when it is http(s) or a path on this site: never
-  // javascript:, data: or anything else a browser would run. Reports (file://) have no site paths.
+  // A URL from a record becomes a link only when it parses as http(s), or as a path on this site:
+  // never javascript:, data: or anything else a browser would run. The URL parser decides, as the
+  // browser will: `/\evil.example/x` looks like a path and opens http://evil.example/x.
+  // Credentials in a URL are dropped. Reports (file://) have no site paths.
   function safeHref(url) {
     const s = String(url ?? '').trim();
-    if (/^https?:\/\/[^\s]+$/i.test(s)) return s;
-    if (!REPORT && /^\/(?!\/)[^\s]*$/.test(s)) return s;
+    if (!s || /[\s\\\u0000-\u001f\u007f]/.test(s)) return null;
+    let parsed;
+    try {
+      parsed = new URL(s, REPORT ? undefined : window.location.origin);
+    } catch (e) {
+      return null;
+    }
+    parsed.username = '';
+    parsed.password = '';
+    if (/^https?:\/\//i.test(s)) return parsed.protocol === 'http:' || parsed.protocol === 'https:' ? parsed.href : null;
+    if (!REPORT && s.startsWith('/') && !s.startsWith('//') && parsed.origin === window.location.origin) return `${parsed.pathname}${parsed.search}${parsed.hash}`;
     return null;
   }
+  RS.safeHref = safeHref; // for the tests
 
   function runbookHref(url) {
     // `docs/runbooks/<rule>` (relative, as alerts used to carry it) is served by this UI at
@@ -127,7 +139,13 @@
   }
   function runbookLink(a) {
     if (!a.runbook_url) return 'no runbook';
-    const href = runbookHref(a.runbook_url);
+    let href = runbookHref(a.runbook_url);
+    // This UI's runbook pages fill their queries in with the alert's job, node, rank and GPU.
+    if (href && href.startsWith('/runbooks/')) {
+      const params = new URLSearchParams();
+      for (const k of ['job_id', 'node', 'rank', 'gpu_index']) if (a[k] !== null && a[k] !== undefined && a[k] !== '') params.set(k, String(a[k]));
+      if ([...params].length) href = `${href}?${params}`;
+    }
     return href ? el('a', { href, target: '_blank', rel: 'noopener', class: 'runbook' }, 'runbook') : `runbook: ${a.runbook_url}`;
   }
 
@@ -232,16 +250,18 @@
     }, el('option', { value: '' }, `all ${name}s`), values.map((v) => el('option', v === current ? { value: v, selected: true } : { value: v }, v)));
     const jobs = data.jobs.filter(keep);
     const rows = jobs.map((j) => {
-      const stale = j.last_progress_ms && data.now_ms - j.last_progress_ms > 120000;
+      // A finished job makes no progress by design: only a job that should step is flagged.
+      const finished = ['completed', 'failed', 'preempted'].includes(j.state);
+      const stale = !finished && j.last_progress_ms && data.now_ms - j.last_progress_ms > 120000;
       const firing = ['critical', 'warning', 'info'].filter((s) => j.firing[s]).map((s) => badge(s, `${j.firing[s]} ${s}`));
       return el('tr', { 'data-job': j.job_id, class: firing.length ? 'unhealthy' : '' },
         el('td', {}, el('a', { href: jobHref(j.job_id) }, j.job_id)),
-        el('td', {}, firing.length ? firing : el('span', { class: 'ok' }, 'healthy')),
+        el('td', {}, firing.length ? firing : stale ? badge('warning', 'no progress') : el('span', { class: 'ok' }, finished ? j.state : 'healthy')),
         el('td', {}, j.state || '-'),
         el('td', {}, j.team), el('td', {}, j.cluster), el('td', {}, j.owner),
         el('td', { class: 'num' }, j.world_size || '-'),
         el('td', { class: 'num' }, j.last_step ?? '-'),
-        el('td', { class: stale ? 'stale nowrap' : 'nowrap' }, j.last_progress_ms ? `${fmtTime(j.last_progress_ms)}${stale ? ` (no progress for ${fmtDuration(data.now_ms - j.last_progress_ms)})` : ''}` : '-'),
+        el('td', { class: stale ? 'stale nowrap' : 'nowrap' }, j.last_progress_ms ? `${fmtTime(j.last_progress_ms)}${stale ? ` (no progress for ${fmtDuration(data.now_ms - j.last_progress_ms)})` : finished ? ` (${j.state})` : ''}` : '-'),
         el('td', { class: 'num' }, j.step_rate === null ? '-' : `${fmtNum(j.step_rate)} /s`),
         goodputCell(j),
         el('td', { class: 'num', title: 'proxy, not goodput: share of the minutes since the first step that have steps (a stalled job falls behind)' }, j.progress_time_frac === null ? '-' : `${Math.round(j.progress_time_frac * 100)} %`),
@@ -261,10 +281,88 @@
     RS.ready = true;
   }
 
+  // --- alert history: what fired for a job, node, rule or team, over a time range -----------------
+
+  function renderHistory(root, data) {
+    RS.data = data;
+    const f = data.filters;
+    const text = (name, value, placeholder) => el('input', { type: 'text', name, value: value || '', placeholder });
+    const choose = (name, values, current, all) => el('select', { name },
+      el('option', { value: '' }, all), values.map((v) => el('option', { value: v, selected: v === current }, v)));
+    const when = (name, ms) => el('input', { type: 'datetime-local', name, value: ms === null || ms === undefined ? '' : utcInput(ms), title: `${name} (UTC)` });
+    const form = el('form', { class: 'toolbar history-filters', id: 'history-filters', onsubmit: (e) => {
+      e.preventDefault();
+      const params = new URLSearchParams();
+      for (const k of ['job', 'node', 'rule', 'team']) if (form.elements[k].value) params.set(k, form.elements[k].value);
+      for (const k of ['from', 'to']) {
+        const ms = Date.parse(`${form.elements[k].value}:00Z`);
+        if (Number.isFinite(ms)) params.set(k, String(ms));
+      }
+      location.assign(`/history${params.toString() ? `?${params}` : ''}`);
+    } },
+      text('job', f.job, 'job id'), text('node', f.node, 'node'), choose('rule', data.rules, f.rule, 'every rule'), choose('team', data.teams, f.team, 'every team'),
+      when('from', f.from), '–', when('to', f.to), el('span', { class: 'muted' }, 'UTC'), el('button', { type: 'submit' }, 'filter'));
+    const firing = data.alerts.filter((a) => a.status === 'firing');
+    const resolved = data.alerts.filter((a) => a.status !== 'firing');
+    root.replaceChildren(el('h1', {}, 'Alert history'), form,
+      el('p', { class: 'muted', id: 'history-count' }, `${data.alerts.length} alert${data.alerts.length === 1 ? '' : 's'}, newest first${data.truncated ? ' (the newest only: narrow the filter for older ones)' : ''}`),
+      el('h2', {}, `Firing (${firing.length})`), alertTable(firing, false),
+      el('h2', {}, `Resolved (${resolved.length})`), resolved.length ? alertTable(resolved, true) : el('p', { class: 'muted' }, 'none'));
+    RS.ready = true;
+  }
+
   // --- job page: charts on one time axis ----------------------------------------------------------
 
+  // A CSV cell: quoted when it holds a separator, and a leading = + - @ made text (a record string
+  // must not become a spreadsheet formula).
+  function csvCell(v) {
+    if (v === null || v === undefined) return '';
+    let s = String(v);
+    if (/^[=+\-@\t\r]/.test(s) && !/^-?[\d.]+(e[+-]?\d+)?$/i.test(s)) s = `'${s}`;
+    return /[",\n\r]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
+  }
+
+  const iso = (t) => (Number.isFinite(Number(t)) ? new Date(Number(t)).toISOString() : t);
+  function chartCsv(chart) {
+    // Every point a panel draws, one row each: series, time (UTC), row (heatmaps), value and its extras.
+    const opt = chart.getOption();
+    const xAxis = (opt.xAxis || [])[0] || {};
+    const yAxis = (opt.yAxis || [])[0] || {};
+    const xCat = xAxis.type === 'category' ? xAxis.data : null;
+    const yCat = yAxis.type === 'category' ? yAxis.data : null;
+    const lines = [['series', 'time_utc', 'row', 'value', 'detail']];
+    for (const s of opt.series || []) {
+      if (s.type === 'custom') {
+        // The timeline: one row per span (lane, from, to, what it was).
+        const raw = RS.timelineItems || [];
+        for (const d of raw) lines.push(['span', iso(d.value[1]), yCat ? yCat[d.value[0]] : d.value[0], iso(d.value[2]), d.label || (d.alert ? `${d.alert.status}: ${d.alert.summary}` : '')]);
+        continue;
+      }
+      for (const d of s.data || []) {
+        const v = Array.isArray(d) ? d : d && d.value;
+        if (!Array.isArray(v)) continue;
+        const t = xCat ? xCat[v[0]] : v[0];
+        lines.push(yCat ? [s.name, iso(t), yCat[v[1]], v[2], v[3]] : [s.name, iso(t), '', v[1], v[2]]);
+      }
+    }
+    return lines.map((l) => l.map(csvCell).join(',')).join('\n') + '\n';
+  }
+  RS.chartCsv = (key) => chartCsv(RS.charts[key]);
+
+  function csvButton(key) {
+    return el('button', { class: 'csv', title: 'download this panel\'s data as CSV', 'data-csv': key, onclick: (e) => {
+      e.stopPropagation();
+      const name = RS.data && RS.data.job ? RS.data.job.job_id : RS.page && RS.page.id;
+      const link = el('a', { href: URL.createObjectURL(new Blob([chartCsv(RS.charts[key])], { type: 'text/csv' })),
+        download: `ranksight-${String(name || 'page').replace(/[^A-Za-z0-9._-]/g, '_').slice(0, 80)}-${key}.csv` });
+      document.body.append(link);
+      link.click();
+      link.remove();
+    } }, 'CSV');
+  }
+
   function chartBox(container, key, title, height, extra, below) {
-    const box = el('section', { class: 'panel', id: `panel-${key}` }, el('h3', {}, title, extra || null), below || null, el('div', { class: 'chart', style: `height:${height}px` }));
+    const box = el('section', { class: 'panel', id: `panel-${key}` }, el('h3', {}, title, extra || null, csvButton(key)), below || null, el('div', { class: 'chart', style: `height:${height}px` }));
     container.append(box);
     const chart = echarts.init(box.querySelector('.chart'), null, { renderer: 'canvas' });
     RS.charts[key] = chart;
@@ -402,7 +500,7 @@
     for (let i = 0; i < (times || []).length; i++) {
       const v = values[i];
       const x = times[i];
-      if (v === null || v === undefined || x < 0 || x >= buckets.length || rowIds[i] < 0) continue;
+      if (v === null || v === undefined || x < 0 || x >= buckets.length || !(rowIds[i] >= 0 && rowIds[i] < rows.length)) continue;
       points.push(who ? [x, rowIds[i], v, who[i]] : [x, rowIds[i], v]);
       if (v < lo) lo = v;
       if (v > hi) hi = v;
@@ -452,6 +550,33 @@
   // The job's time panels share one window; the compare charts (steps or tokens on x) do not.
   const timeCharts = () => Object.entries(RS.charts).filter(([k]) => !k.startsWith('compare_')).map(([, c]) => c);
 
+  // The most rows a per-rank heatmap draws: the server groups a bigger job's ranks by node (`ui.rows`).
+  const MAX_RANK_ROWS = 4096;
+
+  function rankAxis(data) {
+    // The rows of a per-rank heatmap: ranks 0 .. size-1, the job's size as it declared it (else as
+    // many as it bound), never more than MAX_RANK_ROWS. A record may carry any rank (2,000,000,000):
+    // cells outside the axis are counted, not drawn, and the rows are looked up by rank, not indexed.
+    const bound = data.ranks.filter((r) => Number.isInteger(r.rank) && r.rank >= 0);
+    const declared = data.job && Number.isInteger(data.job.world_size) && data.job.world_size > 0 ? data.job.world_size : 0;
+    const size = Math.min(MAX_RANK_ROWS, declared || bound.reduce((m, r) => Math.max(m, r.rank + 1), 0));
+    const byRank = new Map(bound.filter((r) => r.rank < size).map((r) => [r.rank, r]));
+    const [times, ranks] = data.heatmap.cells;
+    let top = -1;
+    for (const r of byRank.keys()) top = Math.max(top, r);
+    for (const r of ranks || []) if (Number.isInteger(r) && r >= 0 && r < size && r > top) top = r;
+    const labels = [];
+    const rowOf = new Map();
+    for (let r = 0; r <= top; r++) {
+      const b = byRank.get(r);
+      rowOf.set(r, labels.length);
+      labels.push(b ? `r${r} ${b.node}/${b.gpu_index ?? '?'}` : `r${r}`);
+    }
+    const rowIds = (ranks || []).map((r) => (rowOf.has(r) ? rowOf.get(r) : -1));
+    const outside = new Set((ranks || []).filter((r) => !rowOf.has(r))).size;
+    return { labels, rowOf, size, outside, cells: [times, rowIds, ...data.heatmap.cells.slice(2)] };
+  }
+
   function renderJobCharts(container, data) {
     for (const [key, c] of Object.entries(RS.charts)) {
       if (key.startsWith('compare_') || key === 'history') continue;
@@ -463,11 +588,11 @@
     RS.buckets = buckets;
     // A big job's rows are nodes (or groups of nodes), a drill-down's its nodes' ranks (`heatmap.rows`).
     const rows = data.heatmap.rows || null;
-    const rankLabels = rows ? rows.labels.slice() : data.ranks.length ? data.ranks.map((r) => `r${r.rank} ${r.node}/${r.gpu_index ?? '?'}`) : [];
-    const maxRank = rows ? -1 : (data.heatmap.cells[1] || []).reduce((m, r) => Math.max(m, r), -1);
-    for (let r = rankLabels.length; r <= maxRank; r++) rankLabels.push(`r${r}`);
+    const axis = rows ? null : rankAxis(data);
+    const rankLabels = rows ? rows.labels.slice() : axis.labels;
+    const heatCells = rows ? data.heatmap.cells : axis.cells;
     const grouped = rows && rows.kind !== 'rank';
-    const rankOption = (m) => heatmapOption(data, buckets, rankLabels, data.heatmap.cells, m.index, m.label, 's', undefined, grouped && m.index < 4 ? m.index + 4 : undefined, 'worst rank');
+    const rankOption = (m) => heatmapOption(data, buckets, rankLabels, heatCells, m.index, m.label, 's', undefined, grouped && m.index < 4 ? m.index + 4 : undefined, 'worst rank');
 
     timeline(container, data);
 
@@ -478,7 +603,8 @@
       applyFocus();
       applyWindow();
     } }, HEATMAP_METRICS.map((m) => el('option', { value: m.key }, m.label)));
-    const heatTitle = !rows ? 'Per-rank time per step (ranks × time): a straggler is a stripe'
+    const outside = axis && axis.outside ? ` · ${axis.outside} rank ids outside the job's ${axis.size} ranks not drawn` : '';
+    const heatTitle = !rows ? `Per-rank time per step (ranks × time): a straggler is a stripe${outside}`
       : grouped ? `Worst rank per ${rows.kind} (${rows.labels.length} rows of ${rows.ranks} ranks × time): a straggler is a stripe on its node's row; click a row for its ranks`
         : `Ranks of ${rows.drill.join(', ')} (${rows.labels.length} of ${rows.ranks}) × time`;
     const heat = chartBox(container, 'heatmap', heatTitle, Math.min(560, Math.max(200, rankLabels.length * HEAT_ROW_PX + 50)), metricSelect,
@@ -487,6 +613,7 @@
     if (grouped && !REPORT) heat.on('click', (p) => { if (p.value) location.assign(drillHref(data, rows.nodes[p.value[1]])); });
     RS.heatmapMetric = 'compute';
     RS.rankLabels = rankLabels;
+    RS.rankRow = axis ? axis.rowOf : null;
     RS.rows = rows;
 
     const seg = data.steps.segments;
@@ -617,6 +744,7 @@
       });
     }
     if (!lanes.length) lanes.push('no alerts, checkpoints or evaluations');
+    RS.timelineItems = items;
     const chart = chartBox(container, 'timeline', 'Alerts, checkpoints, evaluations and job state (click an alert to zoom to it)', Math.max(90, lanes.length * 22 + 40));
     chart.setOption({
       animation: false,
@@ -713,7 +841,7 @@
   function focusRow(f) {
     // The heatmap row of a focused alert: its rank's row, or on a grouped page the row of its node.
     const rows = RS.rows;
-    if (!rows) return f.rank !== null ? RS.rankLabels[f.rank] : undefined;
+    if (!rows) return f.rank !== null && RS.rankRow.has(f.rank) ? RS.rankLabels[RS.rankRow.get(f.rank)] : undefined;
     if (rows.kind === 'rank') return f.rank === null ? undefined : RS.rankLabels.find((l) => l.startsWith(`r${f.rank} `));
     const i = rows.nodes.findIndex((ns) => ns.includes(f.node));
     return i >= 0 ? RS.rankLabels[i] : undefined;
@@ -791,7 +919,8 @@
     const muted = all.length - firing.length ? ` (${all.length - firing.length} muted)` : '';
     return el('div', { class: 'header' },
       el('h1', {}, REPORT ? '' : el('a', { href: '/', class: 'crumb' }, 'fleet › '), `job ${j.job_id}`,
-        firing.length ? badge(firing[0].severity, `${firing.length} firing${muted}`) : el('span', { class: 'badge ok' }, `no alert firing${muted}`)),
+        firing.length ? badge(firing[0].severity, `${firing.length} firing${muted}`) : el('span', { class: 'badge ok' }, `no alert firing${muted}`),
+        conditionBadge(data.condition)),
       el('dl', { class: 'facts' },
         ...[['team', j.team], ['owner', j.owner], ['cluster', j.cluster], ['model', j.model], ['ranks', j.world_size], ['GPU', j.gpu_class],
           ['nodes', (j.nodes || []).length > 8 ? `${j.nodes.length} nodes: ${j.nodes[0]} … ${j.nodes[j.nodes.length - 1]}` : (j.nodes || []).join(', ')], ['run', j.run_id], ['started', fmtDateTime(j.started_ms)],
@@ -799,7 +928,22 @@
           .map(([k, v]) => factPair(k, v))),
       progressFacts(data),
       REPORT ? null : el('p', {}, el('a', { href: `/reports/jobs/${encodeURIComponent(j.job_id)}` }, 'download a self-contained report of this job'),
-        ' · ', el('a', { href: `/compare?job=${encodeURIComponent(j.job_id)}`, id: 'compare-link' }, j.workload_family ? 'compare with other runs of this workload family' : 'compare its runs')));
+        ' · ', el('a', { href: `/compare?job=${encodeURIComponent(j.job_id)}`, id: 'compare-link' }, j.workload_family ? 'compare with other runs of this workload family' : 'compare its runs'),
+        ' · ', el('a', { href: `/history?job=${encodeURIComponent(j.job_id)}`, id: 'history-link' }, 'every alert of this job')));
+  }
+
+  // What a job is doing now (`ui.facts.job_condition`): a state that stops it wins over its averages.
+  function conditionText(c) {
+    if (!c || c.kind === 'running') return null;
+    if (c.kind === 'finished') return `${c.state}${c.since_ms ? `, last step ${fmtDateTime(c.since_ms)}` : ''}`;
+    const since = c.since_ms ? ` since ${fmtDateTime(c.since_ms)}` : '';
+    if (c.kind === 'overdue') return `no step${since} (progress heartbeat overdue)`;
+    return `${c.kind}${since}${c.rule ? ` (${c.rule} firing)` : ''}`;
+  }
+  function conditionBadge(c) {
+    const text = conditionText(c);
+    if (!text) return null;
+    return el('span', { class: `badge ${c.kind === 'finished' ? 'ok' : 'critical'}`, id: 'job-condition' }, text);
   }
 
   function alertProgress(a) {
@@ -809,6 +953,8 @@
     if (a.target_done === null || a.target_done === undefined) return `target ${fmtCompact(a.target)} ${a.target_kind}, no step yet`;
     const share = a.target > 0 ? ` (${fmtFixed((100 * a.target_done) / a.target, 1)} %)` : '';
     const done = `${fmtCompact(a.target_done)} of ${fmtCompact(a.target)} ${a.target_kind}${share}`;
+    // A firing stall or hang stops the job: an ETA at the rate before it would be a promise it cannot keep.
+    if (a.status === 'firing' && ['job_stall', 'zombie_job', 'rank_hang'].includes(a.rule)) return `${done}; no ETA: ${a.rule === 'rank_hang' ? 'hung' : 'stalled'} since ${fmtDateTime(a.last_progress_ts ?? a.starts_ms)}`;
     if (a.eta_s === null || a.eta_s === undefined) return `${done}; no ETA (no recent steps, or the job ended)`;
     const finish = a.last_progress_ts ? `, done about ${fmtDateTime(a.last_progress_ts + a.eta_s * 1000)}` : '';
     return `${done}; ETA ${fmtDuration(a.eta_s * 1000)} at the recent step rate${finish}`;
@@ -824,7 +970,8 @@
       facts.push(['progress', p.target_kind === null ? 'no target known (JobStarted carries none)'
         : p.done === null ? `target ${fmtCompact(p.target)} ${p.target_kind}, no step yet`
           : `${fmtCompact(p.done)} of ${fmtCompact(p.target)} ${p.target_kind} (${fmtFixed(100 * p.fraction, 1)} %)`]);
-      facts.push(['ETA', p.eta_s === null ? (p.state === 'completed' || p.state === 'failed' ? `none: ${p.state}` : '— (no target or no recent steps)')
+      const stopped = data.condition && ['stalled', 'hung', 'overdue'].includes(data.condition.kind) ? conditionText(data.condition) : null;
+      facts.push(['ETA', stopped ? `none: ${stopped}` : p.eta_s === null ? (p.state === 'completed' || p.state === 'failed' ? `none: ${p.state}` : '— (no target or no recent steps)')
         : `${fmtDuration(p.eta_s * 1000)}, done ${fmtDateTime(p.finish_ms)} at ${fmtNum(p.rate_steps_s)} steps/s`]);
     }
     if (c) {
@@ -893,7 +1040,9 @@
     if (!e) return el('p', { class: 'muted', id: 'efficiency' }, 'No run of this job is recorded yet: no efficiency figures.');
     const money = (v) => (v === null || v === undefined ? 'no price configured' : `$${fmtFixed(v, 2)}`);
     const figure = (key, label, text, title) => [el('div', { class: 'fact' }, el('dt', { title }, label), el('dd', { 'data-figure': key, 'data-value': e[key] ?? '' }, text))];
-    const perBillion = (v) => (v === null || v === undefined ? '—' : fmtNum(v));
+    const perBillion = (v) => (v === null || v === undefined || v === 0 ? '—' : fmtNum(v));
+    // No GPU energy counter read during the run sums to 0: that is nothing measured, not zero energy.
+    const kwh = (v) => (v === null || v === undefined || v === 0 ? 'not measured' : `${fmtNum(v)} kWh`);
     return el('section', { class: 'panel efficiency', id: 'efficiency' },
       el('h3', {}, `Efficiency: ${e.runs} run${e.runs === 1 ? '' : 's'}, ${e.gpus} × ${e.gpu_class || 'GPU'}, ${e.outcome}${e.outcome === 'running' ? ' (figures move until the run ends)' : ''}`),
       spentBar(e.spent_gpu_h, e.allocated_gpu_h, e.queue_gpu_h),
@@ -902,7 +1051,7 @@
         ...figure('goodput_pct', 'goodput', `${fmtFixed(e.goodput_pct, 1)} %`, 'productive GPU-hours / allocated GPU-hours'),
         ...figure('tokens_per_gpu_h', 'tokens per GPU-hour', fmtCompact(e.tokens_per_gpu_h)),
         ...figure('samples_per_gpu_h', 'samples per GPU-hour', fmtCompact(e.samples_per_gpu_h)),
-        ...figure('energy_kwh', 'energy', `${fmtNum(e.energy_kwh)} kWh`),
+        ...figure('energy_kwh', 'energy', kwh(e.energy_kwh), 'from the GPUs\' energy counters'),
         ...figure('kwh_per_billion_tokens', 'kWh per billion tokens', perBillion(e.kwh_per_billion_tokens)),
         ...figure('queue_s', 'queue wait', e.queue_s === null ? 'unknown' : fmtDuration(e.queue_s * 1000)),
         ...figure('failed_work_pct', 'failed work', `${fmtFixed(e.failed_work_pct, 1)} %`, 'GPU-hours of failed runs after their last verified checkpoint, of allocated'),
@@ -914,7 +1063,7 @@
           el('td', {}, r.run_id), el('td', {}, r.outcome), el('td', { class: 'num' }, r.gpus), el('td', { class: 'num' }, fmtFixed(r.allocated_gpu_h, 2)),
           el('td', { class: 'bar' }, spentBar(r.spent_gpu_h, r.allocated_gpu_h, 0)[0]),
           el('td', { class: 'num' }, `${fmtFixed(r.goodput_pct, 1)} %`), el('td', { class: 'num' }, fmtCompact(r.tokens_per_gpu_h)),
-          el('td', { class: 'num' }, fmtNum(r.energy_kwh)), el('td', { class: 'num' }, perBillion(r.kwh_per_billion_tokens)),
+          el('td', { class: 'num' }, r.energy_kwh ? fmtNum(r.energy_kwh) : '—'), el('td', { class: 'num' }, perBillion(r.kwh_per_billion_tokens)),
           el('td', { class: 'num' }, r.cost === null ? '—' : money(r.cost)))))) : null);
   }
 
@@ -954,7 +1103,36 @@
       el('span', { id: 'window-label' }, 'whole range'),
       el('span', { id: 'focus-label', class: 'focus' }, ''),
       REPORT ? null : el('a', { id: 'window-link', href: '#', hidden: true, title: 'the page keeps the buckets of the whole range; this link re-reads the window at its own resolution' }, 'open this window at full resolution'),
+      REPORT ? null : rangePicker(data),
       el('span', { class: 'muted' }, `bucket ${fmtDuration(data.range.bucket_ms)} · heatmap from ${data.heatmap.source}${data.gpus && data.gpus.source ? ` · GPUs from ${data.gpus.source}` : ''} · scroll or pinch on any panel to zoom`));
+  }
+
+  // The time range a job page reads (?from=&to=, UTC ms): the last minutes of the job's data, or two
+  // instants typed in UTC. The page re-reads at the range's own resolution; drill-down nodes are kept.
+  const RANGE_PRESETS = [['whole run', null], ['last 15 min', 15], ['last hour', 60], ['last 6 hours', 360], ['last 24 hours', 1440]];
+  const utcInput = (ms) => new Date(ms).toISOString().slice(0, 16);
+  function rangeHref(from, to) {
+    const params = new URLSearchParams(location.search);
+    params.delete('from');
+    params.delete('to');
+    if (from !== null) { params.set('from', String(Math.round(from))); params.set('to', String(Math.round(to))); }
+    return `${location.pathname}${params.toString() ? `?${params}` : ''}`;
+  }
+  function rangePicker(data) {
+    const end = data.range.span ? data.range.span[1] : data.range.to_ms;
+    const start = data.range.span ? data.range.span[0] : data.range.from_ms;
+    const from = el('input', { type: 'datetime-local', name: 'range-from', value: utcInput(data.range.from_ms), title: 'from (UTC)' });
+    const to = el('input', { type: 'datetime-local', name: 'range-to', value: utcInput(data.range.to_ms), title: 'to (UTC)' });
+    const preset = el('select', { name: 'range-preset', onchange: (e) => {
+      const minutes = RANGE_PRESETS[Number(e.target.value)][1];
+      location.assign(minutes === null ? rangeHref(null) : rangeHref(Math.max(start, end - minutes * 60000), end + 1));
+    } }, el('option', { value: '', disabled: true, selected: true }, 'range…'), RANGE_PRESETS.map(([label], i) => el('option', { value: String(i) }, label)));
+    const apply = el('button', { name: 'range-apply', onclick: () => {
+      const a = Date.parse(`${from.value}:00Z`);
+      const b = Date.parse(`${to.value}:00Z`);
+      if (Number.isFinite(a) && Number.isFinite(b) && b > a) location.assign(rangeHref(a, b));
+    } }, 'show');
+    return el('span', { class: 'range', id: 'range-picker' }, preset, from, '–', to, el('span', { class: 'muted' }, 'UTC'), apply);
   }
 
   async function loadDetails(data) {
@@ -1005,7 +1183,19 @@
     if (/(ratio|fraction|score)$/.test(n)) return 'ratio';
     return '';
   }
-  const withUnit = (v, unit) => (v === null || v === undefined ? '-' : `${fmtNum(v, 4)}${unit && unit !== 'count' && unit !== 'ratio' ? ` ${unit}` : ''}`);
+  // A value with its own unit, as the alert record typed it (`observed_unit`, `expected_unit`): a
+  // share (`ratio`) reads in %, a step number as "step N". Null: a record written before alerts carried
+  // units; the number is shown bare and says so, never with another value's unit.
+  function valueText(v, unit) {
+    if (v === null || v === undefined) return '-';
+    if (unit === null || unit === undefined) return `${fmtNum(v, 4)} (unit not recorded)`;
+    if (unit === 'ratio') return `${fmtNum(v * 100, 3)} %`;
+    if (unit === 'step') return `step ${Math.round(v)}`;
+    if (unit === 'steps') return `${Math.round(v)} steps`;
+    if (unit === 'count' || unit === '') return fmtNum(v, 4);
+    return `${fmtNum(v, 4)} ${unit}`;
+  }
+  const valueFact = (v, unit, what) => (v === null || v === undefined ? '-' : `${valueText(v, unit)}${what ? ` (${what})` : ''}`);
   // Rules whose metric is a progress counter while their threshold is a time without progress.
   const STALL_RULES = new Set(['job_stall', 'evaluation_stuck']);
 
@@ -1014,7 +1204,8 @@
     const end = a.status === 'resolved' && a.ends_ms ? a.ends_ms : (a.ts || a.starts_ms);
     const color = a.status === 'resolved' ? COLORS.resolved : COLORS[a.severity] || COLORS.critical;
     let name = a.history_metric || 'metric';
-    let unit = metricUnit(name);
+    // The history's own unit (`history_unit`); a record from before units were carried: from its name.
+    let unit = a.history_unit ?? metricUnit(name);
     let points = (a.history || []).filter((p) => p[1] !== null);
     const last = a.last_progress_ts || (points.length ? points[points.length - 1][0] : null);
     if (STALL_RULES.has(a.rule) && last) {
@@ -1029,10 +1220,12 @@
     const lo = Math.min(...times);
     const hi = Math.max(...times);
     const pad = Math.max(60000, 0.1 * (hi - lo));
-    const threshold = a.threshold ?? null;
+    // The threshold is drawn only on an axis of its own unit (rank_hang's step numbers are no line on
+    // its SM activity chart).
+    const threshold = a.threshold !== null && a.threshold !== undefined && a.threshold_unit === unit ? a.threshold : null;
     const unitText = unit === 'ratio' || unit === 'count' || !unit ? (unit ? ` (${unit})` : '') : ` (${unit})`;
     // An alert without history (a rule that keeps none, a record written by hand) says so instead of an empty axis.
-    const title = `What the detector saw: ${name}${unitText}${threshold === null ? '' : `; threshold ${withUnit(threshold, unit)}`}${points.length ? '' : ' — the alert carries no history of it: only its span is drawn'}`;
+    const title = `What the detector saw: ${name}${unitText}${threshold === null ? '' : `; ${a.threshold_what || 'threshold'} ${valueText(threshold, unit)}`}${points.length ? '' : ' — the alert carries no history of it: only its span is drawn'}`;
     const extent = (v, side) => {
       // The y axis always shows the threshold, with a little room around the data.
       const values = [v[side], ...(threshold === null ? [] : [threshold])];
@@ -1041,21 +1234,47 @@
       return side === 'min' ? (m >= 0 && v.min >= 0 ? Math.max(0, m - 0.1 * span) : m - 0.1 * span) : m + 0.1 * span;
     };
     const units = { [name]: unit === 'ratio' || unit === 'count' ? '' : unit };
+    const short = hi - lo + 2 * pad < 15 * 60000;
     return {
       title,
       meta: { name, unit, threshold, color, x: [lo - pad, hi + pad], points },
       option: {
         animation: false, grid: { left: 70, right: 110, top: 22, bottom: 24 }, tooltip: { trigger: 'axis', formatter: axisTip(units) },
-        xAxis: { type: 'time', min: lo - pad, max: hi + pad, axisLabel: { formatter: (v) => fmtTime(v).slice(0, 5), hideOverlap: true } },
+        // Minutes over a long span; seconds over a short one, so no two ticks read the same ("12:28 12:28").
+        xAxis: { type: 'time', min: lo - pad, max: hi + pad, minInterval: short ? 1000 : 60000,
+          axisLabel: { formatter: (v) => (short ? fmtTime(v) : fmtTime(v).slice(0, 5)), hideOverlap: true } },
         yAxis: { type: 'value', name: unit && unit !== 'ratio' ? unit : '', nameTextStyle: { align: 'left' }, min: (v) => extent(v, 'min'), max: (v) => extent(v, 'max'), splitNumber: 3,
           // The padded extent is no round number (1.04111, 0.67379 over the ticks): only the ticks are labelled.
           axisLabel: { showMinLabel: false, showMaxLabel: false } },
         series: [{ name, type: 'line', data: points, showSymbol: true, color,
           markArea: { silent: true, itemStyle: { color: a.status === 'resolved' ? COLORS.resolvedBand : COLORS.alert }, data: [[{ xAxis: a.starts_ms }, { xAxis: end }]] },
           markLine: threshold === null ? undefined : { silent: true, symbol: 'none', lineStyle: { color: '#d62728', type: 'dashed' },
-            label: { formatter: `threshold ${withUnit(threshold, unit)}`, position: 'end' }, data: [{ yAxis: threshold, name: 'threshold' }] } }],
+            label: { formatter: `${a.threshold_what || 'threshold'} ${valueText(threshold, unit)}`, position: 'end' }, data: [{ yAxis: threshold, name: 'threshold' }] } }],
       },
     };
+  }
+
+  // Silence (acknowledge) a firing alert in Alertmanager: the one write the UI makes, behind its own
+  // authentication (a token pasted here, kept for this tab only, or the proxy's user header).
+  function silenceForm(a) {
+    const token = el('input', { type: 'password', name: 'token', placeholder: 'UI token (if the UI has one)', value: sessionStorage.getItem('ranksight-token') || '' });
+    const author = el('input', { type: 'text', name: 'author', placeholder: 'your name', required: true });
+    const comment = el('input', { type: 'text', name: 'comment', placeholder: 'why (ticket, what you are doing)', required: true, size: 40 });
+    const minutes = el('select', { name: 'minutes' }, [[30, '30 min'], [60, '1 h'], [240, '4 h'], [1440, '1 day']].map(([m, label]) => el('option', { value: String(m), selected: m === 60 }, label)));
+    const result = el('span', { id: 'silence-result', class: 'muted' }, '');
+    const form = el('form', { class: 'toolbar silence', id: 'silence-form', onsubmit: async (e) => {
+      e.preventDefault();
+      if (token.value) sessionStorage.setItem('ranksight-token', token.value);
+      result.textContent = 'silencing…';
+      const headers = { 'content-type': 'application/json', accept: 'application/json', 'x-ranksight-action': 'silence' };
+      if (token.value) headers.authorization = `Bearer ${token.value}`;
+      const response = await fetch(`/api/alerts/${encodeURIComponent(a.alert_id)}/silence`, { method: 'POST', headers,
+        body: JSON.stringify({ author: author.value, comment: comment.value, minutes: Number(minutes.value) }) }).catch((err) => ({ ok: false, json: async () => ({ error: err.message }) }));
+      const body = await response.json().catch(() => ({}));
+      result.textContent = response.ok ? `silenced in Alertmanager until ${fmtDateTime(Date.parse(body.ends_at))} (silence ${body.silence_id})` : `not silenced: ${body.error || response.status}`;
+      result.className = response.ok ? 'ok' : 'error-text';
+    } }, el('strong', {}, 'Silence in Alertmanager: '), author, comment, minutes, token, el('button', { type: 'submit' }, 'silence'), result);
+    return form;
   }
 
   function renderAlert(root, payload) {
@@ -1074,9 +1293,10 @@
         ...fact('job', a.job_id ? el('a', { href: jobHref(a.job_id) }, a.job_id) : '-'), ...fact('run', a.run_id), ...fact('owner', a.owner),
         ...fact('where', where(a)), ...fact('GPU uuid', a.gpu_uuid), ...fact('cluster', a.cluster),
         ...fact('suspected layer', a.suspected_layer), ...fact('category', a.category),
-        ...fact('invariant', a.invariant), ...fact(a.status === 'resolved' ? 'observed when it fired' : 'observed', withUnit(a.observed_fired ?? a.observed, chartSpec.meta.unit)),
-        ...(a.status === 'resolved' ? fact('observed at resolution', withUnit(a.observed, chartSpec.meta.unit)) : []),
-        ...fact('threshold', withUnit(a.threshold, chartSpec.meta.unit)),
+        ...fact('invariant', a.invariant),
+        ...fact(a.status === 'resolved' ? 'observed when it fired' : 'observed', el('span', { id: 'observed' }, valueFact(a.observed_fired ?? a.observed, a.observed_fired_unit ?? a.observed_unit, a.observed_fired_what ?? a.observed_what))),
+        ...(a.status === 'resolved' ? fact('observed at resolution', el('span', { id: 'observed-resolved' }, valueFact(a.observed, a.observed_unit, a.observed_what))) : []),
+        ...fact(a.threshold_what ? 'expected' : 'threshold', el('span', { id: 'threshold' }, valueFact(a.threshold, a.threshold_unit, a.threshold_what))),
         ...fact('baseline', a.baseline ? `${a.baseline} (${a.baseline_runs ?? '?'} runs)` : null),
         ...fact('current step', a.current_step), ...fact('last progress', fmtDateTime(a.last_progress_ts)),
         ...(a.job_id ? fact('progress', el('span', { id: 'alert-progress' }, alertProgress(a))) : []),
@@ -1092,6 +1312,7 @@
           el('td', {}, el('strong', {}, c.team)), el('td', {}, c.receiver), el('td', {}, c.kind || 'unknown (no ownership file given to the UI)'),
           el('td', {}, c.status), el('td', { class: 'nowrap' }, fmtDateTime(c.updated_ms)))))),
       actionsPanel(a.actions, 'alert-actions'),
+      REPORT || a.status !== 'firing' ? null : silenceForm(a),
       el('h2', {}, 'Status history'),
       el('table', { class: 'grid' }, el('tbody', {}, a.transitions.map((t) => el('tr', {}, el('td', { class: 'nowrap' }, fmtDateTime(t.ts)), el('td', {}, t.status), el('td', { class: 'summary' }, t.summary))))),
       el('section', { class: 'panel', id: 'panel-history' }, el('h3', {}, chartSpec.title), el('div', { id: 'history', class: 'chart', style: 'height:170px' })));
@@ -1236,6 +1457,8 @@
         renderJob(root, REPORT ? REPORT.data : await getJSON(`/api/jobs/${encodeURIComponent(page.id)}${location.search}`));
       } else if (page.kind === 'alert') {
         renderAlert(root, REPORT ? REPORT.data : await getJSON(`/api/alerts/${encodeURIComponent(page.id)}`));
+      } else if (page.kind === 'history') {
+        renderHistory(root, await getJSON(`/api/history${location.search}`));
       } else if (page.kind === 'compare') {
         renderCompare(root, REPORT ? REPORT.data : await getJSON(`/api/compare${location.search}`));
       }

@@ -91,3 +91,45 @@ def test_every_rules_runbook_link_on_its_alert_page_opens_its_runbook(
     finally:
         context.close()
     assert forms == {"absolute", "relative"}
+
+
+def test_every_runbook_query_runs_filled_in_for_a_job(
+    ui_store: UiStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened with an alert's values, every runbook's SQL comes as `ranksight sql --param ...` commands,
+    and each of them runs against the store (ClickHouse binds the values; none is pasted into SQL)."""
+    import html as html_lib
+    import re
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from ranksight.cli import app
+    from sinks.ddl import migrate
+    from tests.integration.ui.conftest import STRAGGLER_JOB, STRAGGLER_RANK
+
+    [(node, gpu)] = ui_store.client.query(
+        "SELECT argMax(node, ts), argMax(gpu_index, ts) FROM rank_bound WHERE job_id = {j:String} AND rank = {r:Int32}",
+        parameters={"j": STRAGGLER_JOB, "r": STRAGGLER_RANK},
+    ).result_rows
+    params = {"job_id": STRAGGLER_JOB, "node": node, "rank": str(STRAGGLER_RANK), "gpu_index": str(gpu)}
+    commands = []
+    for rule in RULES:
+        page = render_runbook(default_runbooks_dir(), rule, params)
+        for block in re.findall(r"<pre class='run'><code>(.*?)</code></pre>", page, re.S):
+            commands += [shlex.split(c) for c in html_lib.unescape(block).split("\n\n")]
+    assert len(commands) >= len(RULES)  # nearly every runbook has queries
+    monkeypatch.setenv("CLICKHOUSE_URL", ui_store.dsn)
+    monkeypatch.setenv("RANKSIGHT_TTL_DAYS", "3650")
+    failed = []
+    try:
+        for argv in commands:
+            assert argv[:2] == ["ranksight", "sql"]
+            result = CliRunner().invoke(app, [*argv[1:], "--format", "jsonl"])
+            if result.exit_code != 0:
+                failed.append((argv[-1][:120], result.output[-300:]))
+        wrong = CliRunner().invoke(app, ["sql", "--param", "nope=1", "SELECT 1"])
+    finally:
+        migrate(ui_store.client, ttl_days=None)
+    assert failed == []
+    assert wrong.exit_code != 0 and "no {nope:Type} placeholder" in wrong.output

@@ -6,6 +6,7 @@ Read from the DOM and the charts' models in Chromium, never from pixels.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -95,6 +96,65 @@ def _alert_ids(ui_store: UiStore) -> list[tuple[str, str]]:
     return [(str(a), str(r)) for a, r in rows]
 
 
+# How a value of each unit reads on an alert page (`valueText` in app.js).
+_UNIT_TEXT = {
+    "s": r"-?[\d.e+-]+ s",
+    "%": r"-?[\d.e+-]+ %",
+    "ratio": r"-?[\d.e+-]+ %",
+    "step": r"step \d+",
+    "steps": r"-?\d+ steps",
+    "count": r"-?[\d.e+-]+",
+    "": r"-?[\d.e+-]+",
+}
+
+
+def _reads_as(text: str, unit: str | None, what: str | None) -> bool:
+    """Whether a fact's text is a value of `unit` (and nothing else) followed by what it measures."""
+    if unit is None:
+        return text.endswith("(unit not recorded)")
+    pattern = _UNIT_TEXT.get(unit, r"-?[\d.e+-]+ " + re.escape(unit))
+    return re.fullmatch(pattern + (r" \(" + re.escape(what) + r"\)" if what else ""), text) is not None
+
+
+def test_every_alert_page_labels_each_value_with_its_own_unit(
+    browser: Any, ui_url: str, ui_store: UiStore
+) -> None:
+    """Every alert of the store: observed and expected read in their own units (never the history's), a
+    share never over 100 %, and a threshold line only on a chart of the threshold's unit."""
+    page = _open(browser, ui_url)
+    rules = set()
+    for alert_id, rule in _alert_ids(ui_store):
+        page.goto(f"{ui_url}alerts/{alert_id}")
+        page.wait_for_function(READY, timeout=60_000)
+        a = page.evaluate("() => window.ranksight.data.alert")
+        texts = page.evaluate(
+            "() => ['observed', 'threshold'].map(id => (document.getElementById(id) || {}).textContent)"
+        )
+        if a["observed_fired"] is not None:
+            assert a["observed_fired_unit"] is not None, rule  # this store's alerts carry their units
+            assert _reads_as(texts[0], a["observed_fired_unit"], a["observed_fired_what"]), (
+                rule,
+                texts[0],
+                a,
+            )
+        if a["threshold"] is not None:
+            assert _reads_as(texts[1], a["threshold_unit"], a["threshold_what"]), (rule, texts[1])
+        for value, unit in (
+            (a["observed_fired"], a["observed_fired_unit"]),
+            (a["threshold"], a["threshold_unit"]),
+        ):
+            if unit == "ratio" and value is not None:
+                assert 0 <= value <= 1, (rule, value)  # a share in % is 0-100 %
+            if unit == "%" and value is not None:
+                assert 0 <= value <= 100, (rule, value)
+        meta = page.evaluate("() => window.ranksight.alertChart")
+        if meta["threshold"] is not None:
+            assert a["threshold_unit"] == meta["unit"], (rule, a["threshold_unit"], meta["unit"])
+        rules.add(rule)
+    assert {"straggler", "job_stall"} <= rules, rules
+    page.context.close()
+
+
 def test_every_alert_chart_has_its_threshold_line_unit_and_a_sane_axis(
     browser: Any, ui_url: str, ui_store: UiStore
 ) -> None:
@@ -125,19 +185,27 @@ def test_every_alert_chart_has_its_threshold_line_unit_and_a_sane_axis(
         if meta["threshold"] is not None:
             assert chart["mark"] == [meta["threshold"]], rule
             assert chart["y"][0] <= meta["threshold"] <= chart["y"][1], (rule, chart["y"], meta["threshold"])
-            assert "threshold" in chart["title"]
-        assert meta["unit"] or rule in (
-            "nonfinite_grad",
-            "nonfinite_loss",
-            "grad_spike",
-            "loss_divergence",
+            assert a["threshold_what"] in chart["title"]
+        # A unit, unless the alert declares its history dimensionless (`history_unit` ""; a copy of a
+        # straggler's record that test_ui_browser stores as `live_check` among them).
+        assert (
+            meta["unit"]
+            or a["history_unit"] == ""
+            or rule
+            in (
+                "nonfinite_grad",
+                "nonfinite_loss",
+                "grad_spike",
+                "loss_divergence",
+                "straggler",  # a score: job median time / the rank's time
+            )
         ), rule
         if rule == "job_stall":
             assert meta["name"] == "seconds without a step" and meta["unit"] == "s"
-            assert "threshold" in chart["title"] and " s" in chart["title"]
+            assert "allowed" in chart["title"] and " s" in chart["title"]
             assert max(p[1] for p in meta["points"]) >= meta["threshold"]
         if rule == "straggler":
-            assert meta["threshold"] == pytest.approx(0.75) and meta["unit"] == "ratio"
+            assert meta["threshold"] == pytest.approx(0.75) and meta["unit"] == ""
         if a["status"] == "resolved":
             assert chart["color"] == "#6a9f58"  # resolved is green
             fired = [t["summary"] for t in a["transitions"] if t["status"] == "firing"]
@@ -177,3 +245,53 @@ def test_a_stalled_job_reads_zero_steps_per_second_while_stalled(ui_store: UiSto
     assert before and sum(v > 0 for v in before) > 0.9 * len(before)
     fleet = {j["job_id"]: j for j in queries.fleet(ui_store.client, goodput=False)["jobs"]}
     assert fleet[STALLED_JOB]["step_rate"] == 0.0 and fleet[STRAGGLER_JOB]["step_rate"] > 0
+
+
+def test_a_stalled_job_has_no_eta_and_says_since_when(
+    ui_store: UiStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """State wins over averages: the stalled job's page and `ranksight jobs` say stalled since its last step,
+    with no ETA; a job that steps keeps its ETA."""
+    page = queries.job_page(ui_store.client, STALLED_JOB, with_efficiency=False)
+    condition = page["condition"]
+    assert condition["kind"] in ("stalled", "overdue"), condition
+    assert condition["since_ms"] == page["progress"]["last_step_ms"]
+    assert page["progress"]["eta_s"] is None and page["progress"]["finish_ms"] is None
+    healthy = queries.job_page(ui_store.client, STRAGGLER_JOB, with_efficiency=False)
+    assert healthy["condition"]["kind"] in ("running", "finished")
+
+    import json
+
+    from typer.testing import CliRunner
+
+    from ranksight.cli import app
+
+    monkeypatch.setenv("CLICKHOUSE_URL", ui_store.dsn)
+    monkeypatch.setenv("RANKSIGHT_TTL_DAYS", "3650")
+    try:
+        result = CliRunner().invoke(app, ["jobs", "--json"])
+        table = CliRunner().invoke(app, ["jobs", "--job", STALLED_JOB])
+    finally:
+        from sinks.ddl import migrate
+
+        migrate(ui_store.client, ttl_days=None)
+    assert result.exit_code == 0, result.output
+    rows = {r["job_id"]: r for r in map(json.loads, result.stdout.splitlines())}
+    assert rows[STALLED_JOB]["eta_s"] is None and rows[STALLED_JOB]["condition"]["kind"] == condition["kind"]
+    assert table.exit_code == 0 and (
+        " stalled since " in table.stdout or " no step since " in table.stdout
+    ), table.stdout
+
+
+def test_the_fleet_flags_a_stalled_job(browser: Any, ui_url: str) -> None:
+    """The stalled job's row says 'no progress' (a finished job's does not: test_bounds)."""
+    page = _open(browser, ui_url)
+    rows = page.evaluate(_FLEET_ROWS)
+    stalled = next(r for r in rows if r["job"] == STALLED_JOB)
+    assert stalled["stale"] and "no progress" in stalled["progress"], stalled
+    page.context.close()
+
+
+_FLEET_ROWS = """() => [...document.querySelectorAll('tr[data-job]')].map(tr => ({
+    job: tr.dataset.job, state: tr.children[2].textContent, health: tr.children[1].textContent,
+    stale: !!tr.querySelector('.stale'), progress: tr.children[8].textContent }))"""
