@@ -211,7 +211,9 @@ class SidePath:
         that is held, the end of a finite input)."""
         out: list[Action] = []
         released = (
-            self.aligner.pop_all() if everything else self.aligner.pop_ready(now, lag, self.options.release_batch)
+            self.aligner.pop_all()
+            if everything
+            else self.aligner.pop_ready(now, lag, self.options.release_batch)
         )
         for tp, offset, (rec, event) in released:
             self._done(tp, offset)

@@ -374,7 +374,9 @@ class PartitionTask:
         out: list[Action] = []
         due = False
         released = (
-            self.aligner.pop_all() if everything else self.aligner.pop_ready(now, lag, self.options.release_batch)
+            self.aligner.pop_all()
+            if everything
+            else self.aligner.pop_ready(now, lag, self.options.release_batch)
         )
         # The batch left the aligner at once: a checkpoint waits for the end of it (its offsets
         # would claim the records of the batch not yet in the engine).
@@ -452,7 +454,11 @@ class PartitionTask:
         last, was_idle = self.marker_sent
         bucket = self.config.summary_bucket_ms
         if front is None or (
-            not force and last is not None and was_idle == idle and front < last + bucket and not (out and idle)
+            not force
+            and last is not None
+            and was_idle == idle
+            and front < last + bucket
+            and not (out and idle)
         ):
             return out
         self.marker_sent = [front, idle]
@@ -619,7 +625,9 @@ class PartitionTask:
         if target is not None and (engine.watermark is None or target > engine.watermark):
             outputs += engine.advance(target)
         # The job stage's own newest only once no rank-stage partition can send anything older.
-        if self.kind == "rank" or (target is not None and engine.max_ts is not None and target >= engine.max_ts):
+        if self.kind == "rank" or (
+            target is not None and engine.max_ts is not None and target >= engine.max_ts
+        ):
             outputs += engine.finish()
         self._send_outputs(outputs, out)
         self.counts["finishes"] += 1
