@@ -44,6 +44,13 @@ def worker(
         min=0.1,
         help="A source partition silent this long stops holding event time back.",
     ),
+    finish_idle_s: float = typer.Option(
+        5.0,
+        "--finish-idle",
+        min=0.0,
+        help="Every input read to its end and silent this long (s): the engines move to the newest event "
+        "time read and release what they hold, as a replay's end (0: never).",
+    ),
     align_pause_at: int = typer.Option(
         20_000,
         "--align-pause-at",
@@ -136,6 +143,7 @@ def worker(
         log_level=log_level,
         stats_interval_s=stats_interval_s,
         align_idle_s=align_idle_s,
+        finish_idle_s=finish_idle_s,
         align_pause_at=align_pause_at,
         release_batch=release_batch,
         align_max_buffer=max_held,

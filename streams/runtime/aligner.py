@@ -201,6 +201,18 @@ class Aligner:
             self.moved_at = now
         return out
 
+    def pop_all(self) -> list[tuple[str, int, Any]]:
+        """Every held event, oldest first, whatever the frontier: the end of a finite input, when
+        nothing more can come that the frontier waits for (`WorkerCore.finish`)."""
+        out: list[tuple[str, int, Any]] = []
+        heap = self._heap
+        while heap:
+            _, _, _, tp, offset, item = heapq.heappop(heap)
+            self._released.setdefault(tp, set()).add(offset)
+            self._held_count[tp] -= 1
+            out.append((tp, offset, item))
+        return out
+
     def ready(self, now: float, lag: LagFn | None = None) -> bool:
         """Whether `pop_ready` would release something now."""
         heap = self._heap

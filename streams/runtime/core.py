@@ -33,7 +33,7 @@ from schemas.records import Event
 from schemas.topics import ALERTS, TELEMETRY_JOB, TRAINING_EVENTS, key_for
 from streams.alerting.routing import Router, load_router
 from streams.config import EngineConfig, load_config
-from streams.runtime.aligner import Aligner, LagFn
+from streams.runtime.aligner import Aligner, LagFn, tp_key
 from streams.runtime.changelog import Restored
 from streams.runtime.checkpoint import Action, Flow, Send
 from streams.runtime.guard import InputSilence, WallClockGuard
@@ -119,6 +119,7 @@ class WorkerCore:
         )
         self.input_at: float | None = None  # monotonic time of the last record of a source topic
         self.input_ms: int | None = None  # the same on the wall clock (UTC ms)
+        self.record_at: float | None = None  # monotonic time of the last record of any input
         self.tasks: dict[int, PartitionTask] = {}  # rank stage, by partition
         self.job_tasks: dict[int, PartitionTask] = {}  # job stage, by partition
         self.side = SidePath(options, self.intake, self.totals, frozenset(self.config.job_end_states))
@@ -200,6 +201,7 @@ class WorkerCore:
             elif event is not None and rec.topic == TELEMETRY_JOB:
                 actions += self.side.fault_read(rec, event, now)
             touched[(rec.topic == SUMMARIES, rec.partition)] = task
+        self.record_at = now
         if sourced:
             self.input_at, self.input_ms = now, self.wall_ms()
         if now - self._front_at >= SIDE_FRONT_S:
@@ -299,7 +301,56 @@ class WorkerCore:
                 actions += task.drain(now, self.lag, self.side.front, self.totals)
                 self._log_if_stuck(f"partition {task.partition}", task.aligner, now)
             actions += task.idle(now, wall_ms, newest, self.lag, guard)
+        actions += self.finish(now)
         return self._flow(self.tasks.values(), now, actions)
+
+    def finish(self, now: float) -> list[Action]:
+        """The end of a finite input (a backlog, a `replay --to-kafka`): every input partition of this
+        worker read to its end, nothing sent unacknowledged, and no record for `finish_idle_s`.
+
+        What the streaming engines do for a bounded source that went idle, and what the offline
+        replay does at its end (`DetectionEngine.finish`): everything held is released and each
+        engine's event time moves to the newest it read (after following this worker's newest minus
+        the allowed lateness, as the replay's one watermark). Never past what was read, so no
+        stall or timeout is invented (the wall-clock guard and `input_silent` are for that, and
+        only while data is live). In rounds, each after `finish_idle_s` without records: the side
+        path's held records first (they come back as the rank stage's input), then the rank stage
+        (its last summaries and a marker go to the job stage), then the job stage, as far as every
+        rank-stage partition said it sent everything. A record that comes later is processed as
+        usual (one older than what an engine already passed is late for it)."""
+        wait = self.options.finish_idle_s
+        if wait <= 0 or not self.tasks or self.record_at is None or now - self.record_at < wait:
+            return []
+        if self.side.delivering() or not self._read_to_end():
+            return []
+        if len(self.side.aligner):
+            return self.side.drain(now, self.lag, everything=True)
+        newest = max((t.engine.max_ts for t in self.tasks.values() if t.engine.max_ts), default=None)
+        if newest is None:
+            return []
+        target = newest - self.config.allowed_lateness_ms
+        out: list[Action] = []
+        for task in self.tasks.values():
+            out += task.finish(target, now, self.lag, self.totals)
+        for task in self.job_tasks.values():
+            front = task.upstream_done()
+            if front is not None:
+                out += task.finish(front, now, self.lag, self.totals)
+        return out
+
+    def _read_to_end(self) -> bool:
+        """No input partition of this worker has a record left to read (nor an unknown backlog)."""
+        for p in self.assigned:
+            for topic in NODE_TOPICS:
+                tp = tp_key(topic, p)
+                if self.lag(tp, self.side.aligner.last_offset(tp)) != 0:
+                    return False
+        for task in self._all_tasks():
+            for topic in task.inputs:
+                tp = tp_key(topic, task.partition)
+                if self.lag(tp, task.aligner.last_offset(tp)) != 0:
+                    return False
+        return True
 
     def _flush_to(self, newest: int | None, now: float) -> list[Action]:
         """All input silent: every rank-stage engine moves to the newest event time this worker read

@@ -90,6 +90,10 @@ class InFlight:
             self.sent.popleft()
         return min((entry[1] for entry in self.sent if not done(entry)), default=None)
 
+    def delivering(self) -> bool:
+        """Some send is not acknowledged by Kafka yet."""
+        return any(entry[3] is None for entry in self.sent)
+
     def clear(self) -> None:
         self.sent.clear()
 
@@ -202,10 +206,16 @@ class SidePath:
         return out
 
     # -- release ------------------------------------------------------------------------------
-    def drain(self, now: float, lag: LagFn) -> list[Action]:
-        """Apply bindings and forward unattributed telemetry, in event-time order."""
+    def drain(self, now: float, lag: LagFn, *, everything: bool = False) -> list[Action]:
+        """Apply bindings and forward unattributed telemetry, in event-time order (`everything`: all
+        that is held, the end of a finite input)."""
         out: list[Action] = []
-        for tp, offset, (rec, event) in self.aligner.pop_ready(now, lag, self.options.release_batch):
+        released = (
+            self.aligner.pop_all()
+            if everything
+            else self.aligner.pop_ready(now, lag, self.options.release_batch)
+        )
+        for tp, offset, (rec, event) in released:
             self._done(tp, offset)
             if event.type in ("RankBound", "JobStateChanged"):
                 out += self._apply_binding(rec, event)
@@ -313,6 +323,10 @@ class SidePath:
             held = self.aligner.lowest_held(tp)
             offsets[tp] = nxt if held is None else min(nxt, held)
         return Checkpoint("the side path", offsets)
+
+    def delivering(self) -> bool:
+        """Something this worker sent to a topic it reads back is not acknowledged yet."""
+        return any(f.delivering() for f in (self.forwards, self.bindings, self.faults, self.controls))
 
     # -- the two stages' fronts ------------------------------------------------------------------
     def fronts(

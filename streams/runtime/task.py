@@ -167,6 +167,7 @@ TASK_COUNTS: tuple[str, ...] = (
     "markers",  # StageProgress markers sent (rank stage) or read (job stage)
     "repeated",  # job stage: a record the rank stage sent again after a restart, dropped
     "shed_jobs",  # jobs evicted because the partition's snapshot outgrew the changelog's limit
+    "finishes",  # the end of a finite input: everything held released, event time at the newest read
 )
 
 
@@ -236,6 +237,8 @@ class PartitionTask:
         # after a restart from its checkpoint is the same bytes; older ones are late anyway).
         self._taken: dict[tuple[Any, ...], int] = {}
         self._prune_at = _TAKEN_PRUNE_AT
+        # (target, records processed) of the last `finish`: not repeated until one of them changes.
+        self._finished: tuple[int | None, int] | None = None
 
     # -- state -----------------------------------------------------------------------------
     def restore(self, value: bytes | None) -> None:
@@ -385,15 +388,22 @@ class PartitionTask:
         if offset + 1 > self.offsets.get(tp, -1):
             self.offsets[tp] = offset + 1
 
-    def drain(self, now: float, lag: LagFn, front: int | None, totals: dict[str, int]) -> list[Action]:
+    def drain(
+        self, now: float, lag: LagFn, front: int | None, totals: dict[str, int], *, everything: bool = False
+    ) -> list[Action]:
         """Feed the engine what the aligner releases; checkpoint when due. `front`: the side path's
-        (rank stage); the job stage holds at its markers' front."""
+        (rank stage); the job stage holds at its markers' front. `everything`: all it holds (`finish`)."""
         self.aligner.set_upstream_front(front if self.kind == "rank" else self.stage_front())
         out: list[Action] = []
         due = False
+        released = (
+            self.aligner.pop_all()
+            if everything
+            else self.aligner.pop_ready(now, lag, self.options.release_batch)
+        )
         # The batch left the aligner at once: a checkpoint waits for the end of it (its offsets
         # would claim the records of the batch not yet in the engine).
-        for tp, offset, (rec, event) in self.aligner.pop_ready(now, lag, self.options.release_batch):
+        for tp, offset, (rec, event) in released:
             if self.kind == "job":
                 outputs = self._feed_job(tp, offset, rec, event)
                 rejected = None
@@ -443,7 +453,7 @@ class PartitionTask:
         self.counts["processed"] += 1
         return self.engine.process(event)
 
-    def _marker_sends(self, *, idle: bool) -> list[Action]:
+    def _marker_sends(self, *, idle: bool, force: bool = False) -> list[Action]:
         """Rank stage: what it passed to the job stage since the last call, then (when its front
         moved a bucket, or it went idle or busy) a marker to every job-stage partition."""
         if self.kind != "rank":
@@ -467,7 +477,11 @@ class PartitionTask:
         last, was_idle = self.marker_sent
         bucket = self.config.summary_bucket_ms
         if front is None or (
-            last is not None and was_idle == idle and front < last + bucket and not (out and idle)
+            not force
+            and last is not None
+            and was_idle == idle
+            and front < last + bucket
+            and not (out and idle)
         ):
             return out
         self.marker_sent = [front, idle]
@@ -606,6 +620,44 @@ class PartitionTask:
         if self._send_outputs(self.engine.advance(watermark), out):
             out.append(self.checkpoint(now))
         return out + self._marker_sends(idle=False)
+
+    def upstream_done(self) -> int | None:
+        """Job stage: once every rank-stage partition said it is idle (sent everything it read), the
+        event time through which all of them sent everything (None before)."""
+        fronts = []
+        for source in range(self.options.partitions):
+            marker = self.markers.get(str(source))
+            if marker is None or not marker[1] or marker[0] is None:
+                return None
+            fronts.append(int(marker[0]))
+        return min(fronts) if fronts else None
+
+    def finish(self, target: int | None, now: float, lag: LagFn, totals: dict[str, int]) -> list[Action]:
+        """The end of a finite input (`WorkerCore.finish`): everything held goes into the engine, whose
+        event time follows the worker's (`target`: the newest event time it read minus the allowed
+        lateness, as the offline replay's one watermark; job stage: the rank stages' front) and then moves to the newest it
+        read itself, releasing everything it holds, as the offline replay's end
+        (`StageEngine.finish`). The rank stage then tells the job stage (a marker) and the state is
+        checkpointed, so the committed offsets reach the end. Never past what was read: no time is
+        invented. Once per target and state: done again only when a record or a newer target came."""
+        if (target, self.counts["processed"]) == self._finished:
+            return []
+        out = self.drain(now, lag, None, totals, everything=True)
+        engine = self.engine
+        outputs: list[Event] = []
+        if target is not None and (engine.watermark is None or target > engine.watermark):
+            outputs += engine.advance(target)
+        # The job stage's own newest only once no rank-stage partition can send anything older.
+        if self.kind == "rank" or (
+            target is not None and engine.max_ts is not None and target >= engine.max_ts
+        ):
+            outputs += engine.finish()
+        self._send_outputs(outputs, out)
+        self.counts["finishes"] += 1
+        self._finished = (target, self.counts["processed"])
+        out += self._marker_sends(idle=True, force=True)
+        out.append(self.checkpoint(now))
+        return out
 
     def all_read(self, lag: LagFn) -> bool:
         """Nothing held and no unread record on any input partition of this task."""

@@ -151,3 +151,16 @@ def test_a_rejected_last_record_does_not_hold_the_other_partitions_back() -> Non
     al.note("a:0", 1, None, now=200.0)  # offset 1 was rejected: read all the same
     assert [i for _, _, i in al.pop_ready(200.0, lag)] == ["b5000"]
     assert al.stuck_for(200.0) == 0.0
+
+
+def test_pop_all_releases_everything_held_in_event_time_order_whatever_the_frontier() -> None:
+    """The end of a finite input (issue 37.3): what waits for a partition or an upstream stage
+    that will send nothing more leaves, oldest first, and no longer counts as held."""
+    al = Aligner(idle_s=60.0)
+    al.expect(["a:0", "b:0"], now=0.0)
+    al.push("a:0", 0, 3000, "a3000", now=0.0)
+    al.push("a:0", 1, 1000, "a1000", now=0.0)
+    al.set_upstream_front(500)
+    assert al.pop_ready(0.1) == []  # b:0 silent, the upstream at 500
+    assert [(tp, off, item) for tp, off, item in al.pop_all()] == [("a:0", 1, "a1000"), ("a:0", 0, "a3000")]
+    assert len(al) == 0 and al.held("a:0") == 0 and al.lowest_held("a:0") is None

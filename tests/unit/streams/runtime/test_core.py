@@ -165,3 +165,33 @@ def test_bad_records_are_dead_lettered_once_by_their_topics_owner(
     sources = sorted(kafka.headers[(r.topic, r.partition, r.offset)]["x-source-topic"].decode() for r in dead)
     assert sources == sorted([TELEMETRY_JOB, BINDINGS])  # once each; the bad step is the sink's
     assert core.totals["bad_input"] == 3
+
+
+def test_a_finite_input_finishes_with_the_offline_replays_last_alerts(tmp_path: Path) -> None:
+    """Issue 37.3: `xid_error` cut right after the GPU recovered. Its resolution is judged on event
+    time the input never passes; the offline replay's end raises it. Once every input is read and
+    quiet for `finish_idle_s`, the core releases everything and its engines reach the newest event
+    time read: the same alerts, nothing held, committed offsets at the end. Without it (0) the
+    resolution never comes and records stay held."""
+    events = sorted(_scenario("xid_error"), key=lambda e: e.record["ts"])
+    first, last = events[0].record["ts"], events[-1].record["ts"]
+    cut = first + int(0.65 * (last - first))
+    events = [e for e in events if e.record["ts"] <= cut]
+    offline = _offline(events, tmp_path)
+    kafka = FakeKafka(6)
+    kafka.publish(events, CODEC)
+    core, io = drive(kafka, WorkerOptions(bootstrap="x", workdir=tmp_path, finish_idle_s=3.0))
+    assert _ids(alerts_of(kafka, CODEC)) == offline
+    assert not any(len(t.aligner) for t in core._all_tasks()) and not len(core.side.aligner)
+    newest = max(t.engine.max_ts or 0 for t in core.tasks.values())
+    assert {t.engine.watermark for t in core.tasks.values() if t.engine.max_ts == newest} == {newest}
+    assert all((t.engine.watermark or 0) <= newest for t in core._all_tasks())  # never past the input
+    for (topic, p), log in kafka.logs.items():
+        if topic in (TRAINING_STEPS, TELEMETRY_JOB) and log:
+            assert io.committed.get(f"{topic}:{p}") == len(log)
+
+    kafka = FakeKafka(6)
+    kafka.publish(events, CODEC)
+    drive(kafka, WorkerOptions(bootstrap="x", workdir=tmp_path, finish_idle_s=0.0))
+    missing = offline - _ids(alerts_of(kafka, CODEC))
+    assert [status for _, status in missing] == ["resolved"]
