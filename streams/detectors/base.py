@@ -332,7 +332,7 @@ class Detector:
 
     rules: ClassVar[tuple[str, ...]] = ()
     # "rank": runs where a job's node's records are (per rank, per node, per GPU); "job": on the
-    # job's records and the rank stage's summaries of its ranks (streams/engine.py).
+    # job's records and the rank stage's summaries of its ranks (streams/stages/engine.py).
     stage: ClassVar[str] = ""
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:

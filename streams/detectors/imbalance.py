@@ -59,8 +59,18 @@ from typing import Any, ClassVar
 from schemas.records import Event
 from streams.detectors.base import Finding, JobAndHostDetector, JobInfo
 from streams.detectors.changepoint import RelativeSpeedCusum
-from streams.detectors.stats import MAD_TO_SIGMA, finite, mad, mean, median, robust_scorer, weighted_median
-from streams.summary import stat_mean, stat_median, stat_packed
+from streams.detectors.stats import (
+    MAD_TO_SIGMA,
+    finite,
+    mad,
+    mean,
+    median,
+    robust_scorer,
+    stat_mean,
+    stat_median,
+    stat_packed,
+    weighted_median,
+)
 
 __all__ = ["DEFAULTS", "ImbalanceDetector", "baseline_key"]
 
@@ -116,7 +126,7 @@ _THROTTLE_BITS = {
 }
 
 # A rank's steps over one summary bucket: a tuple of numbers, strings and packed Stats
-# (`streams.summary.PackedStat`), which the cyclic collector stops tracking (a 16k-rank job holds
+# (`streams.detectors.stats.PackedStat`), which the cyclic collector stops tracking (a 16k-rank job holds
 # 200,000 of them per 60 s window); after a snapshot's JSON round trip, lists of the same items.
 _TS, _RANK, _BUSY, _COMPUTE, _WAIT, _COMM, _STEP_TIME, _TOKENS, _SAMPLES, _LOSS, _STEP, _N, _ATTR = range(13)
 # A rank's GPU over one bucket.

@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.topics import partition_for
 from streams.errors import StreamsError
 from streams.runtime.options import INPUT_TOPICS, WorkerOptions
-from streams.runtime.routes import partition_for
 
 __all__ = [
     "ROUTES_TABLE",

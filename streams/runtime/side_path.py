@@ -26,9 +26,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from schemas.eventtime import MIN_EVENT_TS
 from schemas.records import Event
-from schemas.topics import TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED, TRAINING_EVENTS, shard_key
-from streams.engine import MIN_EVENT_TS
+from schemas.topics import TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED, TRAINING_EVENTS, partition_for, shard_key
 from streams.runtime.aligner import Aligner, LagFn, tp_key
 from streams.runtime.changelog import ROUTES_TABLE, changelog_topic, state_key
 from streams.runtime.checkpoint import Action, Checkpoint, Send
@@ -41,8 +41,8 @@ from streams.runtime.options import (
     TELEMETRY_BY_JOB,
     WorkerOptions,
 )
-from streams.runtime.routes import NodeRoutes, gpu_fault, partition_for, shared_key
 from streams.runtime.task import PartitionTask
+from streams.stages.routes import NodeRoutes, gpu_fault, shared_key
 
 __all__ = ["InFlight", "SidePath"]
 

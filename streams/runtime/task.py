@@ -27,6 +27,7 @@ from typing import Any
 
 from schemas.codec import Codec
 from schemas.errors import EncodeError
+from schemas.eventtime import MIN_EVENT_TS, event_ts
 from schemas.records import Event
 from schemas.topics import (
     TELEMETRY_JOB,
@@ -34,12 +35,12 @@ from schemas.topics import (
     TRAINING_STEPS,
     job_keys,
     key_for,
+    partition_for,
     shard_key,
     topic_for,
 )
 from streams.alerting.routing import Router
 from streams.config import EngineConfig
-from streams.engine import MIN_EVENT_TS, StageEngine, event_ts, tiebreak
 from streams.errors import StreamsError
 from streams.runtime.aligner import Aligner, LagFn, tp_key
 from streams.runtime.changelog import SNAPSHOT_TABLE, changelog_topic, state_key
@@ -54,7 +55,8 @@ from streams.runtime.options import (
     TELEMETRY_BY_JOB,
     WorkerOptions,
 )
-from streams.runtime.routes import Holder, is_shared, partition_for
+from streams.stages.engine import StageEngine, tiebreak
+from streams.stages.routes import Holder, is_shared
 
 __all__ = [
     "TASK_COUNTS",

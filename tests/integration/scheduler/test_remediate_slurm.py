@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from schemas.codec import Codec
 from schemas.records import Event
 from schemas.topics import ACTIONS, ALERTS, TRAINING_EVENTS, key_for
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 from tests.integration.scheduler.conftest import SlurmCluster
 from tests.unit.streams.builders import gpu_sample, job_started, rank_bound, step
 
