@@ -14,13 +14,13 @@ from typing import Any
 
 from schemas.eventtime import MIN_EVENT_TS, event_ts
 from schemas.records import Event
-from schemas.topics import TELEMETRY_JOB, key_for, partition_for, telemetry_copies, topic_for
 from streams.alerting.routing import Router, load_router
 from streams.config import EngineConfig
 from streams.detectors.base import Detector, dumps_state, loads_state
 from streams.errors import StreamsError
 from streams.stages.engine import JOB_LEVEL, SNAPSHOT_VERSION, StageEngine, empty_stats, tiebreak
-from streams.stages.routes import Holder, NodeRoutes, gpu_fault
+from streams.stages.placement import FaultCopies, Placement
+from streams.stages.routes import NodeRoutes
 
 __all__ = ["DEFAULT_PARTITIONS", "DetectionEngine"]
 
@@ -31,11 +31,11 @@ class DetectionEngine:
     """Both stages of detection in one process: what the worker does over Kafka, for replays,
     evaluation and tests, with the same answers.
 
-    Each record goes to the rank-stage engine of the partition its key lands on, as the publisher
-    and the worker key it (a rank's records by job and node, telemetry by the job its GPU runs,
-    unattributed telemetry through the same node -> job routes and thinning as the worker's side
-    path, a GPU fault also to its node's other jobs); job-level records to the job's partition, and
-    JobStarted / JobStateChanged to every partition too (the worker broadcasts them). Every rank
+    Each record goes where the worker sends it, as `streams.stages.placement` answers for both: to
+    the rank-stage engine of the partition its key lands on (a rank's records by job and node,
+    telemetry by the job its GPU runs, unattributed telemetry through the same node -> job routes
+    and thinning as the worker's side path, a GPU fault also to its node's other jobs); job-level
+    records to the job's partition, JobStarted / JobStateChanged to every partition too. Every rank
     stage follows the newest event time, as the worker's idle tasks follow their worker's. What the
     rank stages pass on (summaries, job-level records, bindings, faults, the leader rank's steps,
     their alerts) reaches the job stage of the job's partition in event-time order.
@@ -52,14 +52,15 @@ class DetectionEngine:
         self.config = config if config is not None else EngineConfig.default()
         self.router = router if router is not None else load_router()
         self.partitions = partitions
+        self.place = Placement(partitions)
         # Offline the gate judges each record's time (the worker judges it against its Kafka timestamp).
         self.gate = StageEngine(self.config, self.router, "gate")
         self.rank_stages = [
-            StageEngine(self.config, self.router, "rank", Holder(p, partitions)) for p in range(partitions)
+            StageEngine(self.config, self.router, "rank", self.place.holder(p)) for p in range(partitions)
         ]
         self.job_stages = [StageEngine(self.config, self.router, "job") for _ in range(partitions)]
         self.routes = NodeRoutes(unbound_interval_ms)
-        self.before_fault: dict[str, Event] = {}  # "node|gpu" -> its last healthy job-telemetry sample
+        self.faults: FaultCopies[Event] = FaultCopies()  # each GPU's last healthy sample
         self.max_ts: int | None = None
         self.watermark: int | None = None
         self.rejection: str | None = None
@@ -95,32 +96,22 @@ class DetectionEngine:
         return [b for eng in self.job_stages for b in eng.baselines()]
 
     # -- records in ----------------------------------------------------------------------
-    def _part(self, key: str) -> int:
-        return partition_for(key.encode(), self.partitions)
-
     def _targets(self, event: Event) -> list[tuple[int, bool]]:
-        """(partition, forward to the job stage) of each copy of a record; a GPU fault's copies for
-        the node's other jobs go to `self._shared`."""
+        """(partition, forward to the job stage) of each copy of a record, in partition order; a GPU
+        fault's copies for the node's other jobs go to `self._shared`."""
         kind, r = event.type, event.record
         if kind in JOB_LEVEL:
-            own = self._part(str(r["job_id"]))
             if kind == "JobStateChanged" and r["state"] in self.config.job_end_states:
                 self.routes.end_job(str(r["job_id"]))
-            if kind in ("JobStarted", "JobStateChanged"):
-                return [(p, p == own) for p in range(self.partitions)]
-            return [(own, True)]
+            own = self.place.source(event)[0]
+            return sorted([(own, True), *((q, False) for q in self.place.copies(event, own))])
         if kind in ("StepCompleted", "CollectiveSample", "DataLoaderSample", "RankBound", "RankFault"):
             if kind == "RankBound":
                 self.routes.bind(r)
-            topic = topic_for(kind)
-            return [(self._part((key_for(topic, r) or b"").decode()), True)]
+            return [(p, True) for p in self.place.source(event)]
         if kind not in ("GpuSample", "HostSample"):
             return []
-        copies = telemetry_copies(kind, r)
-        if copies and copies[0][0] == TELEMETRY_JOB:
-            parts = sorted({self._part(key.decode()) for _, key in copies})
-        else:
-            parts = sorted({self._part(key) for key in self.routes.route(event)})
+        parts = self.place.source(event) or sorted(self.place.routed(self.routes, event))
         if kind == "GpuSample":
             self._shared_fault(event, parts)
         return [(p, True) for p in parts]
@@ -128,19 +119,13 @@ class DetectionEngine:
     def _shared_fault(self, event: Event, own: list[int]) -> None:
         """A GPU fault also goes to the node's other jobs (after the sample before it), naming the
         GPU's job, as the worker's side path sends it on (attributed or not): `self._shared`."""
-        r = event.record
-        gpu = f"{r['node']}|{r.get('gpu_uuid')}"
-        if not gpu_fault(r):
-            self.before_fault[gpu] = event
+        copies = self.faults.copies(event.record, event)
+        if not copies:
             return
-        parts = sorted({self._part(key) for key in self.routes.colocated(event)} - set(own))
-        if not parts:
-            return
-        before = self.before_fault.pop(gpu, None)
-        if before is not None:
-            self._shared += [(p, self.routes.with_holder(before)) for p in parts]
-        named = self.routes.with_holder(event)
-        self._shared += [(p, named) for p in parts]
+        parts = sorted(self.place.shared(self.routes, event, own))
+        for copy in copies if parts else ():
+            named = self.routes.with_holder(copy)
+            self._shared += [(p, named) for p in parts]
 
     def process(self, event: Event, *, received_ts: int | None = None) -> list[Event]:
         """Take one record; return the Alert and derived events it caused (both stages), in order.
@@ -205,7 +190,7 @@ class DetectionEngine:
         heap = self._to_job
         while heap and (front is None or heap[0][0] <= front):
             item = heapq.heappop(heap)[3]
-            p = self._part(str(item.record.get("job_id") or ""))
+            p = self.place.job(item.record.get("job_id"))
             out += self._share_learned(p, self.job_stages[p].process(item))
         if front is not None:
             for p, eng in enumerate(self.job_stages):
@@ -221,9 +206,8 @@ class DetectionEngine:
                 out.append(event)
                 continue
             shared = Event("BaselineRun", {**event.record, "source": source})
-            for q, eng in enumerate(self.job_stages):
-                if q != source:
-                    eng.process(shared)
+            for q in self.place.others(source):
+                self.job_stages[q].process(shared)
         return out
 
     def finish(self) -> list[Event]:
@@ -254,7 +238,7 @@ class DetectionEngine:
             "max_ts": self.max_ts,
             "watermark": self.watermark,
             "routes": {node: self.routes.state_of(node) for node in sorted(self.routes.nodes)},
-            "before_fault": {k: [e.type, e.record] for k, e in sorted(self.before_fault.items())},
+            "before_fault": {k: [e.type, e.record] for k, e in sorted(self.faults.before.items())},
             "telemetry_front": self._telemetry_front,
             "to_job": [[e.type, e.record] for _, _, _, e in sorted(self._to_job, key=lambda x: x[:3])],
             "gate": self.gate.snapshot().hex(),
@@ -278,7 +262,7 @@ class DetectionEngine:
         engine.max_ts, engine.watermark = state["max_ts"], state["watermark"]
         for node, node_state in state["routes"].items():
             engine.routes.load(node, node_state)
-        engine.before_fault = {k: Event(t, r) for k, (t, r) in state["before_fault"].items()}
+        engine.faults.before = {k: Event(t, r) for k, (t, r) in state["before_fault"].items()}
         engine._telemetry_front = int(state.get("telemetry_front", MIN_EVENT_TS))
         for t, r in state.get("to_job", []):
             item = Event(t, r)
@@ -287,7 +271,7 @@ class DetectionEngine:
         engine.gate = StageEngine.restore(bytes.fromhex(state["gate"]), engine.config, engine.router, "gate")
         engine.rank_stages = [
             StageEngine.restore(
-                bytes.fromhex(h), engine.config, engine.router, "rank", Holder(p, engine.partitions)
+                bytes.fromhex(h), engine.config, engine.router, "rank", engine.place.holder(p)
             )
             for p, h in enumerate(state["rank"])
         ]

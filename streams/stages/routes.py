@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.records import Event
-from schemas.topics import partition_for, shard_key
+from schemas.topics import shard_key
 
-__all__ = ["UNBOUND_KEY", "Holder", "NodeRoutes", "gpu_fault", "is_shared", "shared_key"]
+__all__ = ["UNBOUND_KEY", "NodeRoutes", "gpu_fault"]
 
 # Telemetry of a GPU / node bound to no job goes to this job key, so node-only alerts still fire.
 UNBOUND_KEY = ""
@@ -23,32 +23,6 @@ UNBOUND_KEY = ""
 def gpu_fault(record: dict[str, Any]) -> bool:
     """A GpuSample carrying an XID or an uncorrectable ECC error (shared with the node's other jobs)."""
     return bool(record.get("xid")) or bool(record.get("ecc_uncorrected"))
-
-
-# Key of a GPU fault sent on to a co-located job's partition (the partition is chosen explicitly):
-# a key no job's records have, so that job's task knows the GPU is another job's.
-_SHARED = "\x00shared\x00"
-
-
-def shared_key(key: str) -> str:
-    """The key of a shared GPU fault sent to the partition `key` lands on."""
-    return _SHARED + key
-
-
-def is_shared(key: bytes | None) -> bool:
-    """Whether a re-keyed telemetry record is a GPU fault shared with a co-located job."""
-    return (key or b"").startswith(_SHARED.encode())
-
-
-class Holder:
-    """Whether one partition holds a job's records from a node (`shard_key`): the rank stage that
-    reports a node-level fault for that job, when every partition with a job on the node sees it."""
-
-    def __init__(self, partition: int, partitions: int) -> None:
-        self.partition, self.partitions = partition, partitions
-
-    def __call__(self, job_id: str, node: str | None) -> bool:
-        return partition_for(shard_key(job_id, node).encode(), self.partitions) == self.partition
 
 
 @dataclass
