@@ -26,7 +26,7 @@ from typing import Any
 from schemas.eventtime import MAX_EVENT_TS, MIN_EVENT_TS, event_ts
 from schemas.records import Event
 from streams.alerting.grouping import AlertGrouper
-from streams.alerting.lifecycle import AlertTracker, JobProgress
+from streams.alerting.lifecycle import AlertTracker
 from streams.alerting.routing import Router, load_router
 from streams.config import EngineConfig, state_key
 from streams.detectors import ALL_DETECTORS
@@ -47,7 +47,12 @@ __all__ = [
     "tiebreak",
 ]
 
-SNAPSHOT_VERSION = 2  # 2: one engine per stage (rank / job); 1 was one engine for everything
+# 3: a job's step is the topology's pace, rank placements its bindings (no "progress", no
+# summarizer "placed"); 2: one engine per stage (rank / job); 1 was one engine for everything.
+SNAPSHOT_VERSION = 3
+# Versions `restore` reads: a version 2 snapshot's extra fields are what version 3 reads elsewhere
+# (the pace and the bindings travel in its topology), so it restores as it is.
+_READABLE = frozenset({2, SNAPSHOT_VERSION})
 _DERIVED = ("RankWindowStats", "JobWindowStats")
 
 # Offline, this many records in a row ahead of every accepted time (nothing believable between
@@ -149,7 +154,6 @@ class StageEngine:
         self._learners: list[Any] = [d for d in self.detectors if hasattr(d, "drain_learned")]
         self.tracker = AlertTracker(self.router.runbook_base_url or self.config.runbook_base_url)
         self.grouper = AlertGrouper(self.router.inhibit_rules, self.topology)
-        self.progress: dict[str, JobProgress] = {}
         self.max_ts: int | None = None
         self.watermark: int | None = None
         self._advanced_to: int | None = None  # last watermark bucket the detectors advanced to
@@ -244,12 +248,7 @@ class StageEngine:
                 field_key = f"{event.type}.{name}"
                 invalid[field_key] = invalid.get(field_key, 0) + 1
         out: list[Event] = []
-        self.topology.observe(event)
-        if event.type == "StepCompleted":
-            self._progress(event.record)
-        elif event.type == "RankSummary" and event.record.get("last_step") is not None:
-            r = event.record
-            self._progress({"job_id": r["job_id"], "step": r["last_step"], "ts": r["last_step_ts"]})
+        self.topology.observe(event)  # bindings, jobs and their pace (the step every alert carries)
         if self.summarizer is not None:
             self.summarizer.observe(event)
             if forward and _to_job_stage(event):
@@ -390,13 +389,6 @@ class StageEngine:
         self.stats["time_jumps"] += 1
         return None
 
-    def _progress(self, r: dict[str, Any]) -> None:
-        prog = self.progress.setdefault(r["job_id"], JobProgress())
-        if prog.step is None or r["step"] >= prog.step:
-            prog.step = int(r["step"])
-        if prog.ts is None or r["ts"] > prog.ts:
-            prog.ts = int(r["ts"])
-
     def _move_watermark(self, watermark: int, out: list[Event], *, force: bool = False) -> None:
         if self.watermark is not None and watermark <= self.watermark and not force:
             return
@@ -413,7 +405,7 @@ class StageEngine:
         for det in self.detectors:
             findings.extend(det.advance(wm))
         self._handle(findings, out)
-        self._emit_alerts(self.tracker.advance(wm, self.topology, self.progress), out)
+        self._emit_alerts(self.tracker.advance(wm, self.topology), out)
         if self.summarizer is not None:
             for summary in self.summarizer.advance(wm):
                 self._queue(summary)
@@ -432,7 +424,7 @@ class StageEngine:
                     job = self.topology.jobs.get(finding.job_id)
                     if job is not None and job.state in self.config.job_end_states:
                         continue  # the job is over: nothing left to alert on
-                self._emit_alerts(self.tracker.observe(finding, self.topology, self.progress), out)
+                self._emit_alerts(self.tracker.observe(finding, self.topology), out)
             derived = self._drain_derived()
             if not derived:
                 return
@@ -467,13 +459,12 @@ class StageEngine:
                 self._queue(Event("Alert", dict(record)))
 
     def _end_job(self, job_id: str, ts: int, out: list[Event]) -> None:
-        self._emit_alerts(self.tracker.end_job(job_id, ts, self.topology, self.progress), out)
+        self._emit_alerts(self.tracker.end_job(job_id, ts, self.topology), out)
         for det in self.detectors:
             det.forget_job(job_id)
         if self.summarizer is not None:
             self.summarizer.forget_job(job_id)
         self.tracker.forget_job(job_id)
-        self.progress.pop(job_id, None)
 
     # -- queries -----------------------------------------------------------------------
     def firing(self) -> list[str]:
@@ -501,7 +492,6 @@ class StageEngine:
             "jump": self._jump,
             "stats": self.stats,
             "topology": self.topology.state(),
-            "progress": {k: [p.step, p.ts] for k, p in sorted(self.progress.items())},
             "tracker": self.tracker.state(),
             "grouper": self.grouper.state(),
             "detectors": {state_key(type(d)): d.state() for d in self.detectors},
@@ -531,7 +521,7 @@ class StageEngine:
             raise StreamsError(
                 f"engine snapshot is corrupt ({exc}); delete it to start from empty state"
             ) from None
-        if state.get("version") != SNAPSHOT_VERSION:
+        if state.get("version") not in _READABLE:
             raise StreamsError(
                 f"engine snapshot version {state.get('version')} is not supported (expected {SNAPSHOT_VERSION}); "
                 "delete it to start from empty state"
@@ -545,7 +535,6 @@ class StageEngine:
         engine.stats = {**empty_stats(), **state["stats"]}
         # Detectors hold a reference to the topology: load it in place.
         engine.topology.load_state(state["topology"])
-        engine.progress = {k: JobProgress(v[0], v[1]) for k, v in state["progress"].items()}
         engine.tracker.load_state(state["tracker"])
         engine.grouper.load_state(state.get("grouper", {}))
         for det in engine.detectors:

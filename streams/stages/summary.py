@@ -68,10 +68,9 @@ class RankSummarizer:
     def __init__(self, topology: Topology, bucket_ms: int = 5_000) -> None:
         self.topology = topology
         self.bucket_ms = bucket_ms
-        # "job|node|rank|start" (rank "" for a node row) -> the bucket being filled
+        # "job|node|rank|start" (rank "" for a node row) -> the bucket being filled. Which jobs run
+        # on a node, and their processes, are the topology's bindings.
         self.rows: dict[str, dict[str, Any]] = {}
-        # node -> job -> rank -> pid, from RankBound: the jobs of a node and their processes
-        self.placed: dict[str, dict[str, dict[str, int]]] = {}
 
     def _bucket(self, ts: int) -> int:
         return (ts // self.bucket_ms) * self.bucket_ms
@@ -108,9 +107,6 @@ class RankSummarizer:
             coll[3] = r["ts"] if coll[3] is None else max(coll[3], r["ts"])
         elif kind == "HostSample":
             self._host(r)
-        elif kind == "RankBound":
-            ranks = self.placed.setdefault(str(r["node"]), {}).setdefault(str(r["job_id"]), {})
-            ranks[str(r["rank"])] = int(r["pid"])
 
     def _node_of(self, r: dict[str, Any]) -> str | None:
         node = r.get("node")
@@ -178,14 +174,17 @@ class RankSummarizer:
         pids = r.get("pids") or ()
         if binding.pid in pids:
             row["pid_seen_ts"] = ts if row["pid_seen_ts"] is None else max(row["pid_seen_ts"], ts)
-        own = self.placed.get(binding.node, {}).get(binding.job_id, {}).values()
+        topology = self.topology
+        # An ended job holds no process on its GPUs any more: every one seen there is another's.
+        ended = topology.ended(binding.job_id)
+        own = () if ended else {b.pid for b in topology.ranks_on_node(binding.job_id, binding.node)}
         foreign = sorted(p for p in pids if p not in own)
         if foreign:
             row["foreign"] = [foreign[0], ts]
 
     def _host(self, r: dict[str, Any]) -> None:
         node, ts = str(r["node"]), int(r["ts"])
-        for job_id in sorted(self.placed.get(node, ())):
+        for job_id in self.topology.jobs_on_node(node):
             row = self._get(job_id, "", node, None, ts)
             _add(row, "cpu_util_pct", r.get("cpu_util_pct"))
             _add(row, "tcp_retrans_segs_s", r.get("tcp_retrans_segs_s"))
@@ -266,17 +265,11 @@ class RankSummarizer:
     def forget_job(self, job_id: str) -> None:
         """Drop the open buckets of an ended job."""
         self.rows = {k: w for k, w in self.rows.items() if w["job_id"] != job_id}
-        for jobs in self.placed.values():
-            jobs.pop(job_id, None)
-        self.placed = {node: jobs for node, jobs in self.placed.items() if jobs}
 
     def state(self) -> dict[str, Any]:
         """JSON-able state."""
-        return {"rows": {k: self.rows[k] for k in sorted(self.rows)}, "placed": self.placed}
+        return {"rows": {k: self.rows[k] for k in sorted(self.rows)}}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore from `state()`."""
-        self.rows = dict(state.get("rows", {}))
-        self.placed = {
-            n: {j: dict(r) for j, r in jobs.items()} for n, jobs in state.get("placed", {}).items()
-        }
+        self.rows = dict(state.get("rows", {}))  # an older snapshot's "placed" is the topology's
