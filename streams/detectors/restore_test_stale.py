@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.durations import age_text
 from streams.detectors.history import add_point
 
@@ -27,6 +28,15 @@ DEFAULTS: dict[str, Any] = {
     "reemit_s": 60.0,  # re-report an active condition at most this often (event time)
     "checkpoints_kept": 256,  # write times remembered per job (bounded state)
 }
+
+
+RESTORE_TEST_STALE = Rule(
+    "restore_test_stale",
+    category="platform",
+    severity="warning",
+    invariant="the newest restore-tested checkpoint is younger than {max_s:g}s",
+    suspected_layer="checkpoint",
+)
 
 
 class RestoreTestStaleDetector(PerJobDetector):
@@ -115,20 +125,16 @@ class RestoreTestStaleDetector(PerJobDetector):
             if active
             else f"job {job_id} has a recently restore-tested checkpoint again (or stopped running)"
         )
-        return Finding(
-            rule="restore_test_stale",
+        return RESTORE_TEST_STALE.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="platform",
-            severity="warning",
             job_id=job_id,
             since=int(job["stale"]["since"]) if job["stale"] else ts,
-            invariant=f"the newest restore-tested checkpoint is younger than {max_s:g}s",
+            invariant=RESTORE_TEST_STALE.says(max_s=max_s),
             observed=(ts - ref) / 1000,
             expected=max_s,
             summary=summary,
-            suspected_layer="checkpoint",
             history_metric="restore_tested_checkpoint_age_s",
             history=history,
             sustain_ms=0,
