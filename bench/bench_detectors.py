@@ -24,7 +24,7 @@ from schemas.files import iter_container, write_container
 from schemas.records import Event
 from streams.alerting.routing import load_router
 from streams.config import load_config
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 from streams.offline.replay import replay_offline
 
 Y2199 = 7_226_582_400_000  # 2199-01-01T00:00:00Z

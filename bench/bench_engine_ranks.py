@@ -37,7 +37,8 @@ from collections.abc import Iterator
 
 from schemas.records import Event
 from streams import gc_policy
-from streams.engine import DetectionEngine, StageEngine
+from streams.offline.detection import DetectionEngine
+from streams.stages.engine import StageEngine
 
 T0 = 1_780_000_000_000
 JOB = "giant-0001"

@@ -37,7 +37,7 @@ from producers.publisher import open_publisher
 from producers.simulator import load_scenario, simulate
 from ranksight.signals import run_main
 from schemas.codec import Codec
-from schemas.eventtime import reference_ms
+from schemas.eventtime import event_ts, reference_ms
 from schemas.records import Event
 from schemas.topics import (
     WORKER_SOURCES,
@@ -45,7 +45,7 @@ from schemas.topics import (
     telemetry_copies,
     topic_for,
 )
-from streams.engine import DetectionEngine, event_ts
+from streams.offline.detection import DetectionEngine
 from streams.runtime.aligner import Aligner
 from streams.runtime.options import BINDINGS, CONTROL, SUMMARIES, TELEMETRY_BY_JOB
 

@@ -16,11 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.records import Event
+
 __all__ = [
     "MAX_EVENT_TS",
     "MIN_EVENT_TS",
     "REJECT_REASONS",
     "TimeBound",
+    "event_ts",
     "record_time",
     "reference_ms",
     "time_verdict",
@@ -66,6 +69,15 @@ def record_time(record: dict[str, Any]) -> int | None:
     if ts is None:
         ts = record.get("window_end")
     return ts if type(ts) is int else None
+
+
+def event_ts(event: Event) -> int:
+    """Event time of any ranksight record (window records: the window end; 0 if it has neither)."""
+    r = event.record
+    ts = r.get("ts")
+    if ts is None:
+        ts = r.get("window_end", 0)
+    return int(ts)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from fastavro.read import SchemaResolutionError
 from fastavro.schema import to_parsing_canonical_form
 
 from schemas.errors import InvalidEventError, RanksightError
+from schemas.eventtime import MIN_EVENT_TS
 from schemas.records import NAMESPACE, Event, SchemaSet, default_schemas, strip_logical_types
 
 __all__ = [
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 # Event time before 2000 is a producer bug, almost always seconds written where milliseconds belong.
-MIN_TS_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
+MIN_TS_MS = MIN_EVENT_TS  # the pipeline's one bound (`schemas.eventtime`)
 _EVENT_NAME = f"{NAMESPACE}.Event"
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)

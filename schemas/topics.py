@@ -1,4 +1,4 @@
-"""Kafka topic names and which record types travel on each (DESIGN.md, "Topics")."""
+"""Kafka topic names, which record types travel on each (DESIGN.md, "Topics"), and how they are keyed and partitioned."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ __all__ = [
     "deadletter_headers",
     "job_keys",
     "key_for",
+    "murmur2",
     "off_topic_reason",
+    "partition_for",
     "shard_key",
     "telemetry_copies",
     "topic_for",
@@ -161,6 +163,40 @@ def key_for(topic: str, record: dict) -> bytes | None:
     if topic in _SHARDED:
         return shard_key(str(value), record.get("node")).encode()
     return str(value).encode()
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash of a key (`org.apache.kafka.common.utils.Utils.murmur2`), unsigned 32 bits."""
+    length = len(data)
+    seed, m, r = 0x9747B28C, 0x5BD1E995, 24
+    h = (seed ^ length) & 0xFFFFFFFF
+    whole = length & ~3
+    for i in range(0, whole, 4):
+        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    left = length & 3
+    if left == 3:
+        h ^= data[whole + 2] << 16
+    if left >= 2:
+        h ^= data[whole + 1] << 8
+    if left >= 1:
+        h ^= data[whole]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
+@lru_cache(maxsize=131_072)
+def partition_for(key: bytes, partitions: int) -> int:
+    """The partition of `key` as the Java client, librdkafka `murmur2_random` and aiokafka compute it
+    (cached: the hash is pure Python, and the keys of a stream repeat)."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 def job_keys(record_type: str, record: dict) -> list[str]:

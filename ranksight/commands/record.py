@@ -109,7 +109,7 @@ def replay_kafka(
     from schemas.files import format_ts
     from streams.alerting.routing import load_router
     from streams.config import load_config
-    from streams.engine import DetectionEngine
+    from streams.offline.detection import DetectionEngine
     from streams.offline.kafka_replay import replay_kafka as run
 
     conf, prefix = _kafka()

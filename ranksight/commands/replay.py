@@ -127,7 +127,7 @@ def _replay_offline(
     from streams import gc_policy
     from streams.alerting.routing import load_router
     from streams.config import load_config
-    from streams.engine import DetectionEngine
+    from streams.offline.detection import DetectionEngine
     from streams.offline.replay import replay_offline
 
     fmt = JsonlFormat()

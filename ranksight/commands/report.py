@@ -27,7 +27,7 @@ def detected(
     """
     from streams.alerting.routing import load_router
     from streams.config import load_config
-    from streams.engine import DetectionEngine
+    from streams.offline.detection import DetectionEngine
 
     engine = DetectionEngine(load_config(config), load_router(routing))
     for event in events:

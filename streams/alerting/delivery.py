@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from infra.kafka.retry import STARTING, ask_again
 from infra.metrics import Metric
 from schemas.errors import DecodeError
 from schemas.records import Event
@@ -239,47 +240,18 @@ def topic_partitions(consumer: Any, topic: str, wait_s: float = 10.0) -> list[in
 
 def retrying(call: Callable[[], T], what: str, wait_s: float = 60.0) -> T:
     """`call()`, asked again while a just-created topic's partitions have no leader yet."""
-    from confluent_kafka import KafkaError, KafkaException
-
-    electing = {
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError._TIMED_OUT,
-    }
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            return call()
-        except KafkaException as exc:
-            error = exc.args[0]
-            if not (error.retriable() or error.code() in electing) or time.monotonic() > deadline:
-                raise StreamsError(f"cannot {what} ({error.str()})") from None
-            time.sleep(0.5)
+    return ask_again(call, what, StreamsError, wait_s=wait_s)
 
 
 def _committed(consumer: Any, partitions: list[Any], wait_s: float = 60.0) -> dict[int, int]:
     """The group's committed offsets; waits out a coordinator that is still starting (fresh broker)."""
-    from confluent_kafka import KafkaError, KafkaException
-
-    # A fresh broker answers these while it creates __consumer_offsets; librdkafka does not
-    # flag all of them retriable.
-    starting = {
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-        KafkaError._TIMED_OUT,
-    }
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            return {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=10)}
-        except KafkaException as exc:
-            error = exc.args[0]
-            retry = error.retriable() or error.code() in starting
-            if not retry or time.monotonic() > deadline:
-                raise StreamsError(f"cannot read the group's committed offsets ({error.str()})") from None
-            time.sleep(0.5)  # the coordinator is loading; asking again at once only adds load
+    return ask_again(
+        lambda: {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=10)},
+        "read the group's committed offsets",
+        StreamsError,
+        codes=STARTING,
+        wait_s=wait_s,
+    )
 
 
 def read_alert_file(path: str | Path) -> Iterator[dict[str, Any]]:

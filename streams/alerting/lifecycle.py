@@ -10,21 +10,13 @@ entries that clear before their sustain period vanish without a trace.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from streams.alerting.measures import measures_of
 from streams.detectors.base import Finding, JobInfo, Topology
 
-__all__ = ["AlertTracker", "JobProgress", "alert_id"]
-
-
-@dataclass
-class JobProgress:
-    """Latest step seen for a job and when (event time): copied into every alert of the job."""
-
-    step: int | None = None
-    ts: int | None = None
+__all__ = ["AlertTracker", "alert_id"]
 
 
 def alert_id(fingerprint: str, starts_at: int) -> str:
@@ -61,9 +53,7 @@ class AlertTracker:
         self._job_last_resolved: dict[str, int] = {}
 
     # -- transitions -------------------------------------------------------------------
-    def observe(
-        self, finding: Finding, topology: Topology, progress: dict[str, JobProgress]
-    ) -> list[dict[str, Any]]:
+    def observe(self, finding: Finding, topology: Topology) -> list[dict[str, Any]]:
         """Apply one finding; return the Alert records it causes (zero or one)."""
         fp = finding.fingerprint
         entry = self._entries.get(fp)
@@ -81,7 +71,7 @@ class AlertTracker:
             if finding.job_id or last.job_id:
                 job = finding.job_id or last.job_id
                 self._job_last_resolved[job] = max(self._job_last_resolved.get(job, 0), ends_at)
-            return [self._record(last, entry, "resolved", finding.ts, ends_at, topology, progress)]
+            return [self._record(last, entry, "resolved", finding.ts, ends_at, topology)]
         if entry is None:
             entry = {
                 "status": "pending",
@@ -94,12 +84,10 @@ class AlertTracker:
             entry["finding"] = _finding_to_dict(finding)
         if entry["status"] == "pending" and finding.ts - entry["pending_since"] >= finding.sustain_ms:
             entry["status"] = "firing"
-            return [self._record(finding, entry, "firing", finding.ts, None, topology, progress)]
+            return [self._record(finding, entry, "firing", finding.ts, None, topology)]
         return []
 
-    def advance(
-        self, watermark: int, topology: Topology, progress: dict[str, JobProgress]
-    ) -> list[dict[str, Any]]:
+    def advance(self, watermark: int, topology: Topology) -> list[dict[str, Any]]:
         """Fire pending entries whose condition has now been active for its sustain period."""
         out = []
         for fp in sorted(self._entries):
@@ -109,12 +97,10 @@ class AlertTracker:
             finding = _finding_from_dict(entry["finding"])
             if watermark - entry["pending_since"] >= finding.sustain_ms:
                 entry["status"] = "firing"
-                out.append(self._record(finding, entry, "firing", watermark, None, topology, progress))
+                out.append(self._record(finding, entry, "firing", watermark, None, topology))
         return out
 
-    def end_job(
-        self, job_id: str, ts: int, topology: Topology, progress: dict[str, JobProgress]
-    ) -> list[dict[str, Any]]:
+    def end_job(self, job_id: str, ts: int, topology: Topology) -> list[dict[str, Any]]:
         """The job ended: resolve its firing alerts (ends_at = `ts`) and drop its pending ones."""
         out = []
         for fp in sorted(self._entries):
@@ -125,7 +111,7 @@ class AlertTracker:
             if entry["status"] == "firing":
                 finding = _finding_from_dict(entry["finding"])
                 ends_at = max(ts, entry["starts_at"])
-                out.append(self._record(finding, entry, "resolved", ts, ends_at, topology, progress))
+                out.append(self._record(finding, entry, "resolved", ts, ends_at, topology))
                 self._job_last_resolved[job_id] = max(self._job_last_resolved.get(job_id, 0), ends_at)
         return out
 
@@ -157,10 +143,11 @@ class AlertTracker:
         ts: int,
         ends_at: int | None,
         topology: Topology,
-        progress: dict[str, JobProgress],
     ) -> dict[str, Any]:
         job: JobInfo | None = topology.jobs.get(finding.job_id) if finding.job_id else None
-        prog = progress.get(finding.job_id) if finding.job_id else None
+        # The job's step and when it was first reported: the topology's pace of its current run,
+        # the one tracker of a job's progress (the job page and the ETA read the same).
+        prog = topology.pace.get(finding.job_id) if finding.job_id else None
         # The job's target and the time left at its recent step rate (`schemas.progress`, the
         # arithmetic of the job page): none for node-only alerts or a job without a target.
         est = topology.progress(finding.job_id) if finding.job_id else None

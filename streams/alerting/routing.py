@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from streams.alerting.grouping import SCOPES, InhibitRule, graph_cycle
+from streams.alerting.grouping import SCOPES, InhibitRule, alert_field, graph_cycle
 from streams.alerting.ownership import JOB_TEAM, Delivery, Ownership, load_ownership
 from streams.errors import RoutingError
 
@@ -98,14 +98,6 @@ _RULE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _TOP_KEYS = ("routes", "default", "inhibit_rules", "drop_inhibited", "ownership", "runbook_base_url")
 
 
-def _field(record: dict[str, Any], name: str) -> str | None:
-    if name.startswith("labels."):
-        value = (record.get("labels") or {}).get(name[len("labels.") :])
-    else:
-        value = record.get(name)
-    return None if value is None else str(value)
-
-
 @dataclass(frozen=True)
 class Route:
     """One route: equality matchers, regex matchers (full match), and where matching alerts go."""
@@ -125,10 +117,10 @@ class Route:
     def matches(self, record: dict[str, Any]) -> bool:
         """True when every matcher holds for the alert record."""
         for name, want in self.match.items():
-            if _field(record, name) != want:
+            if alert_field(record, name) != want:
                 return False
         for name, pattern in self.match_re.items():
-            value = _field(record, name)
+            value = alert_field(record, name)
             if value is None or not pattern.fullmatch(value):
                 return False
         return True

@@ -325,6 +325,17 @@ class Topology:
             self._on_node[(job_id, node)] = ranks
         return list(ranks)
 
+    def jobs_on_node(self, node: str) -> list[str]:
+        """Jobs with a rank bound on a node now (a rank bound again elsewhere has left it) that have
+        not ended, by id."""
+        jobs = {job for job, _ in self._by_node.get(node, {})}
+        return sorted(job for job in jobs if not self.ended(job))
+
+    def ended(self, job_id: str) -> bool:
+        """Whether the job's last state is an end (completed, failed)."""
+        job = self.jobs.get(job_id)
+        return job is not None and job.state in _ENDED
+
     def bindings_on_node(self, node: str) -> list[Binding]:
         """Bindings on a node, ordered by job and rank."""
         return [b for _, b in sorted(self._by_node.get(node, {}).items())]
@@ -378,7 +389,7 @@ class Detector:
 
     rules: ClassVar[tuple[str, ...]] = ()
     # "rank": runs where a job's node's records are (per rank, per node, per GPU); "job": on the
-    # job's records and the rank stage's summaries of its ranks (streams/engine.py).
+    # job's records and the rank stage's summaries of its ranks (streams/stages/engine.py).
     stage: ClassVar[str] = ""
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:

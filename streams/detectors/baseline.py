@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding
+from streams.detectors.catalogue import Rule
 from streams.detectors.stats import MAD_TO_SIGMA, mad, median
 
 __all__ = ["DEFAULTS", "METRICS", "BaselineDetector", "key_words"]
@@ -85,6 +86,14 @@ DEFAULTS: dict[str, Any] = {
     "pause_busy_fraction": 0.85,  # step rate below this fraction of 1/step_time marks a paused window
     "history_points": 10,  # points of metric history carried on a finding
 }
+
+
+BASELINE_DEVIATION = Rule(
+    "baseline_deviation",
+    category="platform",
+    severity="warning",
+    invariant="{metric} stays within tolerance of the baseline of earlier runs of {key}",
+)  # the suspected layer is the deviating metric's (`_layer`): each finding names it
 
 
 class BaselineDetector(Detector):
@@ -240,16 +249,13 @@ class BaselineDetector(Detector):
             metric, x, center = "", None, None
             summary = f"job {job_id} is back in line with its baseline {key}"
             layer = "unknown"
-        return Finding(
-            rule="baseline_deviation",
+        return BASELINE_DEVIATION.finding(
             key=(job_id,),
             active=active,
             ts=r["window_end"],
-            category="platform",
-            severity="warning",
             job_id=job_id,
             since=since,
-            invariant=f"{metric or 'performance'} stays within tolerance of the baseline of earlier runs of {key}",
+            invariant=BASELINE_DEVIATION.says(metric=metric or "performance", key=key),
             observed=x,
             expected=center,
             summary=summary,

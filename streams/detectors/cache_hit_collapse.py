@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from streams.detectors.catalogue import Rule
 from streams.detectors.loader_signal import LOADER_DEFAULTS, LoaderSignalDetector
 
 __all__ = ["DEFAULTS", "CacheHitCollapseDetector"]
@@ -22,15 +23,23 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+CACHE_HIT_COLLAPSE = Rule(
+    "cache_hit_collapse",
+    category="data",
+    severity="warning",  # info while prefetching still hides it from the GPUs
+    invariant="a rank's cache-hit ratio stays near the run's own normal",
+    suspected_layer="storage",
+)
+
+
 class CacheHitCollapseDetector(LoaderSignalDetector):
     """The cache-hit ratio collapsing against the run's own baseline, per rank or node."""
 
-    rule: ClassVar[str] = "cache_hit_collapse"
+    rule: ClassVar[str] = CACHE_HIT_COLLAPSE.name
+    declared: ClassVar[Rule] = CACHE_HIT_COLLAPSE
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("cache_hit_collapse",)
     metrics: ClassVar[tuple[str, ...]] = ("cache_hit_ratio",)
-    layer: ClassVar[str] = "storage"
-    invariant: ClassVar[str] = "a rank's cache-hit ratio stays near the run's own normal"
 
     def defaults(self) -> dict[str, Any]:
         """This rule's knobs."""

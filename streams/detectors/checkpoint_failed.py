@@ -11,11 +11,21 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
+from streams.detectors.catalogue import Rule
 from streams.detectors.history import add_point
 
 __all__ = ["DEFAULTS", "CheckpointFailedDetector"]
 
 DEFAULTS: dict[str, Any] = {}  # no knobs: every failure counts at once
+
+
+CHECKPOINT_FAILED = Rule(
+    "checkpoint_failed",
+    category="platform",
+    severity="critical",
+    invariant="every checkpoint that starts completes",
+    suspected_layer="checkpoint",
+)
 
 
 class CheckpointFailedDetector(PerJobDetector):
@@ -65,20 +75,15 @@ class CheckpointFailedDetector(PerJobDetector):
             if active
             else f"checkpoint {resolved_by} of job {job_id} completed after {failed['n']} failed one(s)"
         )
-        return Finding(
-            rule="checkpoint_failed",
+        return CHECKPOINT_FAILED.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="platform",
-            severity="critical",
             job_id=job_id,
             since=failed["since"],
-            invariant="every checkpoint that starts completes",
             observed=float(failed["n"]),
             expected=0.0,
             summary=summary,
-            suspected_layer="checkpoint",
             history_metric="failed_checkpoints",
             history=history,
             sustain_ms=0,

@@ -24,10 +24,20 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
+from streams.detectors.catalogue import Rule
 
 __all__ = ["CheckpointRetentionDetector"]
 
 _KEEP = 64  # checkpoints remembered per job (bounded state)
+
+
+CHECKPOINT_RETENTION = Rule(
+    "checkpoint_retention",
+    category="platform",
+    severity="warning",
+    invariant="retention never deletes a job's latest verified checkpoint before a newer one is verified",
+    suspected_layer="checkpoint",
+)
 
 
 class CheckpointRetentionDetector(PerJobDetector):
@@ -134,20 +144,16 @@ class CheckpointRetentionDetector(PerJobDetector):
                 f"latest verified checkpoint ({latest['cid']}, step {latest['step']}) while the newer ones are "
                 f"not verified ({pending})"
             )
-        return Finding(
-            rule="checkpoint_retention",
+        return CHECKPOINT_RETENTION.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="platform",
             severity="critical" if deleted else "warning",
             job_id=job_id,
             since=cond["since"],
-            invariant="retention never deletes a job's latest verified checkpoint before a newer one is verified",
             observed=float(len(newer)),
             expected=float(max(0, (keep or 1) - 1)),
             summary=summary,
-            suspected_layer="checkpoint",
             history_metric="unverified_newer_checkpoints",
             history=tuple((int(t), float(v)) for t, v in job["points"]),
             sustain_ms=0,

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobInfo, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.durations import age_text
 from streams.detectors.history import add_point
 
@@ -21,6 +22,15 @@ __all__ = ["DEFAULTS", "CheckpointStaleDetector"]
 DEFAULTS: dict[str, Any] = {
     "reemit_s": 60.0,  # re-report an active condition at most this often (event time)
 }
+
+
+CHECKPOINT_STALE = Rule(
+    "checkpoint_stale",
+    category="platform",
+    severity="warning",
+    invariant="the latest verified checkpoint is younger than {max_s:g}s",
+    suspected_layer="checkpoint",
+)
 
 
 class CheckpointStaleDetector(PerJobDetector):
@@ -103,20 +113,16 @@ class CheckpointStaleDetector(PerJobDetector):
             if active
             else f"job {job_id} has a recent verified checkpoint again (or stopped running)"
         )
-        return Finding(
-            rule="checkpoint_stale",
+        return CHECKPOINT_STALE.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="platform",
-            severity="warning",
             job_id=job_id,
             since=int(cond["since"]),
-            invariant=f"the latest verified checkpoint is younger than {max_s:g}s",
+            invariant=CHECKPOINT_STALE.says(max_s=max_s),
             observed=age / 1000,
             expected=max_s,
             summary=summary,
-            suspected_layer="checkpoint",
             history_metric="verified_checkpoint_age_s",
             history=history,
             sustain_ms=0,

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobInfo, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.durations import age_text
 from streams.detectors.history import add_point
 from streams.detectors.placement import rank_place
@@ -24,6 +25,15 @@ DEFAULTS: dict[str, Any] = {
     "checkpoint_timeout_s": 1800.0,  # a checkpoint must finish within this when the job spec sets none
     "reemit_s": 60.0,  # re-report an active condition at most this often (event time)
 }
+
+
+CHECKPOINT_STUCK = Rule(
+    "checkpoint_stuck",
+    category="platform",
+    severity="warning",
+    invariant="a checkpoint completes within {timeout_s:g}s of its start",
+    suspected_layer="checkpoint",
+)
 
 
 class CheckpointStuckDetector(PerJobDetector):
@@ -97,24 +107,20 @@ class CheckpointStuckDetector(PerJobDetector):
             if active
             else f"{how} for job {job_id} after {age_text(age)}"
         )
-        return Finding(
-            rule="checkpoint_stuck",
+        return CHECKPOINT_STUCK.finding(
             key=(job_id, cid),
             active=active,
             ts=ts,
-            category="platform",
-            severity="warning",
             job_id=job_id,
             node=place.node,
             rank=stuck.get("rank"),
             gpu_uuid=place.gpu_uuid,
             gpu_index=place.gpu_index,
             since=int(stuck["ts"] + stuck["timeout_s"] * 1000),
-            invariant=f"a checkpoint completes within {stuck['timeout_s']:g}s of its start",
+            invariant=CHECKPOINT_STUCK.says(timeout_s=stuck["timeout_s"]),
             observed=age / 1000,
             expected=float(stuck["timeout_s"]),
             summary=summary,
-            suspected_layer="checkpoint",
             history_metric="checkpoint_age_s",
             history=history,
             sustain_ms=0,

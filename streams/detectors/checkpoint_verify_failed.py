@@ -12,10 +12,20 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
+from streams.detectors.catalogue import Rule
 
 __all__ = ["CheckpointVerifyFailedDetector"]
 
 _POINTS = 10
+
+
+CHECKPOINT_VERIFY_FAILED = Rule(
+    "checkpoint_verify_failed",
+    category="platform",
+    severity="critical",
+    invariant="every checkpoint that is verified passes verification",
+    suspected_layer="checkpoint",
+)
 
 
 class CheckpointVerifyFailedDetector(PerJobDetector):
@@ -65,21 +75,16 @@ class CheckpointVerifyFailedDetector(PerJobDetector):
             if active
             else f"checkpoint {by} of job {job_id} verified after failed verification(s)"
         )
-        return Finding(
-            rule="checkpoint_verify_failed",
+        return CHECKPOINT_VERIFY_FAILED.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="platform",
-            severity="critical",
             job_id=job_id,
             rank=cond.get("rank"),
             since=cond["since"],
-            invariant="every checkpoint that is verified passes verification",
             observed=float(cond["n"]),
             expected=0.0,
             summary=summary,
-            suspected_layer="checkpoint",
             history_metric="failed_verifications",
             history=tuple((int(t), float(v)) for t, v in job["points"]),
             sustain_ms=0,

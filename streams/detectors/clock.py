@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding
+from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "ClockDetector", "source_of"]
 
@@ -62,6 +63,15 @@ def _iso(ts: int) -> str:
         return dt.datetime.fromtimestamp(ts / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     except (OverflowError, OSError, ValueError):
         return f"{ts} ms"
+
+
+CLOCK_SKEW = Rule(
+    "clock_skew",
+    category="infra",
+    severity="warning",
+    invariant="every record's event time is within engine.max_clock_skew_s of the time it arrived",
+    suspected_layer="infra",
+)
 
 
 class ClockDetector(Detector):
@@ -143,22 +153,17 @@ class ClockDetector(Detector):
                 )
         else:
             summary = f"{who}: no record with an impossible timestamp for {self._quiet_ms // 1000} s"
-        return Finding(
-            rule="clock_skew",
+        return CLOCK_SKEW.finding(
             key=(key,),
             active=active,
             ts=wm,
-            category="infra",
-            severity="warning",
             job_id=src["job_id"],
             node=src["node"],
             rank=src["rank"],
             since=src["since"],
-            invariant="every record's event time is within engine.max_clock_skew_s of the time it arrived",
             observed=round(offset / 1000.0, 3) if offset is not None and active else None,
             expected=0.0 if active else None,
             summary=summary,
-            suspected_layer="infra",
         )
 
     def state(self) -> dict[str, Any]:

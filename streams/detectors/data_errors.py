@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.placement import rank_place
 
 __all__ = ["DEFAULTS", "DataErrorsDetector"]
@@ -22,6 +23,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _POINTS = 10  # metric history carried on a finding
+
+
+DATA_ERRORS = Rule(
+    "data_errors",
+    category="data",
+    severity="warning",
+    invariant="a data loader does not report errors in {err_sustain} samples in a row",
+    suspected_layer="data",
+)
 
 
 class DataErrorsDetector(PerJobDetector):
@@ -91,24 +101,20 @@ class DataErrorsDetector(PerJobDetector):
             if active
             else f"the data loader of rank {rank} of job {job_id} runs without errors again"
         )
-        return Finding(
-            rule="data_errors",
+        return DATA_ERRORS.finding(
             key=(job_id, str(rank)),
             active=active,
             ts=r["ts"],
-            category="data",
-            severity="warning",
             job_id=job_id,
             node=place.node,
             rank=rank,
             gpu_uuid=place.gpu_uuid,
             gpu_index=place.gpu_index,
             since=cond["since"],
-            invariant=f"a data loader does not report errors in {self._err_sustain} samples in a row",
+            invariant=DATA_ERRORS.says(err_sustain=self._err_sustain),
             observed=float(n),
             expected=0.0,
             summary=summary,
-            suspected_layer="data",
             history_metric="loader_errors",
             history=tuple((int(t), float(v)) for t, v in points),
             sustain_ms=0,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from streams.detectors.catalogue import Rule
 from streams.detectors.loader_signal import LOADER_DEFAULTS, LoaderSignalDetector
 
 __all__ = ["DEFAULTS", "DataPathSlowDetector"]
@@ -32,16 +33,23 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
+DATA_PATH_SLOW = Rule(
+    "data_path_slow",
+    category="data",
+    severity="warning",  # info while prefetching still hides it from the GPUs
+    invariant="a rank's read latency and batch preparation time stay near the run's own normal",
+    suspected_layer="data",
+)
+
+
 class DataPathSlowDetector(LoaderSignalDetector):
     """Read latency or batch preparation time rising against the run's own baseline, per rank or node."""
 
-    rule: ClassVar[str] = "data_path_slow"
+    rule: ClassVar[str] = DATA_PATH_SLOW.name
+    declared: ClassVar[Rule] = DATA_PATH_SLOW
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("data_path_slow",)
     metrics: ClassVar[tuple[str, ...]] = ("read_latency_s", "batch_prep_s")
-    invariant: ClassVar[str] = (
-        "a rank's read latency and batch preparation time stay near the run's own normal"
-    )
 
     def defaults(self) -> dict[str, Any]:
         """This rule's knobs."""

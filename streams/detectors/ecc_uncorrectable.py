@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from streams.detectors.base import Finding
+from streams.detectors.catalogue import Rule
 from streams.detectors.history import add_point, points_of
 from streams.detectors.infra_signal import CHECK_DEFAULTS, GpuFaultDetector
 
@@ -20,6 +21,15 @@ DEFAULTS: dict[str, Any] = {
     "ecc_quiet_s": 300.0,  # an uncorrectable-ECC condition resolves after this long without a new error
     **CHECK_DEFAULTS,
 }
+
+
+ECC_UNCORRECTABLE = Rule(
+    "ecc_uncorrectable",
+    category="infra",
+    severity="critical",
+    invariant="the uncorrectable ECC error count of a GPU does not increase",
+    suspected_layer="gpu",
+)
 
 
 class EccUncorrectableDetector(GpuFaultDetector):
@@ -70,15 +80,13 @@ class EccUncorrectableDetector(GpuFaultDetector):
             else f"{self.where(node, g)} had no new uncorrectable ECC error for {self.quiet_ms // 1000}s"
         )
         return self.gpu_finding(
-            "ecc_uncorrectable",
+            ECC_UNCORRECTABLE,
             node,
             uuid,
             g,
             ts,
             active=active,
-            severity="critical",
             since=cond["since"],
-            invariant="the uncorrectable ECC error count of a GPU does not increase",
             observed=float(cond["n"]),
             expected=0.0,
             summary=summary,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from streams.detectors.catalogue import Rule
 from streams.detectors.loader_signal import LOADER_DEFAULTS, LoaderSignalDetector
 
 __all__ = ["DEFAULTS", "FileOpenDropDetector"]
@@ -26,15 +27,23 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+FILE_OPEN_DROP = Rule(
+    "file_open_drop",
+    category="data",
+    severity="warning",  # info while prefetching still hides it from the GPUs
+    invariant="a rank's loader keeps opening files at the run's own normal rate",
+    suspected_layer="storage",
+)
+
+
 class FileOpenDropDetector(LoaderSignalDetector):
     """The file-open rate dropping against the run's own baseline, per rank or node."""
 
-    rule: ClassVar[str] = "file_open_drop"
+    rule: ClassVar[str] = FILE_OPEN_DROP.name
+    declared: ClassVar[Rule] = FILE_OPEN_DROP
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("file_open_drop",)
     metrics: ClassVar[tuple[str, ...]] = ("file_opens_s",)
-    layer: ClassVar[str] = "storage"
-    invariant: ClassVar[str] = "a rank's loader keeps opening files at the run's own normal rate"
 
     def defaults(self) -> dict[str, Any]:
         """This rule's knobs."""

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "GpuIdleAllocatedDetector"]
 
@@ -27,6 +28,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _POINTS = 10
+
+
+GPU_IDLE_ALLOCATED = Rule(
+    "gpu_idle_allocated",
+    category="platform",
+    severity="warning",
+    invariant="every GPU allocated to a training job is used by it",
+    suspected_layer="gpu",
+)
 
 
 class GpuIdleAllocatedDetector(PerJobDetector):
@@ -127,24 +137,19 @@ class GpuIdleAllocatedDetector(PerJobDetector):
             if active
             else f"GPU {cond['index']} of node {node} is in use by job {job_id} now (or the run ended)"
         )
-        return Finding(
-            rule="gpu_idle_allocated",
+        return GPU_IDLE_ALLOCATED.finding(
             key=(job_id, node, uuid),
             active=active,
             ts=ts,
-            category="platform",
-            severity="warning",
             job_id=job_id,
             node=node,
             rank=rank,
             gpu_uuid=uuid,
             gpu_index=cond["index"],
             since=cond.get("since", ts),
-            invariant="every GPU allocated to a training job is used by it",
             observed=float(cond["points"][-1][1]) if cond["points"] else 0.0,
             expected=self._util,
             summary=summary,
-            suspected_layer="gpu",
             history_metric="gpu_util_pct",
             history=tuple((int(t), float(v)) for t, v in cond["points"]),
             sustain_ms=0,

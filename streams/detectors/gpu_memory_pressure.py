@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from streams.detectors.base import Finding, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.infra_signal import GpuDetector
 
 __all__ = ["DEFAULTS", "GpuMemoryPressureDetector"]
@@ -19,6 +20,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _POINTS = 8  # memory ratios carried on a finding
+
+
+GPU_MEMORY_PRESSURE = Rule(
+    "gpu_memory_pressure",
+    category="infra",
+    severity="warning",
+    invariant="GPU memory in use stays below {ratio_pct:g}% of total",
+    suspected_layer="gpu",
+)
 
 
 class GpuMemoryPressureDetector(GpuDetector):
@@ -69,15 +79,14 @@ class GpuMemoryPressureDetector(GpuDetector):
             else f"{self.where(node, g)} memory use is back to {100 * cond['ratio']:.1f}%"
         )
         return self.gpu_finding(
-            "gpu_memory_pressure",
+            GPU_MEMORY_PRESSURE,
             node,
             uuid,
             g,
             ts,
             active=active,
-            severity="warning",
             since=cond["since"],
-            invariant=f"GPU memory in use stays below {100 * self._ratio:g}% of total",
+            invariant=GPU_MEMORY_PRESSURE.says(ratio_pct=100 * self._ratio),
             observed=cond["ratio"],
             expected=self._ratio,
             summary=summary,

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Binding, Detector, Finding, Topology
+from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "GpuOutsideAllocationDetector"]
 
@@ -25,6 +26,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _POINTS = 10
+
+
+GPU_OUTSIDE_ALLOCATION = Rule(
+    "gpu_outside_allocation",
+    category="platform",
+    severity="warning",
+    invariant="a job's processes run only on the GPUs its ranks are bound to",
+    suspected_layer="gpu",
+)
 
 
 class GpuOutsideAllocationDetector(Detector):
@@ -123,24 +133,19 @@ class GpuOutsideAllocationDetector(Detector):
             if active
             else f"job {job_id} no longer runs on GPU {index} of node {node}"
         )
-        return Finding(
-            rule="gpu_outside_allocation",
+        return GPU_OUTSIDE_ALLOCATION.finding(
             key=(job_id, node, uuid),
             active=active,
             ts=r["ts"],
-            category="platform",
-            severity="warning",
             job_id=job_id,
             node=node,
             rank=int(cond["rank"]),
             gpu_uuid=uuid,
             gpu_index=index,
             since=cond["since"],
-            invariant="a job's processes run only on the GPUs its ranks are bound to",
             observed=float(len(cond["pids"])),
             expected=0.0,
             summary=summary,
-            suspected_layer="gpu",
             history_metric="gpu_mem_used_gib",
             history=tuple((int(t), float(v)) for t, v in cond["points"]),
             sustain_ms=0,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from streams.detectors.base import Finding, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.infra_signal import GpuDetector
 
 __all__ = ["DEFAULTS", "THROTTLE_REASONS", "GpuThrottlingDetector"]
@@ -31,6 +32,15 @@ THROTTLE_REASONS: dict[int, str] = {
 }
 
 _POINTS = 8  # SM clock ratios carried on a finding
+
+
+GPU_THROTTLING = Rule(
+    "gpu_throttling",
+    category="infra",
+    severity="warning",
+    invariant="no thermal or power throttling with the SM clock below {ratio_pct:g}% of max",
+    suspected_layer="gpu",
+)
 
 
 class GpuThrottlingDetector(GpuDetector):
@@ -84,15 +94,14 @@ class GpuThrottlingDetector(GpuDetector):
             else f"{self.where(node, g)} is no longer throttled"
         )
         return self.gpu_finding(
-            "gpu_throttling",
+            GPU_THROTTLING,
             node,
             uuid,
             g,
             ts,
             active=active,
-            severity="warning",
             since=cond["since"],
-            invariant=f"no thermal or power throttling with the SM clock below {100 * self._ratio:g}% of max",
+            invariant=GPU_THROTTLING.says(ratio_pct=100 * self._ratio),
             observed=cond["ratio"],
             expected=self._ratio,
             summary=summary,

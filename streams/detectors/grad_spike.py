@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.placement import rank_place
 from streams.detectors.stats import median
 
@@ -32,6 +33,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _POINTS = 8  # gradient norms carried on a finding
+
+
+GRAD_SPIKE = Rule(
+    "grad_spike",
+    category="model",
+    severity="warning",
+    invariant="gradient norm stays below {spike_factor:g}x its rolling median of {grad_k} steps",
+    suspected_layer="model",
+)
 
 
 class GradSpikeDetector(PerJobDetector):
@@ -118,24 +128,20 @@ class GradSpikeDetector(PerJobDetector):
             if active
             else f"gradient norm of job {job_id} is back to normal ({grad:.4g})"
         )
-        return Finding(
-            rule="grad_spike",
+        return GRAD_SPIKE.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="model",
-            severity="warning",
             job_id=job_id,
             node=place.node,
             rank=spike["rank"],
             gpu_uuid=place.gpu_uuid,
             gpu_index=place.gpu_index,
             since=spike["since"],
-            invariant=f"gradient norm stays below {self._spike_factor:g}x its rolling median of {self._grad_k} steps",
+            invariant=GRAD_SPIKE.says(spike_factor=self._spike_factor, grad_k=self._grad_k),
             observed=grad,
             expected=ref,
             summary=summary,
-            suspected_layer="model",
             history_metric="grad_norm",
             history=tuple((int(t), float(v)) for t, v in job["grad_points"]),
             sustain_ms=0,

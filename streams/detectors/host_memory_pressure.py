@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.infra_signal import NodeJobs
 
 __all__ = ["DEFAULTS", "HostMemoryPressureDetector"]
@@ -24,6 +25,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _POINTS = 8  # available-memory ratios carried on a finding
+
+
+HOST_MEMORY_PRESSURE = Rule(
+    "host_memory_pressure",
+    category="infra",
+    severity="warning",
+    invariant="host memory available stays above {ratio_pct:g}% of total and the kernel kills no process for lack of memory",
+    suspected_layer="host",
+)
 
 
 class HostMemoryPressureDetector(Detector):
@@ -111,24 +121,18 @@ class HostMemoryPressureDetector(Detector):
             summary = f"node {node} has only {avail}"
         else:
             summary = f"node {node} memory pressure is over ({avail})"
-        return Finding(
-            rule="host_memory_pressure",
+        return HOST_MEMORY_PRESSURE.finding(
             key=(node, job_id) if job_id else (node,),
             active=active,
             ts=ts,
-            category="infra",
             severity="critical" if cond["oom"] else "warning",
             job_id=job_id,
             node=node,
             since=cond["since"],
-            invariant=(
-                f"host memory available stays above {100 * self._ratio:g}% of total and the kernel kills no "
-                "process for lack of memory"
-            ),
+            invariant=HOST_MEMORY_PRESSURE.says(ratio_pct=100 * self._ratio),
             observed=frac,
             expected=self._ratio,
             summary=summary,
-            suspected_layer="host",
             history_metric="host_mem_available_ratio",
             history=tuple((int(t), float(v)) for t, v in cond["points"]),
             sustain_ms=0 if cond["oom"] else self._sustain,

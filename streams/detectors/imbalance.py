@@ -54,7 +54,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from streams.detectors.base import Finding
-from streams.detectors.stats import median
+from streams.detectors.stats import median, stat_mean, stat_median
 from streams.detectors.straggler import StragglerRule
 from streams.detectors.windows import (
     _BUSY,
@@ -76,7 +76,6 @@ from streams.detectors.windows import (
     _or_all,
     baseline_key,
 )
-from streams.summary import stat_mean, stat_median
 
 __all__ = ["DEFAULTS", "ImbalanceDetector", "baseline_key"]
 

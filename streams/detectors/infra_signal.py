@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.catalogue import Rule
 
 __all__ = ["CHECK_DEFAULTS", "GpuDetector", "GpuFaultDetector", "NodeJobs", "PeriodicCheck"]
 
@@ -141,20 +142,17 @@ class GpuDetector(Detector):
         g = self._gpus.get(f"{node}|{uuid}")
         return (g.get("job") or "", None) if g is not None else ("", None)
 
-    def gpu_finding(self, rule: str, node: str, uuid: str, g: dict[str, Any], ts: int, **kw: Any) -> Finding:
-        """A finding about one GPU, for the job holding it."""
+    def gpu_finding(self, rule: Rule, node: str, uuid: str, g: dict[str, Any], ts: int, **kw: Any) -> Finding:
+        """A finding of `rule` about one GPU, for the job holding it."""
         job_id, rank = self.gpu_identity(node, uuid)
-        return Finding(
-            rule=rule,
+        return rule.finding(
             key=(node, uuid),
             ts=ts,
-            category="infra",
             job_id=job_id,
             node=node,
             rank=rank,
             gpu_uuid=uuid,
             gpu_index=g["index"],
-            suspected_layer="gpu",
             **kw,
         )
 

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.placement import rank_place, ranks_text
 from streams.detectors.stats import median
 
@@ -60,9 +61,8 @@ class LoaderSignalDetector(PerJobDetector):
     """One DataLoaderSample signal per rank against the run's own normal; see the module doc."""
 
     rule: ClassVar[str] = ""  # the one rule of the subclass (also its `rules`)
+    declared: ClassVar[Rule]  # its catalogue entry: category, invariant, the usual layer
     metrics: ClassVar[tuple[str, ...]] = ()
-    layer: ClassVar[str] = "data"
-    invariant: ClassVar[str] = ""
     needs_batches: ClassVar[bool] = True  # skip samples of a loop that received no batch
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
@@ -107,7 +107,7 @@ class LoaderSignalDetector(PerJobDetector):
 
     def layer_of(self, metric: str) -> str:
         """The suspected layer when `metric` is the one out of line."""
-        return self.layer
+        return self.declared.suspected_layer
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -332,12 +332,10 @@ class LoaderSignalDetector(PerJobDetector):
         else:
             summary = f"the data path of {who} is back to its normal"
         points = states[0]["points"] if states else []
-        return Finding(
-            rule=self.rule,
+        return self.declared.finding(
             key=key,
             active=active,
             ts=ts,
-            category="data",
             severity="warning" if waited else "info",
             job_id=job_id,
             node=where.node,
@@ -345,7 +343,6 @@ class LoaderSignalDetector(PerJobDetector):
             gpu_uuid=where.gpu_uuid,
             gpu_index=where.gpu_index,
             since=cond["since"],
-            invariant=self.invariant,
             observed=recent,
             expected=ref,
             summary=summary,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from streams.detectors.catalogue import Rule
 from streams.detectors.loader_signal import LOADER_DEFAULTS, LoaderSignalDetector
 
 __all__ = ["DEFAULTS", "LoaderWorkersLostDetector"]
@@ -25,14 +26,23 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+LOADER_WORKERS_LOST = Rule(
+    "loader_workers_lost",
+    category="data",
+    severity="warning",  # info while prefetching still hides it from the GPUs
+    invariant="every data-loader worker a rank started stays alive",
+    suspected_layer="data",
+)
+
+
 class LoaderWorkersLostDetector(LoaderSignalDetector):
     """Live loader workers below the configured count (or the run's own maximum), per rank or node."""
 
-    rule: ClassVar[str] = "loader_workers_lost"
+    rule: ClassVar[str] = LOADER_WORKERS_LOST.name
+    declared: ClassVar[Rule] = LOADER_WORKERS_LOST
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("loader_workers_lost",)
     metrics: ClassVar[tuple[str, ...]] = ("workers",)
-    invariant: ClassVar[str] = "every data-loader worker a rank started stays alive"
     needs_batches: ClassVar[bool] = False
 
     def defaults(self) -> dict[str, Any]:

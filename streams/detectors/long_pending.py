@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.history import add_point
 
 __all__ = ["DEFAULTS", "LongPendingDetector"]
@@ -20,6 +21,15 @@ DEFAULTS: dict[str, Any] = {
     "pending_max_s": 600.0,  # pending longer than this without running is an alert
     "reemit_s": 60.0,  # re-report an active condition at most this often (event time)
 }
+
+
+LONG_PENDING = Rule(
+    "long_pending",
+    category="platform",
+    severity="warning",
+    invariant="a job starts running within {pending_min} min of being queued",
+    suspected_layer="scheduler",
+)
 
 
 class LongPendingDetector(PerJobDetector):
@@ -85,20 +95,16 @@ class LongPendingDetector(PerJobDetector):
             if active
             else f"job {job_id} left pending after {waited / 60:.0f} min"
         )
-        return Finding(
-            rule="long_pending",
+        return LONG_PENDING.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="platform",
-            severity="warning",
             job_id=job_id,
             since=int(cond["since"]) + self._pending_max,
-            invariant=f"a job starts running within {self._pending_max // 60_000} min of being queued",
+            invariant=LONG_PENDING.says(pending_min=self._pending_max // 60000),
             observed=waited,
             expected=self._pending_max / 1000,
             summary=summary,
-            suspected_layer="scheduler",
             history_metric="pending_s",
             history=history,
             sustain_ms=0,

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.stats import median
 
 __all__ = ["DEFAULTS", "LossDivergenceDetector"]
@@ -34,6 +35,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _POINTS = 8  # window medians kept (at least) and carried on a finding
+
+
+LOSS_DIVERGENCE = Rule(
+    "loss_divergence",
+    category="model",
+    severity="critical",
+    invariant="the median loss of a {window_s}s window stays within {tol_pct:g}% of its running minimum",
+    suspected_layer="model",
+)
 
 
 class LossDivergenceDetector(PerJobDetector):
@@ -127,23 +137,16 @@ class LossDivergenceDetector(PerJobDetector):
             if active
             else f"loss of job {job_id} is back near its running minimum ({med:.4g} vs {run_min:.4g})"
         )
-        return Finding(
-            rule="loss_divergence",
+        return LOSS_DIVERGENCE.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="model",
-            severity="critical",
             job_id=job_id,
             since=int(div["since"]),
-            invariant=(
-                f"the median loss of a {self._window_ms // 1000}s window stays within {100 * self._tol:g}% "
-                "of its running minimum"
-            ),
+            invariant=LOSS_DIVERGENCE.says(window_s=self._window_ms // 1000, tol_pct=100 * self._tol),
             observed=med,
             expected=run_min,
             summary=summary,
-            suspected_layer="model",
             history_metric="loss_window_median",
             history=tuple((int(t), float(m)) for t, m in job["medians"][-_POINTS:]),
             sustain_ms=0,

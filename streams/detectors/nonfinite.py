@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import LEADER_RANK, Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.placement import rank_place
 
 __all__ = ["NONFINITE_DEFAULTS", "NonfiniteDetector", "is_finite"]
@@ -42,6 +43,7 @@ class NonfiniteDetector(PerJobDetector):
     """One value of a job's steps that must stay finite; see the module doc."""
 
     rule: ClassVar[str] = ""  # the one rule of the subclass (also its `rules`)
+    declared: ClassVar[Rule]  # its catalogue entry
     what: ClassVar[str] = ""  # the value in words: "loss", "gradient norm"
     history_metric: ClassVar[str] = ""  # the running count of non-finite values, e.g. `nonfinite_loss_steps`
 
@@ -100,22 +102,17 @@ class NonfiniteDetector(PerJobDetector):
             else f"{what} of job {job_id} is finite again after step {cond['bad_step']}"
         )
         place = rank_place(self.topology, job_id, cond["rank"])
-        return Finding(
-            rule=self.rule,
+        return self.declared.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="model",
-            severity="critical",
             job_id=job_id,
             node=place.node,
             rank=cond["rank"],
             gpu_uuid=place.gpu_uuid,
             gpu_index=place.gpu_index,
             since=cond["since"],
-            invariant=f"the {what} is finite on every step",
             summary=summary,
-            suspected_layer="model",
             # The non-finite values themselves are no numbers to plot: their running count is.
             history_metric=self.history_metric,
             history=tuple((int(t), float(v)) for t, v in cond.get("points", ())),

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.nonfinite import NONFINITE_DEFAULTS, NonfiniteDetector, is_finite
 
 __all__ = ["DEFAULTS", "NonfiniteGradDetector"]
@@ -25,12 +26,22 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+NONFINITE_GRAD = Rule(
+    "nonfinite_grad",
+    category="model",
+    severity="critical",
+    invariant="the gradient norm is finite on every step",
+    suspected_layer="model",
+)
+
+
 class NonfiniteGradDetector(NonfiniteDetector):
     """A non-finite gradient norm, per job; overflow-skipped steps count only in a run."""
 
     section: ClassVar[str] = "numerical"
     stage: ClassVar[str] = "rank"
-    rule: ClassVar[str] = "nonfinite_grad"
+    rule: ClassVar[str] = NONFINITE_GRAD.name
+    declared: ClassVar[Rule] = NONFINITE_GRAD
     rules: ClassVar[tuple[str, ...]] = ("nonfinite_grad",)
     what: ClassVar[str] = "gradient norm"
     history_metric: ClassVar[str] = "nonfinite_grad_steps"

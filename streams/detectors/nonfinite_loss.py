@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding
+from streams.detectors.catalogue import Rule
 from streams.detectors.nonfinite import NONFINITE_DEFAULTS, NonfiniteDetector
 
 __all__ = ["DEFAULTS", "NonfiniteLossDetector"]
@@ -19,12 +20,22 @@ __all__ = ["DEFAULTS", "NonfiniteLossDetector"]
 DEFAULTS: dict[str, Any] = {**NONFINITE_DEFAULTS}
 
 
+NONFINITE_LOSS = Rule(
+    "nonfinite_loss",
+    category="model",
+    severity="critical",
+    invariant="the loss is finite on every step",
+    suspected_layer="model",
+)
+
+
 class NonfiniteLossDetector(NonfiniteDetector):
     """A non-finite loss, per job."""
 
     section: ClassVar[str] = "numerical"
     stage: ClassVar[str] = "rank"
-    rule: ClassVar[str] = "nonfinite_loss"
+    rule: ClassVar[str] = NONFINITE_LOSS.name
+    declared: ClassVar[Rule] = NONFINITE_LOSS
     rules: ClassVar[tuple[str, ...]] = ("nonfinite_loss",)
     what: ClassVar[str] = "loss"
     history_metric: ClassVar[str] = "nonfinite_loss_steps"

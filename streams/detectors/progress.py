@@ -58,8 +58,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding
-from streams.detectors.stats import median
-from streams.summary import stat_mean
+from streams.detectors.stats import median, stat_mean
 
 __all__ = ["DEFAULTS", "ProgressDetector"]
 

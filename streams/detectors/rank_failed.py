@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.placement import rank_place
 
 __all__ = ["DEFAULTS", "RankFailedDetector"]
@@ -33,6 +34,15 @@ _WORDS = {
     "oom": "was killed by the host's OOM killer",
 }
 _POINTS = 10
+
+
+RANK_FAILED = Rule(
+    "rank_failed",
+    category="platform",
+    severity="critical",
+    invariant="no rank of a running job fails",
+    suspected_layer="platform",
+)
 
 
 class RankFailedDetector(PerJobDetector):
@@ -114,20 +124,17 @@ class RankFailedDetector(PerJobDetector):
             if active
             else f"rank {rank} of job {job_id}{where} runs again after it {reason}"
         )
-        return Finding(
-            rule="rank_failed",
+        return RANK_FAILED.finding(
             key=(job_id, str(rank)),
             active=active,
             ts=ts,
             category="model" if kind in ("exception", "cuda_oom") else "platform",
-            severity="critical",
             job_id=job_id,
             node=place.node,
             rank=rank,
             gpu_uuid=place.gpu_uuid,
             gpu_index=place.gpu_index,
             since=cond["since"],
-            invariant="no rank of a running job fails",
             observed=float(cond["n"]),
             expected=0.0,
             summary=summary,

@@ -15,9 +15,19 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.placement import rank_place, ranks_text, short_host
 
 __all__ = ["RankOutsideNodesDetector"]
+
+
+RANK_OUTSIDE_NODES = Rule(
+    "rank_outside_nodes",
+    category="platform",
+    severity="warning",
+    invariant="every rank of a job runs on a node allocated to the job",
+    suspected_layer="platform",
+)
 
 
 class RankOutsideNodesDetector(PerJobDetector):
@@ -102,24 +112,19 @@ class RankOutsideNodesDetector(PerJobDetector):
             if active
             else f"no rank of job {job_id} runs outside its nodes on {node} any more"
         )
-        return Finding(
-            rule="rank_outside_nodes",
+        return RANK_OUTSIDE_NODES.finding(
             key=(job_id, node),
             active=active,
             ts=ts,
-            category="platform",
-            severity="warning",
             job_id=job_id,
             node=node,
             rank=rank,
             gpu_uuid=place.gpu_uuid if rank is not None else None,
             gpu_index=place.gpu_index if rank is not None else None,
             since=cond["since"],
-            invariant="every rank of a job runs on a node allocated to the job",
             observed=float(len(ranks)),
             expected=0.0,
             summary=summary,
-            suspected_layer="platform",
             history_metric="ranks_outside_nodes",
             history=tuple((int(t), float(v)) for t, v in cond["points"]),
             sustain_ms=0,

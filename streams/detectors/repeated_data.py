@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.placement import rank_place
 
 __all__ = ["DEFAULTS", "RepeatedDataDetector"]
@@ -27,6 +28,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _POINTS = 10  # metric history carried on a finding
+
+
+REPEATED_DATA = Rule(
+    "repeated_data",
+    category="data",
+    severity="warning",
+    invariant="at least {min_distinct:.0%} of a rank's last {window} batches are distinct",
+    suspected_layer="data",
+)
 
 
 class RepeatedDataDetector(PerJobDetector):
@@ -98,24 +108,20 @@ class RepeatedDataDetector(PerJobDetector):
             if active
             else f"rank {rank} of job {job_id} gets distinct batches again ({distinct} of the last {window})"
         )
-        return Finding(
-            rule="repeated_data",
+        return REPEATED_DATA.finding(
             key=(job_id, str(rank)),
             active=active,
             ts=r["ts"],
-            category="data",
-            severity="warning",
             job_id=job_id,
             node=place.node,
             rank=rank,
             gpu_uuid=place.gpu_uuid,
             gpu_index=place.gpu_index,
             since=since,
-            invariant=f"at least {self._min_distinct:.0%} of a rank's last {window} batches are distinct",
+            invariant=REPEATED_DATA.says(min_distinct=self._min_distinct, window=window),
             observed=distinct / window,
             expected=self._min_distinct,
             summary=summary,
-            suspected_layer="data",
             history_metric="distinct_batch_ratio",
             history=tuple((int(t), float(v)) for t, v in points),
             sustain_ms=0,

@@ -13,12 +13,22 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "ResourceDetector"]
 
 DEFAULTS: dict[str, Any] = {
     "min_samples": 2,  # samples in a row with a foreign pid before it is reported
 }
+
+
+FOREIGN_PROCESS = Rule(
+    "foreign_process",
+    category="infra",
+    severity="warning",
+    invariant="a GPU bound to a job runs only that job's processes",
+    suspected_layer="gpu",
+)
 
 
 class ResourceDetector(Detector):
@@ -106,24 +116,19 @@ class ResourceDetector(Detector):
             if active
             else f"GPU {r['gpu_index']} of node {node} runs only processes of job {job_id} again"
         )
-        return Finding(
-            rule="foreign_process",
+        return FOREIGN_PROCESS.finding(
             key=(node, uuid),
             active=active,
             ts=r["ts"],
-            category="infra",
-            severity="warning",
             job_id=job_id,
             node=node,
             rank=cond["rank"],
             gpu_uuid=uuid,
             gpu_index=r["gpu_index"],
             since=cond["since"],
-            invariant="a GPU bound to a job runs only that job's processes",
             observed=float(len(cond["pids"])),
             expected=0.0,
             summary=summary,
-            suspected_layer="gpu",
             history_metric="gpu_mem_used_gib",  # what the foreign process takes from the job's GPU
             history=tuple((int(t), float(v)) for t, v in cond.get("points", ())),
             sustain_ms=0,

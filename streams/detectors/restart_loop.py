@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "RestartLoopDetector"]
 
@@ -25,6 +26,15 @@ DEFAULTS: dict[str, Any] = {
     "restart_resolve_s": 300.0,  # a loop is over once the job has run this long without a restart
     "reemit_s": 60.0,  # re-report an active condition at most this often (event time)
 }
+
+
+RESTART_LOOP = Rule(
+    "restart_loop",
+    category="platform",
+    severity="critical",
+    invariant="fewer than {threshold} restarts within {window_min} min",
+    suspected_layer="scheduler",
+)
 
 
 class RestartLoopDetector(PerJobDetector):
@@ -146,20 +156,16 @@ class RestartLoopDetector(PerJobDetector):
             if active
             else f"job {job_id} is no longer restarting in a loop"
         )
-        return Finding(
-            rule="restart_loop",
+        return RESTART_LOOP.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="platform",
-            severity="critical",
             job_id=job_id,
             since=int(loop["since"]),
-            invariant=f"fewer than {self._threshold} restarts within {window_min} min",
+            invariant=RESTART_LOOP.says(threshold=self._threshold, window_min=window_min),
             observed=float(loop["n"]),
             expected=float(self._threshold - 1),
             summary=summary,
-            suspected_layer="scheduler",
             history_metric="restarts",
             history=tuple((int(t), float(i + 1)) for i, t in enumerate(job["restarts"][-8:])),
             sustain_ms=0,

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
+from streams.detectors.catalogue import Rule
 from streams.detectors.history import add_point
 
 __all__ = ["DEFAULTS", "RestoreTestFailedDetector"]
@@ -39,6 +40,15 @@ def _what_failed(r: dict[str, Any]) -> str:
     if not r.get("steps_resumed"):
         parts.append("no step resumed")
     return "; ".join(parts) or "reported as failed"
+
+
+RESTORE_TEST_FAILED = Rule(
+    "restore_test_failed",
+    category="platform",
+    severity="critical",
+    invariant="a checkpoint restores (model, optimizer, scheduler, data position) and training resumes",
+    suspected_layer="checkpoint",
+)
 
 
 class RestoreTestFailedDetector(PerJobDetector):
@@ -86,20 +96,15 @@ class RestoreTestFailedDetector(PerJobDetector):
             if active
             else f"checkpoint {resolved_by} of job {job_id} passed a restore test"
         )
-        return Finding(
-            rule="restore_test_failed",
+        return RESTORE_TEST_FAILED.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="platform",
-            severity="critical",
             job_id=job_id,
             since=failed["since"],
-            invariant="a checkpoint restores (model, optimizer, scheduler, data position) and training resumes",
             observed=float(failed["n"]),
             expected=0.0,
             summary=summary,
-            suspected_layer="checkpoint",
             history_metric="failed_restore_tests",
             history=history,
             sustain_ms=0,

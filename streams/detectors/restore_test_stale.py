@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobInfo, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.durations import age_text
 from streams.detectors.history import add_point
 
@@ -56,6 +57,18 @@ def _changes(info: JobInfo | None, passed: dict[str, Any] | None) -> list[tuple[
         if now and then and now != then:
             out.append((what, then, now))
     return out
+
+
+RESTORE_TEST_STALE = Rule(
+    "restore_test_stale",
+    category="platform",
+    severity="warning",
+    invariant=(
+        "the newest restore-tested checkpoint is younger than {max_s:g}s and was restored with the job's "
+        "current code, runtime, configuration and checkpoint format"
+    ),
+    suspected_layer="checkpoint",
+)
 
 
 class RestoreTestStaleDetector(PerJobDetector):
@@ -161,23 +174,16 @@ class RestoreTestStaleDetector(PerJobDetector):
                 f"job {job_id} changed since its newest passing restore test ({passed['cid']}): {moved}; "
                 "a restore with what it runs now is untested"
             )
-        return Finding(
-            rule="restore_test_stale",
+        return RESTORE_TEST_STALE.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="platform",
-            severity="warning",
             job_id=job_id,
             since=int(job["stale"]["since"]) if job["stale"] else ts,
-            invariant=(
-                f"the newest restore-tested checkpoint is younger than {max_s:g}s and was restored with the "
-                "job's current code, runtime, configuration and checkpoint format"
-            ),
+            invariant=RESTORE_TEST_STALE.says(max_s=max_s),
             observed=(ts - ref) / 1000,
             expected=max_s,
             summary=summary,
-            suspected_layer="checkpoint",
             history_metric="restore_tested_checkpoint_age_s",
             history=history,
             sustain_ms=0,

@@ -1,4 +1,5 @@
-"""Robust statistics on short float sequences: median, MAD, quantiles, robust z-scores.
+"""Robust statistics on short float sequences: median, MAD, quantiles, robust z-scores; and the
+Stats of a rank summary (`Stat`, `PackedStat`: what the rank stage folds, the job rules read).
 
 Pure functions, no numpy: the sequences are windows of a few dozen values, and plain Python
 keeps results bit-identical across platforms (determinism under replay).
@@ -8,9 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 __all__ = [
     "MAD_TO_SIGMA",
+    "MAX_VALUES",
+    "PackedStat",
+    "Stat",
     "finite",
     "mad",
     "mean",
@@ -18,6 +23,10 @@ __all__ = [
     "quantile",
     "robust_scorer",
     "robust_z",
+    "stat_mean",
+    "stat_median",
+    "stat_of",
+    "stat_packed",
     "weighted_median",
 ]
 
@@ -109,3 +118,74 @@ def robust_scorer(values: Sequence[float], min_scale: float = 0.0) -> Callable[[
         return (value - m) / scale
 
     return z_of
+
+
+# -- the Stats of a rank summary ------------------------------------------------------
+MAX_VALUES = 8  # values kept in a Stat: up to this many, a window median over buckets is exact
+
+Stat = dict[str, Any]  # {"n", "sum", "min", "max", "med", "values"}: see schemas RankSummary
+
+# A Stat a detector keeps in its state: (n, sum, min, max, med, values or None). A tuple of numbers,
+# which the cyclic collector stops tracking once it has looked at it; a Stat dict and its list of
+# values stay tracked. Held for a 60 s window per rank, they were most of a big job's tracked
+# objects (4,096 ranks, 40 s of event time: 937,000 tracked, 408,000 once packed), and the
+# collector's cost per raw event grew with the job.
+# After a snapshot's JSON round trip it is a list of the same items; the functions below read both.
+PackedStat = tuple[int, float, float, float, float, tuple[float, ...] | None]
+
+
+def stat_of(values: list[float], *, keep_values: bool = True) -> Stat | None:
+    """The Stat of some values (None for none); `keep_values=False` leaves the values out (a
+    field read as one bucket's median only)."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return None
+    return {
+        "n": len(finite),
+        "sum": math.fsum(finite),
+        "min": min(finite),
+        "max": max(finite),
+        "med": median(finite),
+        "values": list(finite) if keep_values and len(finite) <= MAX_VALUES else None,
+    }
+
+
+def stat_packed(stat: Stat | Sequence[Any] | None) -> PackedStat | None:
+    """The form of a Stat a detector keeps (see `PackedStat`): from a Stat dict, or from a packed
+    Stat read back from a snapshot (a list)."""
+    if not stat:
+        return None
+    n, total, lo, hi, med, values = _packed(stat)
+    return (int(n), float(total), float(lo), float(hi), float(med), None if values is None else tuple(values))
+
+
+def _packed(stat: Stat | Sequence[Any]) -> Sequence[Any]:
+    """A Stat dict or a packed one (tuple, or list after JSON) as the packed items."""
+    if isinstance(stat, dict):
+        return (stat["n"], stat["sum"], stat["min"], stat["max"], stat["med"], stat.get("values"))
+    return stat
+
+
+def stat_median(stats: Sequence[Stat | Sequence[Any] | None]) -> float | None:
+    """The median over buckets (Stats, packed or not): exact from the values when every bucket
+    kept them, else the count-weighted median of the buckets' medians."""
+    present = [_packed(s) for s in stats if s]
+    if not present:
+        return None
+    if all(s[5] is not None for s in present):
+        return median([v for s in present for v in s[5]])
+    weighted = sorted((float(s[4]), int(s[0])) for s in present)
+    half = sum(n for _, n in weighted) / 2
+    seen = 0
+    for value, n in weighted:
+        seen += n
+        if seen >= half:
+            return value
+    return weighted[-1][0]
+
+
+def stat_mean(stats: Sequence[Stat | Sequence[Any] | None]) -> float | None:
+    """The mean over buckets (Stats, packed or not; exact: from sums and counts)."""
+    present = [_packed(s) for s in stats if s]
+    n = sum(int(s[0]) for s in present)
+    return math.fsum(float(s[1]) for s in present) / n if n else None

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "StepSkipRateDetector"]
 
@@ -29,6 +30,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _POINTS = 10
+
+
+STEP_SKIP_RATE = Rule(
+    "step_skip_rate",
+    category="model",
+    severity="warning",
+    invariant="fewer than {min:.0%} of a job's last {window} steps are skipped",
+    suspected_layer="model",
+)
 
 
 class StepSkipRateDetector(PerJobDetector):
@@ -108,20 +118,16 @@ class StepSkipRateDetector(PerJobDetector):
             if active
             else f"job {job_id} skips {fraction:.0%} of its steps again"
         )
-        return Finding(
-            rule="step_skip_rate",
+        return STEP_SKIP_RATE.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="model",
-            severity="warning",
             job_id=job_id,
             since=cond["since"],
-            invariant=f"fewer than {self._min:.0%} of a job's last {self._window} steps are skipped",
+            invariant=STEP_SKIP_RATE.says(min=self._min, window=self._window),
             observed=fraction,
             expected=self._min,
             summary=summary,
-            suspected_layer="model",
             history_metric="skipped_step_fraction",
             history=tuple((int(t), float(v)) for t, v in job["points"]),
             sustain_ms=0,

@@ -10,7 +10,7 @@ from typing import Any
 
 from streams.detectors.base import Finding
 from streams.detectors.network_degradation import NetworkDegradationRule
-from streams.detectors.stats import MAD_TO_SIGMA, finite, mad, median
+from streams.detectors.stats import MAD_TO_SIGMA, finite, mad, median, stat_mean
 from streams.detectors.windows import (
     _G_CLOCK,
     _G_POWER,
@@ -27,7 +27,6 @@ from streams.detectors.windows import (
     _rank_list,
     _throttle_names,
 )
-from streams.summary import stat_mean
 
 __all__ = ["StragglerRule"]
 

@@ -41,8 +41,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobAndHostDetector, Topology
-from streams.detectors.stats import finite, mean, median
-from streams.summary import stat_mean
+from streams.detectors.stats import finite, mean, median, stat_mean
 
 __all__ = ["DEFAULTS", "ThroughputDetector"]
 

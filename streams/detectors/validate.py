@@ -9,7 +9,7 @@ which every detector already treats as missing) and the names of the fields it r
 engine can count them.
 
 Non-finite *loss* and *gradient norm* are kept: they are real measurements and the numerical
-detector's signal. Timestamps are the engine's business (`streams.engine`), not this module's.
+detector's signal. Timestamps are the engine's business (`streams.stages.engine`), not this module's.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.history import add_point, points_of
 
 __all__ = ["DEFAULTS", "ValidationDetector"]
@@ -65,6 +66,23 @@ def _median(values: list[int]) -> float:
     s = sorted(values)
     mid = len(s) // 2
     return float(s[mid]) if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+VALIDATION_DIVERGENCE = Rule(
+    "validation_divergence",
+    category="model",
+    severity="warning",
+    invariant="validation loss does not rise (>{noise:.0%}) while training loss falls for {sustain} evaluations in a row",
+    suspected_layer="model",
+)
+
+VALIDATION_MISSING = Rule(
+    "validation_missing",
+    category="model",
+    severity="warning",
+    invariant="a validation is reported every {period:g} steps (within {missing:g} periods)",
+    suspected_layer="model",
+)
 
 
 class ValidationDetector(PerJobDetector):
@@ -215,23 +233,16 @@ class ValidationDetector(PerJobDetector):
         else:
             summary = f"validation loss of job {job_id} stopped rising ({val:.4g})"
             observed = 0.0
-        return Finding(
-            rule="validation_divergence",
+        return VALIDATION_DIVERGENCE.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="model",
-            severity="warning",
             job_id=job_id,
             since=job["diverging"]["since"],
-            invariant=(
-                f"validation loss does not rise (>{self._noise:.0%}) while training loss falls "
-                f"for {self._sustain} evaluations in a row"
-            ),
+            invariant=VALIDATION_DIVERGENCE.says(noise=self._noise, sustain=self._sustain),
             observed=observed,
             expected=0.0,
             summary=summary,
-            suspected_layer="model",
             history_metric="val_loss",
             history=points_of(job.get("val_points")),
             sustain_ms=0,
@@ -248,19 +259,15 @@ class ValidationDetector(PerJobDetector):
             if active
             else f"job {job_id} reported a validation again (step {step})"
         )
-        return Finding(
-            rule="validation_missing",
+        return VALIDATION_MISSING.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="model",
-            severity="warning",
             job_id=job_id,
-            invariant=f"a validation is reported every {period:g} steps (within {self._missing:g} periods)",
+            invariant=VALIDATION_MISSING.says(period=period, missing=self._missing),
             observed=float(step - last),
             expected=period,
             summary=summary,
-            suspected_layer="model",
             history_metric="steps_since_validation",
             history=history,
             sustain_ms=0,

@@ -12,8 +12,7 @@ from typing import Any
 from schemas.records import Event
 from streams.detectors.base import Finding, JobAndHostDetector, JobInfo
 from streams.detectors.changepoint import RelativeSpeedCusum
-from streams.detectors.stats import finite, median, weighted_median
-from streams.summary import stat_mean, stat_median, stat_packed
+from streams.detectors.stats import finite, median, stat_mean, stat_median, stat_packed, weighted_median
 
 __all__ = ["DEFAULTS", "ImbalanceWindows", "baseline_key"]
 

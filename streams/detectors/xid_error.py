@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from streams.detectors.base import Finding, Severity, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.history import add_point, points_of
 from streams.detectors.infra_signal import CHECK_DEFAULTS, GpuFaultDetector
 
@@ -23,6 +24,15 @@ DEFAULTS: dict[str, Any] = {
     "reemit_s": 60.0,  # re-report an active condition at most this often
     **CHECK_DEFAULTS,
 }
+
+
+XID_ERROR = Rule(
+    "xid_error",
+    category="infra",
+    severity="warning",  # critical for the XID classes in xid_critical (the finding says so)
+    invariant="the GPU driver reports no XID errors",
+    suspected_layer="gpu",
+)
 
 
 class XidErrorDetector(GpuFaultDetector):
@@ -75,7 +85,7 @@ class XidErrorDetector(GpuFaultDetector):
             else f"{self.where(node, g)} reported no XID for {self.quiet_ms // 1000}s (last: XID {code})"
         )
         return self.gpu_finding(
-            "xid_error",
+            XID_ERROR,
             node,
             uuid,
             g,
@@ -83,7 +93,6 @@ class XidErrorDetector(GpuFaultDetector):
             active=active,
             severity=severity,
             since=cond["since"],
-            invariant="the GPU driver reports no XID errors",
             observed=float(code),
             summary=summary,
             history_metric="xid",

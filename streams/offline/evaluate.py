@@ -35,8 +35,8 @@ from schemas.files import parse_ts
 from schemas.records import Event
 from streams.alerting.routing import Router
 from streams.config import EngineConfig
-from streams.engine import DetectionEngine
 from streams.errors import EvaluationError
+from streams.offline.detection import DetectionEngine
 
 __all__ = [
     "DEFAULT_DEADLINE_S",

@@ -18,11 +18,12 @@ from typing import Any
 
 from schemas.codec import Codec
 from schemas.errors import DecodeError
+from schemas.eventtime import event_ts
 from schemas.files import iter_container, write_container
 from schemas.records import Event
 from schemas.topics import ALERTS_REPLAY, key_for
-from streams.engine import DetectionEngine, event_ts
 from streams.errors import StreamsError
+from streams.offline.detection import DetectionEngine
 
 __all__ = [
     "KafkaReplayError",

@@ -4,7 +4,7 @@ Files are merged in event-time order (each file is expected to be in event-time 
 simulator and the sinks' exports write them; ties go to the earlier file, then to the earlier
 position). A record stamped far ahead of its neighbours (a node whose clock jumped) keeps its
 position in its file instead of holding the rest of that file back behind every other file; the
-engine then rejects it (`streams.engine`). The same files with the same configuration always give
+engine then rejects it (`streams.stages.engine`). The same files with the same configuration always give
 the same output.
 """
 
@@ -17,13 +17,14 @@ from itertools import islice
 from pathlib import Path
 
 from schemas.errors import RanksightError
+from schemas.eventtime import event_ts
 from schemas.files import iter_container
 from schemas.records import Event
 from streams.alerting.routing import Router
 from streams.config import EngineConfig
 from streams.detectors.stats import median
-from streams.engine import DetectionEngine, event_ts
 from streams.errors import ReplayError
+from streams.offline.detection import DetectionEngine
 
 __all__ = ["PROGRESS_EVERY", "ProgressFn", "merged_events", "replay_offline"]
 

@@ -21,9 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.kafka.retry import ask_again
+from schemas.topics import partition_for
 from streams.errors import StreamsError
 from streams.runtime.options import INPUT_TOPICS, WorkerOptions
-from streams.runtime.routes import partition_for
 
 __all__ = [
     "MAX_SNAPSHOT_BYTES",
@@ -183,24 +184,10 @@ def _latest(
 def _ends(reader: Any, ktp: Any, timeout_s: float = 60.0) -> tuple[int, int]:
     """First and end offset of a partition, asked until its leader answers: a changelog the
     worker has just created may have no leader for a moment (NOT_LEADER_FOR_PARTITION)."""
-    from confluent_kafka import KafkaError, KafkaException
-
-    no_leader_yet = {
-        KafkaError._UNKNOWN_PARTITION,  # the client's metadata does not have the new topic yet
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError._TIMED_OUT,
-    }
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            low, high = reader.get_watermark_offsets(ktp, timeout=10.0)
-            return int(low), int(high)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            retriable = error is not None and (error.retriable() or error.code() in no_leader_yet)
-            if not retriable or time.monotonic() > deadline:
-                raise StreamsError(f"cannot read the offsets of {ktp.topic}[{ktp.partition}]: {exc}") from exc
-            log.info("%s[%d] not ready yet (%s); asking again", ktp.topic, ktp.partition, exc)
-            time.sleep(0.5)
+    low, high = ask_again(
+        lambda: reader.get_watermark_offsets(ktp, timeout=10.0),
+        f"read the offsets of {ktp.topic}[{ktp.partition}]",
+        StreamsError,
+        wait_s=timeout_s,
+    )
+    return int(low), int(high)

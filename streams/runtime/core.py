@@ -261,13 +261,13 @@ class WorkerCore:
     def _broadcast(self, rec: Record, event: Event, now: float) -> list[Action]:
         """JobStarted / JobStateChanged read on the job's own partition: a copy for every other
         rank-stage partition (its rules need the job's identity and state)."""
-        if event.type not in ("JobStarted", "JobStateChanged"):
+        copies = self.side.place.copies(event, rec.partition)
+        if not copies:
             return []
         ts = self.intake.held_ts(rec, event)
         return [
             Send(CONTROL, rec.key, rec.value, partition=q, flight=self.side.controls.add(ts, q, now))
-            for q in range(self.options.partitions)
-            if q != rec.partition
+            for q in copies
         ]
 
     def _all_tasks(self) -> list[PartitionTask]:

@@ -109,7 +109,7 @@ class InputSilence:
         if silent and self.since_ms is None:
             assert last_input_ms is not None and silent_s is not None
             self.since_ms = last_input_ms
-            return self.tracker.observe(self._finding(now_ms, last_input_ms, silent_s), Topology(), {})
+            return self.tracker.observe(self._finding(now_ms, last_input_ms, silent_s), Topology())
         if (
             self.since_ms is not None
             and silent_s is not None
@@ -136,7 +136,7 @@ class InputSilence:
             "without any: the stall, hang and missing-telemetry rules judge every job again"
         )
         finding = Finding(self.RULE, self.key, False, max(now_ms, back), summary=summary)
-        return tracker.observe(finding, Topology(), {})
+        return tracker.observe(finding, Topology())
 
     def _finding(self, now_ms: int, since_ms: int, silent_s: float) -> Finding:
         return Finding(

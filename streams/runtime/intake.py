@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from schemas.codec import Codec
 from schemas.errors import DecodeError
-from schemas.eventtime import reference_ms, time_verdict
+from schemas.eventtime import MIN_EVENT_TS, event_ts, reference_ms, time_verdict
 from schemas.records import Event
 from schemas.topics import (
     DEADLETTER,
@@ -24,7 +24,6 @@ from schemas.topics import (
     deadletter_headers,
     off_topic_reason,
 )
-from streams.engine import MIN_EVENT_TS, event_ts
 from streams.errors import StreamsError
 from streams.runtime.checkpoint import Send
 from streams.runtime.options import BAD_LOG_S, BINDINGS, CONTROL, SUMMARIES, TELEMETRY_BY_JOB

@@ -26,9 +26,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from schemas.eventtime import MIN_EVENT_TS
 from schemas.records import Event
-from schemas.topics import TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED, TRAINING_EVENTS, shard_key
-from streams.engine import MIN_EVENT_TS
+from schemas.topics import TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED, TRAINING_EVENTS
 from streams.runtime.aligner import Aligner, LagFn, tp_key
 from streams.runtime.changelog import ROUTES_TABLE, changelog_topic, state_key
 from streams.runtime.checkpoint import Action, Checkpoint, Send
@@ -41,8 +41,9 @@ from streams.runtime.options import (
     TELEMETRY_BY_JOB,
     WorkerOptions,
 )
-from streams.runtime.routes import NodeRoutes, gpu_fault, partition_for, shared_key
 from streams.runtime.task import PartitionTask
+from streams.stages.placement import FaultCopies, Placement
+from streams.stages.routes import NodeRoutes
 
 __all__ = ["InFlight", "SidePath"]
 
@@ -109,6 +110,7 @@ class SidePath:
         self.intake = intake
         self.totals = totals
         self.n = options.partitions
+        self.place = Placement(options.partitions)
         self.routes_topic = changelog_topic(options.app_id, ROUTES_TABLE)
         self.routes = NodeRoutes(options.unbound_interval_ms)
         self.aligner = Aligner(
@@ -120,9 +122,8 @@ class SidePath:
         self.bindings = InFlight(BINDINGS)  # bindings the side path has not read yet
         self.faults = InFlight(BINDINGS)  # GPU fault copies the side path has not read yet
         self.controls = InFlight(CONTROL)  # job-level copies a rank-stage task has not read yet
-        # The last healthy job-telemetry sample of each GPU ("node|uuid"): sent along before the
-        # GPU's first fault copy, since an ECC error is a counter going up between two samples.
-        self.before_fault: dict[str, Record] = {}
+        # The last healthy sample of each GPU: sent along before the GPU's first fault copy.
+        self.faults_seen: FaultCopies[Record] = FaultCopies()
         # Event time through which every unattributed sample is forwarded and read (None: nothing
         # pending); the tasks hold their engines there. MIN until first computed.
         self.front: int | None = MIN_EVENT_TS
@@ -146,7 +147,7 @@ class SidePath:
         self.bindings.clear()
         self.faults.clear()
         self.controls.clear()
-        self.before_fault.clear()
+        self.faults_seen.clear()
         self.front = MIN_EVENT_TS
 
     # -- records in ---------------------------------------------------------------------------
@@ -169,7 +170,7 @@ class SidePath:
         """
         if event.type == "RankBound":
             key = str(event.record["node"]).encode()
-            part = partition_for(key, self.n)
+            part = self.place.node(event.record["node"])
             if part in assigned:
                 self.routes.bind(event.record)  # local fast path; the topic copy makes it durable
             self.totals["bindings"] += 1
@@ -177,7 +178,7 @@ class SidePath:
             return [Send(BINDINGS, key, rec.value, partition=part, flight=flight)]
         if event.type == "JobStateChanged" and event.record["state"] in self.end_states:
             key = str(event.record["job_id"]).encode()
-            return [Send(BINDINGS, key, rec.value, partition=part) for part in range(self.n)]
+            return [Send(BINDINGS, key, rec.value, partition=part) for part in self.place.every()]
         return []
 
     def fault_read(self, rec: Record, event: Event, now: float) -> list[Action]:
@@ -186,16 +187,9 @@ class SidePath:
         if event.type != "GpuSample":
             return []
         r = event.record
-        gpu = f"{r['node']}|{r.get('gpu_uuid')}"
-        if not gpu_fault(r):
-            self.before_fault[gpu] = rec
-            return []
+        copies = self.faults_seen.copies(r, rec)
         key = str(r["node"]).encode()
-        part = partition_for(key, self.n)
-        copies = [rec]
-        before = self.before_fault.pop(gpu, None)
-        if before is not None:
-            copies.insert(0, before)
+        part = self.place.node(r["node"])
         out: list[Action] = []
         for copy in copies:
             ts = self.intake.held_ts(copy, event if copy is rec else self.intake.codec.decode(copy.value))
@@ -220,19 +214,12 @@ class SidePath:
             if event.type in ("RankBound", "JobStateChanged"):
                 out += self._apply_binding(rec, event)
                 continue
-            parts: dict[int, str] = {}
             if rec.topic == BINDINGS:
                 # A GPU fault a task read: to the node's other jobs, unless their task already has it.
-                r = event.record
-                own = partition_for(shard_key(str(r.get("job_id") or ""), r["node"]).encode(), self.n)
-                for key in self.routes.colocated(event):
-                    part = partition_for(key.encode(), self.n)
-                    if part != own:
-                        parts.setdefault(part, shared_key(key))
+                parts = self.place.shared(self.routes, event, self.place.source(event))
                 self.totals["faults_shared"] += bool(parts)
             else:
-                for key in self.routes.route(event):
-                    parts.setdefault(partition_for(key.encode(), self.n), key)
+                parts = self.place.routed(self.routes, event)
                 self.totals["telemetry_in"] += 1
                 if not parts:
                     self.totals["unbound_thinned"] += 1
@@ -262,19 +249,11 @@ class SidePath:
         """An unattributed GPU sample: a fault also goes to the node's other jobs (those not in
         `parts`), after the GPU's last healthy sample, which their engines have not seen; both name
         the GPU's job (its binding), which those engines do not hold."""
-        r = event.record
-        gpu = f"{r['node']}|{r.get('gpu_uuid')}"
-        if not gpu_fault(r):
-            self.before_fault[gpu] = rec
+        copies = self.faults_seen.copies(event.record, rec)
+        if not copies:
             return []
-        shared: dict[int, str] = {}
-        for key in self.routes.colocated(event):
-            part = partition_for(key.encode(), self.n)
-            if part not in parts:
-                shared.setdefault(part, shared_key(key))
+        shared = self.place.shared(self.routes, event, parts)
         self.totals["faults_shared"] += bool(shared)
-        before = self.before_fault.pop(gpu, None)
-        copies = [rec] if before is None else [before, rec]
         out: list[Action] = []
         for copy in copies:
             copy_event = event if copy is rec else self.intake.codec.decode(copy.value)
@@ -306,7 +285,7 @@ class SidePath:
         if event.type == "RankBound":
             changed = [self.routes.bind(event.record)]
         else:
-            mine = [name for name in self.routes.nodes if partition_for(name.encode(), self.n) == p]
+            mine = [name for name in self.routes.nodes if self.place.node(name) == p]
             changed = self.routes.end_job(str(event.record["job_id"]), mine)
         out: list[Action] = []
         for node in changed:

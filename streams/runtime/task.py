@@ -27,6 +27,7 @@ from typing import Any
 
 from schemas.codec import Codec
 from schemas.errors import EncodeError
+from schemas.eventtime import MIN_EVENT_TS, event_ts
 from schemas.records import Event
 from schemas.topics import (
     TELEMETRY_JOB,
@@ -39,7 +40,6 @@ from schemas.topics import (
 )
 from streams.alerting.routing import Router
 from streams.config import EngineConfig
-from streams.engine import MIN_EVENT_TS, StageEngine, event_ts, tiebreak
 from streams.errors import StreamsError
 from streams.runtime.aligner import Aligner, LagFn, tp_key
 from streams.runtime.changelog import MAX_SNAPSHOT_BYTES, SNAPSHOT_TABLE, changelog_topic, state_key
@@ -54,7 +54,8 @@ from streams.runtime.options import (
     TELEMETRY_BY_JOB,
     WorkerOptions,
 )
-from streams.runtime.routes import Holder, is_shared, partition_for
+from streams.stages.engine import StageEngine, tiebreak
+from streams.stages.placement import Placement, is_shared
 
 __all__ = [
     "TASK_COUNTS",
@@ -200,7 +201,8 @@ class PartitionTask:
         passive_topics = frozenset({TELEMETRY_BY_JOB, CONTROL}) if kind == "rank" else frozenset({SUMMARIES})
         self.snapshot_topic = changelog_topic(options.app_id, SNAPSHOT_TABLE)
         self.snapshot_name = f"{'engine' if kind == 'rank' else 'jobs'}@{partition}"
-        self.holds = Holder(partition, options.partitions) if kind == "rank" else None
+        self.place = Placement(options.partitions)
+        self.holds = self.place.holder(partition) if kind == "rank" else None
         self.engine = StageEngine(config, router, kind, self.holds)
         self.aligner = Aligner(
             options.align_idle_s,
@@ -459,7 +461,6 @@ class PartitionTask:
         if self.kind != "rank":
             return []
         out: list[Action] = []
-        n = self.options.partitions
         for item in self.engine.drain_forwarded():
             try:
                 value = self.codec.encode(item)
@@ -468,7 +469,7 @@ class PartitionTask:
                 log.error("dropped a record for the job stage the worker cannot encode: %s", exc)
                 continue
             job = str(item.record.get("job_id") or "")
-            out.append(Send(SUMMARIES, job.encode(), value, partition=partition_for(job.encode(), n)))
+            out.append(Send(SUMMARIES, job.encode(), value, partition=self.place.job(job)))
             self.counts["forwarded"] += 1
         front = self.engine.release_front()
         # Idle (the job stage stops waiting for it) only with nothing left to send: a record held
@@ -488,7 +489,7 @@ class PartitionTask:
         marker = self.codec.encode(
             Event("StageProgress", {"ts": front, "source": self.partition, "idle": idle})
         )
-        out += [Send(SUMMARIES, None, marker, partition=q) for q in range(n)]
+        out += [Send(SUMMARIES, None, marker, partition=q) for q in self.place.every()]
         self.counts["markers"] += 1
         return out
 
@@ -579,8 +580,7 @@ class PartitionTask:
             log.error("dropped a learned baseline run the worker cannot encode: %s", exc)
             return []
         key = str(output.record.get("job_id") or "").encode()
-        n = self.options.partitions
-        return [Send(SUMMARIES, key, value, partition=q) for q in range(n) if q != self.partition]
+        return [Send(SUMMARIES, key, value, partition=q) for q in self.place.others(self.partition)]
 
     def flow(self, paused: set[str], now: float) -> tuple[list[str], list[str]]:
         """(partitions to pause, to resume): an input with `align_pause_at` records held is ahead

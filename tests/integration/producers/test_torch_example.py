@@ -165,7 +165,7 @@ def test_each_example_fault_raises_its_alert_in_offline_replay(
     """What the example emits, replayed offline through the detectors: each injected fault fires its rule."""
     pytest.importorskip("torch")
     from streams.config import load_config
-    from streams.engine import DetectionEngine
+    from streams.offline.detection import DetectionEngine
     from streams.offline.replay import merged_events
 
     out = tmp_path / "events.avro"

@@ -27,7 +27,7 @@ from schemas.codec import Codec
 from schemas.records import Event
 from schemas.topics import ACTIONS, ALERTS, TRAINING_EVENTS, key_for
 from streams.config import load_config
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 from tests.integration.scheduler.conftest import SlurmCluster
 from tests.unit.streams.builders import gpu_sample, job_started, rank_bound, step
 

@@ -16,7 +16,7 @@ from ranksight.cli import app
 from schemas.files import iter_container
 from schemas.records import Event
 from streams.config import load_config
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 from tests.integration.scheduler.conftest import SlurmCluster
 
 TEAMS = TeamMap(accounts={"research": "nlp"}, default="infra")

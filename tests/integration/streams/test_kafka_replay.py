@@ -14,10 +14,11 @@ from confluent_kafka import Consumer, TopicPartition
 
 from producers.simulator import load_scenario, simulate
 from schemas.codec import Codec
+from schemas.eventtime import event_ts
 from schemas.files import iter_container, write_container
 from schemas.records import Event
 from schemas.topics import ALERTS_REPLAY, TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS
-from streams.engine import DetectionEngine, event_ts
+from streams.offline.detection import DetectionEngine
 from streams.offline.kafka_replay import KafkaReplayError, read_range, record_range, replay_kafka
 
 RANKSIGHT = str(Path(sys.executable).parent / "ranksight")

@@ -11,8 +11,7 @@ from confluent_kafka import Consumer
 from producers.publisher import open_publisher
 from schemas.codec import Codec
 from schemas.records import Event
-from schemas.topics import TELEMETRY_GPU, TELEMETRY_HOST, TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED
-from streams.runtime.routes import partition_for
+from schemas.topics import TELEMETRY_GPU, TELEMETRY_HOST, TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED, partition_for
 from tests.unit.streams.builders import gpu_sample, host_sample
 
 _TS = 1_767_225_600_000

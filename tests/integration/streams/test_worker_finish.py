@@ -23,10 +23,10 @@ import pytest
 from infra.errors import KafkaSetupError
 from infra.kafka.topics import delete_topics
 from producers.simulator import load_scenario, simulate
+from schemas.eventtime import event_ts
 from schemas.files import write_container
 from schemas.records import Event
 from schemas.topics import ALERTS
-from streams.engine import event_ts
 from streams.offline.replay import replay_offline
 from streams.runtime.options import DEFAULT_APP_ID, SOURCE_TOPICS
 from tests.integration.streams.harness import RANKSIGHT, AlertReader, Worker, group_lag, pairs, recent

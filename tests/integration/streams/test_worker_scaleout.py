@@ -19,10 +19,9 @@ from infra.kafka.topics import delete_topics
 from producers.simulator import load_scenario, simulate
 from schemas.files import write_container
 from schemas.records import Event
-from schemas.topics import ALERTS
+from schemas.topics import ALERTS, partition_for
 from streams.offline.replay import replay_offline
 from streams.runtime.options import DEFAULT_RUNTIME, SOURCE_TOPICS
-from streams.runtime.routes import partition_for
 from tests.integration.streams.harness import AlertReader, Worker, group_lag, publish, recent
 
 SCENARIO = "mixed"  # three jobs of three teams on four nodes, six labelled faults

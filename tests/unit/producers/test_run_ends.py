@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from producers.simulator import load_scenario, run_ends, simulate
 from schemas.codec import Codec
-from streams.engine import event_ts
+from schemas.eventtime import event_ts
 
 
 def test_only_the_jobs_still_running_get_an_end_just_after_the_last_event() -> None:

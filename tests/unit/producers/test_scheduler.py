@@ -14,7 +14,7 @@ from producers.scheduler import StateTracker, TeamMap, TeamMapError, follow
 from producers.scheduler.errors import SchedulerUnavailableError
 from producers.scheduler.slurm import SlurmSource, observation_from_slurm, parse_slurm_json
 from schemas.records import Event
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 
 T0 = 1_790_000_000  # seconds, as Slurm prints them
 TEAMS = TeamMap(users={"alice": "vision"}, accounts={"research": "nlp"}, default="platform")

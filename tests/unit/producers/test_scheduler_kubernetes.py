@@ -21,7 +21,7 @@ from producers.publisher import MemoryPublisher
 from producers.scheduler import StateTracker, TeamMap, poll_once
 from producers.scheduler.errors import SchedulerUnavailableError
 from producers.scheduler.kubernetes import CLUSTER_LABEL, KubernetesSource
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 
 RECORDED = Path(__file__).resolve().parents[2] / "fixtures" / "kubernetes"
 PHASES = sorted(p.stem for p in RECORDED.glob("*.json"))

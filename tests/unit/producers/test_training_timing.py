@@ -337,7 +337,7 @@ def _example_run(*, hang_rank: int, heartbeat_s: float) -> list[Event]:
 
 
 def _alerts(events: list[Event]) -> list[dict[str, Any]]:
-    from streams.engine import DetectionEngine
+    from streams.offline.detection import DetectionEngine
 
     engine = DetectionEngine()
     out = [a for e in events for a in engine.process(e)]

@@ -8,8 +8,9 @@ does live), job-level records, bindings, faults and the leader rank's steps, in 
 
 from __future__ import annotations
 
+from schemas.eventtime import event_ts
 from schemas.records import Event
-from streams.engine import StageEngine, event_ts
+from streams.stages.engine import StageEngine
 
 __all__ = ["job_stage_input"]
 

@@ -16,7 +16,7 @@ import pytest
 from schemas.records import Event
 from streams.detectors import ALL_DETECTORS
 from streams.detectors.imbalance import ImbalanceDetector
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 from tests.unit.streams.builders import (
     T0,
     checkpoint,

@@ -6,9 +6,9 @@ from typing import Any
 
 from schemas.codec import Codec
 from schemas.records import Event
-from streams.alerting.lifecycle import AlertTracker, JobProgress, alert_id
+from streams.alerting.lifecycle import AlertTracker, alert_id
 from streams.detectors.base import Finding, Topology
-from tests.unit.streams.builders import T0, job_started
+from tests.unit.streams.builders import T0, job_started, step
 
 KEY = ("job-1", "3")
 
@@ -26,20 +26,21 @@ def _topology() -> Topology:
 
 
 def test_a_condition_fires_only_after_its_sustain_period() -> None:
-    tracker, topo, prog = AlertTracker(), _topology(), {"job-1": JobProgress(42, T0)}
-    assert tracker.observe(_finding(T0), topo, prog) == []
-    assert tracker.observe(_finding(T0 + 29_999), topo, prog) == []
+    tracker, topo = AlertTracker(), _topology()
+    topo.observe(step("job-1", 0, 42, T0))
+    assert tracker.observe(_finding(T0), topo) == []
+    assert tracker.observe(_finding(T0 + 29_999), topo) == []
     assert tracker.pending() == ["straggler/job-1/3"]
-    fired = tracker.observe(_finding(T0 + 30_000), topo, prog)
+    fired = tracker.observe(_finding(T0 + 30_000), topo)
     assert [r["status"] for r in fired] == ["firing"]
     assert fired[0]["starts_at"] == T0 and fired[0]["current_step"] == 42 and fired[0]["team"] == "team-a"
 
 
 def test_a_pending_condition_fires_on_a_watermark_advance_without_new_findings() -> None:
     tracker, topo = AlertTracker(), _topology()
-    tracker.observe(_finding(T0), topo, {})
-    assert tracker.advance(T0 + 10_000, topo, {}) == []
-    fired = tracker.advance(T0 + 30_000, topo, {})
+    tracker.observe(_finding(T0), topo)
+    assert tracker.advance(T0 + 10_000, topo) == []
+    fired = tracker.advance(T0 + 30_000, topo)
     assert len(fired) == 1 and fired[0]["ts"] == T0 + 30_000
 
 
@@ -47,15 +48,15 @@ def test_a_firing_alert_does_not_fire_again_while_the_condition_holds() -> None:
     tracker, topo = AlertTracker(), _topology()
     out = []
     for i in range(10):
-        out += tracker.observe(_finding(T0 + i * 30_000, sustain_ms=0), topo, {})
-        out += tracker.advance(T0 + i * 30_000 + 1, topo, {})
+        out += tracker.observe(_finding(T0 + i * 30_000, sustain_ms=0), topo)
+        out += tracker.advance(T0 + i * 30_000 + 1, topo)
     assert [r["status"] for r in out] == ["firing"]
 
 
 def test_an_inactive_finding_resolves_with_ends_at_and_the_same_alert_id() -> None:
     tracker, topo = AlertTracker(), _topology()
-    fired = tracker.observe(_finding(T0, sustain_ms=0), topo, {})
-    resolved = tracker.observe(_finding(T0 + 90_000, active=False), topo, {})
+    fired = tracker.observe(_finding(T0, sustain_ms=0), topo)
+    resolved = tracker.observe(_finding(T0 + 90_000, active=False), topo)
     assert [r["status"] for r in resolved] == ["resolved"]
     assert resolved[0]["ends_at"] == T0 + 90_000
     assert resolved[0]["alert_id"] == fired[0]["alert_id"] == alert_id("straggler/job-1/3", T0)
@@ -64,35 +65,33 @@ def test_an_inactive_finding_resolves_with_ends_at_and_the_same_alert_id() -> No
 
 def test_a_condition_that_clears_while_pending_leaves_no_alert() -> None:
     tracker, topo = AlertTracker(), _topology()
-    tracker.observe(_finding(T0), topo, {})
-    assert tracker.observe(_finding(T0 + 5_000, active=False), topo, {}) == []
-    assert tracker.advance(T0 + 60_000, topo, {}) == []
+    tracker.observe(_finding(T0), topo)
+    assert tracker.observe(_finding(T0 + 5_000, active=False), topo) == []
+    assert tracker.advance(T0 + 60_000, topo) == []
 
 
 def test_a_new_episode_after_resolution_is_a_new_alert() -> None:
     tracker, topo = AlertTracker(), _topology()
-    first = tracker.observe(_finding(T0, sustain_ms=0), topo, {})
-    tracker.observe(_finding(T0 + 1000, active=False), topo, {})
-    second = tracker.observe(_finding(T0 + 5000, sustain_ms=0), topo, {})
+    first = tracker.observe(_finding(T0, sustain_ms=0), topo)
+    tracker.observe(_finding(T0 + 1000, active=False), topo)
+    second = tracker.observe(_finding(T0 + 5000, sustain_ms=0), topo)
     assert first[0]["alert_id"] != second[0]["alert_id"]
 
 
 def test_the_end_of_a_job_resolves_its_firing_alerts_and_drops_pending_ones() -> None:
     tracker, topo = AlertTracker(), _topology()
-    tracker.observe(_finding(T0, sustain_ms=0), topo, {})
-    tracker.observe(Finding("job_stall", ("job-1",), True, T0, job_id="job-1", sustain_ms=10**9), topo, {})
-    out = tracker.end_job("job-1", T0 + 1000, topo, {})
+    tracker.observe(_finding(T0, sustain_ms=0), topo)
+    tracker.observe(Finding("job_stall", ("job-1",), True, T0, job_id="job-1", sustain_ms=10**9), topo)
+    out = tracker.end_job("job-1", T0 + 1000, topo)
     assert [(r["rule"], r["status"], r["ends_at"]) for r in out] == [("straggler", "resolved", T0 + 1000)]
     assert tracker.pending() == [] and tracker.firing() == []
 
 
 def test_alert_records_carry_the_job_identity_and_encode_with_the_alert_schema() -> None:
     tracker, topo = AlertTracker("https://runbooks.example/"), _topology()
-    rec = tracker.observe(
-        _finding(T0, sustain_ms=0, history=((T0, 0.5),), suspected_layer="gpu"),
-        topo,
-        {"job-1": JobProgress(7, T0 - 1)},
-    )[0]
+    topo.observe(step("job-1", 0, 7, T0 - 1))
+    topo.observe(step("job-1", 1, 7, T0))  # another rank's report of the same step is no progress
+    rec = tracker.observe(_finding(T0, sustain_ms=0, history=((T0, 0.5),), suspected_layer="gpu"), topo)[0]
     assert rec["runbook_url"] == "https://runbooks.example/straggler"
     assert (rec["owner"], rec["run_id"], rec["model_version"], rec["workload_family"]) == (
         "alice",
@@ -107,19 +106,19 @@ def test_alert_records_carry_the_job_identity_and_encode_with_the_alert_schema()
 
 def test_tracker_state_round_trips() -> None:
     tracker, topo = AlertTracker(), _topology()
-    tracker.observe(_finding(T0, sustain_ms=0), topo, {})
-    tracker.observe(Finding("job_stall", ("job-1",), True, T0, job_id="job-1", sustain_ms=60_000), topo, {})
+    tracker.observe(_finding(T0, sustain_ms=0), topo)
+    tracker.observe(Finding("job_stall", ("job-1",), True, T0, job_id="job-1", sustain_ms=60_000), topo)
     clone = AlertTracker()
     clone.load_state(tracker.state())
     assert clone.state() == tracker.state()
-    assert clone.advance(T0 + 60_000, topo, {}) == tracker.advance(T0 + 60_000, topo, {})
+    assert clone.advance(T0 + 60_000, topo) == tracker.advance(T0 + 60_000, topo)
 
 
 def test_a_window_is_healthy_only_when_no_alert_of_the_job_fired_in_it() -> None:
     tracker, topo = AlertTracker(), _topology()
     assert tracker.job_healthy("job-1", T0)
-    tracker.observe(_finding(T0, sustain_ms=0), topo, {})
+    tracker.observe(_finding(T0, sustain_ms=0), topo)
     assert not tracker.job_healthy("job-1", T0)
-    tracker.observe(_finding(T0 + 60_000, active=False), topo, {})
+    tracker.observe(_finding(T0 + 60_000, active=False), topo)
     assert not tracker.job_healthy("job-1", T0 + 30_000)
     assert tracker.job_healthy("job-1", T0 + 60_001)

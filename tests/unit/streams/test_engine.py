@@ -9,7 +9,7 @@ from schemas.files import JsonlFormat
 from schemas.records import Event
 from streams.alerting.routing import Router
 from streams.config import load_config
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 from tests.unit.streams.builders import T0, checkpoint, gpu_sample, job_state, step, training_job
 
 FMT = JsonlFormat()

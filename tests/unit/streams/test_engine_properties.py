@@ -21,9 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from producers.simulator import load_scenario, simulate
+from schemas.eventtime import MIN_EVENT_TS, event_ts
 from schemas.records import Event
 from streams.detectors.imbalance import ImbalanceDetector
-from streams.engine import MIN_EVENT_TS, DetectionEngine, event_ts
+from streams.offline.detection import DetectionEngine
 
 _SCENARIO = """\
 name: tiny_straggler

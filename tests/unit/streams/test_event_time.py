@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from schemas.eventtime import MIN_EVENT_TS
 from schemas.files import write_container
 from schemas.records import Event
 from streams.config import load_config
-from streams.engine import JUMP_RECORDS, MIN_EVENT_TS, DetectionEngine
+from streams.offline.detection import DetectionEngine
 from streams.offline.replay import replay_offline
+from streams.stages.engine import JUMP_RECORDS
 from tests.unit.streams.builders import T0, gpu_sample, job_state, step, training_job
 
 Y2199 = 7_226_582_400_000  # 2199-01-01T00:00:00Z

@@ -11,7 +11,7 @@ import pytest
 
 from ranksight.evaluation import SimulatedCase
 from streams import gc_policy
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 
 # Scenarios that between them run every stage, the alert lifecycle (fire, group, inhibit, resolve),
 # baselines shared between runs, checkpoints, hangs, restarts and node faults.

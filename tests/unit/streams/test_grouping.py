@@ -11,8 +11,8 @@ from schemas.records import Event
 from streams.alerting.grouping import AlertGrouper
 from streams.alerting.routing import Router, load_router
 from streams.detectors.base import Topology
-from streams.engine import DetectionEngine
 from streams.errors import RoutingError
+from streams.offline.detection import DetectionEngine
 from tests.unit.streams.builders import T0, gpu_sample, job_started, job_state, rank_bound, step, training_job
 
 RANKS = 16  # two nodes of 8

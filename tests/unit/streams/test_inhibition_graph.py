@@ -96,7 +96,7 @@ class _Engine:
         self.published: list[dict[str, Any]] = []
 
     def fire(self, finding: Finding) -> list[dict[str, Any]]:
-        records = self.tracker.observe(finding, self.topology, {})
+        records = self.tracker.observe(finding, self.topology)
         self.grouper.annotate(records)
         self.published += records
         return records
@@ -275,7 +275,7 @@ def _mutes(config: dict[str, Any], source: dict[str, str], target: dict[str, str
 
 def _labels(finding: Finding, team: str = "team-a") -> dict[str, str]:
     record = AlertTracker()._record(
-        finding, {"starts_at": finding.ts}, "firing", finding.ts, None, _topology(), {}
+        finding, {"starts_at": finding.ts}, "firing", finding.ts, None, _topology()
     )
     labels: dict[str, str] = to_alertmanager({**record, "team": team, "receiver": "x"})["labels"]
     return labels
@@ -312,7 +312,7 @@ def test_the_rendered_config_routes_what_the_engine_muted_to_a_receiver_that_not
     muted = _labels(_finding("job_stall", T0))
     assert "inhibited_by" not in muted
     record = AlertTracker()._record(
-        _finding("job_stall", T0), {"starts_at": T0}, "firing", T0, None, _topology(), {}
+        _finding("job_stall", T0), {"starts_at": T0}, "firing", T0, None, _topology()
     )
     labels = to_alertmanager({**record, "team": "t", "receiver": "x", "inhibited_by": "abc"})["labels"]
     assert labels["inhibited_by"] == "abc" and _holds(first["matchers"][0], labels)

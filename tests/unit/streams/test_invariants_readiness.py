@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, Topology
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 from tests.unit.streams.builders import T0, job_started, job_state
 from tests.unit.streams.sections import SectionRules
 

@@ -13,9 +13,10 @@ from schemas.records import Event
 from streams.config import load_config
 from streams.detectors.base import JobInfo
 from streams.detectors.lr_invalid import DEFAULTS as LR_DEFAULTS
-from streams.engine import DetectionEngine, StageEngine
 from streams.errors import ConfigError
+from streams.offline.detection import DetectionEngine
 from streams.overrides import explain
+from streams.stages.engine import StageEngine
 from tests.unit.streams.builders import T0, job_started, step
 
 FINETUNE = {"workload_family": "finetune-7b", "gpu_class": "A100-80GB", "team": "llm-finetune"}

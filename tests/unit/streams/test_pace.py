@@ -6,7 +6,7 @@ import pytest
 
 from schemas.codec import Codec
 from schemas.records import Event
-from streams.alerting.lifecycle import AlertTracker, JobProgress
+from streams.alerting.lifecycle import AlertTracker
 from streams.detectors.base import Finding, Topology
 from streams.detectors.pace import JobPace
 from tests.unit.streams.builders import T0, job_started, job_state, step
@@ -125,10 +125,10 @@ def test_every_job_alert_carries_target_done_and_eta_and_encodes() -> None:
     _stepping(topo, 100)
     tracker = AlertTracker()
     finding = Finding("straggler", ("job-1", "3"), True, T0 + 200_000, job_id="job-1", rank=3, summary="s")
-    (alert,) = tracker.observe(finding, topo, {"job-1": JobProgress(99, T0 + 198_003)})
+    (alert,) = tracker.observe(finding, topo)
     assert (alert["target_kind"], alert["target"], alert["target_done"]) == ("steps", 1000.0, 100.0)
     assert alert["eta_s"] == pytest.approx(1800.0, rel=0.01)
     Codec().encode(Event("Alert", alert))
     node_only = Finding("telemetry_missing", ("node-01",), True, T0 + 200_000, node="node-01", summary="s")
-    (alert,) = tracker.observe(node_only, topo, {})
+    (alert,) = tracker.observe(node_only, topo)
     assert (alert["target_kind"], alert["target"], alert["target_done"], alert["eta_s"]) == (None,) * 4

@@ -9,7 +9,7 @@ import pytest
 from producers.importers import convert_nanogpt
 from schemas.records import Event
 from streams.detectors.base import Finding
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 from tests.unit.streams.builders import (
     T0,
     collective,

@@ -20,7 +20,7 @@ import pytest
 from producers.importers import convert_nanogpt, convert_pai
 from schemas.records import Event
 from streams.config import load_config
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 from tests.unit.streams.test_real_data import real  # noqa: F401  (the fixture)
 
 NO_CUSUM = {"detectors": {"imbalance": {"cusum_threshold": 1e9, "cusum_sigma_threshold": 0.0}}}

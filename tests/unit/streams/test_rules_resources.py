@@ -8,7 +8,7 @@ from streams.detectors.base import Detector, Finding, Topology
 from streams.detectors.gpu_idle_allocated import GpuIdleAllocatedDetector
 from streams.detectors.gpu_outside_allocation import GpuOutsideAllocationDetector
 from streams.detectors.rank_outside_nodes import RankOutsideNodesDetector
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 from tests.unit.streams.builders import T0, gpu_sample, job_started, rank_bound, step
 
 JOB = "job-1"

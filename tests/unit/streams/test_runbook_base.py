@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from streams.alerting.routing import RUNBOOK_BASE_ENV, load_router
-from streams.engine import DetectionEngine
 from streams.errors import RoutingError
+from streams.offline.detection import DetectionEngine
 from tests.unit.streams.builders import T0, gpu_sample, training_job
 
 

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from schemas.records import Event
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 from tests.unit.streams.builders import T0, gpu_sample, host_sample, job_started, job_state, rank_bound, step
 
 RANKS = 4

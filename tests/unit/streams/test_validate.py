@@ -6,7 +6,7 @@ import math
 
 from schemas.records import Event
 from streams.detectors.validate import MAX_DURATION_S, clean
-from streams.engine import DetectionEngine
+from streams.offline.detection import DetectionEngine
 from tests.unit.streams.builders import T0, gpu_sample, step, training_job
 
 

@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.codec import Codec
+from schemas.eventtime import event_ts
 from schemas.records import Event
-from schemas.topics import ALERTS, key_for, telemetry_copies, topic_for
-from streams.engine import event_ts
+from schemas.topics import ALERTS, key_for, partition_for, telemetry_copies, topic_for
 from streams.runtime.checkpoint import Action, Send, perform
 from streams.runtime.core import WorkerCore
 from streams.runtime.intake import Record
 from streams.runtime.options import INPUT_TOPICS, WorkerOptions
-from streams.runtime.routes import partition_for
 from streams.runtime.side_path import InFlight
 
 __all__ = ["Clock", "FakeIO", "FakeKafka", "drive"]

@@ -13,10 +13,10 @@ from schemas.codec import Codec
 from schemas.records import Event
 from schemas.topics import TRAINING_EVENTS
 from streams.config import EngineConfig
-from streams.engine import StageEngine
 from streams.runtime.changelog import SNAPSHOT_TABLE, changelog_topic
 from streams.runtime.core import WorkerCore
 from streams.runtime.options import WorkerOptions
+from streams.stages.engine import StageEngine
 from tests.unit.streams.builders import T0, job_started, step
 from tests.unit.streams.runtime.fake_kafka import FakeKafka, drive
 

@@ -14,9 +14,9 @@ import pytest
 
 from producers.simulator import load_scenario, run_ends, simulate
 from schemas.codec import Codec
+from schemas.eventtime import event_ts
 from schemas.records import Event
 from schemas.topics import key_for, telemetry_copies, topic_for
-from streams.engine import event_ts
 from streams.errors import StreamsError
 from streams.runtime.changelog import Restored
 from streams.runtime.checkpoint import perform

@@ -1,6 +1,6 @@
-"""The detection engine: one event in, alerts and derived window statistics out, in event time.
+"""The stage engine: one stage's detectors over one event at a time, alerts and derived statistics out.
 
-`DetectionEngine.process(event, received_ts=...)` first bounds the event's time: a record stamped
+`StageEngine.process(event, received_ts=...)` first bounds the event's time: a record stamped
 outside 2000..2200, or more than `max_clock_skew_s` ahead of its reference time, is *rejected*
 (`engine.rejection` names the reason, `engine.stats["rejected"]` counts it, the `clock_skew` rule
 names its source) and neither moves the watermark nor reaches a detector. The reference is the
@@ -12,8 +12,8 @@ Values no producer can measure are made unknown (`streams.detectors.validate`); 
 topology is updated, every detector observes the event and, when the watermark moved, advances;
 findings go through the alert state machine and the router.
 The engine is pure (no Kafka, no clock) and deterministic: the same events in the same order
-give byte-identical outputs and snapshots, so a Faust worker can snapshot it into a changelog
-table and an offline replay reproduces production alerts.
+give byte-identical outputs and snapshots, so the worker snapshots it into a changelog table and
+an offline replay (`streams.offline.detection`) reproduces production alerts.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from schemas.eventtime import MAX_EVENT_TS, MIN_EVENT_TS, event_ts
 from schemas.records import Event
-from schemas.topics import TELEMETRY_JOB, key_for, telemetry_copies, topic_for
 from streams.alerting.grouping import AlertGrouper
-from streams.alerting.lifecycle import AlertTracker, JobProgress
+from streams.alerting.lifecycle import AlertTracker
 from streams.alerting.routing import Router, load_router
 from streams.config import EngineConfig, state_key
 from streams.detectors import ALL_DETECTORS
@@ -36,48 +36,41 @@ from streams.detectors.clock import ClockDetector, source_of
 from streams.detectors.validate import clean
 from streams.errors import StreamsError
 from streams.overrides import build_detector, detector_class
-from streams.runtime.routes import Holder, NodeRoutes, gpu_fault, partition_for  # pure routing
-from streams.summary import RankSummarizer
+from streams.stages.summary import RankSummarizer
 
 __all__ = [
+    "JOB_LEVEL",
     "JUMP_RECORDS",
     "LEADER_RANK",
-    "MAX_EVENT_TS",
-    "MIN_EVENT_TS",
-    "REJECT_REASONS",
     "SNAPSHOT_VERSION",
-    "DetectionEngine",
     "StageEngine",
-    "event_ts",
+    "empty_stats",
     "stage_of",
     "tiebreak",
 ]
 
 log = logging.getLogger("ranksight.worker")
 
-SNAPSHOT_VERSION = 2  # 2: one engine per stage (rank / job); 1 was one engine for everything
+# 3: a job's step is the topology's pace, rank placements its bindings (no "progress", no
+# summarizer "placed"); 2: one engine per stage (rank / job); 1 was one engine for everything.
+SNAPSHOT_VERSION = 3
+# Versions `restore` reads: a version 2 snapshot's extra fields are what version 3 reads elsewhere
+# (the pace and the bindings travel in its topology), so it restores as it is.
+_READABLE = frozenset({2, SNAPSHOT_VERSION})
 _DERIVED = ("RankWindowStats", "JobWindowStats")
-
-# Event times outside 2000-01-01 .. 2200-01-01 are clocks reset to the epoch or seconds sent as
-# milliseconds; the sink refuses the same range (`sinks.rows`).
-MIN_EVENT_TS = 946_684_800_000
-MAX_EVENT_TS = 7_258_118_400_000
 
 # Offline, this many records in a row ahead of every accepted time (nothing believable between
 # them, all within the skew of each other) confirm a jump even from one source: the stream moved.
 JUMP_RECORDS = 64
 
-# Why `process` rejected a record (`engine.rejection`); the caller dead-letters it with the reason.
-REJECT_REASONS = ("out_of_range", "clock_ahead", "clock_behind")
-
 
 # What the rank stage passes to the job stage besides its summaries and alerts: job-level records
 # (from the engine that owns the job's key), bindings and rank faults, and the leader rank's steps
 # (the validation, skip and trend rules read one rank's loss and gradient norm: the global ones).
-_JOB_LEVEL = frozenset(
+JOB_LEVEL = frozenset(
     {"JobStarted", "JobStateChanged", "CheckpointEvent", "EvaluationEvent", "ValidationResult", "RestoreTest"}
 )
-_FORWARDED = _JOB_LEVEL | {"RankBound", "RankFault"}
+_FORWARDED = JOB_LEVEL | {"RankBound", "RankFault"}
 # Tie order of records of one event time in the job stage's input (then job, rank, node).
 _ORDER = {
     "JobStarted": 0,
@@ -128,15 +121,6 @@ def tiebreak(event: Event) -> tuple[Any, ...]:
     )
 
 
-def event_ts(event: Event) -> int:
-    """Event time of any ranksight record (window records: the window end)."""
-    r = event.record
-    ts = r.get("ts")
-    if ts is None:
-        ts = r.get("window_end", 0)
-    return int(ts)
-
-
 class StageEngine:
     """One stage's detectors over one shared topology, an alert tracker and a router.
 
@@ -174,7 +158,6 @@ class StageEngine:
         self._learners: list[Any] = [d for d in self.detectors if hasattr(d, "drain_learned")]
         self.tracker = AlertTracker(self.router.runbook_base_url or self.config.runbook_base_url)
         self.grouper = AlertGrouper(self.router.inhibit_rules, self.topology)
-        self.progress: dict[str, JobProgress] = {}
         self.max_ts: int | None = None
         self.watermark: int | None = None
         self._advanced_to: int | None = None  # last watermark bucket the detectors advanced to
@@ -189,7 +172,7 @@ class StageEngine:
         self._max_age_ms = self.config.max_record_age_ms or 10**15
         # Offline: a run of records ahead of every accepted time ({"first": ts, "sources": [...]}).
         self._jump: dict[str, Any] | None = None
-        self.stats: dict[str, Any] = _empty_stats()
+        self.stats: dict[str, Any] = empty_stats()
         # Why the last `process` call rejected its record (one of REJECT_REASONS), None if it did not.
         self.rejection: str | None = None
         # Rank stage: summaries, and what the job stage reads, released in event-time order once
@@ -284,12 +267,7 @@ class StageEngine:
             rank = event.record.get("rank")
             if rank is not None:
                 self._hold_rank(job_id, rank, ts, out)
-        self.topology.observe(event)
-        if event.type == "StepCompleted":
-            self._progress(event.record)
-        elif event.type == "RankSummary" and event.record.get("last_step") is not None:
-            r = event.record
-            self._progress({"job_id": r["job_id"], "step": r["last_step"], "ts": r["last_step_ts"]})
+        self.topology.observe(event)  # bindings, jobs and their pace (the step every alert carries)
         if self.summarizer is not None:
             self.summarizer.observe(event)
             if forward and _to_job_stage(event):
@@ -444,13 +422,6 @@ class StageEngine:
         self.stats["time_jumps"] += 1
         return None
 
-    def _progress(self, r: dict[str, Any]) -> None:
-        prog = self.progress.setdefault(r["job_id"], JobProgress())
-        if prog.step is None or r["step"] >= prog.step:
-            prog.step = int(r["step"])
-        if prog.ts is None or r["ts"] > prog.ts:
-            prog.ts = int(r["ts"])
-
     def _move_watermark(self, watermark: int, out: list[Event], *, force: bool = False) -> None:
         if self.watermark is not None and watermark <= self.watermark and not force:
             return
@@ -467,7 +438,7 @@ class StageEngine:
         for det in self.detectors:
             findings.extend(det.advance(wm))
         self._handle(findings, out)
-        self._emit_alerts(self.tracker.advance(wm, self.topology, self.progress), out)
+        self._emit_alerts(self.tracker.advance(wm, self.topology), out)
         if self.summarizer is not None:
             for summary in self.summarizer.advance(wm):
                 self._queue(summary)
@@ -486,7 +457,7 @@ class StageEngine:
                     job = self.topology.jobs.get(finding.job_id)
                     if job is not None and job.state in self.config.job_end_states:
                         continue  # the job is over: nothing left to alert on
-                self._emit_alerts(self.tracker.observe(finding, self.topology, self.progress), out)
+                self._emit_alerts(self.tracker.observe(finding, self.topology), out)
             derived = self._drain_derived()
             if not derived:
                 return
@@ -521,13 +492,12 @@ class StageEngine:
                 self._queue(Event("Alert", dict(record)))
 
     def _end_job(self, job_id: str, ts: int, out: list[Event]) -> None:
-        self._emit_alerts(self.tracker.end_job(job_id, ts, self.topology, self.progress), out)
+        self._emit_alerts(self.tracker.end_job(job_id, ts, self.topology), out)
         for det in self.detectors:
             det.forget_job(job_id)
         if self.summarizer is not None:
             self.summarizer.forget_job(job_id)
         self.tracker.forget_job(job_id)
-        self.progress.pop(job_id, None)
 
     def _hold_rank(self, job_id: str, rank: int, ts: int, out: list[Event]) -> None:
         """Count a (job, rank) held; past `config.max_ranks`, evict the job naming the most ranks."""
@@ -605,7 +575,6 @@ class StageEngine:
             "jump": self._jump,
             "stats": self.stats,
             "topology": self.topology.state(),
-            "progress": {k: [p.step, p.ts] for k, p in sorted(self.progress.items())},
             "tracker": self.tracker.state(),
             "grouper": self.grouper.state(),
             "detectors": {state_key(detector_class(d)): d.state() for d in self.detectors},
@@ -637,7 +606,7 @@ class StageEngine:
             raise StreamsError(
                 f"engine snapshot is corrupt ({exc}); delete it to start from empty state"
             ) from None
-        if state.get("version") != SNAPSHOT_VERSION:
+        if state.get("version") not in _READABLE:
             raise StreamsError(
                 f"engine snapshot version {state.get('version')} is not supported (expected {SNAPSHOT_VERSION}); "
                 "delete it to start from empty state"
@@ -648,10 +617,9 @@ class StageEngine:
         engine._advanced_to = state["advanced_to"]
         engine._released_to = state.get("released_to")
         engine._jump = state.get("jump")
-        engine.stats = {**_empty_stats(), **state["stats"]}
+        engine.stats = {**empty_stats(), **state["stats"]}
         # Detectors hold a reference to the topology: load it in place.
         engine.topology.load_state(state["topology"])
-        engine.progress = {k: JobProgress(v[0], v[1]) for k, v in state["progress"].items()}
         engine.tracker.load_state(state["tracker"])
         engine.grouper.load_state(state.get("grouper", {}))
         for det in engine.detectors:
@@ -679,7 +647,8 @@ class StageEngine:
         return engine
 
 
-def _empty_stats() -> dict[str, Any]:
+def empty_stats() -> dict[str, Any]:
+    """A stage engine's counters, all zero."""
     return {
         "events": 0,
         "late_dropped": 0,
@@ -691,296 +660,3 @@ def _empty_stats() -> dict[str, Any]:
         "alerts_resolved": 0,
         "by_rule": {},
     }
-
-
-DEFAULT_PARTITIONS = 6  # as `ranksight worker --partitions`
-
-
-class DetectionEngine:
-    """Both stages of detection in one process: what the worker does over Kafka, for replays,
-    evaluation and tests, with the same answers.
-
-    Each record goes to the rank-stage engine of the partition its key lands on, as the publisher
-    and the worker key it (a rank's records by job and node, telemetry by the job its GPU runs,
-    unattributed telemetry through the same node -> job routes and thinning as the worker's side
-    path, a GPU fault also to its node's other jobs); job-level records to the job's partition, and
-    JobStarted / JobStateChanged to every partition too (the worker broadcasts them). Every rank
-    stage follows the newest event time, as the worker's idle tasks follow their worker's. What the
-    rank stages pass on (summaries, job-level records, bindings, faults, the leader rank's steps,
-    their alerts) reaches the job stage of the job's partition in event-time order.
-    """
-
-    def __init__(
-        self,
-        config: EngineConfig | None = None,
-        router: Router | None = None,
-        *,
-        partitions: int = DEFAULT_PARTITIONS,
-        unbound_interval_ms: int = 10_000,
-    ) -> None:
-        self.config = config if config is not None else EngineConfig.default()
-        self.router = router if router is not None else load_router()
-        self.partitions = partitions
-        # Offline the gate judges each record's time (the worker judges it against its Kafka timestamp).
-        self.gate = StageEngine(self.config, self.router, "gate")
-        self.rank_stages = [
-            StageEngine(self.config, self.router, "rank", Holder(p, partitions)) for p in range(partitions)
-        ]
-        self.job_stages = [StageEngine(self.config, self.router, "job") for _ in range(partitions)]
-        self.routes = NodeRoutes(unbound_interval_ms)
-        self.before_fault: dict[str, Event] = {}  # "node|gpu" -> its last healthy job-telemetry sample
-        self.max_ts: int | None = None
-        self.watermark: int | None = None
-        self.rejection: str | None = None
-        self._telemetry_front = MIN_EVENT_TS  # newest telemetry time of the input
-        # What the rank stages released, until every one of them has released through its time.
-        self._to_job: list[tuple[int, tuple[Any, ...], int, Event]] = []
-        self._to_job_seq = 0
-        self._shared: list[
-            tuple[int, Event]
-        ] = []  # (partition, copy) of a GPU fault shared with a co-located job
-
-    # -- views over both stages ----------------------------------------------------------
-    @property
-    def detectors(self) -> list[Detector]:
-        """Every detector of every stage engine."""
-        return [d for eng in (*self.rank_stages, *self.job_stages) for d in eng.detectors]
-
-    @property
-    def stats(self) -> dict[str, Any]:
-        """Counters summed over the stages (records are counted by the gate, which judged each once)."""
-        out = _empty_stats()
-        _add_stats(out, self.gate.stats, records=True)
-        for eng in (*self.rank_stages, *self.job_stages):
-            _add_stats(out, eng.stats, records=False)
-        return out
-
-    def firing(self) -> list[str]:
-        """Fingerprints of alerts firing now, in both stages."""
-        return sorted({fp for eng in (*self.rank_stages, *self.job_stages) for fp in eng.firing()})
-
-    def baselines(self) -> list[dict[str, Any]]:
-        """Performance baselines learned so far."""
-        return [b for eng in self.job_stages for b in eng.baselines()]
-
-    # -- records in ----------------------------------------------------------------------
-    def _part(self, key: str) -> int:
-        return partition_for(key.encode(), self.partitions)
-
-    def _targets(self, event: Event) -> list[tuple[int, bool]]:
-        """(partition, forward to the job stage) of each copy of a record; a GPU fault's copies for
-        the node's other jobs go to `self._shared`."""
-        kind, r = event.type, event.record
-        if kind in _JOB_LEVEL:
-            own = self._part(str(r["job_id"]))
-            if kind == "JobStateChanged" and r["state"] in self.config.job_end_states:
-                self.routes.end_job(str(r["job_id"]))
-            if kind in ("JobStarted", "JobStateChanged"):
-                return [(p, p == own) for p in range(self.partitions)]
-            return [(own, True)]
-        if kind in ("StepCompleted", "CollectiveSample", "DataLoaderSample", "RankBound", "RankFault"):
-            if kind == "RankBound":
-                self.routes.bind(r)
-            topic = topic_for(kind)
-            return [(self._part((key_for(topic, r) or b"").decode()), True)]
-        if kind not in ("GpuSample", "HostSample"):
-            return []
-        copies = telemetry_copies(kind, r)
-        if copies and copies[0][0] == TELEMETRY_JOB:
-            parts = sorted({self._part(key.decode()) for _, key in copies})
-        else:
-            parts = sorted({self._part(key) for key in self.routes.route(event)})
-        if kind == "GpuSample":
-            self._shared_fault(event, parts)
-        return [(p, True) for p in parts]
-
-    def _shared_fault(self, event: Event, own: list[int]) -> None:
-        """A GPU fault also goes to the node's other jobs (after the sample before it), naming the
-        GPU's job, as the worker's side path sends it on (attributed or not): `self._shared`."""
-        r = event.record
-        gpu = f"{r['node']}|{r.get('gpu_uuid')}"
-        if not gpu_fault(r):
-            self.before_fault[gpu] = event
-            return
-        parts = sorted({self._part(key) for key in self.routes.colocated(event)} - set(own))
-        if not parts:
-            return
-        before = self.before_fault.pop(gpu, None)
-        if before is not None:
-            self._shared += [(p, self.routes.with_holder(before)) for p in parts]
-        named = self.routes.with_holder(event)
-        self._shared += [(p, named) for p in parts]
-
-    def process(self, event: Event, *, received_ts: int | None = None) -> list[Event]:
-        """Take one record; return the Alert and derived events it caused (both stages), in order.
-
-        The gate judges the record's time once (against `received_ts`, its Kafka time, when known;
-        else against the newest record of the whole input, where a gap is a jump only when several
-        sources agree) and drops it when it is late for the input's watermark; the stages then take
-        it as judged, so every count of records is the gate's.
-        """
-        late = self.gate.stats["late_dropped"]
-        out = self.gate.process(event, received_ts=received_ts)
-        self.rejection = self.gate.rejection
-        if self.rejection is not None or self.gate.stats["late_dropped"] != late:
-            return out
-        ts = event_ts(event)
-        if event.type in ("GpuSample", "HostSample") and ts > self._telemetry_front:
-            # Each rank stage hears some nodes; whether others still report is the input's.
-            self._telemetry_front = ts
-            for eng in self.rank_stages:
-                eng.topology.telemetry_front = ts
-        self._shared = []
-        for p, forward in self._targets(event):
-            out += self.rank_stages[p].process(event, received_ts=ts, forward=forward)
-        for p, copy in self._shared:
-            out += self.rank_stages[p].process(copy, received_ts=ts, shared=True)
-        self.max_ts = self.gate.max_ts
-        if self.max_ts is not None:
-            self._follow(self.max_ts - self.config.allowed_lateness_ms, out)
-        return out
-
-    def advance(self, watermark: int) -> list[Event]:
-        """Move event time forward without a record (e.g. a wall-clock guard)."""
-        out: list[Event] = []
-        self._follow(watermark, out)
-        return out
-
-    def _follow(self, watermark: int, out: list[Event]) -> None:
-        every = self.config.advance_every_ms
-        if self.watermark is not None and watermark // every <= self.watermark // every:
-            # The stages re-check time once per `advance_every` of event time (as each engine does);
-            # what a rank stage released meanwhile goes on at the next (in the same order).
-            return
-        self.watermark = watermark
-        out += self.gate.advance(watermark)
-        for eng in self.rank_stages:
-            out += eng.advance(watermark)
-        out += self._feed_job_stage()
-
-    def _feed_job_stage(self, *, final: bool = False) -> list[Event]:
-        """Pass what the rank stages released to the job stages in event-time order, as far as every
-        rank stage has released everything (the worker's markers); then the job stages follow that
-        front. `final`: the rank stages finished, everything goes."""
-        for eng in self.rank_stages:
-            for item in eng.drain_forwarded():
-                self._to_job_seq += 1
-                heapq.heappush(self._to_job, (event_ts(item), tiebreak(item), self._to_job_seq, item))
-        fronts = [eng.release_front() for eng in self.rank_stages]
-        front = None if final or None in fronts else min(f for f in fronts if f is not None)
-        if not final and front is None:
-            return []
-        out: list[Event] = []
-        heap = self._to_job
-        while heap and (front is None or heap[0][0] <= front):
-            item = heapq.heappop(heap)[3]
-            p = self._part(str(item.record.get("job_id") or ""))
-            out += self._share_learned(p, self.job_stages[p].process(item))
-        if front is not None:
-            for p, eng in enumerate(self.job_stages):
-                out += self._share_learned(p, eng.advance(front))
-        return out
-
-    def _share_learned(self, source: int, events: list[Event]) -> list[Event]:
-        """A job stage's output without its `BaselineRun` records, which go to every other job
-        stage at once (the worker sends them to every other job-stage partition)."""
-        out: list[Event] = []
-        for event in events:
-            if event.type != "BaselineRun":
-                out.append(event)
-                continue
-            shared = Event("BaselineRun", {**event.record, "source": source})
-            for q, eng in enumerate(self.job_stages):
-                if q != source:
-                    eng.process(shared)
-        return out
-
-    def finish(self) -> list[Event]:
-        """End of a finite input: both stages advance to the last event time."""
-        out: list[Event] = self.gate.finish()
-        for eng in self.rank_stages:
-            out += eng.finish()
-        out += self._feed_job_stage(final=True)
-        for p, eng in enumerate(self.job_stages):
-            out += self._share_learned(p, eng.finish())
-        self.watermark = self.max_ts
-        return out
-
-    def run(self, events: Iterable[Event]) -> list[Event]:
-        """Process every event and finish; every output event, in order."""
-        out: list[Event] = []
-        for event in events:
-            out.extend(self.process(event))
-        out.extend(self.finish())
-        return out
-
-    # -- snapshots ---------------------------------------------------------------------
-    def snapshot(self) -> bytes:
-        """Both stages' state as deterministic, compressed bytes."""
-        state = {
-            "version": SNAPSHOT_VERSION,
-            "partitions": self.partitions,
-            "max_ts": self.max_ts,
-            "watermark": self.watermark,
-            "routes": {node: self.routes.state_of(node) for node in sorted(self.routes.nodes)},
-            "before_fault": {k: [e.type, e.record] for k, e in sorted(self.before_fault.items())},
-            "telemetry_front": self._telemetry_front,
-            "to_job": [[e.type, e.record] for _, _, _, e in sorted(self._to_job, key=lambda x: x[:3])],
-            "gate": self.gate.snapshot().hex(),
-            "rank": [eng.snapshot().hex() for eng in self.rank_stages],
-            "job": [eng.snapshot().hex() for eng in self.job_stages],
-        }
-        return zlib.compress(dumps_state(state), 6)
-
-    @classmethod
-    def restore(
-        cls, data: bytes, config: EngineConfig | None = None, router: Router | None = None
-    ) -> DetectionEngine:
-        """Both stages continuing exactly where `snapshot()` left off."""
-        try:
-            state = loads_state(zlib.decompress(data))
-        except (zlib.error, ValueError) as exc:
-            raise StreamsError(
-                f"engine snapshot is corrupt ({exc}); delete it to start from empty state"
-            ) from None
-        engine = cls(config, router, partitions=int(state["partitions"]))
-        engine.max_ts, engine.watermark = state["max_ts"], state["watermark"]
-        for node, node_state in state["routes"].items():
-            engine.routes.load(node, node_state)
-        engine.before_fault = {k: Event(t, r) for k, (t, r) in state["before_fault"].items()}
-        engine._telemetry_front = int(state.get("telemetry_front", MIN_EVENT_TS))
-        for t, r in state.get("to_job", []):
-            item = Event(t, r)
-            engine._to_job_seq += 1
-            engine._to_job.append((event_ts(item), tiebreak(item), engine._to_job_seq, item))
-        engine.gate = StageEngine.restore(bytes.fromhex(state["gate"]), engine.config, engine.router, "gate")
-        engine.rank_stages = [
-            StageEngine.restore(
-                bytes.fromhex(h), engine.config, engine.router, "rank", Holder(p, engine.partitions)
-            )
-            for p, h in enumerate(state["rank"])
-        ]
-        engine.job_stages = [
-            StageEngine.restore(bytes.fromhex(h), engine.config, engine.router, "job") for h in state["job"]
-        ]
-        for eng in engine.rank_stages:
-            eng.topology.telemetry_front = engine._telemetry_front
-        return engine
-
-
-def _add_stats(out: dict[str, Any], stats: dict[str, Any], *, records: bool) -> None:
-    """Sum one stage engine's counters into `out` (event counts only from the stages that took records)."""
-    for key, value in stats.items():
-        if key in ("events", "late_dropped", "rejected", "time_jumps", "invalid_values") and not records:
-            continue
-        if isinstance(value, dict):
-            target = out.setdefault(key, {})
-            for k, v in value.items():
-                if isinstance(v, dict):
-                    inner = target.setdefault(k, {})
-                    for kk, vv in v.items():
-                        inner[kk] = inner.get(kk, 0) + vv
-                else:
-                    target[k] = target.get(k, 0) + v
-        else:
-            out[key] = out.get(key, 0) + value

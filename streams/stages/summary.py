@@ -12,92 +12,13 @@ the same records give the same summaries, in the same order.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Topology
-from streams.detectors.stats import median
+from streams.detectors.stats import stat_of
 
-__all__ = [
-    "MAX_VALUES",
-    "PackedStat",
-    "RankSummarizer",
-    "Stat",
-    "stat_mean",
-    "stat_median",
-    "stat_of",
-    "stat_packed",
-]
-
-MAX_VALUES = 8  # values kept in a Stat: up to this many, a window median over buckets is exact
-
-Stat = dict[str, Any]  # {"n", "sum", "min", "max", "med", "values"}: see schemas RankSummary
-
-# A Stat a detector keeps in its state: (n, sum, min, max, med, values or None). A tuple of numbers,
-# which the cyclic collector stops tracking once it has looked at it; a Stat dict and its list of
-# values stay tracked. Held for a 60 s window per rank, they were most of a big job's tracked
-# objects (4,096 ranks, 40 s of event time: 937,000 tracked, 408,000 once packed), and the
-# collector's cost per raw event grew with the job.
-# After a snapshot's JSON round trip it is a list of the same items; the functions below read both.
-PackedStat = tuple[int, float, float, float, float, tuple[float, ...] | None]
-
-
-def stat_of(values: list[float], *, keep_values: bool = True) -> Stat | None:
-    """The Stat of some values (None for none); `keep_values=False` leaves the values out (a
-    field read as one bucket's median only)."""
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    if not finite:
-        return None
-    return {
-        "n": len(finite),
-        "sum": math.fsum(finite),
-        "min": min(finite),
-        "max": max(finite),
-        "med": median(finite),
-        "values": list(finite) if keep_values and len(finite) <= MAX_VALUES else None,
-    }
-
-
-def stat_packed(stat: Stat | Sequence[Any] | None) -> PackedStat | None:
-    """The form of a Stat a detector keeps (see `PackedStat`): from a Stat dict, or from a packed
-    Stat read back from a snapshot (a list)."""
-    if not stat:
-        return None
-    n, total, lo, hi, med, values = _packed(stat)
-    return (int(n), float(total), float(lo), float(hi), float(med), None if values is None else tuple(values))
-
-
-def _packed(stat: Stat | Sequence[Any]) -> Sequence[Any]:
-    """A Stat dict or a packed one (tuple, or list after JSON) as the packed items."""
-    if isinstance(stat, dict):
-        return (stat["n"], stat["sum"], stat["min"], stat["max"], stat["med"], stat.get("values"))
-    return stat
-
-
-def stat_median(stats: Sequence[Stat | Sequence[Any] | None]) -> float | None:
-    """The median over buckets (Stats, packed or not): exact from the values when every bucket
-    kept them, else the count-weighted median of the buckets' medians."""
-    present = [_packed(s) for s in stats if s]
-    if not present:
-        return None
-    if all(s[5] is not None for s in present):
-        return median([v for s in present for v in s[5]])
-    weighted = sorted((float(s[4]), int(s[0])) for s in present)
-    half = sum(n for _, n in weighted) / 2
-    seen = 0
-    for value, n in weighted:
-        seen += n
-        if seen >= half:
-            return value
-    return weighted[-1][0]
-
-
-def stat_mean(stats: Sequence[Stat | Sequence[Any] | None]) -> float | None:
-    """The mean over buckets (Stats, packed or not; exact: from sums and counts)."""
-    present = [_packed(s) for s in stats if s]
-    n = sum(int(s[0]) for s in present)
-    return math.fsum(float(s[1]) for s in present) / n if n else None
+__all__ = ["RankSummarizer"]
 
 
 def _opt_sum(*values: float | None) -> float | None:
@@ -147,10 +68,9 @@ class RankSummarizer:
     def __init__(self, topology: Topology, bucket_ms: int = 5_000) -> None:
         self.topology = topology
         self.bucket_ms = bucket_ms
-        # "job|node|rank|start" (rank "" for a node row) -> the bucket being filled
+        # "job|node|rank|start" (rank "" for a node row) -> the bucket being filled. Which jobs run
+        # on a node, and their processes, are the topology's bindings.
         self.rows: dict[str, dict[str, Any]] = {}
-        # node -> job -> rank -> pid, from RankBound: the jobs of a node and their processes
-        self.placed: dict[str, dict[str, dict[str, int]]] = {}
 
     def _bucket(self, ts: int) -> int:
         return (ts // self.bucket_ms) * self.bucket_ms
@@ -187,9 +107,6 @@ class RankSummarizer:
             coll[3] = r["ts"] if coll[3] is None else max(coll[3], r["ts"])
         elif kind == "HostSample":
             self._host(r)
-        elif kind == "RankBound":
-            ranks = self.placed.setdefault(str(r["node"]), {}).setdefault(str(r["job_id"]), {})
-            ranks[str(r["rank"])] = int(r["pid"])
 
     def _node_of(self, r: dict[str, Any]) -> str | None:
         node = r.get("node")
@@ -257,14 +174,17 @@ class RankSummarizer:
         pids = r.get("pids") or ()
         if binding.pid in pids:
             row["pid_seen_ts"] = ts if row["pid_seen_ts"] is None else max(row["pid_seen_ts"], ts)
-        own = self.placed.get(binding.node, {}).get(binding.job_id, {}).values()
+        topology = self.topology
+        # An ended job holds no process on its GPUs any more: every one seen there is another's.
+        ended = topology.ended(binding.job_id)
+        own = () if ended else {b.pid for b in topology.ranks_on_node(binding.job_id, binding.node)}
         foreign = sorted(p for p in pids if p not in own)
         if foreign:
             row["foreign"] = [foreign[0], ts]
 
     def _host(self, r: dict[str, Any]) -> None:
         node, ts = str(r["node"]), int(r["ts"])
-        for job_id in sorted(self.placed.get(node, ())):
+        for job_id in self.topology.jobs_on_node(node):
             row = self._get(job_id, "", node, None, ts)
             _add(row, "cpu_util_pct", r.get("cpu_util_pct"))
             _add(row, "tcp_retrans_segs_s", r.get("tcp_retrans_segs_s"))
@@ -345,17 +265,11 @@ class RankSummarizer:
     def forget_job(self, job_id: str) -> None:
         """Drop the open buckets of an ended job."""
         self.rows = {k: w for k, w in self.rows.items() if w["job_id"] != job_id}
-        for jobs in self.placed.values():
-            jobs.pop(job_id, None)
-        self.placed = {node: jobs for node, jobs in self.placed.items() if jobs}
 
     def state(self) -> dict[str, Any]:
         """JSON-able state."""
-        return {"rows": {k: self.rows[k] for k in sorted(self.rows)}, "placed": self.placed}
+        return {"rows": {k: self.rows[k] for k in sorted(self.rows)}}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore from `state()`."""
-        self.rows = dict(state.get("rows", {}))
-        self.placed = {
-            n: {j: dict(r) for j, r in jobs.items()} for n, jobs in state.get("placed", {}).items()
-        }
+        self.rows = dict(state.get("rows", {}))  # an older snapshot's "placed" is the topology's

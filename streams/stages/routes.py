@@ -1,89 +1,28 @@
-"""Where unattributed telemetry goes: node -> job routes, and the Java client's partitioner.
+"""Where unattributed telemetry goes: node -> job routes.
 
 Telemetry the node agent could not attribute to a job is keyed by node. The side path re-keys it
 by job: `NodeRoutes` remembers, per node, which job each GPU is bound to (from RankBound) and which
 jobs run there, and says where a GpuSample / HostSample goes. Pure: no Kafka here, so the decisions
-are unit-tested without a broker; `murmur2` is the Java client's hash, written out.
+are unit-tested without a broker; the partition a key lands on is `schemas.topics.partition_for`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from schemas.records import Event
 from schemas.topics import shard_key
 
-__all__ = ["UNBOUND_KEY", "NodeRoutes", "gpu_fault", "murmur2", "partition_for"]
+__all__ = ["UNBOUND_KEY", "NodeRoutes", "gpu_fault"]
 
 # Telemetry of a GPU / node bound to no job goes to this job key, so node-only alerts still fire.
 UNBOUND_KEY = ""
 
 
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 hash of a key (`org.apache.kafka.common.utils.Utils.murmur2`), unsigned 32 bits."""
-    length = len(data)
-    seed, m, r = 0x9747B28C, 0x5BD1E995, 24
-    h = (seed ^ length) & 0xFFFFFFFF
-    whole = length & ~3
-    for i in range(0, whole, 4):
-        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> r
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
-    left = length & 3
-    if left == 3:
-        h ^= data[whole + 2] << 16
-    if left >= 2:
-        h ^= data[whole + 1] << 8
-    if left >= 1:
-        h ^= data[whole]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return h
-
-
 def gpu_fault(record: dict[str, Any]) -> bool:
     """A GpuSample carrying an XID or an uncorrectable ECC error (shared with the node's other jobs)."""
     return bool(record.get("xid")) or bool(record.get("ecc_uncorrected"))
-
-
-@lru_cache(maxsize=131_072)
-def partition_for(key: bytes, partitions: int) -> int:
-    """The partition of `key` as the Java client, librdkafka `murmur2_random` and aiokafka compute it
-    (cached: the hash is pure Python, and the keys of a stream repeat)."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
-
-
-# Key of a GPU fault sent on to a co-located job's partition (the partition is chosen explicitly):
-# a key no job's records have, so that job's task knows the GPU is another job's.
-_SHARED = "\x00shared\x00"
-
-
-def shared_key(key: str) -> str:
-    """The key of a shared GPU fault sent to the partition `key` lands on."""
-    return _SHARED + key
-
-
-def is_shared(key: bytes | None) -> bool:
-    """Whether a re-keyed telemetry record is a GPU fault shared with a co-located job."""
-    return (key or b"").startswith(_SHARED.encode())
-
-
-class Holder:
-    """Whether one partition holds a job's records from a node (`shard_key`): the rank stage that
-    reports a node-level fault for that job, when every partition with a job on the node sees it."""
-
-    def __init__(self, partition: int, partitions: int) -> None:
-        self.partition, self.partitions = partition, partitions
-
-    def __call__(self, job_id: str, node: str | None) -> bool:
-        return partition_for(shard_key(job_id, node).encode(), self.partitions) == self.partition
 
 
 @dataclass

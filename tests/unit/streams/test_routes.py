@@ -6,8 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.records import Event
+from schemas.topics import murmur2, partition_for
 from streams.runtime.guard import WallClockGuard
-from streams.runtime.routes import UNBOUND_KEY, NodeRoutes, murmur2, partition_for
+from streams.stages.routes import UNBOUND_KEY, NodeRoutes
 
 
 def _bound(job: str, rank: int, node: str, uuid: str | None, ts: int) -> dict[str, object]:
