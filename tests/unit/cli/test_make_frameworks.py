@@ -1,28 +1,26 @@
-"""`make test-frameworks` where PyTorch's CPU wheel index cannot be reached (issue 24.8)."""
+"""`make test-frameworks` installs a pinned set with no dependency resolution (issue 38.1): the
+last unpinned attempt was still resolving after 16 minutes (faust-streaming's click<8.4 against
+huggingface-hub's click>=8.4.2), so every package must be pinned and pip must not resolve."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def test_an_unreachable_torch_index_says_what_to_do_and_fails_fast(tmp_path: Path) -> None:
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        closed = sock.getsockname()[1]
-    index = f"http://127.0.0.1:{closed}/whl/cpu"
-    started = time.monotonic()
-    done = subprocess.run(
-        ["make", "-s", "framework-torch", f"TORCH_INDEX_URL={index}",
-         f"FRAMEWORK_VENV={tmp_path / 'fw'}", f"PYTHON={sys.executable}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode != 0
-    assert f"PyTorch's CPU wheel index {index} cannot be reached" in done.stderr, done.stderr
-    assert "TORCH_INDEX_URL=<a mirror of it>" in done.stderr and "pip install /path/to/torch" in done.stderr
-    assert time.monotonic() - started < 120  # said at once, not after pip's retries
+def test_every_framework_package_is_pinned_and_installed_without_resolving() -> None:
+    lines = [
+        line.split("#", 1)[0].strip()
+        for line in (REPO / ".ci" / "framework-requirements.txt").read_text().splitlines()
+    ]
+    packages = [line for line in lines if line]
+    assert len(packages) > 20  # torch, lightning, transformers and their dependencies
+    unpinned = [p for p in packages if not re.fullmatch(r"[A-Za-z0-9_.\[\],-]+==[A-Za-z0-9_.+-]+", p)]
+    assert unpinned == []
+    names = {re.split(r"[=\[]", p, maxsplit=1)[0].lower().replace("_", "-") for p in packages}
+    assert {"torch", "lightning", "transformers", "accelerate"} <= names
+    makefile = (REPO / "Makefile").read_text()
+    install = next(line for line in makefile.splitlines() if "-r $(FRAMEWORK_REQS)" in line)
+    assert "--no-deps" in install
