@@ -172,7 +172,8 @@ class AlertTracker:
             "model_version": job.model_version if job else "",
             "dataset_version": job.dataset_version if job else "",
             "workload_family": job.workload_family if job else "",
-            "cluster": job.cluster if job else "",
+            # The job's cluster; for a node-only alert (an XID on an idle GPU) the one its agent named.
+            "cluster": (job.cluster if job else "") or topology.node_cluster.get(finding.node or "", ""),
             "node": finding.node,
             "rank": finding.rank,
             "gpu_uuid": finding.gpu_uuid,

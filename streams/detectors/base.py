@@ -38,6 +38,7 @@ LEADER_RANK = 0
 Category = Literal["model", "data", "platform", "infra"]
 _ENDED = ("completed", "failed")  # job states after which a job makes no more progress
 Severity = Literal["info", "warning", "critical"]
+_MAX_NODE_CLUSTERS = 200_000  # nodes whose cluster is remembered (a 100k-GPU fleet has ~12.5k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +159,10 @@ class Topology:
         # Newest telemetry time of the whole input (set by the runtime around a stage engine, which
         # hears only some nodes): a node's silence is news only while others still report.
         self.telemetry_front: int | None = None
+        # node -> the cluster its agent says it is in (GpuSample/HostSample `cluster`): an alert
+        # about a node names its cluster even with no job there, so ownership per cluster (a
+        # provider's nodes) routes it. Bounded: a forged flood of node names stops adding at the cap.
+        self.node_cluster: dict[str, str] = {}
 
     def observe(self, event: Event) -> None:
         """Update jobs and bindings from JobStarted, JobStateChanged and RankBound; the jobs' pace
@@ -175,6 +180,11 @@ class Topology:
                     pace.tokens_done(r["tokens"])
                 if r.get("epoch") is not None:
                     pace.epoch_at(r["epoch"], r["step"])
+        elif kind == "GpuSample" or kind == "HostSample":
+            cluster = r.get("cluster")
+            if cluster and self.node_cluster.get(r["node"]) != cluster:
+                if r["node"] in self.node_cluster or len(self.node_cluster) < _MAX_NODE_CLUSTERS:
+                    self.node_cluster[r["node"]] = str(cluster)
         elif kind == "RankSummary":
             if r.get("last_step") is not None:
                 pace = self._pace(r["job_id"], r.get("run_id") or "")
@@ -350,6 +360,7 @@ class Topology:
             "jobs": {k: asdict(v) for k, v in sorted(self.jobs.items())},
             "bindings": [asdict(b) for _, b in sorted(self.bindings.items())],
             "pace": {k: v.state() for k, v in sorted(self.pace.items())},
+            "node_cluster": dict(sorted(self.node_cluster.items())),
         }
 
     @classmethod
@@ -367,6 +378,7 @@ class Topology:
             self._bind(Binding(**b))
         # Snapshots written before the pace was kept have none: it refills from the next steps.
         self.pace = {k: JobPace.from_state(v) for k, v in state.get("pace", {}).items()}
+        self.node_cluster = {str(k): str(v) for k, v in state.get("node_cluster", {}).items()}
 
 
 def dumps_state(state: Any) -> bytes:
