@@ -180,11 +180,15 @@ class Topology:
                     pace.tokens_done(r["tokens"])
                 if r.get("epoch") is not None:
                     pace.epoch_at(r["epoch"], r["step"])
-        elif kind == "GpuSample" or kind == "HostSample":
-            cluster = r.get("cluster")
-            if cluster and self.node_cluster.get(r["node"]) != cluster:
-                if r["node"] in self.node_cluster or len(self.node_cluster) < _MAX_NODE_CLUSTERS:
-                    self.node_cluster[r["node"]] = str(cluster)
+        elif kind in ("GpuSample", "HostSample"):
+            cluster, node = r.get("cluster"), r["node"]
+            known = self.node_cluster.get(node)
+            if (
+                cluster
+                and known != cluster
+                and (known is not None or len(self.node_cluster) < _MAX_NODE_CLUSTERS)
+            ):
+                self.node_cluster[node] = str(cluster)
         elif kind == "RankSummary":
             if r.get("last_step") is not None:
                 pace = self._pace(r["job_id"], r.get("run_id") or "")
