@@ -35,7 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "cross_rank_z": 5.0,  # ...and this many robust sigmas of the peers' spread above it...
     "cross_rank_buckets": 6,  # ...in this many buckets (30 s), while its peers wait for it: straggler (cross-rank path)
     "cross_rank_min_ranks": 8,  # ranks a bucket needs for the peers' spread to mean something
-    "imbalance_metrics": ["gpu_util_pct", "power_w"],  # GPU metrics compared across the job's GPUs
+    "imbalance_metrics": ["gpu_util_pct", "power_w", "mem_used_frac"],  # compared across the job's GPUs
     "imbalance_z": 4.0,  # robust z-score beyond which a GPU is out of line
     "imbalance_min_rel": 0.15,  # ...and at least this relative distance from the peers' median
     "imbalance_windows": 2,  # consecutive windows out of line before gpu_imbalance

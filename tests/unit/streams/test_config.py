@@ -29,11 +29,6 @@ def test_the_shipped_defaults_cover_every_knob_of_my_detectors() -> None:
     assert cfg.allowed_lateness_ms == 5000
     for module, section in ((progress, "progress"), (imbalance, "imbalance"), (baseline, "baseline")):
         shipped = dict(cfg.detectors[section])
-        if section == "imbalance":
-            # Issue 23.4: the shipped file compares memory across a job's GPUs by default; the module's
-            # own default (imbalance.py, owned by the lead) still lists activity and power only.
-            assert shipped.pop("imbalance_metrics") == ["gpu_util_pct", "power_w", "mem_used_frac"]
-            shipped["imbalance_metrics"] = module.DEFAULTS["imbalance_metrics"]
         assert shipped == module.DEFAULTS
 
 
@@ -141,9 +136,8 @@ def test_a_knob_renamed_to_buckets_is_named_in_the_error(tmp_path: Path) -> None
 
 
 # Where the shipped file and a rule module's DEFAULTS still say different things: (section, knob).
-# imbalance.py is being split into straggler / gpu_imbalance / network_degradation; its DEFAULTS
-# take the shipped value then, and this entry goes.
-KNOWN_DISAGREEMENTS = {("imbalance", "imbalance_metrics")}
+# None since the imbalance split: windows.py's DEFAULTS compare memory across a job's GPUs too.
+KNOWN_DISAGREEMENTS: set[tuple[str, str]] = set()
 
 
 def test_the_shipped_file_and_every_rule_modules_defaults_say_the_same_but_the_known_ones() -> None:
