@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import LEADER_RANK, Finding, JobInfo, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.errors import ConfigError
 
 __all__ = ["DEFAULTS", "AcceptanceDetector", "AcceptanceRule", "parse_rules"]
@@ -56,7 +57,15 @@ DEFAULTS: dict[str, Any] = {
     "rules": [],  # inline rules (the same entries as in a file)
 }
 
-RULE = "acceptance_violation"
+# The severity and the invariant are each declared rule's own (the finding names them).
+ACCEPTANCE_VIOLATION = Rule(
+    "acceptance_violation",
+    category="model",
+    severity="warning",
+    invariant="the team's declared acceptance rule holds",
+    suspected_layer="model",
+)
+RULE = ACCEPTANCE_VIOLATION.name
 _POINTS = 8  # observations carried on a finding's history
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _OPS = {
@@ -345,20 +354,17 @@ class AcceptanceDetector(PerJobDetector):
             else f"{rule.metric} of job {job_id} is {shown} {where}: meets {rule.describe()} again"
         )
         history = tuple((int(t), float(v)) for t, v in state["points"][-_POINTS:] if math.isfinite(v))
-        return Finding(
-            rule=RULE,
-            key=(job_id, rule.name),
-            active=active,
-            ts=int(r["ts"]),
-            category="model",
-            severity=rule.severity,  # type: ignore[arg-type]
+        return ACCEPTANCE_VIOLATION.finding(
+            (job_id, rule.name),
+            active,
+            int(r["ts"]),
+            severity=rule.severity,
             job_id=job_id,
             since=int((state["open"] or {}).get("since", r["ts"])),
             invariant=rule.describe(),
             observed=value if math.isfinite(value) else None,
             expected=rule.value,
             summary=" ".join(summary.split()),
-            suspected_layer="model",
             history_metric=rule.metric,
             history=history,
             sustain_ms=0,

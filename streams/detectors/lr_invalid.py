@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import LEADER_RANK, Finding, PerJobDetector, Topology
+from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "LrInvalidDetector"]
 
@@ -23,6 +24,14 @@ DEFAULTS: dict[str, Any] = {
     "lr_max": 100.0,  # ... and above this (a sanity ceiling: LARS-style schedules reach ~10)
 }
 _POINTS = 8
+
+LR_INVALID = Rule(
+    "lr_invalid",
+    category="model",
+    severity="warning",
+    invariant="the learning rate is finite and within [{lr_min:g}, {lr_max:g}]",
+    suspected_layer="model",
+)
 
 
 class LrInvalidDetector(PerJobDetector):
@@ -73,20 +82,16 @@ class LrInvalidDetector(PerJobDetector):
             if active
             else f"job {job_id}'s learning rate is back in {where} ({lr:g} at step {r['step']})"
         )
-        return Finding(
-            rule="lr_invalid",
-            key=(job_id,),
-            active=active,
-            ts=int(r["ts"]),
-            category="model",
-            severity="warning",
+        return LR_INVALID.finding(
+            (job_id,),
+            active,
+            int(r["ts"]),
             job_id=job_id,
             since=int((job["open"] or {}).get("since", r["ts"])),
-            invariant=f"the learning rate is finite and within {where}",
+            invariant=LR_INVALID.says(lr_min=self._min, lr_max=self._max),
             observed=lr if math.isfinite(lr) else None,
             expected=self._max if math.isfinite(lr) and lr > self._max else self._min,
             summary=summary,
-            suspected_layer="model",
             history_metric="lr",
             history=tuple((int(t), float(v)) for t, v in job["points"]),
             sustain_ms=0,

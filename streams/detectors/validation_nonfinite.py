@@ -13,10 +13,18 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
+from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "ValidationNonfiniteDetector"]
 
 DEFAULTS: dict[str, Any] = {}
+VALIDATION_NONFINITE = Rule(
+    "validation_nonfinite",
+    category="model",
+    severity="warning",
+    invariant="every validation metric is finite ({metric})",
+    suspected_layer="model",
+)
 _MAX_OPEN = 64  # metrics held open per job (a record cannot make the state grow without bound)
 
 
@@ -59,18 +67,14 @@ class ValidationNonfiniteDetector(PerJobDetector):
             if active
             else f"evaluation of job {job_id} at step {r['step']} reported a finite {metric} again ({value:.6g})"
         )
-        return Finding(
-            rule="validation_nonfinite",
-            key=(job_id, metric),
-            active=active,
-            ts=int(r["ts"]),
-            category="model",
-            severity="warning",
+        return VALIDATION_NONFINITE.finding(
+            (job_id, metric),
+            active,
+            int(r["ts"]),
             job_id=job_id,
             since=since,
-            invariant=f"every validation metric is finite ({metric})",
+            invariant=VALIDATION_NONFINITE.says(metric=metric),
             observed=value if math.isfinite(value) else None,
             summary=summary,
-            suspected_layer="model",
             sustain_ms=0,
         )

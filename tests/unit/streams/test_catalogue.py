@@ -22,6 +22,7 @@ NOT_CATALOGUED = {
     "throughput_drop",
     "telemetry_missing",
     "dependency_timeout",
+    "startup_hang",
 }
 
 
