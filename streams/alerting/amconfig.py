@@ -124,11 +124,16 @@ def _escalation_scopes(ownership: Ownership, team: str | None) -> list[list[str]
         else:
             continue
         scopes.append(where)
-    # A layer the team owns (`layers`, e.g. storage): its pages escalate whatever their category,
-    # except on a cluster whose own owners decide that category (`owner_of`'s precedence).
-    for layer, owner in sorted(ownership.layers.items()):
-        if team is not None and owner == team:
-            scopes.append([matcher("suspected_layer", layer)])
+    # A team that owns a layer (`layers`, e.g. storage) is paged for alerts of categories it does
+    # not own otherwise (a storage-layer `data` alert): those pages escalate too. Alertmanager sees
+    # no layer label, so the scope is the category: under the team's own route only its pages
+    # (informational copies are routed before the escalation) reach it.
+    if team is not None and team in ownership.layers.values():
+        covered = {next(m for m in scope if m.startswith("category")) for scope in scopes}
+        for category in CATEGORIES:
+            where = matcher("category", category)
+            if where not in covered:
+                scopes.append([where])
     return scopes
 
 

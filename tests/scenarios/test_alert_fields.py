@@ -33,6 +33,12 @@ NOT_IN_SCENARIOS = frozenset(
         # tests/unit/streams/runtime/test_input_silence.py
         "input_silent",
         "restore_test_stale",  # a week by default: tests/unit/streams/test_invariants_readiness.py
+        # Issue 35: a team's declared rules and the learning-rate / evaluation invariants, which no
+        # shipped scenario breaks: tests/unit/streams/test_acceptance.py, test_overrides.py
+        "acceptance_violation",
+        "lr_invalid",
+        "validation_nonfinite",
+        "startup_hang",  # a start-up that never ends: tests/unit/streams/test_progress_startup.py
     }
 )
 

@@ -48,7 +48,7 @@ def test_the_alert_record_carries_each_values_unit() -> None:
         history_metric="sm_active_pct",
         history=((900, 95.0),),
     )
-    [record] = tracker.observe(finding, Topology(), {})
+    [record] = tracker.observe(finding, Topology())
     assert (record["observed"], record["observed_unit"], record["observed_what"]) == (
         399.0,
         "step",
