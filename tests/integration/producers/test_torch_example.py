@@ -51,7 +51,7 @@ def _consume(bootstrap: str, topics: list[str], group_id: str, want_steps: int, 
             # Every wanted kind, whatever else came (the SDK now also sends validation results and
             # verified checkpoints: a proper-subset test stopped before a late RankBound).
             sum(e.type == "StepCompleted" for e in events) < want_steps
-            or not _KINDS <= {e.type for e in events}
+            or not {e.type for e in events} >= _KINDS
         ):
             msg = consumer.poll(0.5)
             if msg is not None and msg.error() is None:
