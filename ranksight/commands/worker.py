@@ -45,11 +45,12 @@ def worker(
         help="A source partition silent this long stops holding event time back.",
     ),
     finish_idle_s: float = typer.Option(
-        5.0,
+        20.0,
         "--finish-idle",
         min=0.0,
         help="Every input read to its end and silent this long (s): the engines move to the newest event "
-        "time read and release what they hold, as a replay's end (0: never).",
+        "time read and release what they hold, as a replay's end (0: never; keep it above the group's 10 s "
+        "session timeout, so a dead peer's partitions are reassigned first).",
     ),
     align_pause_at: int = typer.Option(
         20_000,

@@ -100,8 +100,10 @@ class WorkerOptions:
     align_idle_s: float = 2.0
     # The end of a finite input: every input partition read to its end and no record for this long
     # (wall time) -> the engines move to the newest event time read and release everything they
-    # hold, as an offline replay's end does (`WorkerCore.finish`). 0: never.
-    finish_idle_s: float = 5.0
+    # hold, as an offline replay's end does (`WorkerCore.finish`). 0: never. Longer than the consumer
+    # group's session timeout (10 s): a worker that dies mid-backlog is noticed and its partitions
+    # reassigned before the survivors take their own quiet input for the end of the stream.
+    finish_idle_s: float = 20.0
     # A partition at its end still holds the others this long after its last record (the next
     # records of a backlog being published may be in flight): bounds out-of-order release.
     align_end_grace_s: float = 0.5

@@ -143,8 +143,10 @@ def test_two_workers_split_the_jobs_and_survive_losing_one(
     expected_ids = {(r["alert_id"], r["status"]) for r in mixed_offline}
     assert len(expected) >= 10, expected
     a, b = two_workers.workers
-    a.start()
-    b.start()
+    # The end of the finite input is flushed in rounds, each after `--finish-idle` of quiet (rank
+    # stage, then job stage): a short one keeps the wait after the sources' lag reaches 0 short.
+    a.start("--finish-idle", "2")
+    b.start("--finish-idle", "2")
     started = time.monotonic()
 
     def split() -> bool:
@@ -188,7 +190,9 @@ def test_two_workers_split_the_jobs_and_survive_losing_one(
         finished = False
         while not complete(reader.records) and time.monotonic() < deadline:
             finished = group_lag(kafka_bootstrap, group, sources) == 0
-            reader.poll_until(complete, 30 if finished else 5)
+            # The sources' offsets reach their end at the first finishing round; the job stage's
+            # last alerts come a round or two (2 s of quiet each) later.
+            reader.poll_until(complete, 60 if finished else 5)
             if finished:
                 break
         assert must <= {(r["fingerprint"], r["status"]) for r in reader.records}, (
