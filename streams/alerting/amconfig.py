@@ -131,9 +131,9 @@ def _escalation_scopes(ownership: Ownership, team: str | None) -> list[list[str]
     if team is not None and team in ownership.layers.values():
         covered = {next(m for m in scope if m.startswith("category")) for scope in scopes}
         for category in CATEGORIES:
-            where = matcher("category", category)
-            if where not in covered:
-                scopes.append([where])
+            by_category = matcher("category", category)
+            if by_category not in covered:
+                scopes.append([by_category])
     return scopes
 
 
