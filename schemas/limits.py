@@ -16,27 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.errors import DecodeError
+from schemas.records import RECORD_TYPES
 
 __all__ = ["DEFAULT_LIMITS", "INPUT_TYPES", "RecordLimits", "RecordTooLarge", "check_record"]
 
 # The record types node agents, the SDK, importers and the scheduler watcher publish.
-INPUT_TYPES = frozenset(
-    {
-        "GpuSample",
-        "HostSample",
-        "StepCompleted",
-        "JobStarted",
-        "RankBound",
-        "CheckpointEvent",
-        "JobStateChanged",
-        "RankFault",
-        "DataLoaderSample",
-        "CollectiveSample",
-        "ValidationResult",
-        "EvaluationEvent",
-        "RestoreTest",
-    }
-)
+INPUT_TYPES = frozenset(RECORD_TYPES) - {"RankWindowStats", "JobWindowStats", "Alert", "ActionTaken"}
 
 
 class RecordTooLarge(DecodeError):
