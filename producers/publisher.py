@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -44,10 +45,11 @@ from producers.spool import DEFAULT_MAX_BYTES, DEFAULT_SEGMENT_BYTES, Spool, lis
 from schemas.codec import Codec
 from schemas.errors import EncodeError, RanksightError
 from schemas.records import NAMESPACE, Event, default_schemas
-from schemas.topics import key_for, telemetry_copies, topic_for
+from schemas.topics import SCHEDULER_RECORD_TOPIC, key_for, telemetry_copies, topic_for
 
 __all__ = [
     "DEFAULT_PRODUCER_CONF",
+    "SCHEDULER_SPOOL_PREFIX",
     "FilePublisher",
     "KafkaPublisher",
     "MemoryPublisher",
@@ -248,6 +250,10 @@ _librdkafka_log = _LibrdkafkaLog()
 _kafka_errors_log = quiet_logger("producers.publisher.kafka")
 
 
+# The spool folder of `ranksight scheduler` is named `scheduler-<source>`.
+SCHEDULER_SPOOL_PREFIX = "scheduler-"
+
+
 class KafkaPublisher(Publisher):
     """Idempotent Kafka producer with a disk spool for outages and a full queue; never blocks `publish`."""
 
@@ -257,6 +263,7 @@ class KafkaPublisher(Publisher):
         *,
         codec: Codec | None = None,
         topic_prefix: str = "",
+        topics: Mapping[str, str] | None = None,
         spool_dir: Path | None = None,
         spool_max_bytes: int = DEFAULT_MAX_BYTES,
         spool_segment_bytes: int = DEFAULT_SEGMENT_BYTES,
@@ -287,6 +294,9 @@ class KafkaPublisher(Publisher):
         conf["on_delivery"] = self._on_delivery
         self._codec = codec or Codec()
         self._prefix = topic_prefix
+        # Record type -> topic where this producer's role writes elsewhere than `topic_for` says
+        # (the scheduler watcher's JobStateChanged -> rs.scheduler.states), keyed like that topic.
+        self._roles = dict(topics or {})
         self._topics: dict[str, str] = {}
         self._log = RateLimitedLog(log)
         self._owns_spool_dir = spool_dir is None
@@ -332,8 +342,11 @@ class KafkaPublisher(Publisher):
     def _topic(self, record_type: str) -> str:
         topic = self._topics.get(record_type)
         if topic is None:
-            topic = self._topics[record_type] = self._prefix + topic_for(record_type)
+            topic = self._topics[record_type] = self._prefix + self._canonical(record_type)
         return topic
+
+    def _canonical(self, record_type: str) -> str:
+        return self._roles.get(record_type) or topic_for(record_type)
 
     def publish(self, event: Event) -> None:
         """Encode and enqueue one event; to the spool during an outage. Raises only `EncodeError`."""
@@ -356,7 +369,7 @@ class KafkaPublisher(Publisher):
         events in `stats()`.
         """
         out: list[tuple[str, bytes | None, Any]] = [
-            (self._topic(event.type), key_for(topic_for(event.type), event.record), None)
+            (self._topic(event.type), key_for(self._canonical(event.type), event.record), None)
         ]
         for topic, key in telemetry_copies(event.type, event.record):
             out.append((self._prefix + topic, key, self._on_copy_delivery))
@@ -616,12 +629,19 @@ def open_publisher(
     codec: Codec | None = None,
     topic_prefix: str = "",
     spool_dir: Path | None = None,
+    topics: Mapping[str, str] | None = None,
     **knobs: Any,
 ) -> Publisher:
-    """A publisher for `"kafka"` (librdkafka settings in `kafka_conf`) or `"file:///path/events.avro"`."""
+    """A publisher for `"kafka"` (librdkafka settings in `kafka_conf`; `topics` maps record types
+    this producer writes elsewhere than their usual topic) or `"file:///path/events.avro"`."""
     if destination == "kafka":
         return KafkaPublisher(
-            kafka_conf or {}, codec=codec, topic_prefix=topic_prefix, spool_dir=spool_dir, **knobs
+            kafka_conf or {},
+            codec=codec,
+            topic_prefix=topic_prefix,
+            topics=topics,
+            spool_dir=spool_dir,
+            **knobs,
         )
     if destination.startswith("file://"):
         path = destination[len("file://") :]
@@ -668,8 +688,10 @@ def drain_spools(
             out.append(SpoolDrain(info.directory, info.events, info.events, in_use=True))
             continue
         try:
+            # A spool the scheduler watcher left holds its job states for rs.scheduler.states.
+            topics = SCHEDULER_RECORD_TOPIC if info.name.startswith(SCHEDULER_SPOOL_PREFIX) else None
             publisher = KafkaPublisher(
-                kafka_conf, codec=codec, topic_prefix=topic_prefix, spool_dir=info.directory
+                kafka_conf, codec=codec, topic_prefix=topic_prefix, topics=topics, spool_dir=info.directory
             )
         except SpoolLockedError:
             out.append(SpoolDrain(info.directory, info.events, info.events, in_use=True))

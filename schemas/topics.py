@@ -12,6 +12,8 @@ __all__ = [
     "DERIVED_JOB",
     "DERIVED_RANK",
     "RECORD_TOPIC",
+    "SCHEDULER_RECORD_TOPIC",
+    "SCHEDULER_STATES",
     "TELEMETRY_GPU",
     "TELEMETRY_HOST",
     "TELEMETRY_JOB",
@@ -42,6 +44,11 @@ TELEMETRY_JOB = "rs.telemetry.job"
 TELEMETRY_UNATTRIBUTED = "rs.telemetry.unattributed"
 TRAINING_STEPS = "rs.training.steps"
 TRAINING_EVENTS = "rs.training.events"
+# Job states as the scheduler itself reports them (`ranksight scheduler`): JobStateChanged records
+# only the scheduler watcher's principal may write (the Kafka ACLs), keyed by job like the training
+# events, so a job's state meets its records in one partition. The SDK's own states stay on
+# rs.training.events; a worker run with `--job-states scheduler` believes only this topic.
+SCHEDULER_STATES = "rs.scheduler.states"
 ALERTS = "rs.alerts"
 ALERTS_REPLAY = "rs.alerts.replay"
 DERIVED_RANK = "rs.derived.rank"
@@ -57,6 +64,7 @@ TOPICS: tuple[str, ...] = (
     TELEMETRY_UNATTRIBUTED,
     TRAINING_STEPS,
     TRAINING_EVENTS,
+    SCHEDULER_STATES,
     ALERTS,
     ALERTS_REPLAY,
     DERIVED_RANK,
@@ -67,7 +75,13 @@ TOPICS: tuple[str, ...] = (
 
 # What producers write that the stream worker reads (every record once): training records, and the
 # worker's copy of each telemetry sample (`telemetry_copies`). It never reads rs.telemetry.gpu/host.
-WORKER_SOURCES: tuple[str, ...] = (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED)
+WORKER_SOURCES: tuple[str, ...] = (
+    TRAINING_STEPS,
+    TRAINING_EVENTS,
+    SCHEDULER_STATES,
+    TELEMETRY_JOB,
+    TELEMETRY_UNATTRIBUTED,
+)
 
 # Record short name -> topic. Telemetry is keyed by node, training by job, alerts by team.
 RECORD_TOPIC: dict[str, str] = {
@@ -90,6 +104,10 @@ RECORD_TOPIC: dict[str, str] = {
     "ActionTaken": ACTIONS,
 }
 
+# What the scheduler watcher writes where `RECORD_TOPIC` would send it elsewhere (its producer's
+# `topics`, and the drain of a spool it left behind).
+SCHEDULER_RECORD_TOPIC: dict[str, str] = {"JobStateChanged": SCHEDULER_STATES}
+
 _KEY_FIELD: dict[str, str] = {
     TELEMETRY_GPU: "node",
     TELEMETRY_HOST: "node",
@@ -97,6 +115,7 @@ _KEY_FIELD: dict[str, str] = {
     TELEMETRY_UNATTRIBUTED: "node",
     TRAINING_STEPS: "job_id",
     TRAINING_EVENTS: "job_id",
+    SCHEDULER_STATES: "job_id",
     ALERTS: "team",
     ALERTS_REPLAY: "team",
     DERIVED_RANK: "job_id",
@@ -136,6 +155,10 @@ def off_topic_reason(record_type: str, topic: str) -> str | None:
     name = canonical_topic(topic)
     if name is None:
         return None
+    if name == SCHEDULER_STATES:  # the scheduler's word on a job's state, and nothing else
+        return (
+            None if record_type == "JobStateChanged" else f"a {record_type} record does not belong on {name}"
+        )
     if name in (TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED):
         allowed = TELEMETRY_GPU if record_type == "GpuSample" else TELEMETRY_HOST
     else:

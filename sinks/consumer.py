@@ -33,6 +33,7 @@ from schemas.eventtime import TimeBound, record_time, reference_ms, time_verdict
 from schemas.records import RECORD_TYPES
 from schemas.topics import (
     DEADLETTER,
+    SCHEDULER_STATES,
     TELEMETRY_GPU,
     TELEMETRY_HOST,
     TRAINING_EVENTS,
@@ -73,6 +74,7 @@ SINK_TOPICS: tuple[str, ...] = (
     "rs.telemetry.host",
     "rs.training.steps",
     "rs.training.events",
+    "rs.scheduler.states",  # the scheduler's job states (ranksight scheduler): table `job_states` too
     "rs.derived.rank",
     "rs.derived.job",
     "rs.alerts",
@@ -81,7 +83,13 @@ SINK_TOPICS: tuple[str, ...] = (
 
 # Topics whose producers stamp event times from their own clocks: records there must pass the time bound.
 # (Derived windows and alerts are stamped by the worker from records that already passed it.)
-TIME_BOUNDED_TOPICS: tuple[str, ...] = (TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_STEPS, TRAINING_EVENTS)
+TIME_BOUNDED_TOPICS: tuple[str, ...] = (
+    TELEMETRY_GPU,
+    TELEMETRY_HOST,
+    TRAINING_STEPS,
+    TRAINING_EVENTS,
+    SCHEDULER_STATES,
+)
 
 # The `x-component` header of what this consumer dead-letters: it owns the topics it stores.
 COMPONENT = "sink"

@@ -40,6 +40,7 @@ _ENGINE_KEYS = {
     "summary_bucket_s",
     "max_jobs",
     "max_ranks",
+    "max_nodes",
 }
 
 
@@ -129,6 +130,9 @@ class EngineConfig:
     max_ranks: int = (
         131_072  # distinct (job, rank) one partition's engine holds; the job with most is evicted
     )
+    # Distinct nodes one partition's engine holds per-node state of (~2.2 KB each: GPU, host, clock,
+    # telemetry pace); past it the least recently heard eighth is evicted (node names are claims).
+    max_nodes: int = 32_768
     detectors: dict[str, dict[str, Any]] = field(default_factory=dict)
     overrides: tuple[Any, ...] = ()  # streams.overrides.Override: knobs per workload (issue 35.1)
 
@@ -199,6 +203,7 @@ class EngineConfig:
             bucket = float(engine.get("summary_bucket_s", 5))
             max_jobs = int(engine.get("max_jobs", 10_000))
             max_ranks = int(engine.get("max_ranks", 131_072))
+            max_nodes = int(engine.get("max_nodes", 32_768))
         except (TypeError, ValueError):
             raise ConfigError(
                 f"{source}: engine.allowed_lateness_s, engine.advance_every_s, engine.max_clock_skew_s, "
@@ -211,8 +216,10 @@ class EngineConfig:
             )
         if jump_sources < 1:
             raise ConfigError(f"{source}: engine.clock_jump_sources must be >= 1")
-        if max_jobs < 1 or max_ranks < 1:
-            raise ConfigError(f"{source}: engine.max_jobs and engine.max_ranks must be >= 1")
+        if max_jobs < 1 or max_ranks < 1 or max_nodes < 8:
+            raise ConfigError(
+                f"{source}: engine.max_jobs and engine.max_ranks must be >= 1, engine.max_nodes >= 8"
+            )
         if not bucket > 0 or math.isinf(bucket):
             raise ConfigError(f"{source}: engine.summary_bucket_s must be a finite number > 0")
         base_url = str(engine.get("runbook_base_url", "docs/runbooks/"))
@@ -230,6 +237,7 @@ class EngineConfig:
             summary_bucket_ms=max(1, int(bucket * 1000)),
             max_jobs=max_jobs,
             max_ranks=max_ranks,
+            max_nodes=max_nodes,
             detectors=params,
             overrides=overrides,
         )

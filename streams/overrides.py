@@ -228,6 +228,11 @@ class Profiled(Detector):
         for det in self._instances.values():
             det.forget_job(job_id)
 
+    def forget_nodes(self, nodes: frozenset[str]) -> None:
+        """Drop evicted nodes everywhere."""
+        for det in self._instances.values():
+            det.forget_nodes(nodes)
+
     # -- what some rule classes expose --------------------------------------------------
     def __getattr__(self, name: str) -> Any:
         # drain_derived / drain_learned / adopt: combined over the instances when the class has them.

@@ -29,6 +29,7 @@ from schemas.topics import (
     DEADLETTER,
     DERIVED_JOB,
     DERIVED_RANK,
+    SCHEDULER_STATES,
     TELEMETRY_GPU,
     TELEMETRY_HOST,
     TELEMETRY_JOB,
@@ -60,7 +61,15 @@ TRAINING: tuple[str, ...] = (TRAINING_STEPS, TRAINING_EVENTS)
 # Written by the worker only (with the internal and changelog topics, by prefix).
 WORKER_OUTPUTS: tuple[str, ...] = (ALERTS, DERIVED_RANK, DERIVED_JOB, DEADLETTER)
 # Stored by the sink (sinks.consumer.SINK_TOPICS; not imported: infra depends on schemas only).
-SINK_READS: tuple[str, ...] = (*TELEMETRY[:2], *TRAINING, DERIVED_RANK, DERIVED_JOB, ALERTS, ACTIONS)
+SINK_READS: tuple[str, ...] = (
+    *TELEMETRY[:2],
+    *TRAINING,
+    SCHEDULER_STATES,
+    DERIVED_RANK,
+    DERIVED_JOB,
+    ALERTS,
+    ACTIONS,
+)
 
 
 @dataclass(frozen=True)
@@ -120,8 +129,8 @@ def grants(principals: Principals, *, prefix: str = "", app_id: str = "ranksight
     consume: tuple[Operation, ...] = ("READ", "DESCRIBE")
     out += _topics("agent", p.agent, TELEMETRY, produce, prefix)
     out += _topics("sdk", p.sdk, TRAINING, produce, prefix)
-    # Job states share rs.training.events with the SDK until they get a topic of their own.
-    out += _topics("scheduler", p.scheduler, (TRAINING_EVENTS,), produce, prefix)
+    # Job states as the scheduler reports them: a topic no agent or training job may write.
+    out += _topics("scheduler", p.scheduler, (SCHEDULER_STATES,), produce, prefix)
     # The worker: its sources, its outputs, and everything it names itself (internal topics, changelogs,
     # its consumer groups), by prefix; it creates its internal topics.
     out += _topics("worker", p.worker, WORKER_SOURCES, consume, prefix)

@@ -19,6 +19,7 @@ from schemas.topics import (
     DEADLETTER,
     DERIVED_JOB,
     DERIVED_RANK,
+    SCHEDULER_STATES,
     TELEMETRY_GPU,
     TELEMETRY_HOST,
     TELEMETRY_JOB,
@@ -73,6 +74,7 @@ DEFAULT_TOPIC_SPECS: tuple[TopicSpec, ...] = (
     _spec(TELEMETRY_UNATTRIBUTED, 6, 3),
     _spec(TRAINING_STEPS, 6, 7),
     _spec(TRAINING_EVENTS, 6, 7),
+    _spec(SCHEDULER_STATES, 6, 7),
     _spec(ALERTS, 3, 30),
     _spec(ALERTS_REPLAY, 3, 30),
     _spec(DERIVED_RANK, 6, 7),
@@ -90,6 +92,7 @@ COPARTITIONED: tuple[str, ...] = (
     TELEMETRY_UNATTRIBUTED,
     TRAINING_STEPS,
     TRAINING_EVENTS,
+    SCHEDULER_STATES,
 )
 
 

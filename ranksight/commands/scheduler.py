@@ -46,9 +46,10 @@ def scheduler(
     ),
 ) -> None:
     """Poll the scheduler and publish every job state change once (pending, running, preempted, requeued, ended)."""
-    from producers.publisher import open_publisher
+    from producers.publisher import SCHEDULER_SPOOL_PREFIX, open_publisher
     from producers.scheduler import StateTracker, TeamMap, follow
     from ranksight.producing import finish
+    from schemas.topics import SCHEDULER_RECORD_TOPIC
 
     if slurm == kubernetes:
         fail("choose one source: --slurm or --kubernetes")
@@ -79,9 +80,14 @@ def scheduler(
                 fail(f"{exc} (or use --to file:///path.avro)")
             check_broker(settings, allow_unreachable=True)  # an absent broker: spool
             kafka_conf = settings.kafka_config()
-            spool_dir = settings.home / "spool" / f"scheduler-{source.name}"
+            spool_dir = settings.home / "spool" / f"{SCHEDULER_SPOOL_PREFIX}{source.name}"
+        # Job states go to rs.scheduler.states, the topic only the watcher's principal may write.
         publisher = open_publisher(
-            to, kafka_conf=kafka_conf, topic_prefix=settings.topic_prefix, spool_dir=spool_dir
+            to,
+            kafka_conf=kafka_conf,
+            topic_prefix=settings.topic_prefix,
+            spool_dir=spool_dir,
+            topics=SCHEDULER_RECORD_TOPIC,
         )
     tracker = StateTracker(source.name, team_map.team_for, cluster=cluster)
     state_path = state_file or settings.home / "scheduler" / f"{source.name}.json"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ranksight.console import console, user_errors
+from ranksight.console import console, literal, user_errors
 
 __all__ = ["register"]
 
@@ -99,6 +99,14 @@ def worker(
         help="direct (the default): librdkafka batches with explicit commits; faust: the same core driven"
         " by a Faust agent, 2.2-2.9x slower (docs/worker.md). Same topics and state: a stopped group can switch.",
     ),
+    job_states: str = typer.Option(
+        "any",
+        "--job-states",
+        envvar="RANKSIGHT_JOB_STATES",
+        help="Whose job states end a job: any (the SDK's on rs.training.events and the scheduler's) or"
+        " scheduler (only rs.scheduler.states, which only `ranksight scheduler` may write under the Kafka"
+        " ACLs; docs/security.md). Use scheduler where a scheduler watcher runs.",
+    ),
     unbound_interval_ms: int = typer.Option(
         10_000,
         "--unbound-interval-ms",
@@ -108,10 +116,13 @@ def worker(
 ) -> None:
     """Consume telemetry and training events, detect, publish alerts to rs.alerts and stats to rs.derived.*."""
     from ranksight.broker import check_broker, check_group_runtime, kafka_settings
-    from streams.runtime.options import RUNTIMES
+    from streams.runtime.options import JOB_STATES, RUNTIMES
 
     if runtime not in RUNTIMES:
         console.print(f"[red]error:[/] unknown --runtime {runtime!r}: use direct or faust")
+        raise typer.Exit(2)
+    if job_states not in JOB_STATES:
+        console.print(f"[red]error:[/] unknown --job-states {literal(job_states)}: use any or scheduler")
         raise typer.Exit(2)
     with user_errors():
         settings = kafka_settings()
@@ -136,6 +147,7 @@ def worker(
         app_id=group,
         topic_prefix=settings.topic_prefix,
         runtime=runtime,  # checked against RUNTIMES above
+        job_states=job_states,  # checked against JOB_STATES above
         partitions=partitions,
         config_path=config,
         routing_path=routing,

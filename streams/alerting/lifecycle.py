@@ -100,6 +100,21 @@ class AlertTracker:
                 out.append(self._record(finding, entry, "firing", watermark, None, topology))
         return out
 
+    def end_nodes(self, nodes: frozenset[str], ts: int, topology: Topology) -> list[dict[str, Any]]:
+        """These nodes' state was evicted: resolve their firing alerts and drop their pending ones."""
+        out = []
+        for fp in sorted(self._entries):
+            entry = self._entries[fp]
+            if entry["finding"].get("node") not in nodes:
+                continue
+            del self._entries[fp]
+            if entry["status"] == "firing":
+                finding = _finding_from_dict(entry["finding"])
+                out.append(
+                    self._record(finding, entry, "resolved", ts, max(ts, entry["starts_at"]), topology)
+                )
+        return out
+
     def end_job(self, job_id: str, ts: int, topology: Topology) -> list[dict[str, Any]]:
         """The job ended: resolve its firing alerts (ends_at = `ts`) and drop its pending ones."""
         out = []

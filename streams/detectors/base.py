@@ -124,6 +124,14 @@ class JobInfo:
     started_ts: int = 0
     restart_count: int = 0
 
+    def node_set(self) -> frozenset[str]:
+        """`nodes` as a set, made once per list the job names (a JobStarted may list 32,768 nodes:
+        a rule asking "is this node the job's" must not walk the list at every check)."""
+        cached = self.__dict__.get("_node_set")
+        if cached is None or cached[0] is not self.nodes or cached[1] != len(self.nodes):
+            cached = self.__dict__["_node_set"] = (self.nodes, len(self.nodes), frozenset(self.nodes))
+        return cached[2]
+
 
 @dataclass
 class Binding:
@@ -136,6 +144,13 @@ class Binding:
     gpu_index: int | None
     pid: int
     ts: int = 0
+
+
+def drop_nodes(table: dict[str, Any], nodes: frozenset[str], prefix: str = "") -> None:
+    """Delete the entries of `table` keyed by one of `nodes`: `node`, `node|gpu`, `prefix + node`."""
+    cut = len(prefix)
+    for key in [k for k in table if k.startswith(prefix) and k[cut:].split("|", 1)[0] in nodes]:
+        del table[key]
 
 
 class Topology:
@@ -301,6 +316,10 @@ class Topology:
         self._ranks.pop(binding.job_id, None)
         self._on_node.pop((binding.job_id, binding.node), None)
 
+    def forget_nodes(self, nodes: frozenset[str]) -> None:
+        """Drop the clusters remembered for these nodes (evicted: past `engine.max_nodes`)."""
+        drop_nodes(self.node_cluster, nodes)
+
     def forget_job(self, job_id: str) -> None:
         """Drop everything held about a job: its JobInfo, pace and rank bindings (an evicted job)."""
         self.jobs.pop(job_id, None)
@@ -438,6 +457,9 @@ class Detector:
     def forget_job(self, job_id: str) -> None:
         """Drop state of a job that ended (bounded memory)."""
 
+    def forget_nodes(self, nodes: frozenset[str]) -> None:
+        """Drop what is held per node for these nodes (evicted: past `engine.max_nodes`)."""
+
 
 class PerJobDetector(Detector):
     """A detector whose whole state is one JSON-able dict per job, created by `new_job_state`."""
@@ -492,3 +514,7 @@ class JobAndHostDetector(Detector):
     def forget_job(self, job_id: str) -> None:
         """Drop a finished job (its nodes' host rows age out with the window)."""
         self.jobs.pop(job_id, None)
+
+    def forget_nodes(self, nodes: frozenset[str]) -> None:
+        """Drop evicted nodes' host rows."""
+        drop_nodes(self.hosts, nodes)

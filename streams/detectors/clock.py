@@ -17,7 +17,7 @@ import datetime as dt
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding
+from streams.detectors.base import Detector, Finding, drop_nodes
 from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "ClockDetector", "source_of"]
@@ -165,6 +165,10 @@ class ClockDetector(Detector):
             expected=0.0 if active else None,
             summary=summary,
         )
+
+    def forget_nodes(self, nodes: frozenset[str]) -> None:
+        """Drop evicted nodes' clocks."""
+        drop_nodes(self._sources, nodes, prefix="node:")
 
     def state(self) -> dict[str, Any]:
         """JSON-able state: the sources with rejected records."""

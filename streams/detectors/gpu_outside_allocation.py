@@ -65,6 +65,11 @@ class GpuOutsideAllocationDetector(Detector):
         """Drop a finished job's conditions (already resolved by then)."""
         self._gpus = {k: v for k, v in self._gpus.items() if not k.startswith(f"{job_id}|")}
 
+    def forget_nodes(self, nodes: frozenset[str]) -> None:
+        """Drop evicted nodes' cached bindings (their conditions go with their jobs)."""
+        for node in nodes:
+            self._pids.pop(node, None)
+
     def _bound_pids(self, node: str) -> dict[int, Binding]:
         pids = self._pids.get(node)
         if pids is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.base import Detector, Finding, Topology, drop_nodes
 from streams.detectors.catalogue import Rule
 from streams.detectors.infra_signal import NodeJobs
 
@@ -51,6 +51,11 @@ class HostMemoryPressureDetector(Detector):
         self._oom_quiet = int(float(p["oom_quiet_s"]) * 1000)
         self._hosts: dict[str, dict[str, Any]] = {}  # node -> host memory state
         self.node_jobs = NodeJobs(topology)
+
+    def forget_nodes(self, nodes: frozenset[str]) -> None:
+        """Drop evicted nodes' host memory state."""
+        drop_nodes(self._hosts, nodes)
+        self.node_jobs.forget_nodes(nodes)
 
     def state(self) -> dict[str, Any]:
         """JSON-able state: per host, and the jobs HostSamples named."""

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.base import Detector, Finding, Topology, drop_nodes
 from streams.detectors.catalogue import Rule
 
 __all__ = ["CHECK_DEFAULTS", "GpuDetector", "GpuFaultDetector", "NodeJobs", "PeriodicCheck"]
@@ -45,11 +45,15 @@ class NodeJobs:
         if r.get("job_ids"):
             self.named[r["node"]] = sorted(str(j) for j in r["job_ids"])
 
+    def forget_nodes(self, nodes: frozenset[str]) -> None:
+        """Drop evicted nodes' job lists."""
+        drop_nodes(self.named, nodes)
+
     def affected(self, node: str) -> list[str]:
         """Every job a host-level fault on `node` affects (sorted); [""] when no job is known there."""
         bindings = self.topology.bindings_on_node(node)
         jobs = {b.job_id for b in bindings if self.running(b.job_id)}
-        jobs.update(j.job_id for j in self.topology.active_jobs() if node in j.nodes)
+        jobs.update(j.job_id for j in self.topology.active_jobs() if node in j.node_set())
         jobs.update(j for j in self.named.get(node, ()) if j and self.running(j))
         if jobs:
             return sorted(jobs)
@@ -91,6 +95,10 @@ class GpuDetector(Detector):
         super().__init__(topology, params)
         self.p = {**self.defaults(), **self.params}
         self._gpus: dict[str, dict[str, Any]] = {}  # "node|uuid" -> per-GPU state
+
+    def forget_nodes(self, nodes: frozenset[str]) -> None:
+        """Drop evicted nodes' GPUs."""
+        drop_nodes(self._gpus, nodes)
 
     # -- what a subclass says --------------------------------------------------------------------
 
@@ -178,6 +186,11 @@ class GpuFaultDetector(GpuDetector):
         self.quiet_ms = int(float(self.p[self.quiet_knob]) * 1000)
         self.node_jobs = NodeJobs(topology)
         self.check = PeriodicCheck(int(float(self.p["check_every_s"]) * 1000))
+
+    def forget_nodes(self, nodes: frozenset[str]) -> None:
+        """Drop evicted nodes' GPUs and the jobs their HostSamples named."""
+        super().forget_nodes(nodes)
+        self.node_jobs.forget_nodes(nodes)
 
     def finding(self, node: str, uuid: str, g: dict[str, Any], ts: int, active: bool) -> Finding:
         """The rule's finding for GPU `g`'s condition."""

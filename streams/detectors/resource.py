@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.base import Detector, Finding, Topology, drop_nodes
 from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "ResourceDetector"]
@@ -54,6 +54,10 @@ class ResourceDetector(Detector):
         """Restore from `state()`."""
         self._gpus = dict(state.get("gpus", {}))
         self._allowed.clear()
+
+    def forget_nodes(self, nodes: frozenset[str]) -> None:
+        """Drop evicted nodes' GPUs."""
+        drop_nodes(self._gpus, nodes)
 
     def forget_job(self, job_id: str) -> None:
         """Drop GPU state of a finished job (a still-active condition was resolved by then)."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.base import Detector, Finding, Topology, drop_nodes
 from streams.detectors.history import add_point, points_of
 from streams.detectors.infra_signal import CHECK_DEFAULTS, NodeJobs, PeriodicCheck
 from streams.detectors.stats import median
@@ -84,6 +84,11 @@ class TelemetryMissingDetector(Detector):
         self._watermark = -(2**62)  # the latest watermark: when a sample arrives, its node is heard then
         self._listed: tuple[tuple[str, str, int], ...] | None = None  # running jobs the listed nodes are of
         self._listed_nodes: frozenset[str] = frozenset()
+
+    def forget_nodes(self, nodes: frozenset[str]) -> None:
+        """Drop evicted nodes' samples and intervals."""
+        drop_nodes(self._nodes, nodes)
+        self.node_jobs.forget_nodes(nodes)
 
     def state(self) -> dict[str, Any]:
         """JSON-able state: per node, the jobs HostSamples named, the last periodic check."""

@@ -318,8 +318,10 @@ class ThroughputDetector(JobAndHostDetector):
     def _host_cpu(self, job_id: str, start: int, end: int) -> float | None:
         nodes = {b.node for b in self.topology.ranks_of(job_id)}
         info = self.topology.jobs.get(job_id)
-        if info is not None:
-            nodes.update(info.nodes)
+        if info is not None and info.nodes:
+            # The listed nodes that sent host samples (the nodes heard are capped; a listing is a claim).
+            listed = info.node_set()
+            nodes.update(n for n in self.hosts if n in listed)
         vals = finite(v for n in sorted(nodes) for t, v in self.hosts.get(n, []) if start <= t < end)
         return mean(vals)
 

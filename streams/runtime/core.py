@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 
 from schemas.codec import Codec
 from schemas.records import Event
-from schemas.topics import ALERTS, TELEMETRY_JOB, TRAINING_EVENTS, key_for
+from schemas.topics import ALERTS, TELEMETRY_JOB, key_for
 from streams.alerting.routing import Router, load_router
 from streams.config import EngineConfig, load_config
 from streams.runtime.aligner import Aligner, LagFn, tp_key
@@ -40,6 +40,7 @@ from streams.runtime.guard import InputSilence, WallClockGuard
 from streams.runtime.intake import Intake, Record
 from streams.runtime.options import (
     CONTROL,
+    JOB_EVENT_TOPICS,
     NODE_TOPICS,
     SIDE_FRONT_S,
     SOURCE_TOPICS,
@@ -195,7 +196,7 @@ class WorkerCore:
             event, dead = task.receive(rec, now)
             if dead:
                 actions += dead
-            elif event is not None and rec.topic == TRAINING_EVENTS:
+            elif event is not None and rec.topic in JOB_EVENT_TOPICS:
                 actions += self.side.binding_read(rec, event, self.assigned, now)
                 actions += self._broadcast(rec, event, now)
             elif event is not None and rec.topic == TELEMETRY_JOB:

@@ -12,7 +12,13 @@ import time
 from collections.abc import Mapping
 
 from infra.metrics import Metric, MetricsServer
-from schemas.topics import TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED, TRAINING_EVENTS, TRAINING_STEPS
+from schemas.topics import (
+    SCHEDULER_STATES,
+    TELEMETRY_JOB,
+    TELEMETRY_UNATTRIBUTED,
+    TRAINING_EVENTS,
+    TRAINING_STEPS,
+)
 from streams.runtime.aligner import tp_key
 from streams.runtime.core import WorkerCore
 from streams.runtime.options import SOURCE_TOPICS
@@ -51,7 +57,12 @@ class WorkerHealth:
             task = core.tasks.get(p)
             read = [(TELEMETRY_UNATTRIBUTED, core.side.aligner)]
             read += (
-                [(t, task.aligner) for t in (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_JOB)] if task else []
+                [
+                    (t, task.aligner)
+                    for t in (TRAINING_STEPS, TRAINING_EVENTS, SCHEDULER_STATES, TELEMETRY_JOB)
+                ]
+                if task
+                else []
             )
             for topic, aligner in read:
                 tp = tp_key(topic, p)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from schemas.topics import (
+    SCHEDULER_STATES,
     TELEMETRY_JOB,
     TELEMETRY_UNATTRIBUTED,
     TRAINING_EVENTS,
@@ -29,6 +30,8 @@ __all__ = [
     "FORWARD_BATCH",
     "FORWARD_HOP_S",
     "INPUT_TOPICS",
+    "JOB_EVENT_TOPICS",
+    "JOB_STATES",
     "JOB_TOPICS",
     "METRICS_S",
     "NODE_TOPICS",
@@ -38,6 +41,7 @@ __all__ = [
     "STAGE_TOPICS",
     "SUMMARIES",
     "TELEMETRY_BY_JOB",
+    "JobStates",
     "Runtime",
     "WorkerOptions",
     "env_options",
@@ -59,13 +63,28 @@ SOURCE_TOPICS: tuple[str, ...] = WORKER_SOURCES  # what producers write that the
 # The side path (unattributed telemetry, bindings) reads these, keyed by node ...
 NODE_TOPICS: tuple[str, ...] = (TELEMETRY_UNATTRIBUTED, BINDINGS)
 # ... the rank-stage tasks these, keyed by job (and node): partition p of each meets in task p ...
-JOB_TOPICS: tuple[str, ...] = (TRAINING_STEPS, TRAINING_EVENTS, TELEMETRY_JOB, TELEMETRY_BY_JOB, CONTROL)
+JOB_TOPICS: tuple[str, ...] = (
+    TRAINING_STEPS,
+    TRAINING_EVENTS,
+    SCHEDULER_STATES,
+    TELEMETRY_JOB,
+    TELEMETRY_BY_JOB,
+    CONTROL,
+)
+# Job-keyed topics whose job-level records (JobStarted, JobStateChanged) every rank-stage task gets a
+# copy of through CONTROL.
+JOB_EVENT_TOPICS: tuple[str, ...] = (TRAINING_EVENTS, SCHEDULER_STATES)
 # ... and the job-stage tasks this one.
 STAGE_TOPICS: tuple[str, ...] = (SUMMARIES,)
 # Everything a worker reads.
 INPUT_TOPICS: tuple[str, ...] = (*NODE_TOPICS, *JOB_TOPICS, *STAGE_TOPICS)
 
 Runtime = Literal["direct", "faust"]
+# Whose job states the engines believe (issue 32.2): "any" takes JobStateChanged from the training
+# events the SDK writes as well as from the scheduler topic; "scheduler" only from rs.scheduler.states,
+# which only the scheduler watcher may write (a forged "completed" from a training job ends nothing).
+JobStates = Literal["any", "scheduler"]
+JOB_STATES: tuple[JobStates, ...] = ("any", "scheduler")
 RUNTIMES: tuple[Runtime, ...] = ("direct", "faust")
 # librdkafka batches with explicit commits: 2.2-2.9x the Faust adapter's events/s (docs/worker.md).
 DEFAULT_RUNTIME: Runtime = "direct"
@@ -98,6 +117,7 @@ class WorkerOptions:
     checkpoint_events: int = 5_000
     log_level: str = "warning"
     align_idle_s: float = 2.0
+    job_states: JobStates = "any"
     # The end of a finite input: every input partition read to its end and no record for this long
     # (wall time) -> the engines move to the newest event time read and release everything they
     # hold, as an offline replay's end does (`WorkerCore.finish`). 0: never. Longer than the consumer

@@ -28,7 +28,7 @@ from typing import Any
 
 from schemas.eventtime import MIN_EVENT_TS
 from schemas.records import Event
-from schemas.topics import TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED, TRAINING_EVENTS
+from schemas.topics import SCHEDULER_STATES, TELEMETRY_JOB, TELEMETRY_UNATTRIBUTED, TRAINING_EVENTS
 from streams.runtime.aligner import Aligner, LagFn, tp_key
 from streams.runtime.changelog import ROUTES_TABLE, changelog_topic, state_key
 from streams.runtime.checkpoint import Action, Checkpoint, Send
@@ -356,6 +356,10 @@ class SidePath:
                 at = (task.aligner.last_ts(tp) if task else None) or MIN_EVENT_TS
                 waiting.append(at)
                 pending.append(at)  # may hold a JobStarted every rank-stage task needs a copy of
+            tp = tp_key(SCHEDULER_STATES, p)
+            left = lag(tp, task.aligner.last_offset(tp) if task else None)
+            if left is None or left > 0:  # may hold a job's end every rank-stage task needs a copy of
+                pending.append((task.aligner.last_ts(tp) if task else None) or MIN_EVENT_TS)
         self.aligner.set_upstream_front(min(waiting) if waiting else None)
         self.front = min(pending) if pending else None
         return self.front

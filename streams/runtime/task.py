@@ -30,6 +30,7 @@ from schemas.errors import EncodeError
 from schemas.eventtime import MIN_EVENT_TS, event_ts
 from schemas.records import Event
 from schemas.topics import (
+    SCHEDULER_STATES,
     TELEMETRY_JOB,
     TRAINING_EVENTS,
     TRAINING_STEPS,
@@ -169,6 +170,7 @@ TASK_COUNTS: tuple[str, ...] = (
     "repeated",  # job stage: a record the rank stage sent again after a restart, dropped
     "shed_jobs",  # jobs evicted because the partition's snapshot outgrew the changelog's limit
     "finishes",  # the end of a finite input: everything held released, event time at the newest read
+    "untrusted_states",  # JobStateChanged on the training topic not believed (--job-states scheduler)
 )
 
 
@@ -348,6 +350,13 @@ class PartitionTask:
             self._mark(tp, rec.offset)
             self.aligner.note(tp, rec.offset, None, now)
             return None, list(dead)
+        if self.kind == "rank" and self._untrusted_state(rec, event):
+            # A job state from the training topic while only the scheduler's are believed: read and
+            # counted (the sink still stores it), never fed to the engine nor copied to others.
+            self.counts["untrusted_states"] += 1
+            self._mark(tp, rec.offset)
+            self.aligner.note(tp, rec.offset, None, now)
+            return None, []
         if self.kind == "job":
             if event.type == "StageProgress":
                 if self._marker(event.record):
@@ -359,6 +368,15 @@ class PartitionTask:
             return event, []
         self.aligner.push(tp, rec.offset, self.intake.held_ts(rec, event), (rec, event), now)
         return event, []
+
+    def _untrusted_state(self, rec: Record, event: Event) -> bool:
+        """A JobStateChanged someone other than the scheduler watcher could have written, while the
+        worker believes only the scheduler's (`--job-states scheduler`)."""
+        return (
+            event.type == "JobStateChanged"
+            and rec.topic == TRAINING_EVENTS
+            and self.options.job_states == "scheduler"
+        )
 
     def _marker(self, r: dict[str, Any]) -> bool:
         """A rank-stage partition says how far it has sent everything (never backwards). True when
@@ -505,7 +523,7 @@ class PartitionTask:
             keys = job_keys(event.type, event.record)
             if keys and (rec.key or b"") == shard_key(keys[0], event.record.get("node")).encode():
                 totals["telemetry_in"] += 1
-        elif rec.topic in (TRAINING_STEPS, TRAINING_EVENTS):
+        elif rec.topic in (TRAINING_STEPS, TRAINING_EVENTS, SCHEDULER_STATES):
             totals["training_in"] += 1  # not the worker's own copies (control, summaries)
         ident = _telemetry_source(event)
         if ident is not None:

@@ -19,6 +19,7 @@ an offline replay (`streams.offline.detection`) reproduces production alerts.
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import zlib
 from collections.abc import Callable, Iterable
@@ -196,6 +197,9 @@ class StageEngine:
         # ranks): past `config.max_ranks` in all, the job holding the most is evicted.
         self._job_ranks: dict[str, set[int]] = {}
         self._ranks_held = 0
+        # Every node this engine holds per-node state of -> event time last heard (node names are
+        # claims too): past `config.max_nodes` the least recently heard eighth is evicted.
+        self._nodes_heard: dict[str, int] = {}
 
     # -- the per-event path ------------------------------------------------------------
     def process(
@@ -267,6 +271,12 @@ class StageEngine:
             rank = event.record.get("rank")
             if rank is not None:
                 self._hold_rank(job_id, rank, ts, out)
+        node = event.record.get("node")
+        if node:
+            nodes = self._nodes_heard
+            if nodes.pop(node, None) is None and len(nodes) >= self.config.max_nodes:
+                self._evict_nodes(ts, out)
+            nodes[node] = ts
         self.topology.observe(event)  # bindings, jobs and their pace (the step every alert carries)
         if self.summarizer is not None:
             self.summarizer.observe(event)
@@ -531,6 +541,25 @@ class StageEngine:
             "%s stage: evicted the state of job %r, the least recently heard", self.stage or "single", job_id
         )
 
+    def _evict_nodes(self, ts: int, out: list[Event]) -> None:
+        """Forget the least recently heard eighth of the nodes held (bounded state, amortised: one
+        pass over each per-node table per eviction): their alerts resolve, their state goes."""
+        count = max(1, self.config.max_nodes // 8)
+        victims = frozenset(itertools.islice(self._nodes_heard, count))
+        for node in victims:
+            del self._nodes_heard[node]
+        self._emit_alerts(self.tracker.end_nodes(victims, ts, self.topology), out)
+        for det in self.detectors:
+            det.forget_nodes(victims)
+        self.topology.forget_nodes(victims)
+        self.stats["evicted_nodes"] = self.stats.get("evicted_nodes", 0) + len(victims)
+        log.warning(
+            "%s stage: evicted the state of %d nodes, the least recently heard (engine.max_nodes %d)",
+            self.stage or "single",
+            len(victims),
+            self.config.max_nodes,
+        )
+
     def shed(self, count: int) -> list[Event]:
         """Evict the `count` least recently heard jobs (a snapshot over the changelog's limit); their outputs."""
         out: list[Event] = []
@@ -587,6 +616,7 @@ class StageEngine:
             "external": {k: self._external[k] for k in sorted(self._external)},
             "jobs_heard": list(self._jobs_heard.items()),  # in eviction order
             "job_ranks": {j: sorted(r) for j, r in sorted(self._job_ranks.items())},
+            "nodes_heard": list(self._nodes_heard.items()),  # in eviction order
         }
         return zlib.compress(dumps_state(state), 6)
 
@@ -644,6 +674,8 @@ class StageEngine:
         engine._jobs_heard = {str(j): int(t) for j, t in heard}
         engine._job_ranks = {j: set(r) for j, r in state.get("job_ranks", {}).items()}
         engine._ranks_held = sum(len(r) for r in engine._job_ranks.values())
+        # A snapshot from before the node cap: nodes are counted again as they are heard.
+        engine._nodes_heard = {str(n): int(t) for n, t in state.get("nodes_heard", [])}
         return engine
 
 

@@ -28,6 +28,7 @@ from schemas.topics import (
     ALERTS,
     DEADLETTER,
     DERIVED_JOB,
+    SCHEDULER_STATES,
     TELEMETRY_GPU,
     TELEMETRY_JOB,
     TRAINING_EVENTS,
@@ -35,7 +36,7 @@ from schemas.topics import (
 )
 from tests.integration.stopping import RANKSIGHT
 
-ROLES = ("agent", "sdk", "worker", "remediate")
+ROLES = ("agent", "sdk", "scheduler", "worker", "remediate")
 INTERNAL = "rs.internal.jobs"  # one of the worker's internal topics (streams.runtime.options.CONTROL)
 
 
@@ -98,7 +99,7 @@ def _write(cluster: Cluster, user: str, topics: list[str]) -> dict[str, str]:
     return answers
 
 
-def test_a_producer_principal_may_write_its_own_topics_and_is_refused_on_alerts_and_decisions(
+def test_a_producer_principal_may_write_its_own_topics_and_is_refused_on_alerts_states_and_decisions(
     cluster: Cluster,
 ) -> None:
     prefix = f"a{uuid.uuid4().hex[:6]}."
@@ -125,6 +126,7 @@ def test_a_producer_principal_may_write_its_own_topics_and_is_refused_on_alerts_
         TELEMETRY_JOB,
         TRAINING_STEPS,
         TRAINING_EVENTS,
+        SCHEDULER_STATES,
         ALERTS,
         ACTIONS,
         DERIVED_JOB,
@@ -141,6 +143,9 @@ def test_a_producer_principal_may_write_its_own_topics_and_is_refused_on_alerts_
     assert sdk == {
         prefix + n: ("ok" if n in (TRAINING_STEPS, TRAINING_EVENTS) else refused) for n in names
     }, sdk
+    # Job states the detectors believe (`--job-states scheduler`): the scheduler watcher's word only.
+    scheduler = _write(cluster, "ranksight-scheduler", topics)
+    assert scheduler == {prefix + n: ("ok" if n == SCHEDULER_STATES else refused) for n in names}, scheduler
     worker = _write(cluster, "ranksight-worker", [prefix + ALERTS, prefix + INTERNAL, prefix + ACTIONS])
     assert worker == {prefix + ALERTS: "ok", prefix + INTERNAL: "ok", prefix + ACTIONS: refused}, worker
     remediate = _write(cluster, "ranksight-remediate", [prefix + ACTIONS, prefix + ALERTS])

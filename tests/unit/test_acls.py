@@ -16,7 +16,8 @@ def test_who_may_write_each_topic() -> None:
         "p.rs.telemetry.job": {"agent"},
         "p.rs.telemetry.unattributed": {"agent"},
         "p.rs.training.steps": {"sdk"},
-        "p.rs.training.events": {"sdk", "scheduler"},  # shared until job states get their own topic
+        "p.rs.training.events": {"sdk"},
+        "p.rs.scheduler.states": {"scheduler"},  # the job states a --job-states scheduler worker believes
         "p.rs.alerts": {"worker"},
         "p.rs.derived.rank": {"worker"},
         "p.rs.derived.job": {"worker"},

@@ -153,11 +153,12 @@ def test_the_cli_publishes_to_the_real_broker_keyed_by_job(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A held job's `pending` reaches rs.training.events, Avro-encoded, keyed by the Slurm job id."""
+    """A held job's `pending` reaches rs.scheduler.states (the topic only the scheduler watcher may
+    write), Avro-encoded, keyed by the Slurm job id like the job's training events."""
     from confluent_kafka import Consumer
 
     from schemas.codec import Codec
-    from schemas.topics import TRAINING_EVENTS
+    from schemas.topics import SCHEDULER_STATES
 
     job = slurm_env.sbatch("--hold", "--wrap", "sleep 1")
     monkeypatch.setenv("KAFKA_BOOTSTRAP", kafka_bootstrap)
@@ -168,7 +169,7 @@ def test_the_cli_publishes_to_the_real_broker_keyed_by_job(
     consumer = Consumer(
         {"bootstrap.servers": kafka_bootstrap, "group.id": group_id, "auto.offset.reset": "earliest"}
     )
-    consumer.subscribe([topics[TRAINING_EVENTS]])
+    consumer.subscribe([topics[SCHEDULER_STATES]])
     codec, found = Codec(), None
     deadline = time.monotonic() + 60
     try:

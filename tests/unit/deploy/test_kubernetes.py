@@ -331,7 +331,7 @@ def test_each_service_user_may_do_what_its_command_does_and_no_more_writes() -> 
             ("Read", "rs.training.events"),
             ("Write", "rs.actions"),
         ],
-        "ranksight-scheduler": [("Write", "rs.scheduler.jobs")],
+        "ranksight-scheduler": [("Write", "rs.scheduler.states")],
     }
     for user, wanted in needs.items():
         missing = [(op, t) for op, t in wanted if not _allows(users[user], op, "topic", t)]
@@ -339,5 +339,9 @@ def test_each_service_user_may_do_what_its_command_does_and_no_more_writes() -> 
     for user in ("ranksight-agent", "ranksight-training", "ranksight-scheduler"):
         for topic in ("rs.alerts", "rs.derived.rank", "rs.actions", "rs.internal.summaries", changelogs[0]):
             assert not _allows(users[user], "Write", "topic", topic), f"{user} may write {topic}"
+    # The job states the worker believes (--job-states=scheduler): only the scheduler watcher's.
+    for user in ("ranksight-agent", "ranksight-training"):
+        assert not _allows(users[user], "Write", "topic", "rs.scheduler.states"), f"{user} may write job states"
+    assert not _allows(users["ranksight-scheduler"], "Write", "topic", "rs.training.events")
     assert _allows(users["ranksight-worker"], "Read", "group", DEFAULT_APP_ID)
     assert _allows(users["ranksight-sink"], "Read", "group", "ranksight-sink")

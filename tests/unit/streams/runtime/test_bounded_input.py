@@ -76,3 +76,46 @@ def test_the_fat_job_started_records_are_dead_lettered_once_and_the_worker_loses
     assert expected and _ids(alerts_of(kafka, CODEC)) == expected  # every alert, none lost
     snapshots = kafka.records(changelog_topic(options.app_id, SNAPSHOT_TABLE))
     assert snapshots and max(len(r.value or b"") for r in snapshots) < 1_000_000
+
+
+def _replay_work(nodes: int, seconds: int) -> int:
+    """Python and C function calls both stages make replaying a healthy 8-rank job of `seconds`
+    whose JobStarted claims `nodes` nodes (a deterministic count of work, not a timing)."""
+    import sys
+
+    from schemas.eventtime import event_ts
+    from streams.offline.detection import DetectionEngine
+    from tests.unit.streams.builders import T0, gpu_sample, host_sample, training_job
+
+    events = training_job("claims", world_size=8, seconds=seconds)
+    events[0] = job_started("claims", T0, world_size=8, nodes=nodes)
+    for s in range(0, seconds, 5):
+        events += [gpu_sample("node-01", 0, T0 + s * 1000), host_sample("node-01", T0 + s * 1000)]
+    events.sort(key=event_ts)
+    engine = DetectionEngine()
+    calls = 0
+
+    def count(frame: object, what: str, arg: object) -> None:
+        nonlocal calls
+        if what in ("call", "c_call"):
+            calls += 1
+
+    sys.setprofile(count)
+    try:
+        engine.run(events)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_replay_work_grows_with_records_not_with_what_one_record_claims() -> None:
+    """A JobStarted listing the most nodes the caps accept costs its nodes once, however long the
+    job runs: no rule walks a claimed list at every record or check (the 100k-node listing made a
+    replay 14x slower when `telemetry_missing` sorted every node at each check)."""
+    claim = 16_384
+    short_small, short_big = _replay_work(1, 150), _replay_work(claim, 150)
+    long_small, long_big = _replay_work(1, 300), _replay_work(claim, 300)
+    assert 1.8 < long_small / short_small < 2.2  # the work is linear in records ...
+    once = short_big - short_small
+    assert once < 16 * claim  # ... a claimed node costs a few calls (10 today: six partitions) ...
+    assert long_big - long_small < once + claim // 8  # ... once, not again at every window or check

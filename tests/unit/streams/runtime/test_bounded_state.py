@@ -17,7 +17,7 @@ from streams.runtime.changelog import SNAPSHOT_TABLE, changelog_topic
 from streams.runtime.core import WorkerCore
 from streams.runtime.options import WorkerOptions
 from streams.stages.engine import StageEngine
-from tests.unit.streams.builders import T0, job_started, step
+from tests.unit.streams.builders import T0, gpu_sample, host_sample, job_started, step
 from tests.unit.streams.runtime.fake_kafka import FakeKafka, drive
 
 CODEC = Codec()
@@ -112,3 +112,34 @@ def test_a_job_naming_ranks_without_end_is_evicted_and_the_others_keep_theirs() 
     assert "legit" in engine.topology.jobs and engine._job_ranks["legit"] == set(range(8))
     restored = StageEngine.restore(engine.snapshot(), engine.config, stage="rank")
     assert restored.ranks_held == engine.ranks_held  # the count survives a restart
+
+
+def test_an_engine_holds_at_most_max_nodes_and_an_evicted_nodes_alerts_resolve() -> None:
+    """Node names are claims too: a flood of made-up nodes (~2.2 KB of per-node state each before the
+    cap) evicts the least recently heard eighth at a time; their open alerts resolve; a node heard
+    recently keeps its state."""
+    config = dataclasses.replace(EngineConfig.default(), max_nodes=64)
+    engine = StageEngine(config, stage="rank")
+    bad = gpu_sample("node-xid", 0, T0)
+    bad.record["xid"] = 79
+    fired = [e.record for e in engine.process(bad) if e.type == "Alert"]
+    assert [(a["rule"], a["status"]) for a in fired] == [("xid_error", "firing")]
+    out: list[Event] = []
+    for i in range(2_000):
+        out += engine.process(gpu_sample(f"made-up-{i}", 0, T0 + 1_000 + i))
+        out += engine.process(host_sample(f"made-up-{i}", T0 + 1_000 + i))
+        if i % 50 == 0:
+            out += engine.process(gpu_sample("busy", 0, T0 + 1_000 + i))  # heard all along
+    assert len(engine._nodes_heard) <= 64 and "busy" in engine._nodes_heard
+    assert engine.stats["evicted_nodes"] >= 2_000 - 64
+    resolved = [e.record for e in out if e.type == "Alert" and e.record["rule"] == "xid_error"]
+    assert [(a["node"], a["status"]) for a in resolved] == [("node-xid", "resolved")]
+    capped = len(engine.snapshot())
+    restored = StageEngine.restore(engine.snapshot(), config, stage="rank")
+    assert list(restored._nodes_heard) == list(engine._nodes_heard)  # same eviction order
+    # Without the cap the same flood holds every node: the snapshot is many times larger.
+    free = StageEngine(dataclasses.replace(EngineConfig.default(), max_nodes=1_000_000), stage="rank")
+    for i in range(2_000):
+        free.process(gpu_sample(f"made-up-{i}", 0, T0 + 1_000 + i))
+        free.process(host_sample(f"made-up-{i}", T0 + 1_000 + i))
+    assert len(free.snapshot()) > 10 * capped
