@@ -33,7 +33,7 @@ from producers.simulator.faults import FAULTS
 from producers.simulator.jobrun import JobRun
 from producers.simulator.scenario import FaultSpec, JobSpec, Scenario
 from producers.simulator.sdk_samples import sdk_samples
-from producers.simulator.telemetry import node_telemetry
+from producers.simulator.telemetry import NodeTelemetry
 from schemas.files import format_ts, parse_ts
 from schemas.records import Event
 
@@ -218,9 +218,7 @@ class Engine:
             if f.type == "agent_silent":
                 silent.setdefault(self.targets[i][0] or "", []).append((i, f))
         for n_index, node in enumerate(sc.cluster.node_names):
-            node_telemetry(
-                self, node, n_index, faults_by_gpu, faults_by_node.get(node, []), silent.get(node, [])
-            )
+            NodeTelemetry(self, node, faults_by_gpu, faults_by_node.get(node, []), silent.get(node, [])).run()
             if self.progress is not None:
                 self.progress(len(self.out), sc.duration * (n_index + 1) / sc.cluster.nodes)
         sdk_samples(self)

@@ -39,159 +39,203 @@ if TYPE_CHECKING:
     from producers.simulator.engine import Engine
 
 
-def node_telemetry(
-    engine: Engine,
-    node: str,
-    n_index: int,
-    faults_by_gpu: dict[tuple[str, int], list[tuple[int, FaultSpec]]],
-    node_faults: list[tuple[int, FaultSpec]],
-    silent: list[tuple[int, FaultSpec]],
-) -> None:
-    sc, iv, gc = engine.sc, engine.iv, engine.gpu
-    rng = engine._rng(f"telemetry/{node}")
-    phase = engine.phase[node]
-    gpus = sc.cluster.gpus_per_node
-    temps = [30.0 + rng.uniform(0, 4) for _ in range(gpus)]
-    energy = [rng.randint(10**9, 5 * 10**9) for _ in range(gpus)]
-    ecc_c = [rng.randint(0, 3) for _ in range(gpus)]
-    ecc_u = [0] * gpus
-    remap_u = [0] * gpus
-    uuids = [gpu_uuid(sc.cluster.name, node, g) for g in range(gpus)]
-    oom_kills = rng.randint(0, 2)
-    ib_errors = [0]  # the port's cumulative error counter; samples carry its increments
-    swap = 0.0
-    load5 = load15 = 0.0
-    host_total = sc.cluster.host_memory_gib * _GIB
-    last_seen: float | None = None
-    gap_open: dict[int, bool] = {}
-    # Instant GPU events (XID, ECC) per GPU in time order, applied at the tick that covers them.
-    instants: dict[int, list[tuple[float, int, FaultSpec]]] = {}
-    for (nd, g_index), lst in sorted(faults_by_gpu.items()):
-        if nd != node:
-            continue
-        for i, f in lst:
-            if f.type in ("xid_error", "ecc_uncorrectable", "ecc_correctable"):
-                instants.setdefault(g_index, []).append((f.start, i, f))
-    for moments in instants.values():
-        moments.sort(key=lambda x: (x[0], x[1]))
-    k = 1
-    while True:
-        tick = phase + k * iv
-        if tick >= sc.duration:
-            break
-        b = k - 1
-        k += 1
+class _TickLoad:
+    """What a node's GPUs add up to in one interval, for its HostSample."""
+
+    def __init__(self) -> None:
+        self.busy = 0.0  # training share of the held GPUs (data, compute, collectives)
+        self.held_gpus = 0
+        self.comm = 0.0
+        self.jobs: set[str] = set()  # what an attributing agent stamps on the HostSample
+
+
+class NodeTelemetry:
+    """One node's agent over the whole scenario: GPU and host counters, a GpuSample per GPU and a HostSample per tick."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        node: str,
+        faults_by_gpu: dict[tuple[str, int], list[tuple[int, FaultSpec]]],
+        node_faults: list[tuple[int, FaultSpec]],
+        silent: list[tuple[int, FaultSpec]],
+    ) -> None:
+        sc = engine.sc
+        self.engine, self.node = engine, node
+        self.faults_by_gpu, self.node_faults, self.silent = faults_by_gpu, node_faults, silent
+        self.rng = rng = engine._rng(f"telemetry/{node}")
+        self.gpus = gpus = sc.cluster.gpus_per_node
+        self.temps = [30.0 + rng.uniform(0, 4) for _ in range(gpus)]
+        self.energy = [rng.randint(10**9, 5 * 10**9) for _ in range(gpus)]
+        self.ecc_c = [rng.randint(0, 3) for _ in range(gpus)]
+        self.ecc_u = [0] * gpus
+        self.remap_u = [0] * gpus
+        self.uuids = [gpu_uuid(sc.cluster.name, node, g) for g in range(gpus)]
+        self.oom_kills = rng.randint(0, 2)
+        self.ib_errors = [0]  # the port's cumulative error counter; samples carry its increments
+        self.swap = 0.0
+        self.load5 = self.load15 = 0.0
+        self.host_total = sc.cluster.host_memory_gib * _GIB
+        self.last_seen: float | None = None
+        self.gap_open: dict[int, bool] = {}
+        # Instant GPU events (XID, ECC) per GPU in time order, applied at the tick that covers them.
+        self.instants: dict[int, list[tuple[float, int, FaultSpec]]] = {}
+        for (nd, g_index), lst in sorted(faults_by_gpu.items()):
+            if nd != node:
+                continue
+            for i, f in lst:
+                if f.type in ("xid_error", "ecc_uncorrectable", "ecc_correctable"):
+                    self.instants.setdefault(g_index, []).append((f.start, i, f))
+        for moments in self.instants.values():
+            moments.sort(key=lambda x: (x[0], x[1]))
+
+    def run(self) -> None:
+        """Sample every interval, on the node's own phase, until the scenario ends."""
+        engine = self.engine
+        phase, iv = engine.phase[self.node], engine.iv
+        k = 1
+        while True:
+            tick = phase + k * iv
+            if tick >= engine.sc.duration:
+                break
+            b = k - 1
+            k += 1
+            is_silent = self._silent_at(tick)
+            load = _TickLoad()
+            for g in range(self.gpus):
+                self._gpu_sample(g, tick, b, is_silent, load)
+            self._host_sample(tick, b, is_silent, load)
+        for i, f in self.silent:
+            if i not in engine.effects:
+                engine.effects[i] = _Effect(f.start, f.end, {})
+
+    def _silent_at(self, tick: float) -> bool:
+        """Whether an agent_silent fault mutes this tick; opens and closes the gap it leaves."""
+        effects = self.engine.effects
         is_silent = False
-        for i, f in silent:
+        for i, f in self.silent:
             end = _end_of(f)
             if f.start <= tick < end:
                 is_silent = True
-                if not gap_open.get(i):
-                    gap_open[i] = True
-                    engine.effects[i] = _Effect(last_seen if last_seen is not None else f.start, None, {})
-            elif tick >= end and gap_open.get(i):
-                gap_open[i] = False
-                engine.effects[i].end = tick
-        host_busy = 0.0
-        held_gpus = 0
-        comm_frac = 0.0
-        node_jobs: set[str] = set()  # what an attributing agent stamps on the HostSample
-        for g in range(gpus):
-            vec = engine.acc.get((node, g, b)) or [0.0] * _SLOTS
-            holds = [h for h in engine.holdings.get((node, g), ()) if h.start <= tick < h.end]
-            node_jobs.update(h.job_id for h in holds if h.job_id)
-            fc, fm, fd = vec[_COMPUTE] / iv, vec[_COMM] / iv, vec[_DATA] / iv
-            fk, fe, fs = vec[_CKPT] / iv, vec[_EVAL] / iv, vec[_SPIN] / iv
-            fh = vec[_HUNG] / iv
-            busy = min(1.0, fc + 0.97 * fm + 0.9 * fe + 0.3 * fk + fs + fh)
-            # A kernel spinning on every SM draws more than NCCL's few spinning channel blocks
-            # (0.45), less than dense tensor work (1.0).
-            activity = min(1.0, fc + 0.4 * fm + 0.75 * fe + 0.15 * fk + 0.45 * fs + 0.7 * fh)
-            has_job = any(h.rank is not None for h in holds)
-            if has_job:
-                held_gpus += 1
-                host_busy += fc + fd + fm
-                comm_frac += fm
-            limit = gc.power_limit_w
-            clock_max = gc.sm_clock_max_mhz
-            power = (
-                gc.idle_power_w + (15.0 if holds else 0.0) + (gc.busy_power_w - gc.idle_power_w) * activity
-            )
-            power *= _lognormal(rng, 0.02)
-            util = max(0.0, min(100.0, 100 * busy + rng.gauss(0, 1.2))) if busy > 0.01 else 0.0
-            sm_clock = clock_max - rng.randint(0, 45) if util > 5 else _IDLE_SM_MHZ + rng.randint(0, 20)
-            reasons = _GPU_IDLE if util <= 5 else (_SW_POWER_CAP if rng.random() < 0.03 else 0)
-            temp_target = 28.0 + 0.068 * power
-            mem_used = int(0.45 * _GIB) + sum(h.mem_bytes for h in holds)
-            if has_job:
-                mem_used = int(mem_used * (1 + rng.gauss(0, 0.002)))
-            xid: int | None = None
-            for _, f in faults_by_gpu.get((node, g), ()):
-                end = _end_of(f)
-                active = f.start <= tick < end
-                if f.type == "straggler_gpu" and active:
-                    m = _magnitude_at(f, tick, 1.5)
-                    sm_clock = int(clock_max / m) + rng.randint(-15, 15)
-                    if f.params.get("variant") == "degraded":
-                        # A degraded card or PCIe link: slow, with no clock, power or throttle sign.
-                        sm_clock = clock_max - rng.randint(0, 45) if util > 5 else sm_clock
-                    elif f.params.get("variant") == "power":
-                        limit = round(gc.power_limit_w / m**1.6, 1)
-                        power = min(power, limit * (1 - abs(rng.gauss(0, 0.01))))  # the cap holds
-                        reasons = _SW_POWER_CAP | _HW_POWER_BRAKE
-                    else:
-                        power *= m**-0.6
-                        temp_target = 88.0 + rng.uniform(0, 3)
-                        reasons = _SW_THERMAL | _HW_THERMAL | _HW_SLOWDOWN
-                elif f.type == "gpu_memory_pressure" and active and holds:
-                    frac = min(0.999, (f.magnitude or 0.985) + rng.gauss(0, 0.002))
-                    mem_used = int(gc.memory_bytes * frac)
-            mem_used = min(mem_used, gc.memory_bytes)
-            pending_instants = instants.get(g, [])
-            while pending_instants and pending_instants[0][0] < tick:
-                t0, i, f = pending_instants.pop(0)
-                if f.type == "ecc_uncorrectable":
-                    ecc_u[g] += int(f.params.get("count", 1))
-                    remap_u[g] += 1
-                elif f.type == "ecc_correctable":
-                    ecc_c[g] += int(f.params.get("count", 1))  # single-bit: corrected, nothing remapped
-                xid = f.params.get("xid")
-                # A point event: it ends where it starts.
-                engine.effects[i] = _Effect(t0, t0, {"xid": xid} if xid else {})
-                if xid is not None and not is_silent:
-                    # The agent reports an XID immediately, between its regular samples.
-                    state = {"util": util, "fm": fm, "fc": fc, "fd": fd, "mem_used": mem_used,
-                             "power": power, "limit": limit, "energy": energy[g], "temp": temps[g],
-                             "sm_clock": sm_clock, "reasons": reasons, "ecc_c": ecc_c[g],
-                             "ecc_u": ecc_u[g], "remap_u": remap_u[g], "fs": fs, "fe": fe, "fk": fk, "fh": fh,
-                             "tick": t0}  # fmt: skip
-                    engine.emit(
-                        t0, "GpuSample", **_gpu_fields(engine, node, g, uuids[g], holds, state), xid=xid
-                    )
-            temps[g] += (temp_target - temps[g]) * (1 - math.exp(-iv / 60.0)) + rng.gauss(0, 0.3)
-            energy[g] += int(power * iv * 1000)
-            if rng.random() < 0.002:
-                ecc_c[g] += 1
-            if not is_silent:
-                state = {"util": util, "fm": fm, "fc": fc, "fd": fd, "mem_used": mem_used,
-                         "power": power, "limit": limit, "energy": energy[g], "temp": temps[g],
-                         "sm_clock": sm_clock, "reasons": reasons, "ecc_c": ecc_c[g],
-                         "ecc_u": ecc_u[g], "remap_u": remap_u[g], "fs": fs, "fe": fe, "fk": fk, "fh": fh,
-                         "tick": tick}  # fmt: skip
-                fields = _gpu_fields(engine, node, g, uuids[g], holds, state)
-                engine.emit(tick + g * 0.003, "GpuSample", **fields)
-        # ---- host
-        train = host_busy / gpus
+                if not self.gap_open.get(i):
+                    self.gap_open[i] = True
+                    effects[i] = _Effect(self.last_seen if self.last_seen is not None else f.start, None, {})
+            elif tick >= end and self.gap_open.get(i):
+                self.gap_open[i] = False
+                effects[i].end = tick
+        return is_silent
+
+    def _gpu_sample(self, g: int, tick: float, b: int, is_silent: bool, load: _TickLoad) -> None:
+        """One GPU's interval: its reading from the phase times, its faults, XID/ECC events, its GpuSample."""
+        engine, node, rng = self.engine, self.node, self.rng
+        iv, gc = engine.iv, engine.gpu
+        vec = engine.acc.get((node, g, b)) or [0.0] * _SLOTS
+        holds = [h for h in engine.holdings.get((node, g), ()) if h.start <= tick < h.end]
+        load.jobs.update(h.job_id for h in holds if h.job_id)
+        fc, fm, fd = vec[_COMPUTE] / iv, vec[_COMM] / iv, vec[_DATA] / iv
+        fk, fe, fs = vec[_CKPT] / iv, vec[_EVAL] / iv, vec[_SPIN] / iv
+        fh = vec[_HUNG] / iv
+        busy = min(1.0, fc + 0.97 * fm + 0.9 * fe + 0.3 * fk + fs + fh)
+        # A kernel spinning on every SM draws more than NCCL's few spinning channel blocks
+        # (0.45), less than dense tensor work (1.0).
+        activity = min(1.0, fc + 0.4 * fm + 0.75 * fe + 0.15 * fk + 0.45 * fs + 0.7 * fh)
+        has_job = any(h.rank is not None for h in holds)
+        if has_job:
+            load.held_gpus += 1
+            load.busy += fc + fd + fm
+            load.comm += fm
+        power = gc.idle_power_w + (15.0 if holds else 0.0) + (gc.busy_power_w - gc.idle_power_w) * activity
+        power *= _lognormal(rng, 0.02)
+        util = max(0.0, min(100.0, 100 * busy + rng.gauss(0, 1.2))) if busy > 0.01 else 0.0
+        clock_max = gc.sm_clock_max_mhz
+        sm_clock = clock_max - rng.randint(0, 45) if util > 5 else _IDLE_SM_MHZ + rng.randint(0, 20)
+        reasons = _GPU_IDLE if util <= 5 else (_SW_POWER_CAP if rng.random() < 0.03 else 0)
+        mem_used = int(0.45 * _GIB) + sum(h.mem_bytes for h in holds)
+        if has_job:
+            mem_used = int(mem_used * (1 + rng.gauss(0, 0.002)))
+        reading = {"util": util, "fm": fm, "fc": fc, "fd": fd, "fs": fs, "fe": fe, "fk": fk, "fh": fh,
+                   "mem_used": mem_used, "power": power, "limit": gc.power_limit_w, "sm_clock": sm_clock,
+                   "reasons": reasons, "temp_target": 28.0 + 0.068 * power}  # fmt: skip
+        self._gpu_faults(g, tick, reading, bool(holds))
+        reading["mem_used"] = min(reading["mem_used"], gc.memory_bytes)
+        self._instant_events(g, tick, is_silent, holds, reading)
+        temps = self.temps
+        temps[g] += (reading["temp_target"] - temps[g]) * (1 - math.exp(-iv / 60.0)) + rng.gauss(0, 0.3)
+        self.energy[g] += int(reading["power"] * iv * 1000)
+        if rng.random() < 0.002:
+            self.ecc_c[g] += 1
+        if not is_silent:
+            fields = _gpu_fields(engine, node, g, self.uuids[g], holds, self._state(g, reading, tick))
+            engine.emit(tick + g * 0.003, "GpuSample", **fields)
+
+    def _gpu_faults(self, g: int, tick: float, reading: dict[str, Any], held: bool) -> None:
+        """A slow GPU (thermal, power-capped or degraded) and memory pressure change the interval's reading."""
+        rng, gc = self.rng, self.engine.gpu
+        clock_max = gc.sm_clock_max_mhz
+        for _, f in self.faults_by_gpu.get((self.node, g), ()):
+            end = _end_of(f)
+            active = f.start <= tick < end
+            if f.type == "straggler_gpu" and active:
+                m = _magnitude_at(f, tick, 1.5)
+                reading["sm_clock"] = int(clock_max / m) + rng.randint(-15, 15)
+                if f.params.get("variant") == "degraded":
+                    # A degraded card or PCIe link: slow, with no clock, power or throttle sign.
+                    if reading["util"] > 5:
+                        reading["sm_clock"] = clock_max - rng.randint(0, 45)
+                elif f.params.get("variant") == "power":
+                    limit = reading["limit"] = round(gc.power_limit_w / m**1.6, 1)
+                    # the cap holds
+                    reading["power"] = min(reading["power"], limit * (1 - abs(rng.gauss(0, 0.01))))
+                    reading["reasons"] = _SW_POWER_CAP | _HW_POWER_BRAKE
+                else:
+                    reading["power"] *= m**-0.6
+                    reading["temp_target"] = 88.0 + rng.uniform(0, 3)
+                    reading["reasons"] = _SW_THERMAL | _HW_THERMAL | _HW_SLOWDOWN
+            elif f.type == "gpu_memory_pressure" and active and held:
+                frac = min(0.999, (f.magnitude or 0.985) + rng.gauss(0, 0.002))
+                reading["mem_used"] = int(gc.memory_bytes * frac)
+
+    def _instant_events(
+        self, g: int, tick: float, is_silent: bool, holds: list[_Holding], reading: dict[str, Any]
+    ) -> None:
+        """XID and ECC events before `tick`: counters move, and an XID is reported at once, between samples."""
+        pending = self.instants.get(g, [])
+        while pending and pending[0][0] < tick:
+            t0, i, f = pending.pop(0)
+            if f.type == "ecc_uncorrectable":
+                self.ecc_u[g] += int(f.params.get("count", 1))
+                self.remap_u[g] += 1
+            elif f.type == "ecc_correctable":
+                self.ecc_c[g] += int(f.params.get("count", 1))  # single-bit: corrected, nothing remapped
+            xid = f.params.get("xid")
+            # A point event: it ends where it starts.
+            self.engine.effects[i] = _Effect(t0, t0, {"xid": xid} if xid else {})
+            if xid is not None and not is_silent:
+                fields = _gpu_fields(
+                    self.engine, self.node, g, self.uuids[g], holds, self._state(g, reading, t0)
+                )
+                self.engine.emit(t0, "GpuSample", **fields, xid=xid)
+
+    def _state(self, g: int, reading: dict[str, Any], tick: float) -> dict[str, Any]:
+        """The interval's reading with the GPU's counters as they stand, as `_gpu_fields` reads it."""
+        return reading | {"energy": self.energy[g], "temp": self.temps[g], "ecc_c": self.ecc_c[g],
+                          "ecc_u": self.ecc_u[g], "remap_u": self.remap_u[g], "tick": tick}  # fmt: skip
+
+    def _host_sample(self, tick: float, b: int, is_silent: bool, load: _TickLoad) -> None:
+        """The node's HostSample: CPU, load, memory, disk, network and InfiniBand from its GPUs' work and its faults."""
+        engine, node, rng, iv, sc = self.engine, self.node, self.rng, self.engine.iv, self.engine.sc
+        host_total, held_gpus = self.host_total, load.held_gpus
+        train = load.busy / self.gpus
         cpu = min(100.0, max(0.5, 3.0 + 38.0 * train + rng.gauss(0, 1.5)))
         load1 = sc.cluster.cpus * cpu / 100 * 1.05
-        load5 += (load1 - load5) * (1 - math.exp(-iv / 300))
-        load15 += (load1 - load15) * (1 - math.exp(-iv / 900))
+        self.load5 += (load1 - self.load5) * (1 - math.exp(-iv / 300))
+        self.load15 += (load1 - self.load15) * (1 - math.exp(-iv / 900))
         used = (48 + 42 * held_gpus) * _GIB * (1 + rng.gauss(0, 0.003))
         disk_w = engine.disk_write.get((node, b), 0.0) / iv
-        multi = comm_frac / max(1, held_gpus)
+        multi = load.comm / max(1, held_gpus)
         net = (0.4e9 + 9.0e9 * multi) * _lognormal(rng, 0.05) if held_gpus else 2e6 * _lognormal(rng, 0.3)
         retrans = rng.uniform(0, 4)
-        for i, f in node_faults:
+        for i, f in self.node_faults:
             end = _end_of(f)
             if not f.start <= tick < end:
                 continue
@@ -199,47 +243,51 @@ def node_telemetry(
                 retrans = float(f.params["retransmits"]) * _lognormal(rng, 0.25)
                 net /= f.magnitude or 2.0
             elif f.type == "host_oom":
-                avail_frac = rng.uniform(0.003, 0.012)
-                used = host_total * (1 - avail_frac)
-                swap = min(swap + rng.uniform(1, 3) * _GIB, 32 * _GIB)
-                target = int(f.params["oom_kills"])
-                done = engine.effects.setdefault(i, _Effect(f.start, f.end, {"oom_kills": 0}))
-                if done.detail["oom_kills"] < target and rng.random() < 0.5:
-                    done.detail["oom_kills"] += 1
-                    oom_kills += 1
-                    if f.params.get("rank_fault") and done.detail["oom_kills"] == 1:
-                        _oom_rank_fault(engine, i, f, tick)
-        if not any(f.type == "host_oom" and f.start <= tick < _end_of(f) for _, f in node_faults):
-            swap = max(0.0, swap - 0.5 * _GIB)
+                used = self._host_oom(i, f, tick)
+        if not any(f.type == "host_oom" and f.start <= tick < _end_of(f) for _, f in self.node_faults):
+            self.swap = max(0.0, self.swap - 0.5 * _GIB)
         used = min(used, host_total * 0.999)
-        if not is_silent:
-            last_seen = tick + 0.05
-            engine.emit(
-                tick + 0.05,
-                "HostSample",
-                cluster=sc.cluster.name,
-                node=node,
-                cpu_util_pct=round(cpu, 2),
-                load1=round(load1, 2),
-                load5=round(load5, 2),
-                load15=round(load15, 2),
-                mem_used_bytes=int(used),
-                mem_available_bytes=int(host_total - used),
-                mem_total_bytes=host_total,
-                swap_used_bytes=int(swap),
-                disk_read_bytes_s=round(1.5e8 * train * _lognormal(rng, 0.1), 1),
-                disk_write_bytes_s=round(disk_w + 2e6 * _lognormal(rng, 0.3), 1),
-                net_rx_bytes_s=round(net, 1),
-                net_tx_bytes_s=round(net * 0.98 + disk_w, 1),
-                tcp_retrans_segs_s=round(retrans, 2),
-                open_files=12_000 + 350 * held_gpus + rng.randint(0, 200),
-                oom_kills=oom_kills,
-                **_infiniband(engine, node, tick, multi, held_gpus, ib_errors),
-                job_ids=sorted(node_jobs),
-            )
-    for i, f in silent:
-        if i not in engine.effects:
-            engine.effects[i] = _Effect(f.start, f.end, {})
+        if is_silent:
+            return
+        self.last_seen = tick + 0.05
+        engine.emit(
+            tick + 0.05,
+            "HostSample",
+            cluster=sc.cluster.name,
+            node=node,
+            cpu_util_pct=round(cpu, 2),
+            load1=round(load1, 2),
+            load5=round(self.load5, 2),
+            load15=round(self.load15, 2),
+            mem_used_bytes=int(used),
+            mem_available_bytes=int(host_total - used),
+            mem_total_bytes=host_total,
+            swap_used_bytes=int(self.swap),
+            disk_read_bytes_s=round(1.5e8 * train * _lognormal(rng, 0.1), 1),
+            disk_write_bytes_s=round(disk_w + 2e6 * _lognormal(rng, 0.3), 1),
+            net_rx_bytes_s=round(net, 1),
+            net_tx_bytes_s=round(net * 0.98 + disk_w, 1),
+            tcp_retrans_segs_s=round(retrans, 2),
+            open_files=12_000 + 350 * held_gpus + rng.randint(0, 200),
+            oom_kills=self.oom_kills,
+            **_infiniband(engine, node, tick, multi, held_gpus, self.ib_errors),
+            job_ids=sorted(load.jobs),
+        )
+
+    def _host_oom(self, index: int, fault: FaultSpec, tick: float) -> float:
+        """Host memory exhausted: memory nearly full, swap growing, the OOM killer taking processes. Returns memory used."""
+        rng = self.rng
+        avail_frac = rng.uniform(0.003, 0.012)
+        used = self.host_total * (1 - avail_frac)
+        self.swap = min(self.swap + rng.uniform(1, 3) * _GIB, 32 * _GIB)
+        target = int(fault.params["oom_kills"])
+        done = self.engine.effects.setdefault(index, _Effect(fault.start, fault.end, {"oom_kills": 0}))
+        if done.detail["oom_kills"] < target and rng.random() < 0.5:
+            done.detail["oom_kills"] += 1
+            self.oom_kills += 1
+            if fault.params.get("rank_fault") and done.detail["oom_kills"] == 1:
+                _oom_rank_fault(self.engine, index, fault, tick)
+        return used
 
 
 def _infiniband(
