@@ -90,6 +90,8 @@ class Engine:
         # GPUs allocated to a job that no rank runs on: (node, gpu) -> [(start, end, job, run)] (issue 23)
         self.allocated: dict[tuple[str, int], list[tuple[float, float, str, str]]] = {}
         self.effects: dict[int, _Effect] = {}
+        # Each rank's loader draws from its own stream (`sdk_samples`), made on first use.
+        self.loader_rngs: dict[tuple[str, int], random.Random] = {}
         node_rng = self._rng("phase")
         # Node agents are not synchronised: each samples on its own phase.
         self.phase = {n: round(node_rng.uniform(0.2, self.iv - 0.2), 3) for n in scenario.cluster.node_names}

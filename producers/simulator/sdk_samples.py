@@ -135,10 +135,9 @@ def _loader_io(
     instead (slower reads, a lost cache, throttled opens), so each is told apart. Drawn from its
     own random stream (other records unchanged).
     """
-    rngs = engine.__dict__.setdefault("_loader_rngs", {})
-    rng = rngs.get((run_id, rank))
+    rng = engine.loader_rngs.get((run_id, rank))
     if rng is None:
-        rng = rngs[(run_id, rank)] = engine._rng(f"loader/{run_id}/{rank}")
+        rng = engine.loader_rngs[(run_id, rank)] = engine._rng(f"loader/{run_id}/{rank}")
     if batches <= 0:
         return {}
     iv = engine.iv
