@@ -27,9 +27,10 @@ from producers.training.bindings import Binding, bindings_dir, process_start_tim
 from producers.training.faults import fault_detail, fault_kind
 from producers.training.identity import RankIdentity, job_nodes, resolve_identity, visible_gpu
 from producers.training.loader import MonitoredLoader
+from producers.training.records import coerce, heartbeat_record, step_record
 from producers.training.reports import CheckpointReport, EvaluationReport
 from producers.training.restore_test import DEFAULT_LOSS_TOLERANCE, restore_test_event
-from producers.training.step import _RECORD_FIELDS, _SEGMENT_SET, SEGMENTS, Step
+from producers.training.step import SEGMENTS, Step
 from producers.training.timing import HostTimer, SegmentTimer, TimingMode, choose_timer
 from producers.training.verify import CheckpointVerifier
 from schemas.errors import RanksightError
@@ -42,8 +43,6 @@ log = logging.getLogger(__name__)
 _NODE_KEYED = frozenset({"CollectiveSample", "DataLoaderSample"})
 
 _JOB_STATES = frozenset(("pending", "running", "restarting", "preempted", "failed", "completed"))
-_FLOAT_FIELDS = ("loss", "lr", "grad_norm")
-_INT_FIELDS = ("samples", "tokens", "epoch")
 
 
 class Reporter:
@@ -242,25 +241,7 @@ class Reporter:
         if segment is not None and segment[0] == "comm":
             blocked = now_ns - max(since, live._open_host)
         self._last_beat_ns = now_ns
-        ident = self.identity
-        self._outbox.appendleft(
-            Event(
-                "CollectiveSample",
-                {
-                    "ts": self._now_ms(),
-                    "job_id": ident.job_id,
-                    "run_id": ident.run_id,
-                    "rank": ident.rank,
-                    "node": ident.node,
-                    "op": "comm",
-                    "interval_s": interval / 1e9,
-                    "count": 0,
-                    "bytes": None,
-                    "time_s": max(0, blocked) / 1e9,
-                    "bus_bw_gbps": None,
-                },
-            )
-        )
+        self._outbox.appendleft(heartbeat_record(self.identity, self._now_ms(), interval, blocked))
         self._counts["heartbeats"] += 1
 
     def _drain(self, final: bool = False) -> None:
@@ -280,7 +261,7 @@ class Reporter:
                 else:
                     event = item
                 if event is not None and self.publisher is not None:
-                    self.publisher.publish(_coerce(event))
+                    self.publisher.publish(coerce(event))
                     self._counts["published"] += 1
             except Exception as exc:
                 self._internal(f"publish-{getattr(item, 'type', 'task')}", exc)
@@ -356,51 +337,7 @@ class Reporter:
         self._counts["enqueued"] += 1
 
     def _step_record(self, step: Step, ts_ms: int) -> Event:
-        ident = self.identity
-        timer = self._timer
-        seg: dict[str, float] = {}
-        for name, begin, end in step._marks:
-            seg[name] = seg.get(name, 0.0) + timer.elapsed_s(begin, end)
-            timer.release(begin)
-            timer.release(end)
-        step_time = timer.elapsed_s(step._begin, step._end)
-        timer.release(step._begin)
-        timer.release(step._end)
-        fields = step._fields
-        if not seg.keys() <= _SEGMENT_SET:
-            self._internal(
-                "segment",
-                ValueError(f"unknown segment(s) {sorted(seg.keys() - _SEGMENT_SET)}; known: {SEGMENTS}"),
-            )
-        if not fields.keys() <= _RECORD_FIELDS:
-            self._internal("record", ValueError(f"unknown field(s) {sorted(fields.keys() - _RECORD_FIELDS)}"))
-        get = seg.get
-        return Event(
-            "StepCompleted",
-            {
-                "ts": ts_ms,
-                "job_id": ident.job_id,
-                "run_id": ident.run_id,
-                "rank": ident.rank,
-                "node": ident.node,
-                "step": step.step,
-                "samples": fields.get("samples"),
-                "tokens": fields.get("tokens"),
-                "loss": fields.get("loss"),
-                "lr": fields.get("lr"),
-                "grad_norm": fields.get("grad_norm"),
-                "step_time_s": step_time,
-                "data_wait_s": get("data_wait", step._loader_wait_s),
-                "forward_s": get("forward"),
-                "backward_s": get("backward"),
-                "optimizer_s": get("optimizer"),
-                "comm_s": get("comm"),
-                "checkpoint_s": get("checkpoint"),
-                "skipped": bool(fields.get("skipped", False)),
-                "batch_fingerprint": fields.get("batch_fingerprint"),
-                "epoch": fields.get("epoch"),
-            },
-        )
+        return step_record(step, ts_ms, self.identity, self._timer, self._internal)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -840,20 +777,3 @@ def _positive_int(value: Any) -> int | None:
 def _with_rank(path: str, rank: int) -> str:
     p = Path(path)
     return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
-
-
-def _coerce(event: Event) -> Event:
-    """Numbers the user passed (tensors, numpy scalars) -> plain floats and ints, on the background thread."""
-    record = event.record
-    if event.type == "StepCompleted":
-        for name in _FLOAT_FIELDS:
-            value = record[name]
-            if value is not None and type(value) is not float:
-                record[name] = float(value)
-        for name in _INT_FIELDS:
-            value = record[name]
-            if value is not None and type(value) is not int:
-                record[name] = int(value)
-    elif event.type == "ValidationResult":
-        record["metrics"] = {str(k): float(v) for k, v in record["metrics"].items()}
-    return event
