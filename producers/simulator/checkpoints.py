@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from producers.simulator.jobrun import JobRun
 
 
+__all__ = ["checkpoint", "restore_tests"]
+
+
 def restore_tests(run: JobRun, t: float) -> None:
     """Restore-test faults: from their start, the latest verified checkpoint is restored and resumed once."""
     pending = getattr(run, "_restore_faults", None)

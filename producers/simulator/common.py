@@ -15,6 +15,8 @@ from typing import Any
 from producers.simulator.scenario import FaultSpec
 from schemas.records import default_schemas
 
+__all__ = ["gpu_uuid"]
+
 # Phase slots of a GPU's per-interval accumulator.
 # _SPIN: NCCL kernels spinning while blocked in a collective (GPU busy, counts as collective time);
 # _BLOCKED: blocked in a collective call with no kernel running (collective time only);

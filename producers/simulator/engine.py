@@ -37,7 +37,7 @@ from producers.simulator.telemetry import NodeTelemetry
 from schemas.files import format_ts, parse_ts
 from schemas.records import Event
 
-__all__ = ["Engine", "Progress", "Simulation", "simulate"]
+__all__ = ["Progress", "Simulation", "simulate"]
 
 Progress = Callable[[int, float], None]
 """Called now and then with (events generated so far, simulated seconds reached)."""
@@ -77,6 +77,8 @@ def simulate(scenario: Scenario, seed: int = 0, *, progress: Progress | None = N
 
 
 class Engine:
+    """One simulation's state: the scenario, the phase time per GPU and interval, holdings, fault effects, events."""
+
     def __init__(self, scenario: Scenario, seed: int, progress: Progress | None) -> None:
         self.sc = scenario
         self.seed = seed

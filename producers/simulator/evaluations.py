@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from producers.simulator.jobrun import JobRun
 
 
+__all__ = ["evaluate", "evaluation_due"]
+
+
 def evaluation_due(run: JobRun, t: float) -> bool:
     """Whether an evaluation runs after this step: every `every_steps`, unless a validation fault says otherwise."""
     every = run.job.evaluation.every_steps

@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     from producers.simulator.engine import Engine
 
 
+__all__ = ["JobRun"]
+
+
 class JobRun:
     """Walks one job through pending, runs, steps, checkpoints, evaluations and its faults."""
 

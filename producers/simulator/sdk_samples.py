@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from producers.simulator.engine import Engine
 
 
+__all__ = ["sdk_samples"]
+
+
 def sdk_samples(engine: Engine) -> None:
     """DataLoaderSample / CollectiveSample per live rank per interval (from the training SDK)."""
     tel = engine.sc.telemetry

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from producers.simulator.engine import Engine
 
 
+__all__ = ["NodeTelemetry"]
+
+
 class _TickLoad:
     """What a node's GPUs add up to in one interval, for its HostSample."""
 
