@@ -333,21 +333,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
         stack.callback(close_client, dsn)  # one chDB directory per process: let the next one open
         migrate(client, ttl_days=settings.ttl_days)
         ui_url = _start_ui(client, options, stack, say)
-        sink = SinkConsumer(
-            kafka_conf,
-            client,
-            [prefix + t for t in SINK_TOPICS],
-            prefix + "sink",
-            deadletter_topic=prefix + DEADLETTER,
-            progress_interval_s=3600,
-            time_bound=sink_time_bound(),  # the worker's bound on event times (shipped config)
-        )
-        stop_sink = threading.Event()
-        sink_thread = threading.Thread(target=sink.run, kwargs={"stop": stop_sink}, name="sink", daemon=True)
-        sink_thread.start()
-        stack.callback(sink.close)
-        stack.callback(sink_thread.join, 30)
-        stack.callback(stop_sink.set)
+        sink, stop_sink, sink_thread = _start_sink(kafka_conf, client, prefix, stack)
 
         worker = stack.enter_context(_worker(bootstrap, prefix, home, say))
         alerts = _consumer(bootstrap, prefix + "demo-view")
@@ -394,28 +380,12 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             publisher.close()
             if publish_error:
                 raise DemoError(f"publishing failed: {publish_error[0]}") from publish_error[0]
-            source = [prefix + t for t in SOURCE_TOPICS]
 
             def refresh() -> None:
                 tick()
                 live.update(_render(board, options))
 
-            worker_source = [prefix + t for t in WORKER_SOURCES]
-            _wait(
-                "the worker to process everything",
-                lambda: _group_lag(bootstrap, prefix + "ranksight-detect", worker_source) == 0,
-                options.timeout_s,
-                board,
-                refresh,
-            )
-            derived_and_alerts = [prefix + t for t in SINK_TOPICS if t not in SOURCE_TOPICS]
-            _wait(
-                "the sink to store everything",
-                lambda: _group_lag(bootstrap, prefix + "sink", [*source, *derived_and_alerts]) == 0,
-                options.timeout_s,
-                board,
-                refresh,
-            )
+            _wait_stored(bootstrap, prefix, options, board, refresh)
             board.phase = "done"
             refresh()
 
@@ -427,21 +397,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             _print_query(client, title, sql, console)
         wall = time.monotonic() - started
         stats = sink.stats()
-        rows = stats["inserted_rows"]
-        console.print(
-            f"\n[bold]done[/] in {wall:.0f} s: {sum(board.published.values()):,} events published at x{options.speed:g} "
-            f"event time, {rows:,} rows stored in {stats['inserts']:,} inserts "
-            f"({rows / max(stats['insert_s'], 1e-9):,.0f} rows per second of insert time; the sink kept pace with "
-            f"the {sum(board.published.values()) / max(publish_s, 1e-9):,.0f} events/s published), "
-            f"{board.fired} alerts fired, {board.resolved} resolved.",
-            highlight=False,
-        )
-        console.print(
-            f"the demo's store is {home / 'chdb'}: query it with "
-            '`ranksight sql --demo "SELECT count() FROM steps"`',
-            highlight=False,
-            soft_wrap=True,
-        )
+        _print_done(console, board, options, stats, wall, publish_s, home)
         if ui_url is not None:
             _keep_ui(ui_url, dsn, options, console)
         return {
@@ -452,6 +408,78 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             "sink": stats,
             "alerts": {"fired": board.fired, "resolved": board.resolved},
         }
+
+
+def _start_sink(
+    kafka_conf: dict[str, Any], client: Any, prefix: str, stack: ExitStack
+) -> tuple[SinkConsumer, threading.Event, threading.Thread]:
+    """The sink on a thread of its own, storing every topic; stopped and closed when `stack` unwinds."""
+    sink = SinkConsumer(
+        kafka_conf,
+        client,
+        [prefix + t for t in SINK_TOPICS],
+        prefix + "sink",
+        deadletter_topic=prefix + DEADLETTER,
+        progress_interval_s=3600,
+        time_bound=sink_time_bound(),  # the worker's bound on event times (shipped config)
+    )
+    stop_sink = threading.Event()
+    sink_thread = threading.Thread(target=sink.run, kwargs={"stop": stop_sink}, name="sink", daemon=True)
+    sink_thread.start()
+    stack.callback(sink.close)
+    stack.callback(sink_thread.join, 30)
+    stack.callback(stop_sink.set)
+    return sink, stop_sink, sink_thread
+
+
+def _wait_stored(
+    bootstrap: str, prefix: str, options: DemoOptions, board: _Board, refresh: Callable[[], None]
+) -> None:
+    """Wait until the worker has read every source and the sink has stored every topic (lag 0)."""
+    source = [prefix + t for t in SOURCE_TOPICS]
+    worker_source = [prefix + t for t in WORKER_SOURCES]
+    _wait(
+        "the worker to process everything",
+        lambda: _group_lag(bootstrap, prefix + "ranksight-detect", worker_source) == 0,
+        options.timeout_s,
+        board,
+        refresh,
+    )
+    derived_and_alerts = [prefix + t for t in SINK_TOPICS if t not in SOURCE_TOPICS]
+    _wait(
+        "the sink to store everything",
+        lambda: _group_lag(bootstrap, prefix + "sink", [*source, *derived_and_alerts]) == 0,
+        options.timeout_s,
+        board,
+        refresh,
+    )
+
+
+def _print_done(
+    console: Console,
+    board: _Board,
+    options: DemoOptions,
+    stats: dict[str, Any],
+    wall: float,
+    publish_s: float,
+    home: Path,
+) -> None:
+    """The closing lines: what was published and stored, how fast, the alerts, where the store is."""
+    rows = stats["inserted_rows"]
+    console.print(
+        f"\n[bold]done[/] in {wall:.0f} s: {sum(board.published.values()):,} events published at x{options.speed:g} "
+        f"event time, {rows:,} rows stored in {stats['inserts']:,} inserts "
+        f"({rows / max(stats['insert_s'], 1e-9):,.0f} rows per second of insert time; the sink kept pace with "
+        f"the {sum(board.published.values()) / max(publish_s, 1e-9):,.0f} events/s published), "
+        f"{board.fired} alerts fired, {board.resolved} resolved.",
+        highlight=False,
+    )
+    console.print(
+        f"the demo's store is {home / 'chdb'}: query it with "
+        '`ranksight sql --demo "SELECT count() FROM steps"`',
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _start_ui(client: Any, options: DemoOptions, stack: ExitStack, say: Callable[[str], None]) -> str | None:

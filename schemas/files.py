@@ -87,24 +87,7 @@ def _compile(schema: Any, to_json: bool) -> Converter:
     if isinstance(schema, str):
         schema = {"type": schema}
     if isinstance(schema, list):
-        branches = [(b, _compile(b, to_json)) for b in schema]
-        nullable = any((b == "null" or (isinstance(b, dict) and b.get("type") == "null")) for b in schema)
-        others = [c for b, c in branches if b != "null"]
-
-        def union(v: Any, path: str) -> Any:
-            if v is None:
-                if nullable:
-                    return None
-                raise InvalidEventError(path, "must not be null")
-            errors = []
-            for conv in others:
-                try:
-                    return conv(v, path)
-                except InvalidEventError as exc:
-                    errors.append(exc.reason)
-            raise InvalidEventError(path, "; ".join(errors))
-
-        return union
+        return _compile_union(schema, to_json)
     kind = schema["type"]
     if isinstance(kind, dict | list):
         return _compile(kind, to_json)
@@ -204,6 +187,28 @@ def _compile(schema: Any, to_json: bool) -> Converter:
     if kind == "record":
         return _compile_record(schema, to_json)
     raise TypeError(f"unsupported Avro type {kind!r}")
+
+
+def _compile_union(schema: list[Any], to_json: bool) -> Converter:
+    """A union's converter: null where the union allows it, else the first branch that accepts the value."""
+    branches = [(b, _compile(b, to_json)) for b in schema]
+    nullable = any((b == "null" or (isinstance(b, dict) and b.get("type") == "null")) for b in schema)
+    others = [c for b, c in branches if b != "null"]
+
+    def union(v: Any, path: str) -> Any:
+        if v is None:
+            if nullable:
+                return None
+            raise InvalidEventError(path, "must not be null")
+        errors = []
+        for conv in others:
+            try:
+                return conv(v, path)
+            except InvalidEventError as exc:
+                errors.append(exc.reason)
+        raise InvalidEventError(path, "; ".join(errors))
+
+    return union
 
 
 _MISSING = object()

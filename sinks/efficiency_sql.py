@@ -161,8 +161,8 @@ def run_efficiency_sql(jobs: str = "") -> str:
     """
     where = f" WHERE {jobs}" if jobs else ""
     also = f" AND {jobs}" if jobs else ""
-    one_ms = "toIntervalMillisecond(1)"
     accounted = _accounted_sql()
+    energy = _energy_sql(also)
     return f"""WITH
 runs AS (
     SELECT job_id, run_id, min(ts) AS started, argMax(world_size, ts) AS gpus,
@@ -219,51 +219,7 @@ accounted AS (
 job_last AS (
     SELECT job_id, argMax(state, ts) AS state, max(ts) AS state_ts FROM job_states{where} GROUP BY job_id
 ),
-windows AS (
-    -- Whose GPU energy a run holds: attributed at the node, the job's GPUs from the run's start to the
-    -- next run's start; not attributed, a GPU bound to a rank of the run, from the binding to the run's
-    -- last activity. (`node`, `gpu_uuid` are '' for the first kind: every GPU of the job.)
-    SELECT job_id AS holder, job_id, run_id, '' AS node, '' AS gpu_uuid, started AS window_start,
-        ifNull(next_started, {_FAR_FUTURE}) AS window_end
-    FROM ordered
-    UNION ALL
-    SELECT '' AS holder, b.job_id AS job_id, b.run_id AS run_id, b.node AS node, b.gpu_uuid AS gpu_uuid,
-        b.bound_ts AS window_start, a.last_ts + {one_ms} AS window_end
-    FROM (
-        SELECT job_id, run_id, node, assumeNotNull(gpu_uuid) AS gpu_uuid, min(ts) AS bound_ts
-        FROM rank_bound WHERE gpu_uuid IS NOT NULL{also} GROUP BY job_id, run_id, node, gpu_uuid
-    ) AS b INNER JOIN activity AS a ON b.job_id = a.job_id AND b.run_id = a.run_id
-),
-run_energy AS (
-    -- Per GPU and window, the highest minus the lowest counter reading inside it: the roll-up's minutes
-    -- that lie wholly inside, and the raw readings of the minutes a window's edge cuts (min and max
-    -- are the same whichever way a reading is counted twice).
-    SELECT job_id, run_id, sum(energy_mj) AS energy_mj FROM (
-        SELECT job_id, run_id, holder, node, gpu_uuid, max(energy_max) - min(energy_min) AS energy_mj FROM (
-            SELECT w.job_id AS job_id, w.run_id AS run_id, w.holder AS holder, e.node AS node, e.gpu_uuid AS gpu_uuid,
-                e.energy_min AS energy_min, e.energy_max AS energy_max
-            FROM {ENERGY_ROLLUP} AS e INNER JOIN windows AS w ON e.job_id = w.holder
-                AND if(e.job_id = '', e.node, '') = w.node AND if(e.job_id = '', e.gpu_uuid, '') = w.gpu_uuid
-            WHERE e.first_ts >= w.window_start AND e.last_ts < w.window_end
-            UNION ALL
-            SELECT w.job_id AS job_id, w.run_id AS run_id, w.holder AS holder, g.node AS node, g.gpu_uuid AS gpu_uuid,
-                g.energy AS energy_min, g.energy AS energy_max
-            FROM (
-                SELECT ifNull(job_id, '') AS holder, node, gpu_uuid, ts, assumeNotNull(energy_mj) AS energy
-                FROM gpu_samples
-                WHERE energy_mj IS NOT NULL AND (cluster, node, gpu_index, toStartOfMinute(toDateTime(ts))) IN (
-                    SELECT e.cluster, e.node, e.gpu_index, e.minute
-                    FROM {ENERGY_ROLLUP} AS e INNER JOIN windows AS w ON e.job_id = w.holder
-                        AND if(e.job_id = '', e.node, '') = w.node AND if(e.job_id = '', e.gpu_uuid, '') = w.gpu_uuid
-                    WHERE e.last_ts >= w.window_start AND e.first_ts < w.window_end
-                        AND NOT (e.first_ts >= w.window_start AND e.last_ts < w.window_end)
-                )
-            ) AS g INNER JOIN windows AS w ON g.holder = w.holder
-                AND if(g.holder = '', g.node, '') = w.node AND if(g.holder = '', g.gpu_uuid, '') = w.gpu_uuid
-            WHERE g.ts >= w.window_start AND g.ts < w.window_end
-        ) GROUP BY job_id, run_id, holder, node, gpu_uuid
-    ) GROUP BY job_id, run_id
-),
+{energy},
 base AS (
     SELECT r.job_id AS job_id, r.run_id AS run_id, r.team AS team, r.owner AS owner, r.gpu_class AS gpu_class,
         r.workload_family AS workload_family, r.node_count AS node_count, r.gpus AS gpus, r.started AS started,
@@ -318,6 +274,56 @@ def _layered(source: str, layers: list[list[str]]) -> str:
     for columns in layers:
         sql = "SELECT *,\n    " + ",\n    ".join(columns) + f"\nFROM (\n{sql}\n)"
     return sql
+
+
+def _energy_sql(also: str) -> str:
+    """The `windows` and `run_energy` CTEs: whose GPU energy each run holds, and how much its GPUs drew."""
+    one_ms = "toIntervalMillisecond(1)"
+    return f"""windows AS (
+    -- Whose GPU energy a run holds: attributed at the node, the job's GPUs from the run's start to the
+    -- next run's start; not attributed, a GPU bound to a rank of the run, from the binding to the run's
+    -- last activity. (`node`, `gpu_uuid` are '' for the first kind: every GPU of the job.)
+    SELECT job_id AS holder, job_id, run_id, '' AS node, '' AS gpu_uuid, started AS window_start,
+        ifNull(next_started, {_FAR_FUTURE}) AS window_end
+    FROM ordered
+    UNION ALL
+    SELECT '' AS holder, b.job_id AS job_id, b.run_id AS run_id, b.node AS node, b.gpu_uuid AS gpu_uuid,
+        b.bound_ts AS window_start, a.last_ts + {one_ms} AS window_end
+    FROM (
+        SELECT job_id, run_id, node, assumeNotNull(gpu_uuid) AS gpu_uuid, min(ts) AS bound_ts
+        FROM rank_bound WHERE gpu_uuid IS NOT NULL{also} GROUP BY job_id, run_id, node, gpu_uuid
+    ) AS b INNER JOIN activity AS a ON b.job_id = a.job_id AND b.run_id = a.run_id
+),
+run_energy AS (
+    -- Per GPU and window, the highest minus the lowest counter reading inside it: the roll-up's minutes
+    -- that lie wholly inside, and the raw readings of the minutes a window's edge cuts (min and max
+    -- are the same whichever way a reading is counted twice).
+    SELECT job_id, run_id, sum(energy_mj) AS energy_mj FROM (
+        SELECT job_id, run_id, holder, node, gpu_uuid, max(energy_max) - min(energy_min) AS energy_mj FROM (
+            SELECT w.job_id AS job_id, w.run_id AS run_id, w.holder AS holder, e.node AS node, e.gpu_uuid AS gpu_uuid,
+                e.energy_min AS energy_min, e.energy_max AS energy_max
+            FROM {ENERGY_ROLLUP} AS e INNER JOIN windows AS w ON e.job_id = w.holder
+                AND if(e.job_id = '', e.node, '') = w.node AND if(e.job_id = '', e.gpu_uuid, '') = w.gpu_uuid
+            WHERE e.first_ts >= w.window_start AND e.last_ts < w.window_end
+            UNION ALL
+            SELECT w.job_id AS job_id, w.run_id AS run_id, w.holder AS holder, g.node AS node, g.gpu_uuid AS gpu_uuid,
+                g.energy AS energy_min, g.energy AS energy_max
+            FROM (
+                SELECT ifNull(job_id, '') AS holder, node, gpu_uuid, ts, assumeNotNull(energy_mj) AS energy
+                FROM gpu_samples
+                WHERE energy_mj IS NOT NULL AND (cluster, node, gpu_index, toStartOfMinute(toDateTime(ts))) IN (
+                    SELECT e.cluster, e.node, e.gpu_index, e.minute
+                    FROM {ENERGY_ROLLUP} AS e INNER JOIN windows AS w ON e.job_id = w.holder
+                        AND if(e.job_id = '', e.node, '') = w.node AND if(e.job_id = '', e.gpu_uuid, '') = w.gpu_uuid
+                    WHERE e.last_ts >= w.window_start AND e.first_ts < w.window_end
+                        AND NOT (e.first_ts >= w.window_start AND e.last_ts < w.window_end)
+                )
+            ) AS g INNER JOIN windows AS w ON g.holder = w.holder
+                AND if(g.holder = '', g.node, '') = w.node AND if(g.holder = '', g.gpu_uuid, '') = w.gpu_uuid
+            WHERE g.ts >= w.window_start AND g.ts < w.window_end
+        ) GROUP BY job_id, run_id, holder, node, gpu_uuid
+    ) GROUP BY job_id, run_id
+)"""
 
 
 def _accounted_sql() -> str:

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["RankIdentity", "expand_hostlist", "job_nodes", "kubeflow_job_name", "resolve_identity"]
+__all__ = [
+    "RankIdentity",
+    "expand_hostlist",
+    "job_nodes",
+    "kubeflow_job_name",
+    "resolve_identity",
+    "visible_gpu",
+]
 
 
 @dataclass(frozen=True)
@@ -156,3 +166,40 @@ def job_nodes(ident: RankIdentity, env: Mapping[str, str] | None = None) -> list
     if ident.world_size <= 1 or (local_world is not None and local_world >= ident.world_size):
         return [ident.node]
     return []
+
+
+def visible_gpu(
+    local_rank: int | None, env: Mapping[str, str] | None = None, nvml: Any = None
+) -> tuple[int | None, str | None]:
+    """(index, uuid) of the GPU this rank uses (CUDA_VISIBLE_DEVICES[local_rank]) through NVML, or (None, None)."""
+    env = os.environ if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
+        return None, None
+    slot = local_rank or 0
+    if visible is not None:
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        if slot >= len(entries):
+            return None, None
+        target = entries[slot]
+    else:
+        target = str(slot)
+    try:
+        if nvml is None:
+            nvml = importlib.import_module("pynvml")
+        nvml.nvmlInit()
+    except Exception:  # no driver, no library: this rank has no visible GPU to report
+        return None, None
+    try:
+        if target.startswith(("GPU-", "MIG-")):
+            handle = nvml.nvmlDeviceGetHandleByUUID(target)
+        else:
+            handle = nvml.nvmlDeviceGetHandleByIndex(int(target))
+        uuid = nvml.nvmlDeviceGetUUID(handle)
+        index = int(nvml.nvmlDeviceGetIndex(handle))
+        return index, uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    except Exception:
+        return None, None
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib
 import logging
 import os
 import threading
@@ -21,17 +20,19 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from time import perf_counter_ns, time_ns
-from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 from producers.publisher import Publisher, open_publisher
 from producers.training.bindings import Binding, bindings_dir, process_start_time, write_binding
 from producers.training.faults import fault_detail, fault_kind
-from producers.training.identity import RankIdentity, job_nodes, resolve_identity
+from producers.training.identity import RankIdentity, job_nodes, resolve_identity, visible_gpu
 from producers.training.loader import MonitoredLoader
+from producers.training.records import coerce, heartbeat_record, step_record
+from producers.training.reports import CheckpointReport, EvaluationReport
 from producers.training.restore_test import DEFAULT_LOSS_TOLERANCE, restore_test_event
+from producers.training.step import SEGMENTS, Step
 from producers.training.timing import HostTimer, SegmentTimer, TimingMode, choose_timer
-from producers.training.verify import CheckpointVerifier, Verification
+from producers.training.verify import CheckpointVerifier
 from schemas.errors import RanksightError
 from schemas.records import Event
 
@@ -41,356 +42,7 @@ log = logging.getLogger(__name__)
 # Per-rank records that carry the rank's node: with the job it keys them (one job over many partitions).
 _NODE_KEYED = frozenset({"CollectiveSample", "DataLoaderSample"})
 
-SEGMENTS: tuple[str, ...] = ("data_wait", "forward", "backward", "optimizer", "comm", "checkpoint")
-_SEGMENT_SET = frozenset(SEGMENTS)
-_RECORD_FIELDS = frozenset(
-    ("samples", "tokens", "loss", "lr", "grad_norm", "skipped", "batch_fingerprint", "epoch")
-)
 _JOB_STATES = frozenset(("pending", "running", "restarting", "preempted", "failed", "completed"))
-_FLOAT_FIELDS = ("loss", "lr", "grad_norm")
-_INT_FIELDS = ("samples", "tokens", "epoch")
-
-
-def visible_gpu(
-    local_rank: int | None, env: Mapping[str, str] | None = None, nvml: Any = None
-) -> tuple[int | None, str | None]:
-    """(index, uuid) of the GPU this rank uses (CUDA_VISIBLE_DEVICES[local_rank]) through NVML, or (None, None)."""
-    env = os.environ if env is None else env
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
-        return None, None
-    slot = local_rank or 0
-    if visible is not None:
-        entries = [e.strip() for e in visible.split(",") if e.strip()]
-        if slot >= len(entries):
-            return None, None
-        target = entries[slot]
-    else:
-        target = str(slot)
-    try:
-        if nvml is None:
-            nvml = importlib.import_module("pynvml")
-        nvml.nvmlInit()
-    except Exception:  # no driver, no library: this rank has no visible GPU to report
-        return None, None
-    try:
-        if target.startswith(("GPU-", "MIG-")):
-            handle = nvml.nvmlDeviceGetHandleByUUID(target)
-        else:
-            handle = nvml.nvmlDeviceGetHandleByIndex(int(target))
-        uuid = nvml.nvmlDeviceGetUUID(handle)
-        index = int(nvml.nvmlDeviceGetIndex(handle))
-        return index, uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-    except Exception:
-        return None, None
-    finally:
-        with contextlib.suppress(Exception):
-            nvml.nvmlShutdown()
-
-
-class _Segment:
-    """Times one named part of a step; `with step.segment(name):`."""
-
-    __slots__ = ("_name", "_step")
-
-    def __init__(self, step: Step, name: str) -> None:
-        self._step = step
-        self._name = name
-
-    def __enter__(self) -> _Segment:
-        step = self._step
-        if step._open is not None:
-            step.segment_end()
-        try:
-            mark = step._mark()
-            step._open = (self._name, mark)
-            step._open_host = mark if step._host is None else step._host()
-        except Exception as internal:
-            step._reporter._internal("segment", internal)
-        return self
-
-    def __exit__(self, *exc: object) -> Literal[False]:
-        self._step.segment_end()
-        return False
-
-
-class Step:
-    """One training step: `with reporter.step(n) as s:` (or `reporter.step_begin(n)` ... `step_end()`).
-
-    On the training thread a segment edge only takes a mark of the reporter's timer (a host clock
-    reading, or a CUDA event recorded on the current stream); the reporter's thread turns the
-    marks into seconds once they are reached.
-    """
-
-    __slots__ = (
-        "_begin",
-        "_begin_host",
-        "_end",
-        "_fields",
-        "_host",
-        "_loader_wait_s",
-        "_mark",
-        "_marks",
-        "_open",
-        "_open_host",
-        "_reporter",
-        "step",
-    )
-
-    def __init__(self, reporter: Reporter, step: int) -> None:
-        self._reporter = reporter
-        self._mark = reporter._mark
-        # Host monotonic ns for the heartbeat: the marks themselves with host clocks, a clock read with CUDA.
-        self._host = None if reporter._host_marks else reporter._mono_ns
-        self.step = step
-        self._marks: list[tuple[str, Any, Any]] = []  # (segment, begin mark, end mark)
-        self._open: tuple[str, Any] | None = None
-        self._open_host = 0
-        self._begin_host = 0
-        self._fields: dict[str, Any] = {}
-        self._begin: Any = None
-        self._end: Any = None
-        self._loader_wait_s: float | None = None  # time blocked in a wrapped loader's next() for this batch
-
-    def segment(self, name: str) -> _Segment:
-        """Time a part of the step: data_wait, forward, backward, optimizer, comm or checkpoint."""
-        return _Segment(self, name)
-
-    def segment_begin(self, name: str) -> None:
-        """Start a segment (ends the one still open, if any)."""
-        try:
-            if self._open is not None:
-                self.segment_end()
-            mark = self._mark()
-            self._open = (name, mark)
-            self._open_host = mark if self._host is None else self._host()
-        except Exception as internal:
-            self._reporter._internal("segment", internal)
-
-    def segment_end(self) -> None:
-        """End the open segment (a no-op when none is open)."""
-        opened = self._open
-        if opened is None:
-            return
-        try:
-            self._open = None
-            self._marks.append((opened[0], opened[1], self._mark()))
-        except Exception as internal:
-            self._reporter._internal("segment", internal)
-
-    def record(self, **values: Any) -> None:
-        """Attach loss, lr, grad_norm, samples, tokens (tensors are fine), `skipped`, `batch_fingerprint`, `epoch`."""
-        self._fields.update(values)
-
-    def begin(self) -> Step:
-        """Start the step (what `with` does on enter)."""
-        try:
-            mark = self._mark()
-            self._begin = mark
-            self._begin_host = mark if self._host is None else self._host()
-            self._reporter._live_step = self
-        except Exception as internal:
-            self._reporter._internal("step", internal)
-        return self
-
-    def stop_clock(self) -> None:
-        """Take the step's end mark now but publish later with `end()` (when values arrive after the step)."""
-        try:
-            if self._open is not None:
-                self.segment_end()
-            if self._end is None:
-                self._end = self._mark()
-            r = self._reporter
-            if r._live_step is self:
-                r._live_step = None
-        except Exception as internal:
-            self._reporter._internal("step", internal)
-
-    def end(self, exc: BaseException | None = None) -> None:
-        """End the step (what `with` does on exit); `exc` makes it a RankFault instead of a step."""
-        self.stop_clock()
-        try:
-            self._reporter._step_done(self, exc)
-        except Exception as internal:
-            self._reporter._internal("step", internal)
-
-    def __enter__(self) -> Step:
-        return self.begin()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> Literal[False]:
-        self.end(exc)
-        return False
-
-
-class CheckpointReport:
-    """One checkpoint: started on enter, completed (with `bytes`) or failed on exit; `verified(checksum)`.
-
-    Retention: `keep` is how many checkpoints the policy keeps; set `deleted` to the checkpoint ids
-    that saving this one removed, before the block ends (they are reported with the completion).
-    A read-back that fails is `verification_failed(error)`.
-    """
-
-    def __init__(
-        self,
-        reporter: Reporter,
-        step: int,
-        uri: str | None,
-        checkpoint_id: str,
-        version: str | None,
-        keep: int | None = None,
-    ) -> None:
-        self._reporter = reporter
-        self.step = step
-        self.uri = uri
-        self.checkpoint_id = checkpoint_id
-        self.version = version
-        self.keep = keep
-        self.bytes: int | None = None
-        self.deleted: list[str] = []
-        # The local file or folder written; verified off the training thread once completed.
-        self.path: str | None = _local_path(uri)
-        self._t0 = 0
-
-    def _emit(self, phase: str, **extra: Any) -> None:
-        r = self._reporter
-        r._emit(
-            "CheckpointEvent",
-            {
-                "ts": r._now_ms(),
-                "job_id": r.identity.job_id,
-                "run_id": r.identity.run_id,
-                "rank": r.identity.rank,
-                "checkpoint_id": self.checkpoint_id,
-                "step": self.step,
-                "phase": phase,
-                "uri": self.uri,
-                "bytes": extra.get("bytes"),
-                "duration_s": extra.get("duration_s"),
-                "version": self.version,
-                "checksum": extra.get("checksum"),
-                "error": extra.get("error"),
-                "retention_keep": self.keep,
-                "deleted": [str(d) for d in extra.get("deleted", ())],
-            },
-        )
-
-    def __enter__(self) -> CheckpointReport:
-        try:
-            self._emit("started")
-        except Exception as internal:
-            self._reporter._internal("checkpoint", internal)
-        self._t0 = perf_counter_ns()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> Literal[False]:
-        duration = (perf_counter_ns() - self._t0) / 1e9
-        try:
-            if exc is None:
-                self._emit("completed", bytes=self.bytes, duration_s=duration, deleted=self.deleted)
-                self._reporter._verify_checkpoint(self)
-            else:
-                self._emit(
-                    "failed",
-                    bytes=self.bytes,
-                    duration_s=duration,
-                    error=f"{type(exc).__name__}: {exc}"[:2000],
-                )
-        except Exception as internal:
-            self._reporter._internal("checkpoint", internal)
-        return False  # the user's exception is theirs: re-raised
-
-    def _verification(self, result: Verification) -> None:
-        """The verifier's outcome for this checkpoint (called on its thread)."""
-        if result.ok:
-            self.bytes = self.bytes if self.bytes is not None else result.bytes
-            self.verified(result.checksum)
-        else:
-            self.verification_failed(result.error or "verification failed")
-
-    def verified(self, checksum: str | None = None) -> None:
-        """The checkpoint was read back and its checksum matches."""
-        try:
-            self._emit("verified", bytes=self.bytes, checksum=checksum)
-        except Exception as internal:
-            self._reporter._internal("checkpoint", internal)
-
-    def verification_failed(self, error: str | BaseException, checksum: str | None = None) -> None:
-        """Reading the checkpoint back failed, or its checksum does not match: it is no recovery point."""
-        try:
-            text = fault_detail(error) if isinstance(error, BaseException) else str(error)[:2000]
-            self._emit("verify_failed", bytes=self.bytes, checksum=checksum, error=text)
-        except Exception as internal:
-            self._reporter._internal("checkpoint", internal)
-
-
-class EvaluationReport:
-    """One evaluation pass: EvaluationEvent `started` on enter, `completed` or `failed` on exit."""
-
-    def __init__(
-        self,
-        reporter: Reporter,
-        step: int,
-        name: str | None,
-        evaluation_id: str,
-        expected_duration_s: float | None,
-    ) -> None:
-        self._reporter = reporter
-        self.step = step
-        self.name = name
-        self.evaluation_id = evaluation_id
-        self.expected_duration_s = expected_duration_s
-        self.batches: int | None = None
-        self._t0 = 0
-
-    def _emit(self, phase: str, duration_s: float | None = None, error: str | None = None) -> None:
-        self._reporter._job_event(
-            "EvaluationEvent",
-            {
-                "rank": self._reporter.identity.rank,
-                "evaluation_id": self.evaluation_id,
-                "step": self.step,
-                "phase": phase,
-                "name": self.name,
-                "expected_duration_s": self.expected_duration_s,
-                "duration_s": duration_s,
-                "batches": self.batches,
-                "error": error,
-            },
-            per_rank=False,
-        )
-
-    def begin(self) -> EvaluationReport:
-        """Send `started` (what `with` does on enter)."""
-        try:
-            self._t0 = self._reporter._mono_ns()
-            self._emit("started")
-        except Exception as internal:
-            self._reporter._internal("evaluation", internal)
-        return self
-
-    def end(self, exc: BaseException | None = None) -> None:
-        """Send `completed`, or `failed` with the exception (what `with` does on exit)."""
-        try:
-            duration = (self._reporter._mono_ns() - self._t0) / 1e9
-            if exc is None:
-                self._emit("completed", duration)
-            else:
-                self._emit("failed", duration, f"{type(exc).__name__}: {exc}"[:2000])
-        except Exception as internal:
-            self._reporter._internal("evaluation", internal)
-
-    def __enter__(self) -> EvaluationReport:
-        return self.begin()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> Literal[False]:
-        self.end(exc)
-        return False
 
 
 class Reporter:
@@ -589,25 +241,7 @@ class Reporter:
         if segment is not None and segment[0] == "comm":
             blocked = now_ns - max(since, live._open_host)
         self._last_beat_ns = now_ns
-        ident = self.identity
-        self._outbox.appendleft(
-            Event(
-                "CollectiveSample",
-                {
-                    "ts": self._now_ms(),
-                    "job_id": ident.job_id,
-                    "run_id": ident.run_id,
-                    "rank": ident.rank,
-                    "node": ident.node,
-                    "op": "comm",
-                    "interval_s": interval / 1e9,
-                    "count": 0,
-                    "bytes": None,
-                    "time_s": max(0, blocked) / 1e9,
-                    "bus_bw_gbps": None,
-                },
-            )
-        )
+        self._outbox.appendleft(heartbeat_record(self.identity, self._now_ms(), interval, blocked))
         self._counts["heartbeats"] += 1
 
     def _drain(self, final: bool = False) -> None:
@@ -627,7 +261,7 @@ class Reporter:
                 else:
                     event = item
                 if event is not None and self.publisher is not None:
-                    self.publisher.publish(_coerce(event))
+                    self.publisher.publish(coerce(event))
                     self._counts["published"] += 1
             except Exception as exc:
                 self._internal(f"publish-{getattr(item, 'type', 'task')}", exc)
@@ -703,51 +337,7 @@ class Reporter:
         self._counts["enqueued"] += 1
 
     def _step_record(self, step: Step, ts_ms: int) -> Event:
-        ident = self.identity
-        timer = self._timer
-        seg: dict[str, float] = {}
-        for name, begin, end in step._marks:
-            seg[name] = seg.get(name, 0.0) + timer.elapsed_s(begin, end)
-            timer.release(begin)
-            timer.release(end)
-        step_time = timer.elapsed_s(step._begin, step._end)
-        timer.release(step._begin)
-        timer.release(step._end)
-        fields = step._fields
-        if not seg.keys() <= _SEGMENT_SET:
-            self._internal(
-                "segment",
-                ValueError(f"unknown segment(s) {sorted(seg.keys() - _SEGMENT_SET)}; known: {SEGMENTS}"),
-            )
-        if not fields.keys() <= _RECORD_FIELDS:
-            self._internal("record", ValueError(f"unknown field(s) {sorted(fields.keys() - _RECORD_FIELDS)}"))
-        get = seg.get
-        return Event(
-            "StepCompleted",
-            {
-                "ts": ts_ms,
-                "job_id": ident.job_id,
-                "run_id": ident.run_id,
-                "rank": ident.rank,
-                "node": ident.node,
-                "step": step.step,
-                "samples": fields.get("samples"),
-                "tokens": fields.get("tokens"),
-                "loss": fields.get("loss"),
-                "lr": fields.get("lr"),
-                "grad_norm": fields.get("grad_norm"),
-                "step_time_s": step_time,
-                "data_wait_s": get("data_wait", step._loader_wait_s),
-                "forward_s": get("forward"),
-                "backward_s": get("backward"),
-                "optimizer_s": get("optimizer"),
-                "comm_s": get("comm"),
-                "checkpoint_s": get("checkpoint"),
-                "skipped": bool(fields.get("skipped", False)),
-                "batch_fingerprint": fields.get("batch_fingerprint"),
-                "epoch": fields.get("epoch"),
-            },
-        )
+        return step_record(step, ts_ms, self.identity, self._timer, self._internal)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -1167,15 +757,6 @@ class Reporter:
         self.close()
 
 
-def _local_path(uri: str | None) -> str | None:
-    """The local path of a checkpoint URI (`file://...` or a plain path); None for remote stores."""
-    if not uri:
-        return None
-    if uri.startswith("file://"):
-        return uri[len("file://") :]
-    return None if "://" in uri else uri
-
-
 def _close_at_exit(ref: weakref.ref[Reporter]) -> None:
     reporter = ref()
     if reporter is not None:
@@ -1196,20 +777,3 @@ def _positive_int(value: Any) -> int | None:
 def _with_rank(path: str, rank: int) -> str:
     p = Path(path)
     return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
-
-
-def _coerce(event: Event) -> Event:
-    """Numbers the user passed (tensors, numpy scalars) -> plain floats and ints, on the background thread."""
-    record = event.record
-    if event.type == "StepCompleted":
-        for name in _FLOAT_FIELDS:
-            value = record[name]
-            if value is not None and type(value) is not float:
-                record[name] = float(value)
-        for name in _INT_FIELDS:
-            value = record[name]
-            if value is not None and type(value) is not int:
-                record[name] = int(value)
-    elif event.type == "ValidationResult":
-        record["metrics"] = {str(k): float(v) for k, v in record["metrics"].items()}
-    return event

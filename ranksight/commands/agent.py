@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -15,57 +15,86 @@ from ranksight.signals import stop_signals
 __all__ = ["register"]
 
 
-def agent(
-    interval: float = typer.Option(1.0, "--interval", min=0.05, help="Seconds between samples."),
-    cluster: str | None = typer.Option(
-        None, "--cluster", help="Cluster name (default: RANKSIGHT_CLUSTER or 'local')."
+_Interval = Annotated[float, typer.Option("--interval", min=0.05, help="Seconds between samples.")]
+_Cluster = Annotated[
+    str | None, typer.Option("--cluster", help="Cluster name (default: RANKSIGHT_CLUSTER or 'local').")
+]
+_Node = Annotated[str | None, typer.Option("--node", help="Node name (default: the host name).")]
+_Simulate = Annotated[bool, typer.Option("--simulate", help="Simulated GPUs (no NVIDIA driver needed).")]
+_Gpus = Annotated[int, typer.Option("--gpus", min=0, help="Number of simulated GPUs (with --simulate).")]
+_NoGpu = Annotated[bool, typer.Option("--no-gpu", help="Host telemetry only (CPU-only nodes).")]
+_To = Annotated[str, typer.Option("--to", help="'kafka' (KAFKA_BOOTSTRAP) or file:///path/events.avro.")]
+_Count = Annotated[int | None, typer.Option("--count", min=1, help="Stop after this many intervals.")]
+_SpoolDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--spool-dir", help="Disk spool for Kafka outages (default: $RANKSIGHT_HOME/spool/agent-<node>)."
     ),
-    node: str | None = typer.Option(None, "--node", help="Node name (default: the host name)."),
-    simulate: bool = typer.Option(False, "--simulate", help="Simulated GPUs (no NVIDIA driver needed)."),
-    gpus: int = typer.Option(8, "--gpus", min=0, help="Number of simulated GPUs (with --simulate)."),
-    no_gpu: bool = typer.Option(False, "--no-gpu", help="Host telemetry only (CPU-only nodes)."),
-    to: str = typer.Option("kafka", "--to", help="'kafka' (KAFKA_BOOTSTRAP) or file:///path/events.avro."),
-    count: int | None = typer.Option(None, "--count", min=1, help="Stop after this many intervals."),
-    spool_dir: Path | None = typer.Option(
-        None,
-        "--spool-dir",
-        help="Disk spool for Kafka outages (default: $RANKSIGHT_HOME/spool/agent-<node>).",
-    ),
-    spool_max_mb: int = typer.Option(256, "--spool-max-mb", min=1, help="Bound of the disk spool, MiB."),
-    report_every: int = typer.Option(
-        60, "--report-every", min=1, help="Print a status line every N intervals."
-    ),
-    slow_interval: float = typer.Option(
-        10.0,
+]
+_SpoolMaxMb = Annotated[int, typer.Option("--spool-max-mb", min=1, help="Bound of the disk spool, MiB.")]
+_ReportEvery = Annotated[
+    int, typer.Option("--report-every", min=1, help="Print a status line every N intervals.")
+]
+_SlowInterval = Annotated[
+    float,
+    typer.Option(
         "--slow-interval",
         min=0.0,
         help="Seconds between reads of slowly changing GPU fields (ECC, remapped rows, pids, power limit).",
     ),
-    attribution: bool = typer.Option(
-        True, "--attribution/--no-attribution", help="Stamp each GPU sample with the job holding the GPU."
+]
+_Attribution = Annotated[
+    bool,
+    typer.Option(
+        "--attribution/--no-attribution", help="Stamp each GPU sample with the job holding the GPU."
     ),
-    bindings_dir: list[Path] = typer.Option(
-        [],
+]
+_BindingsDir = Annotated[
+    list[Path],
+    typer.Option(
         "--bindings-dir",
         help="Where the SDK leaves bindings (repeatable; default: RANKSIGHT_RUNTIME_DIR and the usual places).",
     ),
-    pod_resources: str | None = typer.Option(
-        None,
+]
+_PodResources = Annotated[
+    str | None,
+    typer.Option(
         "--pod-resources",
         help="Kubelet pod-resources socket or a recorded List response (.json or protobuf); "
         "default: the kubelet socket when present.",
     ),
-    metrics_port: int = typer.Option(
-        0,
+]
+_MetricsPort = Annotated[
+    int,
+    typer.Option(
         "--metrics-port",
         min=0,
         max=65535,
         envvar="RANKSIGHT_AGENT_METRICS_PORT",
         help="Serve Prometheus /metrics on this port if prometheus_client is installed (0: off).",
     ),
-    proc_root: Path = typer.Option(
-        Path("/proc"), "--proc-root", help="The /proc of the host (Slurm attribution)."
-    ),
+]
+_ProcRoot = Annotated[Path, typer.Option("--proc-root", help="The /proc of the host (Slurm attribution).")]
+
+
+def agent(
+    interval: _Interval = 1.0,
+    cluster: _Cluster = None,
+    node: _Node = None,
+    simulate: _Simulate = False,
+    gpus: _Gpus = 8,
+    no_gpu: _NoGpu = False,
+    to: _To = "kafka",
+    count: _Count = None,
+    spool_dir: _SpoolDir = None,
+    spool_max_mb: _SpoolMaxMb = 256,
+    report_every: _ReportEvery = 60,
+    slow_interval: _SlowInterval = 10.0,
+    attribution: _Attribution = True,
+    bindings_dir: _BindingsDir = [],  # noqa: B006 (typer reads it; nothing appends to it)
+    pod_resources: _PodResources = None,
+    metrics_port: _MetricsPort = 0,
+    proc_root: _ProcRoot = Path("/proc"),
 ) -> None:
     """Sample this node's GPUs and host every interval and publish GpuSample / HostSample events."""
     from producers.agent import Agent, FakeNvml, GpuSampler, HostSampler, load_nvml

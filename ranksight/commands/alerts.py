@@ -6,7 +6,7 @@ import functools
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -159,74 +159,104 @@ def tail(
             consumer.close()
 
 
-@alerts_app.command("forward")
-def forward(
-    alertmanager: str = typer.Option(
-        ..., "--alertmanager", help="Alertmanager base URL, e.g. http://127.0.0.1:9093."
-    ),
-    team: str | None = typer.Option(None, "--team", help="Only alerts routed to this team."),
-    resend_s: float = typer.Option(60.0, "--resend", min=1.0, help="Re-send firing alerts every N seconds."),
-    keepalive_s: float | None = typer.Option(
-        None,
+_Alertmanager = Annotated[
+    str, typer.Option("--alertmanager", help="Alertmanager base URL, e.g. http://127.0.0.1:9093.")
+]
+_Team = Annotated[str | None, typer.Option("--team", help="Only alerts routed to this team.")]
+_ResendS = Annotated[float, typer.Option("--resend", min=1.0, help="Re-send firing alerts every N seconds.")]
+_KeepaliveS = Annotated[
+    float | None,
+    typer.Option(
         "--keepalive",
         help="endsAt of a firing alert = now + N s (default 4 x --resend): how long Alertmanager "
         "keeps it firing if the forwarder stops.",
     ),
-    topic: str = typer.Option(
-        ALERTS, "--topic", help="Alert topic to forward (e.g. rs.alerts.replay); prefix is added."
+]
+_Topic = Annotated[
+    str, typer.Option("--topic", help="Alert topic to forward (e.g. rs.alerts.replay); prefix is added.")
+]
+_File = Annotated[
+    Path | None,
+    typer.Option(
+        "--file", help="Forward the last state of every alert of a file (.avro or .jsonl) once, then exit."
     ),
-    file: Path | None = typer.Option(
-        None,
-        "--file",
-        help="Forward the last state of every alert of a file (.avro or .jsonl) once, then exit.",
-    ),
-    group: str | None = typer.Option(
-        None,
+]
+_Group = Annotated[
+    str | None,
+    typer.Option(
         "--group",
         help="Consumer group keeping the committed offsets (default ranksight-alerts-forward.<topic>[.<team>]).",
     ),
-    lookback: str | None = typer.Option(
-        None,
+]
+_Lookback = Annotated[
+    str | None,
+    typer.Option(
         "--lookback",
         help="Rebuild the firing set from alerts of the last DURATION (e.g. 7d; default: every alert kept).",
     ),
-    from_beginning: bool = typer.Option(
-        False,
-        "--from-beginning",
-        help="Rebuild from the oldest alert kept (the default; overrides --lookback).",
+]
+_FromBeginning = Annotated[
+    bool,
+    typer.Option(
+        "--from-beginning", help="Rebuild from the oldest alert kept (the default; overrides --lookback)."
     ),
-    ui_url: str = typer.Option(
-        "",
+]
+_UiUrl = Annotated[
+    str,
+    typer.Option(
         "--ui-url",
         envvar="RANKSIGHT_UI_URL",
         help="ranksight UI base URL: generatorURL = <url>/alerts/<alert_id>; runbook links "
         "<url>/runbooks/<rule> unless --runbook-base-url says otherwise.",
     ),
-    runbook_base_url: str = typer.Option(
-        "",
+]
+_RunbookBaseUrl = Annotated[
+    str,
+    typer.Option(
         "--runbook-base-url",
         envvar="RANKSIGHT_RUNBOOK_BASE_URL",
         help="Base of the runbook_url annotation (<base>/<rule>) for alerts whose link is relative.",
     ),
-    idle_exit_s: float | None = typer.Option(
-        None, "--idle-exit", help="Exit after N seconds without alerts."
-    ),
-    job_labels: list[str] = typer.Option(
-        [],
+]
+_IdleExitS = Annotated[float | None, typer.Option("--idle-exit", help="Exit after N seconds without alerts.")]
+_JobLabels = Annotated[
+    list[str],
+    typer.Option(
         "--job-label",
         envvar="RANKSIGHT_ALERT_JOB_LABELS",
         help="A job label (JobStarted labels) to send to Alertmanager as a label, its name in "
         "Alertmanager's syntax (ranksight.dev/tier -> ranksight_dev_tier); repeat for more. No others "
         "are sent, and none can set alertname, job, team, severity, receiver, inhibited_by or the like.",
     ),
-    metrics_port: int = typer.Option(
-        0,
+]
+_MetricsPort = Annotated[
+    int,
+    typer.Option(
         "--metrics-port",
         min=0,
         max=65535,
         envvar="RANKSIGHT_FORWARD_METRICS_PORT",
         help="Serve Prometheus /metrics on this port (0: off).",
     ),
+]
+
+
+@alerts_app.command("forward")
+def forward(
+    alertmanager: _Alertmanager,
+    team: _Team = None,
+    resend_s: _ResendS = 60.0,
+    keepalive_s: _KeepaliveS = None,
+    topic: _Topic = ALERTS,
+    file: _File = None,
+    group: _Group = None,
+    lookback: _Lookback = None,
+    from_beginning: _FromBeginning = False,
+    ui_url: _UiUrl = "",
+    runbook_base_url: _RunbookBaseUrl = "",
+    idle_exit_s: _IdleExitS = None,
+    job_labels: _JobLabels = [],  # noqa: B006 (typer reads it; nothing appends to it)
+    metrics_port: _MetricsPort = 0,
 ) -> None:
     """Forward alerts to Alertmanager (POST /api/v2/alerts), keeping firing ones alive across restarts."""
     from infra.kafka.quiet import quiet_kafka_conf

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -16,37 +16,56 @@ __all__ = ["decision_line", "register"]
 _STYLE = {"acted": "bold red", "dry_run": "yellow", "skipped": "dim", "failed": "bold magenta"}
 
 
-def remediate(
-    policy: Path = typer.Option(
-        ..., "--policy", help="Remediation policy YAML (docs/operations.md lists every knob)."
-    ),
-    slurm: bool = typer.Option(False, "--slurm", help="Act through Slurm (scancel / scontrol requeue)."),
-    kubernetes: bool = typer.Option(
-        False, "--kubernetes", help="Act through Kubernetes (suspend the Job, delete its Pods)."
-    ),
-    namespace: list[str] = typer.Option(
-        [],
+_Policy = Annotated[
+    Path, typer.Option("--policy", help="Remediation policy YAML (docs/operations.md lists every knob).")
+]
+_Slurm = Annotated[bool, typer.Option("--slurm", help="Act through Slurm (scancel / scontrol requeue).")]
+_Kubernetes = Annotated[
+    bool, typer.Option("--kubernetes", help="Act through Kubernetes (suspend the Job, delete its Pods).")
+]
+_Namespace = Annotated[
+    list[str],
+    typer.Option(
         "--namespace",
         help="Kubernetes: a namespace remediate may act in (repeatable; required with --kubernetes).",
     ),
-    cluster: str = typer.Option(
-        "", "--cluster", help="Kubernetes: the cluster's name in decisions and the hourly budget."
-    ),
-    execute: bool = typer.Option(
-        False, "--execute", help="Really act. Without it every action is a dry run, recorded as such."
-    ),
-    lookback: str | None = typer.Option(
-        None,
+]
+_Cluster = Annotated[
+    str, typer.Option("--cluster", help="Kubernetes: the cluster's name in decisions and the hourly budget.")
+]
+_Execute = Annotated[
+    bool,
+    typer.Option("--execute", help="Really act. Without it every action is a dry run, recorded as such."),
+]
+_Lookback = Annotated[
+    str | None,
+    typer.Option(
         "--lookback",
         help="Rebuild alerts and job state from the last DURATION (e.g. 2d; default: everything kept).",
     ),
-    tick_s: float = typer.Option(1.0, "--tick", min=0.1, help="Seconds between decisions."),
-    idle_exit_s: float | None = typer.Option(
-        None, "--idle-exit", help="Exit after N seconds without new records."
-    ),
-    alerts_topic: str = typer.Option(ALERTS, "--alerts-topic", help="Alert topic (prefix is added)."),
-    events_topic: str = typer.Option(TRAINING_EVENTS, "--events-topic", help="Training events topic."),
-    actions_topic: str = typer.Option(ACTIONS, "--actions-topic", help="Where decisions go (ActionTaken)."),
+]
+_TickS = Annotated[float, typer.Option("--tick", min=0.1, help="Seconds between decisions.")]
+_IdleExitS = Annotated[
+    float | None, typer.Option("--idle-exit", help="Exit after N seconds without new records.")
+]
+_AlertsTopic = Annotated[str, typer.Option("--alerts-topic", help="Alert topic (prefix is added).")]
+_EventsTopic = Annotated[str, typer.Option("--events-topic", help="Training events topic.")]
+_ActionsTopic = Annotated[str, typer.Option("--actions-topic", help="Where decisions go (ActionTaken).")]
+
+
+def remediate(
+    policy: _Policy,
+    slurm: _Slurm = False,
+    kubernetes: _Kubernetes = False,
+    namespace: _Namespace = [],  # noqa: B006 (typer reads it; nothing appends to it)
+    cluster: _Cluster = "",
+    execute: _Execute = False,
+    lookback: _Lookback = None,
+    tick_s: _TickS = 1.0,
+    idle_exit_s: _IdleExitS = None,
+    alerts_topic: _AlertsTopic = ALERTS,
+    events_topic: _EventsTopic = TRAINING_EVENTS,
+    actions_topic: _ActionsTopic = ACTIONS,
 ) -> None:
     """Cancel or requeue jobs that alerts say are stuck (zombie_job, rank_hang, restart_loop), safely; dry run by default."""
     from infra.kafka.quiet import quiet_kafka_conf

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -11,108 +12,150 @@ from ranksight.console import console, literal, user_errors
 __all__ = ["register"]
 
 
-def worker(
-    workdir: Path | None = typer.Option(
-        None, "--workdir", help="Local state of the worker (default <home>/worker)."
-    ),
-    group: str = typer.Option(
-        "ranksight-detect",
-        "--group",
-        help="Consumer group; run several workers with the same group to scale out.",
-    ),
-    config: Path | None = typer.Option(None, "--config", help="Detector thresholds YAML (default: shipped)."),
-    routing: Path | None = typer.Option(None, "--routing", help="Alert routing YAML (default: shipped)."),
-    checkpoint_interval_ms: int = typer.Option(
-        10_000,
+_Workdir = Annotated[
+    Path | None, typer.Option("--workdir", help="Local state of the worker (default <home>/worker).")
+]
+_Group = Annotated[
+    str, typer.Option("--group", help="Consumer group; run several workers with the same group to scale out.")
+]
+_Config = Annotated[
+    Path | None, typer.Option("--config", help="Detector thresholds YAML (default: shipped).")
+]
+_Routing = Annotated[Path | None, typer.Option("--routing", help="Alert routing YAML (default: shipped).")]
+_CheckpointIntervalMs = Annotated[
+    int,
+    typer.Option(
         "--checkpoint-interval-ms",
         min=100,
         help="Snapshot each partition's engine at least every N ms of processing (wall clock).",
     ),
-    checkpoint_events: int = typer.Option(
-        5_000, "--checkpoint-events", min=1, help="... and every N events."
+]
+_CheckpointEvents = Annotated[int, typer.Option("--checkpoint-events", min=1, help="... and every N events.")]
+_Partitions = Annotated[
+    int, typer.Option("--partitions", min=1, help="Partitions of the source and internal topics.")
+]
+_LogLevel = Annotated[str, typer.Option("--log-level", help="Worker log level (info: progress lines).")]
+_StatsIntervalS = Annotated[
+    float, typer.Option("--stats-interval", min=0.1, help="Progress line every N seconds (info).")
+]
+_AlignIdleS = Annotated[
+    float,
+    typer.Option(
+        "--align-idle", min=0.1, help="A source partition silent this long stops holding event time back."
     ),
-    partitions: int = typer.Option(
-        6, "--partitions", min=1, help="Partitions of the source and internal topics."
-    ),
-    log_level: str = typer.Option("warning", "--log-level", help="Worker log level (info: progress lines)."),
-    stats_interval_s: float = typer.Option(
-        30.0, "--stats-interval", min=0.1, help="Progress line every N seconds (info)."
-    ),
-    align_idle_s: float = typer.Option(
-        2.0,
-        "--align-idle",
-        min=0.1,
-        help="A source partition silent this long stops holding event time back.",
-    ),
-    finish_idle_s: float = typer.Option(
-        20.0,
+]
+_FinishIdleS = Annotated[
+    float,
+    typer.Option(
         "--finish-idle",
         min=0.0,
         help="Every input read to its end and silent this long (s): the engines move to the newest event "
         "time read and release what they hold, as a replay's end (0: never; keep it above the group's 10 s "
         "session timeout, so a dead peer's partitions are reassigned first).",
     ),
-    align_pause_at: int = typer.Option(
-        20_000,
+]
+_AlignPauseAt = Annotated[
+    int,
+    typer.Option(
         "--align-pause-at",
         min=100,
         help="Records held of one input partition (ahead of a slower one) before it is paused (backpressure).",
     ),
-    release_batch: int = typer.Option(
-        2_000,
+]
+_ReleaseBatch = Annotated[
+    int,
+    typer.Option(
         "--release-batch",
         min=1,
         help="Records a rank-stage partition feeds its engine before the worker sends what they produced.",
     ),
-    guard_s: float = typer.Option(
-        120.0,
+]
+_GuardS = Annotated[
+    float,
+    typer.Option(
         "--guard",
         min=0,
         help="All input of a partition silent this many seconds while live: advance event time with the wall clock (0: off).",
     ),
-    replication_factor: int = typer.Option(
-        -1,
+]
+_ReplicationFactor = Annotated[
+    int,
+    typer.Option(
         "--replication-factor",
         min=-1,
         envvar="RANKSIGHT_REPLICATION_FACTOR",
         help="Replication factor of the topics the worker creates (internal, changelogs); -1: the broker's"
         " default.replication.factor (3 on a 3-broker cluster).",
     ),
-    max_held: int = typer.Option(
-        200_000,
+]
+_MaxHeld = Annotated[
+    int,
+    typer.Option(
         "--max-held",
         min=100,
         help="Records a partition task holds for event-time alignment before the oldest leave (possibly late).",
     ),
-    metrics_port: int = typer.Option(
-        0,
+]
+_MetricsPort = Annotated[
+    int,
+    typer.Option(
         "--metrics-port",
         min=0,
         max=65535,
         envvar="RANKSIGHT_WORKER_METRICS_PORT",
         help="Serve Prometheus /metrics on this port (0: off; one port per worker process).",
     ),
-    runtime: str = typer.Option(
-        "direct",
+]
+_Runtime = Annotated[
+    str,
+    typer.Option(
         "--runtime",
         envvar="RANKSIGHT_WORKER_RUNTIME",
         help="direct (the default): librdkafka batches with explicit commits; faust: the same core driven"
         " by a Faust agent, 2.2-2.9x slower (docs/worker.md). Same topics and state: a stopped group can switch.",
     ),
-    job_states: str = typer.Option(
-        "any",
+]
+_JobStates = Annotated[
+    str,
+    typer.Option(
         "--job-states",
         envvar="RANKSIGHT_JOB_STATES",
         help="Whose job states end a job: any (the SDK's on rs.training.events and the scheduler's) or"
         " scheduler (only rs.scheduler.states, which only `ranksight scheduler` may write under the Kafka"
         " ACLs; docs/security.md). Use scheduler where a scheduler watcher runs.",
     ),
-    unbound_interval_ms: int = typer.Option(
-        10_000,
+]
+_UnboundIntervalMs = Annotated[
+    int,
+    typer.Option(
         "--unbound-interval-ms",
         min=0,
         help="Telemetry of GPUs/nodes with no job: forward one sample per GPU/node per N ms (0: all).",
     ),
+]
+
+
+def worker(
+    workdir: _Workdir = None,
+    group: _Group = "ranksight-detect",
+    config: _Config = None,
+    routing: _Routing = None,
+    checkpoint_interval_ms: _CheckpointIntervalMs = 10_000,
+    checkpoint_events: _CheckpointEvents = 5_000,
+    partitions: _Partitions = 6,
+    log_level: _LogLevel = "warning",
+    stats_interval_s: _StatsIntervalS = 30.0,
+    align_idle_s: _AlignIdleS = 2.0,
+    finish_idle_s: _FinishIdleS = 20.0,
+    align_pause_at: _AlignPauseAt = 20_000,
+    release_batch: _ReleaseBatch = 2_000,
+    guard_s: _GuardS = 120.0,
+    replication_factor: _ReplicationFactor = -1,
+    max_held: _MaxHeld = 200_000,
+    metrics_port: _MetricsPort = 0,
+    runtime: _Runtime = "direct",
+    job_states: _JobStates = "any",
+    unbound_interval_ms: _UnboundIntervalMs = 10_000,
 ) -> None:
     """Consume telemetry and training events, detect, publish alerts to rs.alerts and stats to rs.derived.*."""
     from ranksight.broker import check_broker, check_group_runtime, kafka_settings

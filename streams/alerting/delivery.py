@@ -85,7 +85,7 @@ def forward_topic(
 
     Alerts Alertmanager refuses go to `deadletter_topic` (without one they are only warned about).
     """
-    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
         {
@@ -97,58 +97,10 @@ def forward_topic(
         }
     )
     stats = DeliveryStats()
-    producer: Any = None
-    # The message each held alert came from: what a refused alert's dead letter carries.
-    sources: dict[tuple[str, str], tuple[bytes, int, int]] = {}
-
-    def dead_letter() -> None:
-        nonlocal producer
-        for record, refusal in forwarder.take_refused():
-            key = alert_key(record)
-            value, p, offset = sources.get(key, (b"", -1, -1))
-            where = f" to {deadletter_topic}" if deadletter_topic else ""
-            warn(
-                f"Alertmanager refused alert {record.get('rule')} of job {record.get('job_id')} "
-                f"({refusal.reason}); dead-lettered{where}, going on"
-            )
-            if deadletter_topic is None:
-                continue
-            if producer is None:
-                producer = Producer({**conf, "enable.idempotence": True})
-            headers = deadletter_headers(refusal, topic, p, offset, component="alerts-forward")
-            producer.produce(deadletter_topic, value=value, key=key[1].encode(), headers=headers)
-            stats.deadlettered += 1
-        for key in [k for k in sources if not forwarder.holds(k)]:
-            del sources[key]
-        if producer is not None and producer.flush(30) > 0:
-            raise StreamsError(f"could not write refused alerts to {deadletter_topic} within 30 s")
-
+    letters = _DeadLetters(conf, topic, deadletter_topic, forwarder, warn, stats)
     try:
         parts = topic_partitions(consumer, topic)
-        committed = _committed(consumer, [TopicPartition(topic, p) for p in parts])
-        since: dict[int, int] = {}
-        if lookback_s is not None:
-            at = int((time.time() - lookback_s) * 1000)
-            found = retrying(
-                lambda: consumer.offsets_for_times([TopicPartition(topic, p, at) for p in parts], timeout=10),
-                "look up offsets by time",
-            )
-            since = {tp.partition: tp.offset for tp in found}
-        boundary: dict[int, int] = {}
-        assign = []
-        for p in parts:
-            tp = TopicPartition(topic, p)
-            low, high = retrying(
-                partial(consumer.get_watermark_offsets, tp, timeout=10), f"read the offsets of {topic}[{p}]"
-            )
-            boundary[p] = committed[p] if committed[p] >= 0 else high
-            start = low if lookback_s is None else since.get(p, -1)
-            if start < 0 or start > boundary[p]:
-                start = boundary[p]  # nothing that recent: no history to read
-            start = max(start, low)
-            stats.rebuilt_partitions[p] = (start, boundary[p])
-            assign.append(TopicPartition(topic, p, start))
-        consumer.assign(assign)
+        boundary = _assign_rebuild(consumer, topic, parts, lookback_s, stats)
         behind = {p for p in parts if stats.rebuilt_partitions[p][0] < boundary[p]}
         reported = False
         pending: dict[int, int] = {}  # partition -> next offset to commit
@@ -169,7 +121,7 @@ def forward_topic(
                     warn(f"skipped: {exc.located(topic, p, offset)}")
                     record = None
                 if record is not None:
-                    sources[alert_key(record)] = (msg.value() or b"", p, offset)
+                    letters.sources[alert_key(record)] = (msg.value() or b"", p, offset)
                 if offset < boundary[p]:
                     if record is not None:
                         forwarder.restore(record)
@@ -203,7 +155,7 @@ def forward_topic(
                     stats.sent += forwarder.tick()
             except AlertmanagerError as exc:
                 warn(str(exc))
-            dead_letter()  # before the commit: a refused alert's offset passes once its dead letter is written
+            letters.send()  # before the commit: a refused alert's offset passes once its dead letter is written
             if pending and forwarder.settled:
                 consumer.commit(
                     offsets=[TopicPartition(topic, p, o) for p, o in sorted(pending.items())],
@@ -216,6 +168,87 @@ def forward_topic(
     finally:
         consumer.close()
     return stats
+
+
+def _assign_rebuild(
+    consumer: Any, topic: str, parts: list[int], lookback_s: float | None, stats: DeliveryStats
+) -> dict[int, int]:
+    """Assign each partition from where its rebuild starts; returns the committed offsets (the rebuild's end).
+
+    The rebuild starts at the oldest offset (or the first within `lookback_s`) and ends where the
+    group last committed (the end of the partition for a new group).
+    """
+    from confluent_kafka import TopicPartition
+
+    committed = _committed(consumer, [TopicPartition(topic, p) for p in parts])
+    since: dict[int, int] = {}
+    if lookback_s is not None:
+        at = int((time.time() - lookback_s) * 1000)
+        found = retrying(
+            lambda: consumer.offsets_for_times([TopicPartition(topic, p, at) for p in parts], timeout=10),
+            "look up offsets by time",
+        )
+        since = {tp.partition: tp.offset for tp in found}
+    boundary: dict[int, int] = {}
+    assign = []
+    for p in parts:
+        tp = TopicPartition(topic, p)
+        low, high = retrying(
+            partial(consumer.get_watermark_offsets, tp, timeout=10), f"read the offsets of {topic}[{p}]"
+        )
+        boundary[p] = committed[p] if committed[p] >= 0 else high
+        start = low if lookback_s is None else since.get(p, -1)
+        if start < 0 or start > boundary[p]:
+            start = boundary[p]  # nothing that recent: no history to read
+        start = max(start, low)
+        stats.rebuilt_partitions[p] = (start, boundary[p])
+        assign.append(TopicPartition(topic, p, start))
+    consumer.assign(assign)
+    return boundary
+
+
+class _DeadLetters:
+    """Alerts Alertmanager refused, written to the dead-letter topic with the message they came from."""
+
+    def __init__(
+        self,
+        conf: dict[str, Any],
+        topic: str,
+        deadletter_topic: str | None,
+        forwarder: AlertForwarder,
+        warn: Callable[[str], None],
+        stats: DeliveryStats,
+    ) -> None:
+        self.conf, self.topic, self.deadletter_topic = conf, topic, deadletter_topic
+        self.forwarder, self.warn, self.stats = forwarder, warn, stats
+        self.producer: Any = None
+        # The message each held alert came from: what a refused alert's dead letter carries.
+        self.sources: dict[tuple[str, str], tuple[bytes, int, int]] = {}
+
+    def send(self) -> None:
+        """Dead-letter every alert refused since the last call (warned about either way); forget released ones."""
+        from confluent_kafka import Producer
+
+        deadletter_topic, sources = self.deadletter_topic, self.sources
+        for record, refusal in self.forwarder.take_refused():
+            key = alert_key(record)
+            value, p, offset = sources.get(key, (b"", -1, -1))
+            where = f" to {deadletter_topic}" if deadletter_topic else ""
+            self.warn(
+                f"Alertmanager refused alert {record.get('rule')} of job {record.get('job_id')} "
+                f"({refusal.reason}); dead-lettered{where}, going on"
+            )
+            if deadletter_topic is None:
+                continue
+            if self.producer is None:
+                self.producer = Producer({**self.conf, "enable.idempotence": True})
+            headers = deadletter_headers(refusal, self.topic, p, offset, component="alerts-forward")
+            self.producer.produce(deadletter_topic, value=value, key=key[1].encode(), headers=headers)
+            self.stats.deadlettered += 1
+        for key in [k for k in sources if not self.forwarder.holds(k)]:
+            del sources[key]
+        if self.producer is not None and self.producer.flush(30) > 0:
+            raise StreamsError(f"could not write refused alerts to {deadletter_topic} within 30 s")
 
 
 def topic_partitions(consumer: Any, topic: str, wait_s: float = 10.0) -> list[int]:

@@ -614,48 +614,10 @@ class Remediator:
                 f"no training event of job {job_id} was read: its open checkpoints and evaluations are unknown",
             )
         # -- the scheduler's word: who the job is, who owns it, whether it runs -------------------------
-        read = self._read(job_id, now_ms)
-        if read.error is not None:
-            return skip(
-                "scheduler_refused",
-                f"{self.scheduler or 'the scheduler'} cannot name job {job_id!r}: {read.error}",
-            )
-        sched = read.job
-        if sched is None:
-            return skip("job_unknown", f"{self.scheduler or 'the scheduler'} lists no job {job_id!r}")
-        if sched.job_id != job_id:
-            return skip(
-                "identity_mismatch",
-                f"{self.scheduler or 'the scheduler'} job {sched.target} answers to job {sched.job_id!r}, "
-                f"not {job_id!r}: never acted on",
-                sched,
-            )
-        team = self._team(sched)
-        owner = f"user {sched.user or '-'}, account {sched.account or '-'}" + (
-            f", team {team}" if team else ""
-        )
-        if self.policy.opt_out.holds(sched, team) or not self.policy.opt_in.holds(sched, team):
-            return skip(
-                "not_opted_in",
-                f"{self.scheduler or 'scheduler'} job {sched.target} ({owner}) is not opted in to remediation",
-                sched,
-            )
-        if sched.state != "running":
-            return skip(
-                "job_not_running",
-                f"{self.scheduler or 'the scheduler'} says job {sched.target} is {sched.native_state or sched.state}, "
-                "not running",
-                sched,
-            )
-        if sched.start_ts is not None and sched.start_ts > incident.firing_since:
-            return skip(
-                "job_not_running",
-                f"job {sched.target} started at {_iso(sched.start_ts)}, after the alert fired: this run did not "
-                "raise it",
-                sched,
-            )
-        if job.run_started_ts is not None and job.run_started_ts > incident.firing_since:
-            return skip("job_not_running", f"job {job_id} started a new run after the alert fired", sched)
+        said = self._scheduler_says(incident, job, now_ms)
+        if isinstance(said, Decision):
+            return said
+        sched, team, owner = said
         last = max((t for t, _ in self._by_target.get(sched.target, [])), default=None)
         cooldown_ms = int(self.policy.job_cooldown_s * 1000)
         if last is not None and now_ms - last < cooldown_ms:
@@ -716,6 +678,64 @@ class Remediator:
             why = "dry run (no --execute)" if not self.execute else f"dry run (rules.{rule}.dry_run)"
             return Decision(alert, action, "dry_run", "dry_run", f"would {what}; {why}", job, age, sched)
         return Decision(alert, action, "acted", "acted", what, job, age, sched)
+
+    def _scheduler_says(
+        self, incident: _Incident, job: JobFacts, now_ms: int
+    ) -> Decision | tuple[SchedulerView, str | None, str]:
+        """The scheduler's view of the alert's job, its team and owner; or the skip that says why not.
+
+        Acted on only when the scheduler names this very job, it is opted in, runs, and its run
+        started before the alert fired.
+        """
+        alert = incident.alert
+        job_id = str(alert["job_id"])
+
+        def skip(code: str, reason: str, sched: SchedulerView | None = None) -> Decision:
+            return Decision(alert, None, "skipped", code, reason, job, None, sched)
+
+        read = self._read(job_id, now_ms)
+        if read.error is not None:
+            return skip(
+                "scheduler_refused",
+                f"{self.scheduler or 'the scheduler'} cannot name job {job_id!r}: {read.error}",
+            )
+        sched = read.job
+        if sched is None:
+            return skip("job_unknown", f"{self.scheduler or 'the scheduler'} lists no job {job_id!r}")
+        if sched.job_id != job_id:
+            return skip(
+                "identity_mismatch",
+                f"{self.scheduler or 'the scheduler'} job {sched.target} answers to job {sched.job_id!r}, "
+                f"not {job_id!r}: never acted on",
+                sched,
+            )
+        team = self._team(sched)
+        owner = f"user {sched.user or '-'}, account {sched.account or '-'}" + (
+            f", team {team}" if team else ""
+        )
+        if self.policy.opt_out.holds(sched, team) or not self.policy.opt_in.holds(sched, team):
+            return skip(
+                "not_opted_in",
+                f"{self.scheduler or 'scheduler'} job {sched.target} ({owner}) is not opted in to remediation",
+                sched,
+            )
+        if sched.state != "running":
+            return skip(
+                "job_not_running",
+                f"{self.scheduler or 'the scheduler'} says job {sched.target} is {sched.native_state or sched.state}, "
+                "not running",
+                sched,
+            )
+        if sched.start_ts is not None and sched.start_ts > incident.firing_since:
+            return skip(
+                "job_not_running",
+                f"job {sched.target} started at {_iso(sched.start_ts)}, after the alert fired: this run did not "
+                "raise it",
+                sched,
+            )
+        if job.run_started_ts is not None and job.run_started_ts > incident.firing_since:
+            return skip("job_not_running", f"job {job_id} started a new run after the alert fired", sched)
+        return sched, team, owner
 
     # -- records ---------------------------------------------------------------------------------
     def record(self, decision: Decision, now_ms: int, *, detail: str | None = None) -> dict[str, Any]:

@@ -79,8 +79,6 @@ def follow_remediation(
     """Rebuild, then decide and publish until `stop()` (or `idle_exit_s` without new records)."""
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    from streams.alerting.delivery import retrying, topic_partitions
-
     consumer = Consumer(
         {
             **conf,
@@ -99,29 +97,8 @@ def follow_remediation(
             errors.append(err.str())
 
     try:
-        boundary: dict[tuple[str, int], int] = {}
-        assign = []
         since_ms = int((clock() - lookback_s) * 1000) if lookback_s is not None else None
-        for topic in (topics.actions, topics.alerts, topics.events):
-            parts = topic_partitions(consumer, topic)
-            starts: dict[int, int] = {}
-            if since_ms is not None and topic != topics.actions:
-                wanted = [TopicPartition(topic, p, since_ms) for p in parts]
-                found = retrying(
-                    partial(consumer.offsets_for_times, wanted, timeout=10),
-                    f"look up offsets of {topic} by time",
-                )
-                starts = {tp.partition: tp.offset for tp in found}
-            for p in parts:
-                low, high = retrying(
-                    partial(consumer.get_watermark_offsets, TopicPartition(topic, p), timeout=10),
-                    f"read the offsets of {topic}[{p}]",
-                )
-                start = starts.get(p, low)
-                start = high if start < 0 else max(start, low)
-                boundary[(topic, p)] = high
-                assign.append(TopicPartition(topic, p, start))
-        consumer.assign(assign)
+        boundary, assign = _assign_rebuild(consumer, topics, since_ms)
         behind = {(tp.topic, tp.partition) for tp in assign if tp.offset < boundary[(tp.topic, tp.partition)]}
         last_tick = 0.0
         last_activity = time.monotonic()
@@ -184,6 +161,43 @@ def follow_remediation(
         if left:
             warn(f"{left} ActionTaken records were not delivered before the stop")
     return stats
+
+
+def _assign_rebuild(
+    consumer: Any, topics: RemediationTopics, since_ms: int | None
+) -> tuple[dict[tuple[str, int], int], list[Any]]:
+    """Assign every partition of the three topics from where the rebuild starts; returns (ends, assignment).
+
+    The actions topic is read whole (every decision ever taken counts); alerts and events from
+    `since_ms` when given. The rebuild ends at each partition's end as of now.
+    """
+    from confluent_kafka import TopicPartition
+
+    from streams.alerting.delivery import retrying, topic_partitions
+
+    boundary: dict[tuple[str, int], int] = {}
+    assign = []
+    for topic in (topics.actions, topics.alerts, topics.events):
+        parts = topic_partitions(consumer, topic)
+        starts: dict[int, int] = {}
+        if since_ms is not None and topic != topics.actions:
+            wanted = [TopicPartition(topic, p, since_ms) for p in parts]
+            found = retrying(
+                partial(consumer.offsets_for_times, wanted, timeout=10),
+                f"look up offsets of {topic} by time",
+            )
+            starts = {tp.partition: tp.offset for tp in found}
+        for p in parts:
+            low, high = retrying(
+                partial(consumer.get_watermark_offsets, TopicPartition(topic, p), timeout=10),
+                f"read the offsets of {topic}[{p}]",
+            )
+            start = starts.get(p, low)
+            start = high if start < 0 else max(start, low)
+            boundary[(topic, p)] = high
+            assign.append(TopicPartition(topic, p, start))
+    consumer.assign(assign)
+    return boundary, assign
 
 
 def event_filter(codec: Codec) -> Callable[[bytes | None], bool]:
