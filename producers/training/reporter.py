@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from producers.publisher import Publisher, open_publisher
 from producers.training.bindings import Binding, bindings_dir, process_start_time, write_binding
+from producers.training.comm import Collective, CommMeter, OpTotals, exposed_spans, subtract_spans
 from producers.training.faults import fault_detail, fault_kind
 from producers.training.identity import RankIdentity, job_nodes, resolve_identity
 from producers.training.loader import MonitoredLoader
@@ -125,6 +126,7 @@ class Step:
     __slots__ = (
         "_begin",
         "_begin_host",
+        "_comm",
         "_end",
         "_fields",
         "_host",
@@ -151,6 +153,7 @@ class Step:
         self._begin: Any = None
         self._end: Any = None
         self._loader_wait_s: float | None = None  # time blocked in a wrapped loader's next() for this batch
+        self._comm: list[Collective] = []  # collectives the SDK timed during the step (comm.py)
 
     def segment(self, name: str) -> _Segment:
         """Time a part of the step: data_wait, forward, backward, optimizer, comm or checkpoint."""
@@ -419,6 +422,7 @@ class Reporter:
         heartbeat_s: float | None = None,
         runtime_dir: Path | str | None = None,
         verify_checkpoints: bool | None = None,
+        comm_interval_s: float = 10.0,
         wall_ns: Callable[[], int] = time_ns,
         mono_ns: Callable[[], int] = perf_counter_ns,
     ) -> None:
@@ -453,6 +457,13 @@ class Reporter:
         # Host clocks: the clock itself marks (one call per edge on the training thread, not two).
         self._mark: Callable[[], Any] = mono_ns if isinstance(self._timer, HostTimer) else self._timer.mark
         self._live_step: Step | None = None  # the step open on the training thread (for the heartbeat)
+        # Collectives timed by the SDK itself (watch_ddp / watch_collectives), and their per-op
+        # totals over the current CollectiveSample interval (touched on the reporter thread only).
+        self.comm = CommMeter(self._mark, self._internal, mono_ns)
+        self._comm_interval_ms = int(comm_interval_s * 1000)
+        self._comm_since_ms: int | None = None
+        self._comm_totals: dict[str, OpTotals] = {}
+        self._comm_due: list[Event] = []
         self._loader_fp: str | None = None  # the last batch a wrapped loader delivered, for the next step
         self._loader_wait: float | None = None
         self._epoch: int | None = (
@@ -555,6 +566,7 @@ class Reporter:
                 self._internal("heartbeat", exc)
             self._drain(final=stopping)
             if stopping:
+                self._flush_comm()
                 self._unbind()
                 return
             self._stop.wait(0.02)
@@ -588,6 +600,9 @@ class Reporter:
         blocked = 0
         if segment is not None and segment[0] == "comm":
             blocked = now_ns - max(since, live._open_host)
+        waiting = self.comm.blocked_since_ns()  # a DDP bucket or a wrapped collective not back yet
+        if waiting is not None:
+            blocked = max(blocked, now_ns - max(since, waiting))
         self._last_beat_ns = now_ns
         ident = self.identity
         self._outbox.appendleft(
@@ -619,7 +634,7 @@ class Reporter:
             try:
                 event: Event | None
                 if isinstance(item, tuple) and not isinstance(item, Event):
-                    if not self._resolved(item[0], final):
+                    if not self._resolved(item[0], final, item[1]):
                         return  # its GPU work is still running: keep the order, look again at the next poll
                     event = self._step_record(*item)
                 elif callable(item):
@@ -629,14 +644,39 @@ class Reporter:
                 if event is not None and self.publisher is not None:
                     self.publisher.publish(_coerce(event))
                     self._counts["published"] += 1
+                due, self._comm_due = self._comm_due, []
+                for sample in due:
+                    if self.publisher is not None:
+                        self.publisher.publish(sample)
+                        self._counts["published"] += 1
             except Exception as exc:
                 self._internal(f"publish-{getattr(item, 'type', 'task')}", exc)
             outbox.popleft()
 
-    def _resolved(self, step: Step, final: bool) -> bool:
-        """Whether every mark of the step has been reached; at close, wait for them."""
+    def _flush_comm(self) -> None:
+        """At close: the collectives of the last, unfinished CollectiveSample interval."""
+        try:
+            if self._comm_totals and self.publisher is not None:
+                for sample in self._collective_samples(self._now_ms()):
+                    self.publisher.publish(sample)
+                    self._counts["published"] += 1
+        except Exception as exc:
+            self._internal("comm", exc)
+
+    def _resolved(self, step: Step, final: bool, ts_ms: int) -> bool:
+        """Whether every mark of the step has been reached; at close, wait for them.
+
+        A collective launched in the step and not complete yet holds the step back, for at most
+        `_COMM_PATIENCE_MS` (a fire-and-forget async op, a peer gone): then it is left out.
+        """
         timer = self._timer
         marks = [step._begin, step._end, *(m for _, b, e in step._marks for m in (b, e))]
+        if step._comm:
+            if any(c.end is None for c in step._comm):
+                if not final and self._now_ms() - ts_ms < _COMM_PATIENCE_MS:
+                    return False
+                step._comm = [c for c in step._comm if c.end is not None]
+            marks.extend(m for c in step._comm for m in (c.start, c.end))
         for mark in marks:
             if not timer.ready(mark):
                 if not final:
@@ -685,6 +725,7 @@ class Reporter:
 
     def _step_done(self, step: Step, exc: BaseException | None) -> None:
         if exc is not None:
+            self.comm.take()  # the failed step's collectives go with it
             self.exception(exc, f"step {step.step}")
             return
         # The batch a wrapped loader delivered last is the one this step consumed.
@@ -695,6 +736,7 @@ class Reporter:
         if self._epoch is not None:
             step._fields.setdefault("epoch", self._epoch)
         step._loader_wait_s = wait
+        step._comm = self.comm.take()
         # The training thread only stamps the time and enqueues; the record is built off-thread.
         if len(self._outbox) >= self._max_pending:
             self._counts["dropped"] += 1
@@ -708,6 +750,9 @@ class Reporter:
         seg: dict[str, float] = {}
         for name, begin, end in step._marks:
             seg[name] = seg.get(name, 0.0) + timer.elapsed_s(begin, end)
+        if step._comm:
+            self._comm_segments(step, seg, ts_ms)
+        for _, begin, end in step._marks:
             timer.release(begin)
             timer.release(end)
         step_time = timer.elapsed_s(step._begin, step._end)
@@ -749,7 +794,86 @@ class Reporter:
             },
         )
 
+    def _comm_segments(self, step: Step, seg: dict[str, float], ts_ms: int) -> None:
+        """The step's SDK-timed collectives -> its `comm` segment (exposed time, out of the segments it fell in)."""
+        timer = self._timer
+        begin = step._begin
+        spans = [
+            (c.op, timer.elapsed_s(begin, c.start), timer.elapsed_s(begin, c.end), c.blocking)
+            for c in step._comm
+        ]
+        exposed = exposed_spans(spans)
+        if "comm" not in seg:  # a `comm` segment the user timed by hand stays theirs
+            intervals: dict[str, list[tuple[float, float]]] = {}
+            for name, b, e in step._marks:
+                intervals.setdefault(name, []).append((timer.elapsed_s(begin, b), timer.elapsed_s(begin, e)))
+            for name, covered in subtract_spans(intervals, exposed).items():
+                seg[name] = max(0.0, seg[name] - covered)
+            seg["comm"] = sum(e - s for _, s, e in exposed)
+        totals = self._comm_totals
+        for c in step._comm:
+            t = totals.get(c.op)
+            if t is None:
+                t = totals[c.op] = OpTotals()
+            t.count += 1
+            if c.bytes is not None:
+                t.bytes += c.bytes
+                t.sized = True
+            timer.release(c.start)
+            timer.release(c.end)
+        for op, s, e in exposed:
+            totals.setdefault(op, OpTotals()).exposed_s += e - s
+        step._comm = []
+        since = self._comm_since_ms
+        if since is None:
+            # The interval starts at the first timed step's beginning.
+            self._comm_since_ms = since = ts_ms - int(timer.elapsed_s(begin, step._end) * 1000)
+        if ts_ms - since >= self._comm_interval_ms:
+            self._comm_due.extend(self._collective_samples(ts_ms))
+
+    def _collective_samples(self, ts_ms: int) -> list[Event]:
+        """One CollectiveSample per operation over the interval that ends now; the next one starts."""
+        since = self._comm_since_ms if self._comm_since_ms is not None else ts_ms
+        interval_s = max(1e-3, (ts_ms - since) / 1000)
+        ident = self.identity
+        out = [
+            Event(
+                "CollectiveSample",
+                {
+                    "ts": ts_ms,
+                    "job_id": ident.job_id,
+                    "run_id": ident.run_id,
+                    "rank": ident.rank,
+                    "node": ident.node,
+                    "op": op,
+                    "interval_s": interval_s,
+                    "count": t.count,
+                    "bytes": t.bytes if t.sized else None,
+                    "time_s": min(t.exposed_s, interval_s),
+                    "bus_bw_gbps": None,
+                },
+            )
+            for op, t in sorted(self._comm_totals.items())
+        ]
+        self._comm_totals = {}
+        self._comm_since_ms = ts_ms
+        return out
+
     # -- public API -------------------------------------------------------------------------
+
+    def watch_ddp(
+        self, model: Any, *, hook: Callable[[Any, Any], Any] | None = None, state: Any = None
+    ) -> None:
+        """Time a DistributedDataParallel model's gradient all-reduce per step (`comm_s`), before its first backward.
+
+        Registers a communication hook wrapping `hook` (default: DDP's own all-reduce); DDP takes
+        one hook per model, so pass yours here instead of registering it. See `comm.py`.
+        """
+        self.comm.watch_ddp(model, hook=hook, state=state)
+
+    def watch_collectives(self, dist: Any = None) -> Callable[[], None]:
+        """Time torch.distributed's collectives (plain calls, FSDP's) per step; returns the undo. See `comm.py`."""
+        return self.comm.watch_collectives(dist)
 
     def step(self, step: int) -> Step:
         """`with reporter.step(n) as s:` -> one StepCompleted (time of the block, segments summed)."""
@@ -1142,6 +1266,7 @@ class Reporter:
         try:
             if self._verifier is not None:  # the verdicts on the last checkpoints go out with the rest
                 self._verifier.close(timeout)
+            self.comm.close()
             self._stop.set()
             self._thread.join(timeout)
             if self.publisher is not None and self._owns_publisher:
@@ -1165,6 +1290,9 @@ class Reporter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_COMM_PATIENCE_MS = 60_000  # a step waits this long (wall time) for its collectives to complete
 
 
 def _local_path(uri: str | None) -> str | None:
