@@ -1180,13 +1180,17 @@ class Reporter:
         *,
         interval_s: float = 10.0,
         fingerprint: bool | Callable[[Any], str | None] = True,
+        count_opens: bool = True,
     ) -> MonitoredLoader:
         """`for batch in reporter.wrap_loader(loader):` data wait, batch fingerprints and DataLoaderSamples.
 
         Works with a PyTorch `DataLoader` or any iterable; see `producers.training.loader` for
         what is measured. `fingerprint=False` skips hashing batches; a callable replaces the hash.
+        `count_opens=False` leaves the loader's `worker_init_fn` alone (no file-open counting).
         """
-        return MonitoredLoader(self, loader, interval_s=interval_s, fingerprint=fingerprint)
+        return MonitoredLoader(
+            self, loader, interval_s=interval_s, fingerprint=fingerprint, count_opens=count_opens
+        )
 
     def _loader_delivered(self, wait_s: float, fingerprint: str | None, epoch: int | None = None) -> None:
         """A wrapped loader handed out a batch: the next step to end consumed it."""
