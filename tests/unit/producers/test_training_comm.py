@@ -4,7 +4,9 @@ real DDP/FSDP jobs run in tests/integration/producers/test_comm_jobs.py)."""
 
 from __future__ import annotations
 
+import sys
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -283,3 +285,28 @@ def test_heartbeat_counts_a_rank_blocked_in_a_ddp_bucket_as_in_the_collective() 
     ]
     assert beats and beats[-1]["time_s"] == pytest.approx(10.0)  # the whole heartbeat interval
     reporter.close()
+
+
+def test_the_callbacks_time_a_ddp_model_and_leave_one_with_its_own_hook_alone(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from producers.training.hooks import LoopHooks
+
+    default_hooks = types.ModuleType("default_hooks")
+    default_hooks.allreduce_hook = lambda state, bucket: Future()  # type: ignore[attr-defined]
+    monkeypatch.setitem(
+        sys.modules, "torch.distributed.algorithms.ddp_comm_hooks.default_hooks", default_hooks
+    )
+
+    class DistributedDataParallel(DdpModel):  # what the Lightning strategy hands over
+        pass
+
+    publisher = MemoryPublisher()
+    hooks = LoopHooks(lambda **ident: _reporter(Clock(), publisher))
+    hooks.train_start(rank=0, world_size=2, local_rank=0, is_zero=False)
+    model = DistributedDataParallel()
+    assert hooks.watch_comm(model) and model.hook is not None
+    assert not hooks.watch_comm(model), "DDP takes one hook: the second registration is refused"
+    assert "not timed" in caplog.text
+    assert not hooks.watch_comm(object()), "not a DDP model"
+    hooks.train_end(is_zero=False)
