@@ -71,7 +71,9 @@ FRAMEWORK_VENV ?= $(VENV)/frameworks
 FRAMEWORK_REQS := .ci/framework-requirements.txt
 FRAMEWORK_STAMP := $(FRAMEWORK_VENV)/.ranksight-frameworks
 FRAMEWORK_TESTS := tests/unit/producers/test_training_callbacks.py tests/integration/producers/test_training_frameworks.py \
-  tests/integration/producers/test_torch_example.py tests/integration/producers/test_frameworks_live.py
+  tests/integration/producers/test_torch_example.py tests/integration/producers/test_frameworks_live.py \
+  tests/integration/producers/test_comm_jobs.py tests/integration/producers/test_loader_real.py \
+  tests/integration/producers/test_elastic.py
 test-frameworks: kafka-jars framework-torch
 	RANKSIGHT_FRAMEWORK_TESTS=1 RANKSIGHT_TORCH_TESTS=1 $(FRAMEWORK_VENV)/bin/python -m pytest $(FRAMEWORK_TESTS) $(PYTEST_ARGS)
 

@@ -11,8 +11,10 @@ spawn its ranks:
 The last runs each rank under ranksight's launcher, which reports a rank that dies without a
 Python exception (`--die-how kill|segfault|oom`) as `rank_failed` at once.
 
-Gradients are averaged by an explicit all-reduce inside the `comm` segment (instead of DDP's
-overlap with backward), so a slow rank shows up as communication wait on the others.
+Gradients are averaged by an explicit all-reduce inside the `comm` segment, so a slow rank shows
+up as communication wait on the others. With `--ddp` the model is a stock
+`DistributedDataParallel` (its all-reduce overlaps backward, no hand timing) and
+`reporter.watch_ddp(model)` measures the collective time itself.
 Faults: `--straggler-rank R --straggler-delay S` (sleep in forward), `--nan-at-step S` (the loss
 becomes NaN), `--hang-rank R --hang-at-step S [--hang-seconds T]` (one rank stops; the others
 block in the all-reduce; every rank's SDK sends a heartbeat while its step is stuck, so the
@@ -64,12 +66,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--straggler-delay", type=float, default=0.05, help="seconds slept in forward by the straggler"
     )
+    p.add_argument("--straggler-from-step", type=int, default=0)
     p.add_argument("--nan-at-step", type=int, default=None)
     p.add_argument("--hang-rank", type=int, default=None)
     p.add_argument("--hang-at-step", type=int, default=None)
     p.add_argument("--hang-seconds", type=float, default=3600.0)
     p.add_argument(
         "--step-delay", type=float, default=0.0, help="seconds every rank waits for data each step"
+    )
+    p.add_argument(
+        "--ddp", action="store_true", help="stock DistributedDataParallel, timed by the SDK's comm hook"
     )
     p.add_argument("--die-rank", type=int, default=None, help="this rank dies at --die-at-step (--die-how)")
     p.add_argument("--die-at-step", type=int, default=5)
@@ -119,9 +125,13 @@ def train(args: argparse.Namespace) -> None:
         nn.ReLU(),
         nn.Linear(args.hidden, 1),
     )
+    if args.ddp:
+        model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     # The job starts once it can train: the first optimizer alone imports for seconds in torch 2.x.
     reporter = Reporter(args.job_id, rank, world_size=world, destination=args.to)
+    if args.ddp:
+        reporter.watch_ddp(model)  # comm_s per step from DDP's own all-reduce
     if rank == 0:
         reporter.job_started(
             owner=os.environ.get("USER", "example"),
@@ -152,25 +162,27 @@ def train(args: argparse.Namespace) -> None:
                 with s.segment("forward"):
                     if args.hang_rank == rank and args.hang_at_step == step:
                         time.sleep(args.hang_seconds)
-                    if args.straggler_rank == rank:
+                    if args.straggler_rank == rank and step >= args.straggler_from_step:
                         time.sleep(args.straggler_delay)
                     loss = nn.functional.mse_loss(model(x), y)
                     if args.nan_at_step is not None and step >= args.nan_at_step:
                         loss = loss * float("nan")
                 with s.segment("backward"):
                     optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                with s.segment("comm"):
-                    grads = [p.grad for p in model.parameters() if p.grad is not None]
-                    flat = torch.cat([g.reshape(-1) for g in grads])
-                    dist.all_reduce(flat)
-                    flat /= world
-                    offset = 0
-                    for g in grads:
-                        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                        offset += g.numel()
+                    loss.backward()  # with --ddp the all-reduce runs in here, overlapped
+                if not args.ddp:
+                    with s.segment("comm"):
+                        grads = [p.grad for p in model.parameters() if p.grad is not None]
+                        flat = torch.cat([g.reshape(-1) for g in grads])
+                        dist.all_reduce(flat)
+                        flat /= world
+                        offset = 0
+                        for g in grads:
+                            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                            offset += g.numel()
                 with s.segment("optimizer"):
-                    grad_norm = torch.linalg.vector_norm(flat)
+                    grads = [p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]
+                    grad_norm = torch.linalg.vector_norm(torch.cat(grads))
                     optimizer.step()
                 s.record(
                     loss=loss.detach(),

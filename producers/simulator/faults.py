@@ -301,7 +301,7 @@ FAULTS: dict[str, FaultKind] = {
         _kind(
             "ib_degradation",
             "network_degradation",
-            (),
+            ("ib_port_degraded",),  # its port errors page the node's owner too
             "network",
             "node",
             "a node's InfiniBand port degrades: IB throughput down, port errors up, every collective slower",

@@ -132,6 +132,23 @@ class LoopHooks:
             resumed["announced"] = True
             self.reporter.checkpoint_restored(resumed["step"])
 
+    def watch_comm(self, model: Any) -> bool:
+        """Time a DistributedDataParallel model's all-reduce (`Reporter.watch_ddp`); False when it is not one or has a hook.
+
+        DDP takes one communication hook: a model the user gave their own keeps it (logged once).
+        """
+        r = self.reporter
+        if r is None or type(model).__name__ != "DistributedDataParallel":
+            return False
+        try:
+            r.watch_ddp(model)
+        except Exception as exc:  # a hook registered already, or registered too late
+            log.warning(
+                "ranksight: DDP communication is not timed (%s); pass your hook to reporter.watch_ddp", exc
+            )
+            return False
+        return True
+
     def train_end(self, *, is_zero: bool) -> None:
         """Publish what is pending; rank 0 marks the job completed; close the reporter we created."""
         r = self.reporter

@@ -16,6 +16,13 @@ torchrun's elastic agent sees the same failure. A stop asked from outside (SIGTE
 this wrapper, as torchrun does to the other workers when one fails) is forwarded to the child
 and is not a fault of this rank.
 
+torchrun's elastic agent: a failed worker is the RankFault above (its own launcher's); when the
+agent then restarts the worker group (`--max-restarts`), every worker's launcher starts again
+with `TORCHELASTIC_RESTART_COUNT` = n, and global rank 0's publishes a JobStateChanged
+`restarting` with `restart_count` n at once, while the new training process starts (the new
+attempt's steps carry a new run id). Exhausting the restarts leaves torchrun's exit status to the
+scheduler.
+
 `--memory-limit BYTES` puts the child in a memory cgroup of its own under this process's (v2
 `memory.max`, v1 `memory.limit_in_bytes`) where the kernel OOM-kills it past the limit, and
 counts that cgroup's OOM kills; where no cgroup can be made it sets RLIMIT_AS instead (an
@@ -31,12 +38,22 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-__all__ = ["ExitReport", "RankCgroup", "classify_exit", "main", "memory_cgroup", "oom_kills", "run"]
+__all__ = [
+    "ExitReport",
+    "RankCgroup",
+    "classify_exit",
+    "elastic_restart",
+    "main",
+    "memory_cgroup",
+    "oom_kills",
+    "run",
+]
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -165,6 +182,33 @@ def _report(fields: ExitReport, env: Mapping[str, str]) -> None:
         reporter.close(10.0)
 
 
+def elastic_restart(env: Mapping[str, str]) -> tuple[int, str] | None:
+    """(restart count, reason) when torchrun's elastic agent restarted the worker group and this is global rank 0."""
+    try:
+        count = int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        return None
+    if count <= 0 or env.get("RANK", "0") != "0":
+        return None
+    limit = env.get("TORCHELASTIC_MAX_RESTARTS")
+    of = f" of {limit}" if limit and limit.isdigit() else ""
+    return (
+        count,
+        f"torchrun's elastic agent restarted the workers (restart {count}{of}) after a worker failed",
+    )
+
+
+def _report_restart(count: int, reason: str, env: Mapping[str, str]) -> None:
+    """Publish JobStateChanged `restarting` for the job (identity from the launcher environment)."""
+    from producers.training.reporter import Reporter
+
+    reporter = Reporter(bind=False, env=env, verify_checkpoints=False, heartbeat_s=0)
+    try:
+        reporter.state("restarting", reason, restart_count=count)
+    finally:
+        reporter.close(10.0)
+
+
 def _rank_cgroup(memory_limit: int) -> RankCgroup | None:
     parent = memory_cgroup()
     if parent is None:
@@ -194,9 +238,22 @@ def run(
     memory_limit: int | None = None,
     env: Mapping[str, str] | None = None,
     report: Callable[[ExitReport, Mapping[str, str]], None] = _report,
+    report_restart: Callable[[int, str, Mapping[str, str]], None] = _report_restart,
 ) -> int:
     """Run `command`, forward SIGTERM/SIGINT to it, report an unclean end; returns the exit status to pass on."""
     env = dict(os.environ if env is None else env)
+    restart = elastic_restart(env)
+    announcing: threading.Thread | None = None
+    if restart is not None:
+        # Said while the training process starts (publishing may take a second: not before it).
+        def announce() -> None:
+            try:
+                report_restart(restart[0], restart[1], env)
+            except Exception as exc:
+                print(f"ranksight: could not report the restart ({exc})", file=sys.stderr)
+
+        announcing = threading.Thread(target=announce, name="ranksight-restart", daemon=True)
+        announcing.start()
     cgroup = _rank_cgroup(memory_limit) if memory_limit is not None else None
     counted: Callable[[], int | None] = cgroup.oom_kills if cgroup is not None else oom_kills
     before = counted()
@@ -219,6 +276,8 @@ def run(
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    if announcing is not None:
+        announcing.join(15.0)
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     after = counted()
     if cgroup is not None:

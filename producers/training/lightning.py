@@ -97,6 +97,8 @@ class RanksightCallback(Callback):
             is_zero=bool(trainer.is_global_zero),
             targets=_targets(trainer),
         )
+        # DDP's gradient all-reduce overlaps backward: the SDK's hook times it (comm_s per step).
+        self.hooks.watch_comm(getattr(getattr(trainer, "strategy", None), "model", None))
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._grad = None

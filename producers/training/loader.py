@@ -17,11 +17,18 @@ What the loader can know, and where it comes from:
   worker processes that are still running and not retired; 0 with `num_workers=0`), and
   `workers_expected`: the loader's `num_workers`. A worker that died or finished its shard early
   shows as live < expected.
+- `queue_depth`: a PyTorch multi-process loader's batches ready at the end of the interval (in
+  its result queue, plus those that arrived out of order and wait for their turn); null without
+  worker processes.
+- `read_bytes_s` and `file_opens_s` without the dataset's help (`procio.py`): the bytes the
+  worker processes read (`/proc/<pid>/io` rchar; the training thread's own for a loader without
+  workers) and the files they open (a Python audit hook installed in each worker through the
+  loader's `worker_init_fn`, which the wrapper wraps; `count_opens=False` leaves it alone).
 - the epoch of the batches (`sampler.epoch`, as `DistributedSampler.set_epoch` sets it, else the
   number of times this wrapper was iterated), attached to the steps that consume them.
 - a data-loader exception (the iteration ends with it) is reported as a RankFault: a timeout as
   `storage_timeout`, anything else as `exception`, then re-raised untouched.
-- everything else: from `loader.dataset.ranksight_stats()` (or `loader.ranksight_stats()`), a
+- everything else (and read bytes / file opens, where it reports them): from `loader.dataset.ranksight_stats()` (or `loader.ranksight_stats()`), a
   method returning *cumulative* counters (`read_bytes`, `reads`, `read_time_s`, `cache_hits`,
   `cache_misses`, `file_opens`, `file_open_errors`, `errors`, `batch_prep_s`, `batches_prepared`);
   the wrapper publishes their change per interval. Counters kept in worker processes must be
@@ -35,12 +42,15 @@ import each other.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 from producers.training.faults import fault_detail, fault_kind
+from producers.training.procio import OpenCounter, ReadCounter
 
-__all__ = ["STAT_KEYS", "LoaderSink", "MonitoredLoader", "batch_fingerprint", "live_workers"]
+__all__ = ["STAT_KEYS", "LoaderSink", "MonitoredLoader", "batch_fingerprint", "live_workers", "prefetched"]
 
 STAT_KEYS: tuple[str, ...] = (
     "read_bytes",
@@ -162,6 +172,28 @@ def live_workers(iterator: Any) -> int | None:
     return count
 
 
+def prefetched(iterator: Any) -> int | None:
+    """Batches a PyTorch multi-process loader iterator holds ready for the loop; None if unknown."""
+    queue = getattr(iterator, "_data_queue", None)
+    info = getattr(iterator, "_task_info", None)
+    if queue is None or not isinstance(info, dict):
+        return None
+    try:
+        ready = int(queue.qsize())
+    except (NotImplementedError, OSError, AttributeError, ValueError):  # macOS has no sem_getvalue
+        return None
+    # Results that came out of order wait in _task_info as (worker_id, data).
+    early = sum(1 for v in list(info.values()) if isinstance(v, tuple) and len(v) == 2)
+    return ready + early
+
+
+def _worker_pids(iterator: Any) -> list[int]:
+    workers = getattr(iterator, "_workers", None)
+    if not isinstance(workers, list):
+        return []
+    return [int(w.pid) for w in workers if getattr(w, "pid", None)]
+
+
 class MonitoredLoader:
     """Iterates the wrapped loader and reports what it can measure; `len()` and attributes pass through."""
 
@@ -173,6 +205,8 @@ class MonitoredLoader:
         interval_s: float = 10.0,
         fingerprint: bool | Callable[[Any], str | None] = True,
         clock_ns: Callable[[], int] | None = None,
+        count_opens: bool = True,
+        proc_root: Path = Path("/proc"),
     ) -> None:
         self.loader = loader
         self._reporter = reporter
@@ -185,8 +219,17 @@ class MonitoredLoader:
         self._in_process = not self._workers  # batches prepared by next() itself
         self._iterator: Any = None
         self._live: int | None = None  # live workers at the last report while iterating
+        self._reported_live: int | None = None  # ... as the last published sample said
         self._iterations = 0
         self._source = self._stats_source(loader)
+        self._queue: int | None = None
+        # What the loader's processes read and open, measured from /proc and an audit hook.
+        self._reads = ReadCounter(proc_root)
+        self._io_pids: list[int | str] = []
+        self._opens = OpenCounter() if count_opens else None
+        self._opens_attached = self._opens.attach(loader) if self._opens is not None else False
+        self._read_last = 0
+        self._open_last = 0
         self._reset(self._clock())
         self._last_stats = self._read_stats()
 
@@ -223,6 +266,14 @@ class MonitoredLoader:
     def _measure_workers(self) -> None:
         live = live_workers(self._iterator)
         self._live = live if live is not None else (0 if self._workers == 0 else None)
+        self._queue = prefetched(self._iterator)
+        pids = _worker_pids(self._iterator)
+        if pids:
+            self._io_pids = list(pids)
+        try:
+            self._reads.sample(self._io_pids, born_for_loader=bool(pids))
+        except Exception as exc:
+            self._reporter._internal("loader_io", exc)
 
     def _epoch(self) -> int:
         """The epoch of the batches being delivered: the sampler's (DistributedSampler), else this wrapper's count."""
@@ -233,6 +284,11 @@ class MonitoredLoader:
         return self._iterations - 1
 
     def __iter__(self) -> Iterator[Any]:
+        if self._opens is not None and not self._opens_attached and not self._workers:
+            self._opens.count_here()  # batches are prepared on this thread: count its opens
+            self._opens_attached = True
+        if not self._workers:
+            self._io_pids = [f"self/task/{threading.get_native_id()}"]
         it = self._iterator = iter(self.loader)
         self._iterations += 1
         epoch = self._epoch()
@@ -248,7 +304,12 @@ class MonitoredLoader:
                     return
                 except Exception as exc:
                     # The loader failed (a storage timeout, a worker that died): the rank's fault,
-                    # reported before the exception ends the loop.
+                    # reported before the exception ends the loop; the interval's last sample
+                    # counts the workers still alive now (a dead one is missing).
+                    try:
+                        self._measure_workers()
+                    except Exception as internal:
+                        reporter._internal("loader_workers", internal)
                     if not getattr(exc, "_ranksight_reported", False):
                         try:
                             reporter.fault(fault_kind(exc), fault_detail(exc, "data loader"))
@@ -285,8 +346,8 @@ class MonitoredLoader:
             return
         stats = self._read_stats()
         delta = {k: v - self._last_stats.get(k, 0.0) for k, v in stats.items()}
-        if self._batches == 0 and not any(delta.values()):
-            return
+        if self._batches == 0 and not any(delta.values()) and self._live == self._reported_live:
+            return  # nothing happened (a worker lost since the last sample is news: it is reported)
         interval_s = (now - self._since) / 1e9
         self._last_stats = stats or self._last_stats
         wait_s = self._wait_ns / 1e9
@@ -297,6 +358,16 @@ class MonitoredLoader:
             prep = wait_s / self._batches
         if self._iterator is not None:
             self._measure_workers()
+        else:
+            self._queue = None
+        read_total = self._reads.total
+        if "read_bytes" not in delta and self._io_pids:
+            delta["read_bytes"] = float(read_total - self._read_last)
+        self._read_last = read_total
+        if self._opens is not None and self._opens_attached:
+            open_total = self._opens.total()
+            delta.setdefault("file_opens", float(open_total - self._open_last))
+            self._open_last = open_total
         reads, read_time = delta.get("reads"), delta.get("read_time_s")
         hits, misses = delta.get("cache_hits"), delta.get("cache_misses")
         opens, errors = delta.get("file_opens"), delta.get("errors")
@@ -305,6 +376,7 @@ class MonitoredLoader:
             interval_s=interval_s,
             batches=self._batches,
             wait_s=wait_s,
+            queue_depth=self._queue,
             workers=self._live,
             workers_expected=self._workers,
             batch_prep_s=prep,
@@ -317,4 +389,5 @@ class MonitoredLoader:
             errors=int(errors) if errors is not None else None,
             file_open_errors=int(open_errors) if open_errors is not None else None,
         )
+        self._reported_live = self._live
         self._reset(now)

@@ -15,6 +15,7 @@ from producers.training.timing import SegmentTimer
 from schemas.records import Event
 
 if TYPE_CHECKING:
+    from producers.training.comm import CommAccount
     from producers.training.step import Step
 
 __all__ = ["coerce", "heartbeat_record", "step_record"]
@@ -29,11 +30,16 @@ def step_record(
     ident: RankIdentity,
     timer: SegmentTimer,
     internal: Callable[[str, BaseException], None],
+    comm: CommAccount | None = None,
 ) -> Event:
-    """The StepCompleted of a step whose marks are all reached (off the training thread): segments summed."""
+    """The StepCompleted of a step whose marks are all reached (off the training thread): segments
+    summed, the collectives the SDK timed (`comm`) taken out of the segments they fell in."""
     seg: dict[str, float] = {}
     for name, begin, end in step._marks:
         seg[name] = seg.get(name, 0.0) + timer.elapsed_s(begin, end)
+    if step._comm and comm is not None:
+        comm.step_segments(step, seg, ts_ms, timer, ident)
+    for _, begin, end in step._marks:
         timer.release(begin)
         timer.release(end)
     step_time = timer.elapsed_s(step._begin, step._end)

@@ -24,6 +24,7 @@ from typing import Any
 
 from producers.publisher import Publisher, open_publisher
 from producers.training.bindings import Binding, bindings_dir, process_start_time, write_binding
+from producers.training.comm import CommAccount, CommMeter
 from producers.training.faults import fault_detail, fault_kind
 from producers.training.identity import RankIdentity, job_nodes, resolve_identity, visible_gpu
 from producers.training.loader import MonitoredLoader
@@ -71,6 +72,7 @@ class Reporter:
         heartbeat_s: float | None = None,
         runtime_dir: Path | str | None = None,
         verify_checkpoints: bool | None = None,
+        comm_interval_s: float = 10.0,
         wall_ns: Callable[[], int] = time_ns,
         mono_ns: Callable[[], int] = perf_counter_ns,
     ) -> None:
@@ -105,6 +107,10 @@ class Reporter:
         # Host clocks: the clock itself marks (one call per edge on the training thread, not two).
         self._mark: Callable[[], Any] = mono_ns if isinstance(self._timer, HostTimer) else self._timer.mark
         self._live_step: Step | None = None  # the step open on the training thread (for the heartbeat)
+        # Collectives timed by the SDK itself (watch_ddp / watch_collectives), and their per-op
+        # totals over the current CollectiveSample interval (touched on the reporter thread only).
+        self.comm = CommMeter(self._mark, self._internal, mono_ns)
+        self._comm_account = CommAccount(int(comm_interval_s * 1000))
         self._loader_fp: str | None = None  # the last batch a wrapped loader delivered, for the next step
         self._loader_wait: float | None = None
         self._epoch: int | None = (
@@ -207,6 +213,7 @@ class Reporter:
                 self._internal("heartbeat", exc)
             self._drain(final=stopping)
             if stopping:
+                self._flush_comm()
                 self._unbind()
                 return
             self._stop.wait(0.02)
@@ -240,6 +247,9 @@ class Reporter:
         blocked = 0
         if segment is not None and segment[0] == "comm":
             blocked = now_ns - max(since, live._open_host)
+        waiting = self.comm.blocked_since_ns()  # a DDP bucket or a wrapped collective not back yet
+        if waiting is not None:
+            blocked = max(blocked, now_ns - max(since, waiting))
         self._last_beat_ns = now_ns
         self._outbox.appendleft(heartbeat_record(self.identity, self._now_ms(), interval, blocked))
         self._counts["heartbeats"] += 1
@@ -253,7 +263,7 @@ class Reporter:
             try:
                 event: Event | None
                 if isinstance(item, tuple) and not isinstance(item, Event):
-                    if not self._resolved(item[0], final):
+                    if not self._resolved(item[0], final, item[1]):
                         return  # its GPU work is still running: keep the order, look again at the next poll
                     event = self._step_record(*item)
                 elif callable(item):
@@ -263,14 +273,39 @@ class Reporter:
                 if event is not None and self.publisher is not None:
                     self.publisher.publish(coerce(event))
                     self._counts["published"] += 1
+                due, self._comm_account.due = self._comm_account.due, []
+                for sample in due:
+                    if self.publisher is not None:
+                        self.publisher.publish(sample)
+                        self._counts["published"] += 1
             except Exception as exc:
                 self._internal(f"publish-{getattr(item, 'type', 'task')}", exc)
             outbox.popleft()
 
-    def _resolved(self, step: Step, final: bool) -> bool:
-        """Whether every mark of the step has been reached; at close, wait for them."""
+    def _flush_comm(self) -> None:
+        """At close: the collectives of the last, unfinished CollectiveSample interval."""
+        try:
+            if self._comm_account.totals and self.publisher is not None:
+                for sample in self._comm_account.samples(self._now_ms(), self.identity):
+                    self.publisher.publish(sample)
+                    self._counts["published"] += 1
+        except Exception as exc:
+            self._internal("comm", exc)
+
+    def _resolved(self, step: Step, final: bool, ts_ms: int) -> bool:
+        """Whether every mark of the step has been reached; at close, wait for them.
+
+        A collective launched in the step and not complete yet holds the step back, for at most
+        `_COMM_PATIENCE_MS` (a fire-and-forget async op, a peer gone): then it is left out.
+        """
         timer = self._timer
         marks = [step._begin, step._end, *(m for _, b, e in step._marks for m in (b, e))]
+        if step._comm:
+            if any(c.end is None for c in step._comm):
+                if not final and self._now_ms() - ts_ms < _COMM_PATIENCE_MS:
+                    return False
+                step._comm = [c for c in step._comm if c.end is not None]
+            marks.extend(m for c in step._comm for m in (c.start, c.end))
         for mark in marks:
             if not timer.ready(mark):
                 if not final:
@@ -319,6 +354,7 @@ class Reporter:
 
     def _step_done(self, step: Step, exc: BaseException | None) -> None:
         if exc is not None:
+            self.comm.take()  # the failed step's collectives go with it
             self.exception(exc, f"step {step.step}")
             return
         # The batch a wrapped loader delivered last is the one this step consumed.
@@ -329,6 +365,7 @@ class Reporter:
         if self._epoch is not None:
             step._fields.setdefault("epoch", self._epoch)
         step._loader_wait_s = wait
+        step._comm = self.comm.take()
         # The training thread only stamps the time and enqueues; the record is built off-thread.
         if len(self._outbox) >= self._max_pending:
             self._counts["dropped"] += 1
@@ -337,9 +374,23 @@ class Reporter:
         self._counts["enqueued"] += 1
 
     def _step_record(self, step: Step, ts_ms: int) -> Event:
-        return step_record(step, ts_ms, self.identity, self._timer, self._internal)
+        return step_record(step, ts_ms, self.identity, self._timer, self._internal, self._comm_account)
 
     # -- public API -------------------------------------------------------------------------
+
+    def watch_ddp(
+        self, model: Any, *, hook: Callable[[Any, Any], Any] | None = None, state: Any = None
+    ) -> None:
+        """Time a DistributedDataParallel model's gradient all-reduce per step (`comm_s`), before its first backward.
+
+        Registers a communication hook wrapping `hook` (default: DDP's own all-reduce); DDP takes
+        one hook per model, so pass yours here instead of registering it. See `comm.py`.
+        """
+        self.comm.watch_ddp(model, hook=hook, state=state)
+
+    def watch_collectives(self, dist: Any = None) -> Callable[[], None]:
+        """Time torch.distributed's collectives (plain calls, FSDP's) per step; returns the undo. See `comm.py`."""
+        return self.comm.watch_collectives(dist)
 
     def step(self, step: int) -> Step:
         """`with reporter.step(n) as s:` -> one StepCompleted (time of the block, segments summed)."""
@@ -646,13 +697,17 @@ class Reporter:
         *,
         interval_s: float = 10.0,
         fingerprint: bool | Callable[[Any], str | None] = True,
+        count_opens: bool = True,
     ) -> MonitoredLoader:
         """`for batch in reporter.wrap_loader(loader):` data wait, batch fingerprints and DataLoaderSamples.
 
         Works with a PyTorch `DataLoader` or any iterable; see `producers.training.loader` for
         what is measured. `fingerprint=False` skips hashing batches; a callable replaces the hash.
+        `count_opens=False` leaves the loader's `worker_init_fn` alone (no file-open counting).
         """
-        return MonitoredLoader(self, loader, interval_s=interval_s, fingerprint=fingerprint)
+        return MonitoredLoader(
+            self, loader, interval_s=interval_s, fingerprint=fingerprint, count_opens=count_opens
+        )
 
     def _loader_delivered(self, wait_s: float, fingerprint: str | None, epoch: int | None = None) -> None:
         """A wrapped loader handed out a batch: the next step to end consumed it."""
@@ -732,6 +787,7 @@ class Reporter:
         try:
             if self._verifier is not None:  # the verdicts on the last checkpoints go out with the rest
                 self._verifier.close(timeout)
+            self.comm.close()
             self._stop.set()
             self._thread.join(timeout)
             if self.publisher is not None and self._owns_publisher:
@@ -755,6 +811,9 @@ class Reporter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_COMM_PATIENCE_MS = 60_000  # a step waits this long (wall time) for its collectives to complete
 
 
 def _close_at_exit(ref: weakref.ref[Reporter]) -> None:

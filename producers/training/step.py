@@ -6,6 +6,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from producers.training.comm import Collective
     from producers.training.reporter import Reporter
 
 __all__ = ["SEGMENTS", "Step"]
@@ -56,6 +57,7 @@ class Step:
     __slots__ = (
         "_begin",
         "_begin_host",
+        "_comm",
         "_end",
         "_fields",
         "_host",
@@ -82,6 +84,7 @@ class Step:
         self._begin: Any = None
         self._end: Any = None
         self._loader_wait_s: float | None = None  # time blocked in a wrapped loader's next() for this batch
+        self._comm: list[Collective] = []  # collectives the SDK timed during the step (comm.py)
 
     def segment(self, name: str) -> _Segment:
         """Time a part of the step: data_wait, forward, backward, optimizer, comm or checkpoint."""

@@ -98,6 +98,7 @@ RULE_MEASURES: dict[str, tuple[Measure, Measure]] = {
     "gpu_throttling": _same("SM clock (share of its maximum)", "ratio", "throttled below"),
     "grad_spike": _same("gradient norm", "", "rolling median"),
     "host_memory_pressure": _same("host memory available (share of total)", "ratio", "pressure below"),
+    "ib_port_degraded": _same("InfiniBand/RoCE link errors in the window", "count", "allowed"),
     "straggler": _same("straggler score: the job's median time / the rank's", "", "threshold"),
     "network_degradation": _same("communication time per step", "s", "normal"),
     "long_pending": _same("time pending", "s", "limit"),

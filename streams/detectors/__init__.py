@@ -42,6 +42,7 @@ _DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
     ("streams.detectors.gpu_throttling", "GpuThrottlingDetector"),
     ("streams.detectors.gpu_memory_pressure", "GpuMemoryPressureDetector"),
     ("streams.detectors.host_memory_pressure", "HostMemoryPressureDetector"),
+    ("streams.detectors.ib_port_degraded", "IbPortDegradedDetector"),
     # Section `platform`.
     ("streams.detectors.long_pending", "LongPendingDetector"),
     ("streams.detectors.restart_loop", "RestartLoopDetector"),

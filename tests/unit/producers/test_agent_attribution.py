@@ -348,3 +348,32 @@ def test_a_cpu_only_node_lists_the_jobs_of_its_sdk_processes(tmp_path: Path) -> 
     agent.tick()
     [host] = [e.record for e in publisher.events]
     assert host["job_ids"] == ["cpu-job"]
+
+
+def test_host_sample_reads_roce_congestion_counters_and_ports_down(tmp_path: Path) -> None:
+    """A fake sysfs tree shaped like a ConnectX RoCE port (the real path needs IB hardware)."""
+    proc, sysfs = tmp_path / "proc", tmp_path / "sys"
+    proc.mkdir()
+
+    def port(dev: str, counters: dict[str, int], hw: dict[str, int], state: str = "4: ACTIVE") -> None:
+        base = sysfs / "class" / "infiniband" / dev / "ports" / "1"
+        for folder, values in (("counters", counters), ("hw_counters", hw)):
+            (base / folder).mkdir(parents=True, exist_ok=True)
+            for name, value in values.items():
+                (base / folder / name).write_text(f"{value}\n")
+        (base / "state").write_text(f"{state}\n")
+        (base / "phys_state").write_text("5: LinkUp\n")
+
+    host = HostSampler(cluster="c", node="n", proc_root=proc, sys_root=sysfs)
+    base = {"port_rcv_data": 0, "port_xmit_data": 0, "port_xmit_wait": 100, "link_downed": 0}
+    port("mlx5_0", base, {"np_ecn_marked_roce_packets": 10, "np_cnp_sent": 1, "rp_cnp_handled": 2})
+    port("mlx5_1", {**base, "port_xmit_wait": 0}, {})  # an IB port: no RoCE hw counters
+    first = host.sample(1, 10.0)
+    assert first["ib_ports_down"] == 0 and first["ib_xmit_wait_s"] is None
+    port("mlx5_0", {**base, "port_xmit_wait": 4100, "link_downed": 1},
+         {"np_ecn_marked_roce_packets": 510, "np_cnp_sent": 41, "rp_cnp_handled": 62}, state="1: DOWN")  # fmt: skip
+    second = host.sample(2, 12.0)
+    assert second["ib_xmit_wait_s"] == pytest.approx(4000 / 2)
+    assert second["ib_ecn_marked_s"] == pytest.approx(500 / 2)
+    assert second["ib_cnp_s"] == pytest.approx(100 / 2)
+    assert second["ib_errors"] == 1 and second["ib_ports_down"] == 1

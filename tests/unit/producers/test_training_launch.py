@@ -95,3 +95,23 @@ def test_oom_kills_reads_v1_and_v2_trees(tmp_path: Path) -> None:
     assert oom_kills(tmp_path / "proc", tmp_path / "cg") == 2
     (proc / "cgroup").write_text("1:cpu:/x\n")
     assert oom_kills(tmp_path / "proc", tmp_path / "cg") is None
+
+
+def test_an_elastic_restart_is_announced_by_rank_zeros_launcher_only() -> None:
+    restarts: list[tuple[int, str]] = []
+
+    def announce(count: int, reason: str, env: Mapping[str, str]) -> None:
+        restarts.append((count, reason))
+
+    env = {**os.environ, "TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "3", "RANK": "0"}
+    assert run([sys.executable, "-c", "pass"], env=env, report_restart=announce) == 0
+    assert restarts == [
+        (2, "torchrun's elastic agent restarted the workers (restart 2 of 3) after a worker failed")
+    ]
+    run([sys.executable, "-c", "pass"], env={**env, "RANK": "1"}, report_restart=announce)
+    run(
+        [sys.executable, "-c", "pass"],
+        env={**env, "TORCHELASTIC_RESTART_COUNT": "0"},
+        report_restart=announce,
+    )
+    assert len(restarts) == 1, "other ranks and a first attempt announce nothing"

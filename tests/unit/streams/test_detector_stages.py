@@ -22,6 +22,7 @@ RANK_RULES = frozenset(
         "gpu_throttling",
         "gpu_memory_pressure",
         "host_memory_pressure",
+        "ib_port_degraded",
         "telemetry_missing",
         "gpu_outside_allocation",
         "gpu_idle_allocated",
