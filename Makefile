@@ -70,7 +70,7 @@ test: $(STAMP) kafka-jars ui-assets
 FRAMEWORK_VENV ?= $(VENV)/frameworks
 FRAMEWORK_REQS := .ci/framework-requirements.txt
 FRAMEWORK_STAMP := $(FRAMEWORK_VENV)/.ranksight-frameworks
-FRAMEWORK_TESTS := tests/unit/producers/test_training_callbacks.py tests/integration/producers/test_training_frameworks.py \
+FRAMEWORK_TESTS := tests/unit/producers/test_training_callbacks.py tests/unit/producers/test_training_layout.py tests/integration/producers/test_training_frameworks.py \
   tests/integration/producers/test_torch_example.py tests/integration/producers/test_frameworks_live.py
 test-frameworks: kafka-jars framework-torch
 	RANKSIGHT_FRAMEWORK_TESTS=1 RANKSIGHT_TORCH_TESTS=1 $(FRAMEWORK_VENV)/bin/python -m pytest $(FRAMEWORK_TESTS) $(PYTEST_ARGS)

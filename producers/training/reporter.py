@@ -28,6 +28,7 @@ from producers.publisher import Publisher, open_publisher
 from producers.training.bindings import Binding, bindings_dir, process_start_time, write_binding
 from producers.training.faults import fault_detail, fault_kind
 from producers.training.identity import RankIdentity, job_nodes, resolve_identity
+from producers.training.layout import env_layout, merge_layout
 from producers.training.loader import MonitoredLoader
 from producers.training.restore_test import DEFAULT_LOSS_TOLERANCE, restore_test_event
 from producers.training.timing import HostTimer, SegmentTimer, TimingMode, choose_timer
@@ -842,8 +843,14 @@ class Reporter:
         workload_family: str = "",
         nodes: list[str] | None = None,
         data_parallel: int | None = None,
-        tensor_parallel: int = 1,
-        pipeline_parallel: int = 1,
+        tensor_parallel: int | None = None,
+        pipeline_parallel: int | None = None,
+        expert_parallel: int | None = None,
+        zero_stage: int | None = None,
+        sharding: str = "",
+        storage_tier: str = "",
+        image: str = "",
+        workspace: str = "",
         global_batch_size: int | None = None,
         seq_len: int | None = None,
         gpu_class: str = "",
@@ -861,10 +868,26 @@ class Reporter:
         account; without them one warning says the job's alerts go to the `platform` team. The
         target (steps, tokens or epochs) is what progress and the time to completion are measured
         against. Nodes default to Slurm's node list (or this node for a one-node job); a
-        multi-node job launched otherwise should pass them.
+        multi-node job launched otherwise should pass them. The parallel layout, storage tier,
+        image and workspace not passed come from the launcher environment (`layout.env_layout`:
+        accelerate's FSDP/DeepSpeed variables, RANKSIGHT_TENSOR_PARALLEL, RANKSIGHT_IMAGE, ...).
         """
         try:
             env = self._env
+            given = {
+                "data_parallel": data_parallel,
+                "tensor_parallel": tensor_parallel,
+                "pipeline_parallel": pipeline_parallel,
+                "expert_parallel": expert_parallel,
+                "zero_stage": zero_stage,
+                "sharding": sharding,
+                "storage_tier": storage_tier,
+                "image": image,
+                "workspace": workspace,
+            }
+            layout = merge_layout(env_layout(env), given)
+            tp = int(layout.get("tensor_parallel") or 1)
+            pp = int(layout.get("pipeline_parallel") or 1)
             owner = owner or env.get("RANKSIGHT_OWNER") or env.get("SLURM_JOB_USER") or ""
             team = team or env.get("RANKSIGHT_TEAM") or env.get("SLURM_JOB_ACCOUNT") or ""
             if (not owner or not team) and not self._warned_owner:
@@ -893,9 +916,15 @@ class Reporter:
                     "workload_family": workload_family,
                     "world_size": world,
                     "nodes": list(nodes) if nodes is not None else job_nodes(ident, env),
-                    "data_parallel": data_parallel or max(1, world // (tensor_parallel * pipeline_parallel)),
-                    "tensor_parallel": tensor_parallel,
-                    "pipeline_parallel": pipeline_parallel,
+                    "data_parallel": layout.get("data_parallel") or max(1, world // (tp * pp)),
+                    "tensor_parallel": tp,
+                    "pipeline_parallel": pp,
+                    "expert_parallel": layout.get("expert_parallel"),
+                    "zero_stage": layout.get("zero_stage"),
+                    "sharding": layout.get("sharding", ""),
+                    "storage_tier": layout.get("storage_tier", ""),
+                    "image": layout.get("image", ""),
+                    "workspace": layout.get("workspace", ""),
                     "global_batch_size": global_batch_size,
                     "seq_len": seq_len,
                     "gpu_class": gpu_class,
