@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from producers.publisher import Publisher, open_publisher
+from producers.training.allocator import AllocatorProbe, torch_memory_stats
 from producers.training.bindings import Binding, bindings_dir, process_start_time, write_binding
 from producers.training.faults import fault_detail, fault_kind
 from producers.training.identity import RankIdentity, job_nodes, resolve_identity
@@ -124,6 +125,7 @@ class Step:
     """
 
     __slots__ = (
+        "_allocator",
         "_begin",
         "_begin_host",
         "_end",
@@ -152,6 +154,7 @@ class Step:
         self._begin: Any = None
         self._end: Any = None
         self._loader_wait_s: float | None = None  # time blocked in a wrapped loader's next() for this batch
+        self._allocator: dict[str, int] | None = None  # the allocator's counters, when read at this step
 
     def segment(self, name: str) -> _Segment:
         """Time a part of the step: data_wait, forward, backward, optimizer, comm or checkpoint."""
@@ -394,6 +397,14 @@ class EvaluationReport:
         return False
 
 
+def _seconds(text: str | None, default: float) -> float:
+    """A period from the environment; the default when unset or not a number."""
+    try:
+        return default if text is None or not text.strip() else float(text)
+    except ValueError:
+        return default
+
+
 class Reporter:
     """Reports one rank of a training job; identity from arguments or the launcher environment."""
 
@@ -422,6 +433,7 @@ class Reporter:
         verify_checkpoints: bool | None = None,
         wall_ns: Callable[[], int] = time_ns,
         mono_ns: Callable[[], int] = perf_counter_ns,
+        allocator_stats: Callable[[], Mapping[str, Any] | None] = torch_memory_stats,
     ) -> None:
         env = os.environ if env is None else env
         # Completed local checkpoints are read back off the training thread unless turned off.
@@ -430,6 +442,9 @@ class Reporter:
         self._verifier: CheckpointVerifier | None = CheckpointVerifier() if verify_checkpoints else None
         self._wall_ns = wall_ns
         self._mono_ns = mono_ns
+        self._allocator_probe = AllocatorProbe(
+            mono_ns, interval_s=_seconds(env.get("RANKSIGHT_ALLOCATOR_S"), 10.0), stats=allocator_stats
+        )
         self.identity: RankIdentity = resolve_identity(
             job_id,
             rank,
@@ -696,6 +711,7 @@ class Reporter:
         if self._epoch is not None:
             step._fields.setdefault("epoch", self._epoch)
         step._loader_wait_s = wait
+        step._allocator = self._allocator_probe.sample()
         # The training thread only stamps the time and enqueues; the record is built off-thread.
         if len(self._outbox) >= self._max_pending:
             self._counts["dropped"] += 1
@@ -747,6 +763,7 @@ class Reporter:
                 "skipped": bool(fields.get("skipped", False)),
                 "batch_fingerprint": fields.get("batch_fingerprint"),
                 "epoch": fields.get("epoch"),
+                **(step._allocator or {}),
             },
         )
 
