@@ -113,6 +113,9 @@ RULE_MEASURES: dict[str, tuple[Measure, Measure]] = {
     "restore_test_failed": _count("failed restore tests"),
     "restore_test_stale": _same("age of the newest restore-tested checkpoint", "s", "maximum age"),
     "allocator_churn": _same("CUDA allocator retries per minute", "/min", "expected"),
+    "scaling_efficiency_low": _same(
+        "tokens/s per GPU against the same configuration on fewer nodes", "ratio", "floor"
+    ),
     "step_skip_rate": _same("skipped steps (share of the window)", "ratio", "limit"),
     "telemetry_missing": _same("time since the node's last sample", "s", "limit"),
     "validation_divergence": _same("relative rise of the validation loss", "", "expected rise"),
