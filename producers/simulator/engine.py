@@ -200,7 +200,6 @@ class _Engine:
         self.seed = seed
         self.progress = progress
         self.iv = scenario.telemetry.interval
-        self.gpu = scenario.cluster.gpu
         self.out: list[tuple[int, int, Event]] = []
         self.acc: dict[tuple[str, int, int], list[float]] = {}
         self.disk_write: dict[tuple[str, int], float] = {}
@@ -405,7 +404,7 @@ class _Engine:
         node_faults: list[tuple[int, FaultSpec]],
         silent: list[tuple[int, FaultSpec]],
     ) -> None:
-        sc, iv, gc = self.sc, self.iv, self.gpu
+        sc, iv, gc = self.sc, self.iv, self.sc.cluster.gpu_of(node)
         rng = self._rng(f"telemetry/{node}")
         phase = self.phase[node]
         gpus = sc.cluster.gpus_per_node
@@ -649,7 +648,7 @@ class _Engine:
         self, node: str, g: int, uuid: str, holds: list[_Holding], state: dict[str, Any]
     ) -> dict[str, Any]:
         """The fields of one GpuSample from the interval's derived state."""
-        gc = self.gpu
+        gc = self.sc.cluster.gpu_of(node)
         util, fm, fc, fd = state["util"], state["fm"], state["fc"], state["fd"]
         allocated: tuple[str | None, str | None] = (None, None)
         for start, end, job_id, run_id in self.allocated.get((node, g), ()):
@@ -689,11 +688,11 @@ class _Engine:
             # allocated the GPU to (an allocated GPU no rank runs on).
             "job_id": next((h.job_id for h in holds if h.job_id), None) or allocated[0],
             "run_id": next((h.run_id for h in holds if h.job_id), None) or allocated[1],
-            **self._gpm_fields(state),
+            **(self._gpm_fields(state) if gc.gpm else {}),
         }
 
     def _gpm_fields(self, state: dict[str, Any]) -> dict[str, Any]:
-        """GPM activity of the interval on Hopper-class GPUs (null elsewhere), from the time in each phase.
+        """GPM activity of the interval (the caller asks on Hopper-class GPUs only), from the time in each phase.
 
         Compute keeps most SMs and the tensor pipes busy; a collective moving data keeps a few SMs
         and some DRAM busy; one spinning while it waits for a peer keeps a few SMs busy and nothing
@@ -701,8 +700,6 @@ class _Engine:
         work and hardly any DRAM traffic. No random draw: the other records of a scenario stay
         exactly as they were.
         """
-        if not self.gpu.gpm:
-            return {}
         fc, fm, fs = state["fc"], state["fm"], state["fs"]
         fe, fk, fh = state["fe"], state["fk"], state.get("fh", 0.0)
 
@@ -1050,7 +1047,7 @@ class _JobRun:
             pipeline_parallel=job.pipeline_parallel,
             global_batch_size=job.global_batch_size,
             seq_len=job.seq_len,
-            gpu_class=e.sc.cluster.gpu_class,
+            gpu_class=e.sc.cluster.class_of(job.nodes[0]),
             checkpoint_max_age_s=job.checkpoint.max_age,
             checkpoint_timeout_s=job.checkpoint.timeout,
             target_steps=job.total_steps,
@@ -1058,7 +1055,7 @@ class _JobRun:
         )
         self._state(t + 0.05, "running", reason="scheduled" if self.restart_count == 0 else "restarted")
         base_pid = self.rng.randint(10_000, 90_000)
-        mem = int(e.gpu.memory_bytes * 0.78)
+        mem = int(e.sc.cluster.gpu_of(job.nodes[0]).memory_bytes * 0.78)
         self.live = []
         for r in self.layout:
             bound = t + 1.0 + self.rng.uniform(0, 2.0)
