@@ -66,8 +66,11 @@ class AllocatorProbe:
         if self._next_ns is not None and now < self._next_ns:
             return None
         self._next_ns = now + self._interval_ns
-        stats = self._stats()
         self.reads += 1
+        try:
+            stats = self._stats()
+        except Exception:  # whatever the reader raises never reaches the training loop
+            return None
         if not stats:
             return None
         out = {

@@ -144,3 +144,13 @@ def test_without_torch_or_cuda_the_sdk_reports_nothing_and_turning_it_off_reads_
     calls: list[int] = []
     probe = AllocatorProbe(lambda: 0, interval_s=0, stats=lambda: calls.append(1) or {})  # type: ignore[func-returns-value]
     assert probe.sample() is None and calls == []
+
+
+def test_a_reader_that_raises_never_reaches_the_training_loop() -> None:
+    from producers.training.allocator import AllocatorProbe
+
+    def broken() -> dict[str, Any]:
+        raise RuntimeError("CUDA driver error")
+
+    probe = AllocatorProbe(lambda: 0, stats=broken)
+    assert probe.sample() is None and probe.reads == 1
