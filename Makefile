@@ -70,7 +70,8 @@ test: $(STAMP) kafka-jars ui-assets
 FRAMEWORK_VENV ?= $(VENV)/frameworks
 FRAMEWORK_REQS := .ci/framework-requirements.txt
 FRAMEWORK_STAMP := $(FRAMEWORK_VENV)/.ranksight-frameworks
-FRAMEWORK_TESTS := tests/unit/producers/test_training_callbacks.py tests/integration/producers/test_training_frameworks.py \
+FRAMEWORK_TESTS := tests/unit/producers/test_training_callbacks.py tests/unit/producers/test_training_layout.py \
+  tests/integration/producers/test_training_frameworks.py \
   tests/integration/producers/test_torch_example.py tests/integration/producers/test_frameworks_live.py \
   tests/integration/producers/test_comm_jobs.py tests/integration/producers/test_loader_real.py \
   tests/integration/producers/test_elastic.py

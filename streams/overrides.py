@@ -171,6 +171,11 @@ class Profiled(Detector):
         self._profile_of: dict[str, str] = {}  # job id -> profile key (cache, rebuilt on JobStarted)
 
     # -- dispatch -----------------------------------------------------------------------
+    def instance_for(self, job: JobInfo) -> Detector:
+        """The instance a job of this identity is judged by (for `rules explain`)."""
+        hits = [o for o in self._overrides if o.selects(job, job.job_id)]
+        return self._instance("+".join(o.name for o in sorted(hits, key=lambda o: o.index)))
+
     def _profile(self, job_id: str) -> str:
         key = self._profile_of.get(job_id)
         if key is None:
@@ -281,11 +286,14 @@ def explain(
     configured: dict[str, Any],
     overrides: tuple[Override, ...],
     job: JobInfo,
+    learned: dict[str, tuple[Any, str]] | None = None,
 ) -> list[tuple[str, Any, str]]:
     """(knob, value, why) of every knob of a section for one job.
 
     `shipped`: the section's defaults (module DEFAULTS and streams/detectors.yaml); `configured`:
-    the section as the loaded configuration has it (a knob that differs was set by the config file).
+    the section as the loaded configuration has it (a knob that differs was set by the config file);
+    `learned`: knob -> (value, why) a rule learned for the job's GPU class, used where neither an
+    override nor the config file set the knob.
     """
     hits = tuple(o for o in overrides if section in o.detectors and o.selects(job, job.job_id))
     params, source = merged_params({**shipped, **configured}, section, hits)
@@ -296,6 +304,8 @@ def explain(
             why = f"override {winner.name} (match {winner.match})"
         elif knob in configured and (knob not in shipped or configured[knob] != shipped[knob]):
             why = "the config file's detectors section"
+        elif learned and knob in learned:
+            params[knob], why = learned[knob]
         else:
             why = "shipped default"
         out.append((knob, params[knob], why))

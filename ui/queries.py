@@ -570,7 +570,7 @@ def _job_meta(client: Client, job_id: str) -> dict[str, Any]:
         "argMax(model_name, ts), argMax(model_version, ts), argMax(dataset_version, ts), "
         "argMax(world_size, ts), argMax(nodes, ts), argMax(gpu_class, ts), argMax(workload_family, ts), "
         "argMax(target_steps, ts), argMax(target_tokens, ts), argMax(target_epochs, ts), "
-        "argMax(checkpoint_max_age_s, ts), "
+        "argMax(checkpoint_max_age_s, ts), argMax(image, ts), argMax(workspace, ts), "
         f"{_ms('min(ts)')}, count() FROM job_started WHERE {_JOB} AND {_PLAUSIBLE_TS}",
         job=job_id,
         lo=lo,
@@ -595,7 +595,9 @@ def _job_meta(client: Client, job_id: str) -> dict[str, Any]:
         "target_tokens": r[12],
         "target_epochs": _num(r[13], 6),
         "checkpoint_max_age_s": _num(r[14], 6),
-        "started_ms": int(r[15]),
+        "image": r[15],  # where the job runs (issue 35.5)
+        "workspace": r[16],
+        "started_ms": int(r[17]),
     }
 
 

@@ -84,7 +84,6 @@ class Engine:
         self.seed = seed
         self.progress = progress
         self.iv = scenario.telemetry.interval
-        self.gpu = scenario.cluster.gpu
         self.out: list[tuple[int, int, Event]] = []
         self.acc: dict[tuple[str, int, int], list[float]] = {}
         self.disk_write: dict[tuple[str, int], float] = {}

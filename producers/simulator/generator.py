@@ -33,6 +33,11 @@ after the first or the second evaluation) alternate from one cycle to the next. 
 - `agent_pace`: healthy runs whose node agents sample every 3 s (twin: every 30 s; both quiet);
 - `ddp_static`: a GPU 1.2-1.35x slow from the first step (a degraded card: no throttle, clock or
   power sign) in a DDP job whose all-reduce overlaps backward; twin: a rank 2-4 % slower.
+- `workload_mix` (issue 35.6): two jobs of one workload family side by side on nodes of two GPU
+  classes (the cluster's and another, `cluster.gpu_classes`) with two parallel layouts (TP=1 and
+  TP=8, the TP=8 job's steps 1.2-1.5x longer); a straggler, memory pressure or a slow data worker
+  hits one of them, alternating by cycle; twin: both healthy, one rank 2-4 % slower. Per-workload
+  differences must neither hide the fault nor page the healthy job.
 
 Each case is validated by the same loader as a YAML file and can be written as one.
 """
@@ -97,6 +102,7 @@ GENERATED_FAULTS: tuple[str, ...] = (
     "checkpoint_in_step",
     "agent_pace",
     "ddp_static",
+    "workload_mix",
 )
 _NODE_FAULTS = ("network_degradation", "ib_degradation", "storage_slowdown", "host_oom")
 _GPU_FAULTS = ("xid_error", "ecc_uncorrectable", "gpu_memory_pressure", "foreign_process", "contention")
@@ -245,6 +251,8 @@ class _Case:
         self.jobs: list[dict[str, Any]] = []
         self.faults: list[dict[str, Any]] = []
         self.notes: list[str] = []
+        self.gpu_class = ""  # the cluster's GPU class (set before the builder runs)
+        self.cluster: dict[str, Any] = {}  # extra cluster keys a builder sets (`gpu_classes`)
 
     @property
     def main(self) -> dict[str, Any]:
@@ -503,6 +511,41 @@ def _ddp_static(case: _Case, _: str) -> None:
     ]
 
 
+_MIX_FAULTS = ("straggler_gpu", "gpu_memory_pressure", "slow_data_worker")
+
+
+def _workload_mix(case: _Case, _: str) -> None:
+    """Two jobs of one family on two GPU classes and two layouts; a fault on one (twin: none)."""
+    rng = case.rng
+    n = max(1, min(2, _weighted(rng, _SIZES)))
+    teams = rng.sample(_TEAMS, 2)
+    seed, pair = case.seed, case.pair
+    first = _job(rng, 0, f"g{seed}-{pair:04d}-a", teams[0], nodes=_nodes(n), gpus_per_node=_GPUS)
+    second_nodes = [f"node-{i + 1:02d}" for i in range(n, 2 * n)]
+    second = _job(rng, 1, f"g{seed}-{pair:04d}-b", teams[1], nodes=second_nodes, gpus_per_node=_GPUS)
+    model, seq_len = rng.choice(_MODELS)
+    family = f"{model}-pretrain"
+    for job in (first, second):
+        job.update(model_name=model, seq_len=seq_len, workload_family=family)
+    second["tensor_parallel"] = 8
+    second["step_time"] = round(float(first["step_time"]) * rng.uniform(1.2, 1.5), 2)
+    other = sorted(c for c in GPU_CLASSES if c != case.gpu_class)
+    second_class = other[case.cycle % len(other)]
+    case.cluster["gpu_classes"] = dict.fromkeys(second_nodes, second_class)
+    case.jobs = [first, second]
+    case.notes += [
+        f"one family on {case.gpu_class} (TP=1) and {second_class} (TP=8)",
+        f"{2 * n * _GPUS} ranks",
+    ]
+    target = (first, second)[(case.cycle // len(_MIX_FAULTS)) % 2]
+    if case.twin:
+        target["slow_ranks"] = {rng.randrange(_world(target)): round(rng.uniform(1.02, 1.04), 3)}
+        return
+    kind = _MIX_FAULTS[case.cycle % len(_MIX_FAULTS)]
+    case.faults = [_fault(rng, kind, target, False, False)]
+    case.notes.append(f"{kind} on the {'TP=8' if target is second else 'TP=1'} job")
+
+
 _BUILDERS: dict[str, Callable[[_Case, str], None]] = {
     "ddp_static": _ddp_static,
     "late_watchdog": _late_watchdog,
@@ -514,6 +557,7 @@ _BUILDERS: dict[str, Callable[[_Case, str], None]] = {
     "ecc_shared": _ecc_shared,
     "validation_stop": _validation_stop,
     "boundaries": _boundaries,
+    "workload_mix": _workload_mix,
 }
 
 
@@ -532,6 +576,7 @@ def _case(seed: int, index: int) -> dict[str, Any]:
     twin = index % 2 == 1
     case = _Case(rng, seed, pair, cycle, twin)
     gpu_class = rng.choice(sorted(GPU_CLASSES))
+    case.gpu_class = gpu_class
     telemetry = {
         "interval": "5s",
         "dataloader_samples": rng.random() < 0.3,
@@ -540,7 +585,7 @@ def _case(seed: int, index: int) -> dict[str, Any]:
     }
     _BUILDERS.get(kind, _classic)(case, kind)
     name = f"gen-{seed}-{index:04d}-{kind}" + ("-twin" if twin else "")
-    nodes = max(len(j["nodes"]) for j in case.jobs)
+    nodes = len({node for j in case.jobs for node in j["nodes"]})  # node-01.. up to the last one used
     return {
         "name": name,
         "description": (
@@ -549,7 +594,8 @@ def _case(seed: int, index: int) -> dict[str, Any]:
             + "".join(f", {note}" for note in case.notes)
         ),
         "duration": case.duration,
-        "cluster": {"name": f"gen{seed}", "nodes": nodes, "gpus_per_node": _GPUS, "gpu_class": gpu_class},
+        "cluster": {"name": f"gen{seed}", "nodes": nodes, "gpus_per_node": _GPUS, "gpu_class": gpu_class}
+        | case.cluster,
         "telemetry": telemetry | case.telemetry,
         "jobs": case.jobs,
         "faults": case.faults,

@@ -139,7 +139,7 @@ class JobRun:
             pipeline_parallel=job.pipeline_parallel,
             global_batch_size=job.global_batch_size,
             seq_len=job.seq_len,
-            gpu_class=e.sc.cluster.gpu_class,
+            gpu_class=e.sc.cluster.class_of(job.nodes[0]),
             checkpoint_max_age_s=job.checkpoint.max_age,
             checkpoint_timeout_s=job.checkpoint.timeout,
             target_steps=job.total_steps,
@@ -147,7 +147,7 @@ class JobRun:
         )
         self._state(t + 0.05, "running", reason="scheduled" if self.restart_count == 0 else "restarted")
         base_pid = self.rng.randint(10_000, 90_000)
-        mem = int(e.gpu.memory_bytes * 0.78)
+        mem = int(e.sc.cluster.gpu_of(job.nodes[0]).memory_bytes * 0.78)
         self.live = []
         for r in self.layout:
             bound = t + 1.0 + self.rng.uniform(0, 2.0)

@@ -74,6 +74,8 @@ class ClusterSpec:
     node_prefix: str = "node-"
     host_memory_gib: int = 2048
     cpus: int = 192
+    # Nodes of another GPU class than `gpu_class` (a mixed fleet: node name -> class).
+    gpu_classes: dict[str, str] = field(default_factory=dict)
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -82,8 +84,16 @@ class ClusterSpec:
 
     @property
     def gpu(self) -> GpuClass:
-        """The GPU class of every node."""
+        """The GPU class of the cluster's nodes (those `gpu_classes` does not name)."""
         return GPU_CLASSES[self.gpu_class]
+
+    def class_of(self, node: str) -> str:
+        """The GPU class name of one node."""
+        return self.gpu_classes.get(node, self.gpu_class)
+
+    def gpu_of(self, node: str) -> GpuClass:
+        """The GPU class of one node."""
+        return GPU_CLASSES[self.class_of(node)]
 
 
 @dataclass(frozen=True)
@@ -374,6 +384,15 @@ def _fields(ctx: _Ctx, data: Mapping[str, Any], spec: dict[str, Conv], where: st
     return out
 
 
+def _class_map(value: Any) -> dict[str, str]:
+    """`{node: gpu class}`: names only (checked against the nodes and the classes once both are known)."""
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ValueError("expected a mapping of node name -> GPU class")
+    return {str(k): str(v) for k, v in value.items()}
+
+
 _CLUSTER: dict[str, Conv] = {
     "name": _str,
     "nodes": _pos_int,
@@ -382,6 +401,7 @@ _CLUSTER: dict[str, Conv] = {
     "node_prefix": _str,
     "host_memory_gib": _pos_int,
     "cpus": _pos_int,
+    "gpu_classes": lambda v: _class_map(v),
 }
 _TELEMETRY: dict[str, Conv] = {
     "interval": _pos_duration,
@@ -655,6 +675,13 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
     cluster = ClusterSpec(**_fields(ctx, _mapping(ctx, top.get("cluster"), "cluster"), _CLUSTER, "cluster"))
     if cluster.gpu_class not in GPU_CLASSES:
         raise ctx.error("cluster.gpu_class", f"unknown GPU class; known: {', '.join(GPU_CLASSES)}")
+    for node, gpu_class in sorted(cluster.gpu_classes.items()):
+        if node not in cluster.node_names:
+            raise ctx.error(f"cluster.gpu_classes.{node}", "no such node in the cluster")
+        if gpu_class not in GPU_CLASSES:
+            raise ctx.error(
+                f"cluster.gpu_classes.{node}", f"unknown GPU class; known: {', '.join(GPU_CLASSES)}"
+            )
     telemetry = TelemetrySpec(
         **_fields(ctx, _mapping(ctx, top.get("telemetry"), "telemetry"), _TELEMETRY, "telemetry")
     )

@@ -131,7 +131,7 @@ class NodeTelemetry:
     def _gpu_sample(self, g: int, tick: float, b: int, is_silent: bool, load: _TickLoad) -> None:
         """One GPU's interval: its reading from the phase times, its faults, XID/ECC events, its GpuSample."""
         engine, node, rng = self.engine, self.node, self.rng
-        iv, gc = engine.iv, engine.gpu
+        iv, gc = engine.iv, engine.sc.cluster.gpu_of(node)
         vec = engine.acc.get((node, g, b)) or [0.0] * _SLOTS
         holds = [h for h in engine.holdings.get((node, g), ()) if h.start <= tick < h.end]
         load.jobs.update(h.job_id for h in holds if h.job_id)
@@ -173,7 +173,7 @@ class NodeTelemetry:
 
     def _gpu_faults(self, g: int, tick: float, reading: dict[str, Any], held: bool) -> None:
         """A slow GPU (thermal, power-capped or degraded) and memory pressure change the interval's reading."""
-        rng, gc = self.rng, self.engine.gpu
+        rng, gc = self.rng, self.engine.sc.cluster.gpu_of(self.node)
         clock_max = gc.sm_clock_max_mhz
         for _, f in self.faults_by_gpu.get((self.node, g), ()):
             end = _end_of(f)
@@ -339,7 +339,7 @@ def _gpu_fields(
     engine: Engine, node: str, g: int, uuid: str, holds: list[_Holding], state: dict[str, Any]
 ) -> dict[str, Any]:
     """The fields of one GpuSample from the interval's derived state."""
-    gc = engine.gpu
+    gc = engine.sc.cluster.gpu_of(node)
     util, fm, fc, fd = state["util"], state["fm"], state["fc"], state["fd"]
     allocated: tuple[str | None, str | None] = (None, None)
     for start, end, job_id, run_id in engine.allocated.get((node, g), ()):
@@ -379,7 +379,7 @@ def _gpu_fields(
         # allocated the GPU to (an allocated GPU no rank runs on).
         "job_id": next((h.job_id for h in holds if h.job_id), None) or allocated[0],
         "run_id": next((h.run_id for h in holds if h.job_id), None) or allocated[1],
-        **_gpm_fields(engine, state),
+        **(_gpm_fields(engine, state) if gc.gpm else {}),
     }
 
 
@@ -392,8 +392,6 @@ def _gpm_fields(engine: Engine, state: dict[str, Any]) -> dict[str, Any]:
     work and hardly any DRAM traffic. No random draw: the other records of a scenario stay
     exactly as they were.
     """
-    if not engine.gpu.gpm:
-        return {}
     fc, fm, fs = state["fc"], state["fm"], state["fs"]
     fe, fk, fh = state["fe"], state["fk"], state.get("fh", 0.0)
 

@@ -7,7 +7,8 @@ step's begin. Loss, learning rate and grad norm are what the Trainer logs (`on_l
 `logging_steps`): a step that is logged waits for them, the others carry none. Evaluations send
 EvaluationEvent started (when the Trainer decides to evaluate) and completed with the metrics;
 checkpoints open when the Trainer decides to save and complete at `on_save` with the size of
-`checkpoint-<step>`. Identity: process index and world size from `TrainingArguments`, the job
+`checkpoint-<step>`. The parallel layout comes from the arguments (FSDP, DeepSpeed's ZeRO stage,
+accelerate's parallelism config). Identity: process index and world size from `TrainingArguments`, the job
 from the environment.
 """
 
@@ -17,6 +18,7 @@ import os
 from typing import Any
 
 from producers.training.hooks import LoopHooks
+from producers.training.layout import hf_layout
 from producers.training.reporter import Reporter
 
 try:
@@ -70,6 +72,7 @@ class RanksightCallback(TrainerCallback):
                 "target_epochs": getattr(state, "num_train_epochs", None)
                 or getattr(args, "num_train_epochs", None),
             },
+            layout=hf_layout(args),
         )
         if int(getattr(state, "global_step", 0) or 0) > 0:
             self._resumed(args, state)

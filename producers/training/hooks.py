@@ -114,17 +114,19 @@ class LoopHooks:
         local_rank: int | None,
         is_zero: bool,
         targets: Mapping[str, Any] | None = None,
+        layout: Mapping[str, Any] | None = None,
     ) -> None:
         """Create the reporter (identity from the framework, job from the environment); rank 0 describes the job.
 
-        `targets` (target_steps, target_epochs, target_tokens) come from the framework's trainer;
-        values the user passed in `job_info` win.
+        `targets` (target_steps, target_epochs, target_tokens) and `layout` (the parallel layout,
+        `producers.training.layout`) come from the framework's trainer; values the user passed in
+        `job_info` win.
         """
         if self.reporter is None:
             self.reporter = self._factory(rank=rank, world_size=world_size, local_rank=local_rank)
             self._owns_reporter = True
         if is_zero:
-            known = {k: v for k, v in (targets or {}).items() if v is not None}
+            known = {k: v for k, v in {**(targets or {}), **(layout or {})}.items() if v is not None}
             self.reporter.job_started(**{**known, **self.job_info})
             self.reporter.state("running")
         resumed = self._resumed

@@ -6,7 +6,8 @@ Segments come from Lightning's hooks: `data_wait` (previous batch end -> batch s
 param group, grad norm the 2-norm of all gradients before the optimizer step (computed on the GPU
 and read off-thread). Validation runs (not the sanity check) send EvaluationEvent
 started/completed and the logged metrics; `on_save_checkpoint` opens a checkpoint that completes
-(with the file's size) at the next hook. Identity: rank and world size from the Trainer, the job
+(with the file's size) at the next hook. The parallel layout comes from the Trainer's strategy
+(DDP, FSDP's sharding strategy, DeepSpeed's ZeRO stage, ModelParallel's sizes). Identity: rank and world size from the Trainer, the job
 from the launcher environment (RANKSIGHT_JOB_ID, Slurm, torchrun, Kubernetes).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from producers.training.hooks import LoopHooks
+from producers.training.layout import lightning_layout
 from producers.training.reporter import Reporter
 
 try:
@@ -96,6 +98,7 @@ class RanksightCallback(Callback):
             local_rank=int(trainer.local_rank),
             is_zero=bool(trainer.is_global_zero),
             targets=_targets(trainer),
+            layout=lightning_layout(trainer),
         )
         # DDP's gradient all-reduce overlaps backward: the SDK's hook times it (comm_s per step).
         self.hooks.watch_comm(getattr(getattr(trainer, "strategy", None), "model", None))

@@ -78,6 +78,7 @@ def step_record(
             "skipped": bool(fields.get("skipped", False)),
             "batch_fingerprint": fields.get("batch_fingerprint"),
             "epoch": fields.get("epoch"),
+            **(step._allocator or {}),
         },
     )
 

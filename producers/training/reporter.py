@@ -23,10 +23,12 @@ from time import perf_counter_ns, time_ns
 from typing import Any
 
 from producers.publisher import Publisher, open_publisher
+from producers.training.allocator import AllocatorProbe, torch_memory_stats
 from producers.training.bindings import Binding, bindings_dir, process_start_time, write_binding
 from producers.training.comm import CommAccount, CommMeter
 from producers.training.faults import fault_detail, fault_kind
 from producers.training.identity import RankIdentity, job_nodes, resolve_identity, visible_gpu
+from producers.training.layout import env_layout, merge_layout
 from producers.training.loader import MonitoredLoader
 from producers.training.records import coerce, heartbeat_record, step_record
 from producers.training.reports import CheckpointReport, EvaluationReport
@@ -75,6 +77,7 @@ class Reporter:
         comm_interval_s: float = 10.0,
         wall_ns: Callable[[], int] = time_ns,
         mono_ns: Callable[[], int] = perf_counter_ns,
+        allocator_stats: Callable[[], Mapping[str, Any] | None] = torch_memory_stats,
     ) -> None:
         env = os.environ if env is None else env
         # Completed local checkpoints are read back off the training thread unless turned off.
@@ -83,6 +86,9 @@ class Reporter:
         self._verifier: CheckpointVerifier | None = CheckpointVerifier() if verify_checkpoints else None
         self._wall_ns = wall_ns
         self._mono_ns = mono_ns
+        self._allocator_probe = AllocatorProbe(
+            mono_ns, interval_s=_seconds(env.get("RANKSIGHT_ALLOCATOR_S"), 10.0), stats=allocator_stats
+        )
         self.identity: RankIdentity = resolve_identity(
             job_id,
             rank,
@@ -366,6 +372,7 @@ class Reporter:
             step._fields.setdefault("epoch", self._epoch)
         step._loader_wait_s = wait
         step._comm = self.comm.take()
+        step._allocator = self._allocator_probe.sample()
         # The training thread only stamps the time and enqueues; the record is built off-thread.
         if len(self._outbox) >= self._max_pending:
             self._counts["dropped"] += 1
@@ -483,8 +490,14 @@ class Reporter:
         workload_family: str = "",
         nodes: list[str] | None = None,
         data_parallel: int | None = None,
-        tensor_parallel: int = 1,
-        pipeline_parallel: int = 1,
+        tensor_parallel: int | None = None,
+        pipeline_parallel: int | None = None,
+        expert_parallel: int | None = None,
+        zero_stage: int | None = None,
+        sharding: str = "",
+        storage_tier: str = "",
+        image: str = "",
+        workspace: str = "",
         global_batch_size: int | None = None,
         seq_len: int | None = None,
         gpu_class: str = "",
@@ -502,10 +515,26 @@ class Reporter:
         account; without them one warning says the job's alerts go to the `platform` team. The
         target (steps, tokens or epochs) is what progress and the time to completion are measured
         against. Nodes default to Slurm's node list (or this node for a one-node job); a
-        multi-node job launched otherwise should pass them.
+        multi-node job launched otherwise should pass them. The parallel layout, storage tier,
+        image and workspace not passed come from the launcher environment (`layout.env_layout`:
+        accelerate's FSDP/DeepSpeed variables, RANKSIGHT_TENSOR_PARALLEL, RANKSIGHT_IMAGE, ...).
         """
         try:
             env = self._env
+            given = {
+                "data_parallel": data_parallel,
+                "tensor_parallel": tensor_parallel,
+                "pipeline_parallel": pipeline_parallel,
+                "expert_parallel": expert_parallel,
+                "zero_stage": zero_stage,
+                "sharding": sharding,
+                "storage_tier": storage_tier,
+                "image": image,
+                "workspace": workspace,
+            }
+            layout = merge_layout(env_layout(env), given)
+            tp = int(layout.get("tensor_parallel") or 1)
+            pp = int(layout.get("pipeline_parallel") or 1)
             owner = owner or env.get("RANKSIGHT_OWNER") or env.get("SLURM_JOB_USER") or ""
             team = team or env.get("RANKSIGHT_TEAM") or env.get("SLURM_JOB_ACCOUNT") or ""
             if (not owner or not team) and not self._warned_owner:
@@ -534,9 +563,15 @@ class Reporter:
                     "workload_family": workload_family,
                     "world_size": world,
                     "nodes": list(nodes) if nodes is not None else job_nodes(ident, env),
-                    "data_parallel": data_parallel or max(1, world // (tensor_parallel * pipeline_parallel)),
-                    "tensor_parallel": tensor_parallel,
-                    "pipeline_parallel": pipeline_parallel,
+                    "data_parallel": layout.get("data_parallel") or max(1, world // (tp * pp)),
+                    "tensor_parallel": tp,
+                    "pipeline_parallel": pp,
+                    "expert_parallel": layout.get("expert_parallel"),
+                    "zero_stage": layout.get("zero_stage"),
+                    "sharding": layout.get("sharding", ""),
+                    "storage_tier": layout.get("storage_tier", ""),
+                    "image": layout.get("image", ""),
+                    "workspace": layout.get("workspace", ""),
                     "global_batch_size": global_batch_size,
                     "seq_len": seq_len,
                     "gpu_class": gpu_class,
@@ -811,6 +846,14 @@ class Reporter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _seconds(text: str | None, default: float) -> float:
+    """A period from the environment; the default when unset or not a number."""
+    try:
+        return default if text is None or not text.strip() else float(text)
+    except ValueError:
+        return default
 
 
 _COMM_PATIENCE_MS = 60_000  # a step waits this long (wall time) for its collectives to complete

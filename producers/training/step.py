@@ -55,6 +55,7 @@ class Step:
     """
 
     __slots__ = (
+        "_allocator",
         "_begin",
         "_begin_host",
         "_comm",
@@ -85,6 +86,7 @@ class Step:
         self._end: Any = None
         self._loader_wait_s: float | None = None  # time blocked in a wrapped loader's next() for this batch
         self._comm: list[Collective] = []  # collectives the SDK timed during the step (comm.py)
+        self._allocator: dict[str, int] | None = None  # the allocator's counters, when read at this step
 
     def segment(self, name: str) -> _Segment:
         """Time a part of the step: data_wait, forward, backward, optimizer, comm or checkpoint."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -30,6 +30,12 @@ def explain_rule(
     config: Path | None = typer.Option(
         None, "--config", help="Config file with `detectors` and `overrides`."
     ),
+    learn_from: list[Path] = typer.Option(
+        [],
+        "--learn-from",
+        help="Recording(s) to replay first: the values rules learn per GPU class from its healthy "
+        "runs (memory headroom, throttle clocks) are shown where nothing set the knob.",
+    ),
 ) -> None:
     """Print every knob of RULE's section with the value a job of that identity gets and where it comes from."""
     from rich.table import Table
@@ -55,7 +61,9 @@ def explain_rule(
         cfg = load_config(config)
     section = config_section(classes[0])
     shipped = {**(section_defaults(section) or {}), **load_config(None).detectors.get(section, {})}
-    rows = explain(section, shipped, cfg.detectors.get(section, {}), cfg.overrides, _job_info(job, identity))
+    info = _job_info(job, identity)
+    learned = _learned(learn_from, classes[0], cfg, info) if learn_from else None
+    rows = explain(section, shipped, cfg.detectors.get(section, {}), cfg.overrides, info, learned)
     table = Table(title=Text(f"{rule}: knobs of detectors.{section} for job {job}"), title_justify="left")
     for name in ("knob", "value", "from"):
         table.add_column(name, overflow="fold")
@@ -64,6 +72,42 @@ def explain_rule(
             Text(knob), Text(repr(value)), Text(why)
         )  # literal text: a glob like [ab]* is no markup
     console.print(table)
+
+
+def _learned(paths: list[Path], cls: type, cfg: Any, job: JobInfo) -> dict[str, tuple[Any, str]]:
+    """Replay the recordings offline and ask the rule what the job's GPU class taught it (every
+    partition's runs together)."""
+    from streams.detectors.base import Topology
+    from streams.offline.detection import DetectionEngine
+    from streams.offline.replay import merged_events
+    from streams.overrides import Profiled, detector_class
+
+    if not hasattr(cls, "learned_knobs"):
+        return {}
+    for path in paths:
+        if not path.is_file():
+            fail(
+                f"--learn-from {path}: no such recording; pass a file `ranksight record` or `simulate` wrote"
+            )
+    with user_errors():
+        engine = DetectionEngine(cfg)
+        engine.run(merged_events(paths))
+    found = [
+        d.instance_for(job) if isinstance(d, Profiled) else d
+        for d in engine.detectors
+        if detector_class(d) is cls
+    ]
+    if not found:
+        return {}
+    merged = cls(Topology(), found[0].params)
+    for det in found:  # each rank-stage partition learned from the GPUs it read
+        for gpu_class, runs in det.normals.classes.items():  # type: ignore[attr-defined]
+            for run in runs:
+                merged.normals.classes.setdefault(gpu_class, []).append(list(run))
+    for gpu_class, runs in merged.normals.classes.items():
+        unique = {run[1]: run for run in sorted(runs)}
+        merged.normals.classes[gpu_class] = sorted(unique.values())[-merged.normals.max_runs :]
+    return dict(merged.learned_knobs(job.gpu_class))
 
 
 def _job_info(job_id: str, identity: dict[str, str]) -> JobInfo:

@@ -99,6 +99,8 @@ _ANNOTATIONS = (
     "owner",
     "group_key",
     "current_step",
+    "image",  # where the job runs (issue 35.5): context for whoever acts, never a label
+    "workspace",
 )
 _NUMERIC_ANNOTATIONS = ("observed", "expected")
 

@@ -216,6 +216,9 @@ class AlertTracker:
             "labels": labels,
             "group_key": None,
             "inhibited_by": None,
+            # Where the job runs, for whoever acts on the page (issue 35.5).
+            "image": job.image if job else "",
+            "workspace": job.workspace if job else "",
         }
 
     # -- state -------------------------------------------------------------------------

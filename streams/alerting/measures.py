@@ -31,7 +31,7 @@ _COUNT_METRICS = frozenset(
     {
         "restarts", "failed_checkpoints", "failed_verifications", "foreign_pids", "failed_restore_tests",
         "unverified_newer_checkpoints", "ranks_timed_out", "loader_errors", "rank_faults",
-        "ranks_outside_nodes", "ecc_uncorrected", "workers",
+        "ranks_outside_nodes", "ecc_uncorrected", "workers", "alloc_retries",
     }
 )  # fmt: skip
 _NAMED_UNITS = {
@@ -113,6 +113,10 @@ RULE_MEASURES: dict[str, tuple[Measure, Measure]] = {
     "restart_loop": _same("restarts in the window", "count", "allowed"),
     "restore_test_failed": _count("failed restore tests"),
     "restore_test_stale": _same("age of the newest restore-tested checkpoint", "s", "maximum age"),
+    "allocator_churn": _same("CUDA allocator retries per minute", "/min", "expected"),
+    "scaling_efficiency_low": _same(
+        "tokens/s per GPU against the same configuration on fewer nodes", "ratio", "floor"
+    ),
     "step_skip_rate": _same("skipped steps (share of the window)", "ratio", "limit"),
     "telemetry_missing": _same("time since the node's last sample", "s", "limit"),
     "validation_divergence": _same("relative rise of the validation loss", "", "expected rise"),

@@ -71,6 +71,7 @@ _DETECTOR_CLASSES: tuple[tuple[str, str], ...] = (
     ("streams.detectors.acceptance", "AcceptanceDetector"),
     ("streams.detectors.lr_invalid", "LrInvalidDetector"),
     ("streams.detectors.validation_nonfinite", "ValidationNonfiniteDetector"),
+    ("streams.detectors.allocator_churn", "AllocatorChurnDetector"),
 )
 
 

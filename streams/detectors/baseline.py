@@ -63,6 +63,22 @@ _STEP_METRICS = ("step_time_s", "tokens_per_s_per_gpu")
 _KEY_PARTS = ("workload family", "model version", "GPU class", "node count", "batch size", "sequence length")
 
 
+def scaling_config(key: str) -> tuple[str, int] | None:
+    """A baseline key without its node count and data-parallel size (they grow with the nodes), and
+    the node count: runs of one configuration on different numbers of nodes share the first part."""
+    parts = key.split("|")
+    if len(parts) < len(_KEY_PARTS) or not parts[3].endswith("n") or not parts[3][:-1].isdigit():
+        return None
+    rest = [
+        ".".join(t for t in part.split(".") if not (t.startswith("dp") and t[2:].isdigit()))
+        if i >= len(_KEY_PARTS) and not part.startswith("data:")
+        else part
+        for i, part in enumerate(parts)
+        if i != 3
+    ]
+    return "|".join(rest), int(parts[3][:-1])
+
+
 def key_words(key: str) -> str:
     """Which parts of a baseline key matched, in words: `same workload family, ..., parallel layout dp8.tp1`."""
     parts = key.split("|")
@@ -85,6 +101,9 @@ DEFAULTS: dict[str, Any] = {
     "max_windows_per_run": 240,  # healthy windows buffered per running job (bounded state)
     "pause_busy_fraction": 0.85,  # step rate below this fraction of 1/step_time marks a paused window
     "history_points": 10,  # points of metric history carried on a finding
+    # Scaling efficiency (scaling_efficiency_low): off until a team sets a floor in the overrides file.
+    "scaling_efficiency_floor": None,  # tokens/s per GPU below this fraction of the same configuration on fewer nodes
+    "scaling_windows": 3,  # consecutive windows below the floor before the alert
 }
 
 
@@ -95,13 +114,21 @@ BASELINE_DEVIATION = Rule(
     invariant="{metric} stays within tolerance of the baseline of earlier runs of {key}",
 )  # the suspected layer is the deviating metric's (`_layer`): each finding names it
 
+SCALING_EFFICIENCY_LOW = Rule(
+    "scaling_efficiency_low",
+    category="platform",
+    severity="warning",
+    invariant="tokens/s per GPU stay at or above {floor:.0%} of the same configuration on {nodes} node(s)",
+    suspected_layer="network",  # usually communication; each finding names the step part that grew (`_layer`)
+)
+
 
 class BaselineDetector(Detector):
     """Learns per-workload baselines from completed healthy runs; flags runs that deviate."""
 
     stage: ClassVar[str] = "job"  # reads the job's window statistics
 
-    rules: ClassVar[tuple[str, ...]] = ("baseline_deviation",)
+    rules: ClassVar[tuple[str, ...]] = ("baseline_deviation", "scaling_efficiency_low")
 
     def __init__(self, topology: Any, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
@@ -121,6 +148,11 @@ class BaselineDetector(Detector):
         self.max_windows = int(p["max_windows_per_run"])
         self.pause_frac = float(p["pause_busy_fraction"])
         self.history_points = int(p["history_points"])
+        floor = p["scaling_efficiency_floor"]
+        self.scaling_floor = None if floor is None else float(floor)
+        if self.scaling_floor is not None and not 0.0 < self.scaling_floor <= 1.0:
+            raise ValueError(f"baseline: scaling_efficiency_floor must be in (0, 1], not {floor!r}")
+        self.scaling_windows = max(1, int(p["scaling_windows"]))
         self.baselines_by_key: dict[str, list[dict[str, Any]]] = {}
         self.jobs: dict[str, dict[str, Any]] = {}
         self.learned: list[dict[str, Any]] = []  # committed runs not yet shared (`drain_learned`)
@@ -168,7 +200,7 @@ class BaselineDetector(Detector):
                 parts[name] = [*parts.get(name, []), v][-self.max_windows :]
         if job["n"] <= self.judge_skip:
             return []
-        return self._judge(r, job, key, values)
+        return [*self._judge(r, job, key, values), *self._scaling(r, job, key, values, paused)]
 
     def _paused(self, job: dict[str, Any], r: dict[str, Any]) -> bool:
         """True when the window holds a training pause (steps slower than their own step time)."""
@@ -264,6 +296,106 @@ class BaselineDetector(Detector):
             history=tuple((int(t), float(v)) for t, v in job["hist"]) if active else (),
             baseline=key,
             baseline_runs=runs,
+        )
+
+    # -- scaling efficiency ----------------------------------------------------------------
+    def _reference(self, key: str, job_id: str) -> tuple[int, list[dict[str, Any]]] | None:
+        """The fewest-node runs of the same configuration on fewer nodes than `key` (at least `min_runs`)."""
+        mine = scaling_config(key)
+        if mine is None:
+            return None
+        config, nodes = mine
+        by_nodes: dict[int, list[dict[str, Any]]] = {}
+        for other, runs in self.baselines_by_key.items():
+            theirs = scaling_config(other)
+            if theirs is None or theirs[0] != config or theirs[1] >= nodes:
+                continue
+            usable = [
+                run
+                for run in runs
+                if run["job_id"] != job_id and run["metrics"].get("tokens_per_s_per_gpu") is not None
+            ]
+            by_nodes.setdefault(theirs[1], []).extend(usable)
+        for count in sorted(by_nodes):
+            if len(by_nodes[count]) >= self.min_runs:
+                return count, by_nodes[count]
+        return None
+
+    def _scaling(
+        self, r: dict[str, Any], job: dict[str, Any], key: str, values: dict[str, Any], paused: bool
+    ) -> list[Finding]:
+        """This window's tokens/s per GPU against the same configuration on fewer nodes, below the team's floor."""
+        if self.scaling_floor is None or paused:
+            return []
+        x = values.get("tokens_per_s_per_gpu")
+        ref = self._reference(key, r["job_id"])
+        scale = job.setdefault("scale", {"below": 0, "active": None, "hist": []})
+        if x is None or x != x or ref is None:
+            return []
+        nodes, runs = ref
+        center = median([run["metrics"]["tokens_per_s_per_gpu"] for run in runs])
+        if not center:
+            return []
+        efficiency = x / center
+        scale["hist"] = [*scale["hist"], [r["window_end"], round(efficiency, 4)]][-self.history_points :]
+        if efficiency >= self.scaling_floor:
+            scale["below"] = 0
+            if scale["active"] is None:
+                return []
+            active, scale["active"] = scale["active"], None
+            return [self._scaling_finding(r, job, efficiency, nodes, runs, active["since"], False)]
+        scale["below"] += 1
+        if scale["below"] < self.scaling_windows:
+            return []
+        if scale["active"] is None:
+            scale["active"] = {"since": r["window_start"]}
+        return [self._scaling_finding(r, job, efficiency, nodes, runs, scale["active"]["since"], True)]
+
+    def _scaling_finding(
+        self,
+        r: dict[str, Any],
+        job: dict[str, Any],
+        efficiency: float,
+        nodes: int,
+        runs: list[dict[str, Any]],
+        since: int,
+        active: bool,
+    ) -> Finding:
+        job_id, floor = r["job_id"], self.scaling_floor or 0.0
+        mine = scaling_config(job["key"])
+        here = mine[1] if mine else 0
+        layer, why = "unknown", ""
+        if active:
+            base: dict[str, float] = {}
+            for name in _PARTS:
+                vals = [run["metrics"][name] for run in runs if run["metrics"].get(name) is not None]
+                if len(vals) >= self.min_runs:
+                    base[name] = median(vals) or 0.0
+            layer, why = _layer("tokens_per_s_per_gpu", r, base)
+        summary = (
+            f"job {job_id} on {here} nodes makes {efficiency:.0%} of the tokens/s per GPU that {len(runs)} runs of "
+            f"the same configuration made on {nodes} node(s) (floor {floor:.0%})"
+            + (f"; {why}" if why else "")
+            if active
+            else f"job {job_id} scales at {efficiency:.0%} again (floor {floor:.0%})"
+        )
+        return SCALING_EFFICIENCY_LOW.finding(
+            key=(job_id,),
+            active=active,
+            ts=r["window_end"],
+            job_id=job_id,
+            since=since,
+            invariant=SCALING_EFFICIENCY_LOW.says(floor=floor, nodes=nodes),
+            observed=round(efficiency, 4),
+            expected=floor,
+            summary=summary,
+            suspected_layer=layer,
+            history_metric="scaling_efficiency_ratio",
+            history=tuple((int(t), float(v)) for t, v in job.get("scale", {}).get("hist", ()))
+            if active
+            else (),
+            baseline=(mine[0] if mine else job["key"]) + f" on {nodes}n",
+            baseline_runs=len(runs),
         )
 
     def _commit(self, job_id: str, ts: int) -> None:

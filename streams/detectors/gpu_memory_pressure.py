@@ -2,14 +2,22 @@
 
 Category `infra`, warning, identity node + GPU. Used / total device memory above `gpu_mem_ratio`;
 the alert fires once that lasts `gpu_mem_sustain_s` and resolves on the first sample below it.
+
+Learned per GPU class (issue 35.1, `class_normals.py`): the median over healthy completed runs of
+the job's GPU class of each run's highest memory ratio, plus `gpu_mem_learn_margin` (at most `gpu_mem_learn_max`),
+replaces `gpu_mem_ratio` for that class once `gpu_mem_learn_runs` runs taught it, when it is
+looser and `gpu_mem_ratio` is at its shipped value (no config or override set it): a class whose
+healthy runs fill 98.5 % of memory by design is not paged at 97 %.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from schemas.records import Event
 from streams.detectors.base import Finding, Topology
 from streams.detectors.catalogue import Rule
+from streams.detectors.class_normals import ClassNormals
 from streams.detectors.infra_signal import GpuDetector
 
 __all__ = ["DEFAULTS", "GpuMemoryPressureDetector"]
@@ -17,6 +25,9 @@ __all__ = ["DEFAULTS", "GpuMemoryPressureDetector"]
 DEFAULTS: dict[str, Any] = {
     "gpu_mem_ratio": 0.97,  # device memory used / total above this is pressure
     "gpu_mem_sustain_s": 60.0,  # ... for this long
+    "gpu_mem_learn_runs": 3,  # healthy completed runs of a GPU class before its learned limit is used
+    "gpu_mem_learn_margin": 0.01,  # learned limit: the highest healthy peak plus this...
+    "gpu_mem_learn_max": 0.995,  # ...never above this
 }
 
 _POINTS = 8  # memory ratios carried on a finding
@@ -26,7 +37,7 @@ GPU_MEMORY_PRESSURE = Rule(
     "gpu_memory_pressure",
     category="infra",
     severity="warning",
-    invariant="GPU memory in use stays below {ratio_pct:g}% of total",
+    invariant="GPU memory in use stays below {ratio_pct:g}% of total{why}",
     suspected_layer="gpu",
 )
 
@@ -42,6 +53,49 @@ class GpuMemoryPressureDetector(GpuDetector):
         super().__init__(topology, params)
         self._ratio = float(self.p["gpu_mem_ratio"])
         self._sustain = int(float(self.p["gpu_mem_sustain_s"]) * 1000)
+        self._learn = float(self.p["gpu_mem_ratio"]) == DEFAULTS["gpu_mem_ratio"]  # nobody set the knob
+        self._margin = float(self.p["gpu_mem_learn_margin"])
+        self._cap = float(self.p["gpu_mem_learn_max"])
+        self.normals = ClassNormals("max", min_runs=int(self.p["gpu_mem_learn_runs"]))
+
+    def limit(self, gpu_class: str) -> tuple[float, str]:
+        """The memory ratio a job of `gpu_class` is held to, and where it comes from ("" = the knob)."""
+        learned = self.normals.learned(gpu_class) if self._learn and gpu_class else None
+        if learned is not None:
+            value = min(self._cap, learned[0] + self._margin)
+            if value > self._ratio:
+                return value, f"learned from {learned[1]} healthy runs of {gpu_class}"
+        return self._ratio, ""
+
+    def learned_knobs(self, gpu_class: str) -> dict[str, tuple[float, str]]:
+        """The knobs a job of `gpu_class` gets from what its class taught (for `rules explain`)."""
+        value, why = self.limit(gpu_class)
+        return {"gpu_mem_ratio": (value, why)} if why else {}
+
+    def observe(self, event: Event) -> list[Finding]:
+        """GpuSamples are judged; a job's end teaches its GPU class (completed) or nothing (otherwise)."""
+        if event.type == "JobStateChanged":
+            r = event.record
+            job = self.topology.jobs.get(r["job_id"])
+            if r["state"] == "completed":
+                self.normals.completed(r["job_id"], job.gpu_class if job else "", r["ts"])
+            elif r["state"] in ("failed", "cancelled", "preempted"):
+                self.normals.forget(r["job_id"])
+            return []
+        return super().observe(event)
+
+    def state(self) -> dict[str, Any]:
+        """Per GPU, and what each GPU class taught."""
+        return {**super().state(), "learned": self.normals.state()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore from `state()`."""
+        super().load_state(state)
+        self.normals.load_state(state.get("learned") or {})
+
+    def forget_job(self, job_id: str) -> None:
+        """A job that ended: its unfinished summary goes (a completed one was taken at its end)."""
+        self.normals.forget(job_id)
 
     def defaults(self) -> dict[str, Any]:
         """This rule's knobs."""
@@ -57,11 +111,18 @@ class GpuMemoryPressureDetector(GpuDetector):
         if used is None or not total:
             return []
         ratio = used / total
+        job_id = self.gpu_identity(node, uuid)[0]
+        job = self.topology.jobs.get(job_id) if job_id else None
+        gpu_class = job.gpu_class if job is not None else ""
+        if job is not None and job.state == "running":
+            self.normals.add(job_id, ratio)
+        limit, why = self.limit(gpu_class)
         cond = g["mem"]
-        if ratio > self._ratio:
+        if ratio > limit:
             if cond is None:
                 cond = g["mem"] = {"since": r["ts"], "points": []}
             cond["ratio"] = ratio
+            cond["limit"], cond["why"] = limit, why
             cond["points"] = [*cond["points"], [r["ts"], round(ratio, 4)]][-_POINTS:]
             return [self._finding(node, uuid, g, r["ts"], True)]
         if cond is not None:
@@ -86,9 +147,12 @@ class GpuMemoryPressureDetector(GpuDetector):
             ts,
             active=active,
             since=cond["since"],
-            invariant=GPU_MEMORY_PRESSURE.says(ratio_pct=100 * self._ratio),
+            invariant=GPU_MEMORY_PRESSURE.says(
+                ratio_pct=round(100 * cond.get("limit", self._ratio), 2),
+                why=f" ({cond['why']})" if cond.get("why") else "",
+            ),
             observed=cond["ratio"],
-            expected=self._ratio,
+            expected=cond.get("limit", self._ratio),
             summary=summary,
             history_metric="gpu_mem_used_ratio",
             history=tuple((int(t), float(v)) for t, v in cond["points"]),

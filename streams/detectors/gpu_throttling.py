@@ -4,14 +4,23 @@ Category `infra`, warning, identity node + GPU. A clock-event reason in `throttl
 cap 0x4, HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, HW power brake 0x80; GPU idle 0x1 and
 application clocks 0x2 are ignored) with the SM clock below `throttle_clock_ratio` x its maximum;
 the alert fires once that lasts `throttle_sustain_s` and resolves on the first sample without it.
+
+Learned per GPU class (issue 35.1, `class_normals.py`): a class run under a power cap by design
+(an L4, a capped H100 fleet) reports a counted reason at a lower clock on every healthy run. The
+median over healthy completed runs of the class of each run's 5th-percentile SM clock ratio while a
+counted reason was set, less `throttle_learn_margin` (at least `throttle_learn_min`), replaces
+`throttle_clock_ratio` for that class once `throttle_learn_runs` runs taught it, when it is lower
+and `throttle_clock_ratio` is at its shipped value (no config or override set it).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from schemas.records import Event
 from streams.detectors.base import Finding, Topology
 from streams.detectors.catalogue import Rule
+from streams.detectors.class_normals import ClassNormals
 from streams.detectors.infra_signal import GpuDetector
 
 __all__ = ["DEFAULTS", "THROTTLE_REASONS", "GpuThrottlingDetector"]
@@ -20,6 +29,9 @@ DEFAULTS: dict[str, Any] = {
     "throttle_mask": 0xEC,  # clock-event reason bits that count as throttling (0x4|0x8|0x20|0x40|0x80)
     "throttle_clock_ratio": 0.85,  # ... and only while the SM clock is below this x its maximum
     "throttle_sustain_s": 120.0,  # throttling must last this long to fire
+    "throttle_learn_runs": 3,  # healthy completed runs of a GPU class before its learned clock ratio is used
+    "throttle_learn_margin": 0.03,  # learned ratio: healthy runs' low clock ratio less this...
+    "throttle_learn_min": 0.5,  # ...never below this
 }
 
 # Clock-event reason bits, from NVML's nvmlClocksEventReason* constants.
@@ -38,7 +50,7 @@ GPU_THROTTLING = Rule(
     "gpu_throttling",
     category="infra",
     severity="warning",
-    invariant="no thermal or power throttling with the SM clock below {ratio_pct:g}% of max",
+    invariant="no thermal or power throttling with the SM clock below {ratio_pct:g}% of max{why}",
     suspected_layer="gpu",
 )
 
@@ -55,6 +67,51 @@ class GpuThrottlingDetector(GpuDetector):
         self._mask = int(self.p["throttle_mask"])
         self._ratio = float(self.p["throttle_clock_ratio"])
         self._sustain = int(float(self.p["throttle_sustain_s"]) * 1000)
+        self._learn = (
+            float(self.p["throttle_clock_ratio"]) == DEFAULTS["throttle_clock_ratio"]
+        )  # nobody set it
+        self._margin = float(self.p["throttle_learn_margin"])
+        self._floor = float(self.p["throttle_learn_min"])
+        self.normals = ClassNormals("low", min_runs=int(self.p["throttle_learn_runs"]))
+
+    def limit(self, gpu_class: str) -> tuple[float, str]:
+        """The clock ratio under which a job of `gpu_class` counts as throttled, and why ("" = the knob)."""
+        learned = self.normals.learned(gpu_class) if self._learn and gpu_class else None
+        if learned is not None:
+            value = max(self._floor, learned[0] - self._margin)
+            if value < self._ratio:
+                return value, f"learned from {learned[1]} healthy runs of {gpu_class}"
+        return self._ratio, ""
+
+    def learned_knobs(self, gpu_class: str) -> dict[str, tuple[float, str]]:
+        """The knobs a job of `gpu_class` gets from what its class taught (for `rules explain`)."""
+        value, why = self.limit(gpu_class)
+        return {"throttle_clock_ratio": (value, why)} if why else {}
+
+    def observe(self, event: Event) -> list[Finding]:
+        """GpuSamples are judged; a job's end teaches its GPU class (completed) or nothing (otherwise)."""
+        if event.type == "JobStateChanged":
+            r = event.record
+            job = self.topology.jobs.get(r["job_id"])
+            if r["state"] == "completed":
+                self.normals.completed(r["job_id"], job.gpu_class if job else "", r["ts"])
+            elif r["state"] in ("failed", "cancelled", "preempted"):
+                self.normals.forget(r["job_id"])
+            return []
+        return super().observe(event)
+
+    def state(self) -> dict[str, Any]:
+        """Per GPU, and what each GPU class taught."""
+        return {**super().state(), "learned": self.normals.state()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore from `state()`."""
+        super().load_state(state)
+        self.normals.load_state(state.get("learned") or {})
+
+    def forget_job(self, job_id: str) -> None:
+        """A job that ended: its unfinished summary goes (a completed one was taken at its end)."""
+        self.normals.forget(job_id)
 
     def defaults(self) -> dict[str, Any]:
         """This rule's knobs."""
@@ -72,12 +129,17 @@ class GpuThrottlingDetector(GpuDetector):
         ratio = clock / clock_max if clock is not None and clock_max else None
         if ratio is not None:
             g["clock"] = [*g["clock"], [ts, round(ratio, 4)]][-_POINTS:]
-        throttled = bool(reasons) and ratio is not None and ratio < self._ratio
+        job_id = self.gpu_identity(node, uuid)[0]
+        job = self.topology.jobs.get(job_id) if job_id else None
+        if reasons and ratio is not None and job is not None and job.state == "running":
+            self.normals.add(job_id, ratio)
+        limit, why = self.limit(job.gpu_class if job is not None else "")
+        throttled = bool(reasons) and ratio is not None and ratio < limit
         cond = g["thr"]
         if throttled:
             if cond is None:
                 cond = g["thr"] = {"since": ts}
-            cond.update(reasons=reasons, ratio=ratio, clock=clock, clock_max=clock_max)
+            cond.update(reasons=reasons, ratio=ratio, clock=clock, clock_max=clock_max, limit=limit, why=why)
             return [self._finding(node, uuid, g, ts, True)]
         if cond is not None:
             out = [self._finding(node, uuid, g, ts, False)]
@@ -101,9 +163,12 @@ class GpuThrottlingDetector(GpuDetector):
             ts,
             active=active,
             since=cond["since"],
-            invariant=GPU_THROTTLING.says(ratio_pct=100 * self._ratio),
+            invariant=GPU_THROTTLING.says(
+                ratio_pct=round(100 * cond.get("limit", self._ratio), 2),
+                why=f" ({cond['why']})" if cond.get("why") else "",
+            ),
             observed=cond["ratio"],
-            expected=self._ratio,
+            expected=cond.get("limit", self._ratio),
             summary=summary,
             history_metric="sm_clock_ratio",
             history=tuple((int(t), float(v)) for t, v in g["clock"]),

@@ -38,6 +38,10 @@ NOT_IN_SCENARIOS = frozenset(
         "acceptance_violation",
         "lr_invalid",
         "validation_nonfinite",
+        # Issue 35.5: the simulator does not model the CUDA allocator: tests/unit/streams/test_allocator_churn.py
+        "allocator_churn",
+        # Off until a team sets a floor; no scenario sets one: tests/unit/streams/test_scaling_efficiency.py
+        "scaling_efficiency_low",
         "startup_hang",  # a start-up that never ends: tests/unit/streams/test_progress_startup.py
     }
 )

@@ -924,7 +924,8 @@
       el('dl', { class: 'facts' },
         ...[['team', j.team], ['owner', j.owner], ['cluster', j.cluster], ['model', j.model], ['ranks', j.world_size], ['GPU', j.gpu_class],
           ['nodes', (j.nodes || []).length > 8 ? `${j.nodes.length} nodes: ${j.nodes[0]} … ${j.nodes[j.nodes.length - 1]}` : (j.nodes || []).join(', ')], ['run', j.run_id], ['started', fmtDateTime(j.started_ms)],
-          ['state', data.states.length ? data.states[data.states.length - 1].state : '-']]
+          ['state', data.states.length ? data.states[data.states.length - 1].state : '-'],
+          ...(j.image ? [['image', j.image]] : []), ...(j.workspace ? [['workspace', j.workspace]] : [])]
           .map(([k, v]) => factPair(k, v))),
       progressFacts(data),
       REPORT ? null : el('p', {}, el('a', { href: `/reports/jobs/${encodeURIComponent(j.job_id)}` }, 'download a self-contained report of this job'),
@@ -1301,6 +1302,7 @@
         ...fact('current step', a.current_step), ...fact('last progress', fmtDateTime(a.last_progress_ts)),
         ...(a.job_id ? fact('progress', el('span', { id: 'alert-progress' }, alertProgress(a))) : []),
         ...fact('model / dataset', `${a.model_version} / ${a.dataset_version}`), ...fact('fingerprint', a.fingerprint),
+        ...(a.image ? fact('image', a.image) : []), ...(a.workspace ? fact('workspace', a.workspace) : []),
         ...fact('group', a.group_key), ...fact('inhibited by', a.inhibited_by),
         ...fact('muted', a.muted_by ? el('a', { href: alertHref({ alert_id: a.muted_by.alert_id }), id: 'muted-by' }, mutedText(a)) : 'no'),
         ...fact('mutes', (a.mutes || []).length ? a.mutes.map((m, i) => [i ? ', ' : null, el('a', { href: alertHref(m), class: 'mutes' }, m.rule)]) : 'nothing'),

@@ -137,3 +137,12 @@ def test_the_job_page_shows_progress_checkpoints_the_data_path_and_gpm(
     finally:
         context.close()
     assert not errors, errors
+
+
+def test_the_job_header_says_where_the_job_runs(ui_store: UiStore, page: dict[str, Any]) -> None:
+    """Issue 35.5: the header carries JobStarted's image and workspace (the simulator names neither)."""
+    rows = ui_store.client.query(
+        "SELECT argMax(image, ts), argMax(workspace, ts) FROM job_started WHERE job_id = {j:String}",
+        parameters={"j": STRAGGLER_JOB},
+    ).result_rows
+    assert (page["job"]["image"], page["job"]["workspace"]) == tuple(rows[0]) == ("", "")

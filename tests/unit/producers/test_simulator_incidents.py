@@ -11,7 +11,7 @@ import pytest
 
 from producers.simulator import FAULTS, ScenarioError, load_scenario, simulate
 from producers.simulator.generator import GENERATED_FAULTS, generate, generate_mappings
-from producers.simulator.scenario import scenario_from_mapping
+from producers.simulator.scenario import GPU_CLASSES, scenario_from_mapping
 from schemas.files import parse_ts
 from schemas.records import Event
 
@@ -301,7 +301,7 @@ def test_generated_jobs_span_8_to_1024_ranks_and_network_faults_2_to_128_nodes_a
 
 
 def test_stalls_are_15_to_30_step_times_and_their_twins_5_to_10() -> None:
-    cases = generate_mappings(400, 0)
+    cases = generate_mappings(8 * 2 * len(GENERATED_FAULTS), 0)  # eight cycles of classes
     pairs = [
         (a, b) for a, b in zip(cases[::2], cases[1::2], strict=True) if _class(a["name"]) == "stall_steps"
     ]
@@ -316,7 +316,7 @@ def test_stalls_are_15_to_30_step_times_and_their_twins_5_to_10() -> None:
 
 
 def test_ecc_on_a_shared_node_comes_with_and_without_xid_and_its_twin_corrects_errors() -> None:
-    cases = generate_mappings(400, 0)
+    cases = generate_mappings(8 * 2 * len(GENERATED_FAULTS), 0)  # eight cycles of classes
     pairs = [
         (a, b) for a, b in zip(cases[::2], cases[1::2], strict=True) if _class(a["name"]) == "ecc_shared"
     ]
@@ -377,3 +377,52 @@ def test_a_short_stall_and_corrected_ecc_errors_show_in_the_data_and_label_no_al
     assert all(e.record["ecc_uncorrected"] in (0, None) for e in events if e.type == "GpuSample") and [
         lab["alert"] for lab in labels
     ] == [None]
+
+
+def test_workload_mix_puts_one_family_on_two_gpu_classes_and_two_layouts() -> None:
+    """Issue 35.6: both jobs share a workload family, the second runs TP=8 on nodes of another GPU
+    class; the fault case hits one of them, the twin has none; the simulator names each node's class."""
+    cases = [
+        m for m in generate_mappings(6 * 2 * len(GENERATED_FAULTS), 0) if _class(m["name"]) == "workload_mix"
+    ]
+    assert len(cases) == 12
+    kinds = set()
+    for m in cases:
+        first, second = m["jobs"]
+        assert first["workload_family"] == second["workload_family"]
+        assert second["tensor_parallel"] == 8 and "tensor_parallel" not in first
+        classes = m["cluster"]["gpu_classes"]
+        assert set(classes) == set(second["nodes"]) and m["cluster"]["gpu_class"] not in classes.values()
+        assert m["cluster"]["nodes"] == len(first["nodes"]) + len(second["nodes"])
+        if m["name"].endswith("-twin"):
+            assert m["faults"] == []
+        else:
+            (fault,) = m["faults"]
+            kinds.add((fault["type"], fault["job"] == second["id"]))
+    assert {k for k, _ in kinds} == {"straggler_gpu", "gpu_memory_pressure", "slow_data_worker"}
+    assert {on_second for _, on_second in kinds} == {True, False}
+    twin = scenario_from_mapping({**cases[1], "duration": 60}, "mix.yaml")
+    events = list(simulate(twin, 0).events())
+    started = {e.record["job_id"]: e.record for e in events if e.type == "JobStarted"}
+    first, second = cases[1]["jobs"]
+    assert started[first["id"]]["gpu_class"] == cases[1]["cluster"]["gpu_class"]
+    other = cases[1]["cluster"]["gpu_classes"][second["nodes"][0]]
+    assert (started[second["id"]]["gpu_class"], started[second["id"]]["tensor_parallel"]) == (other, 8)
+    names = {(e.record["node"], e.record["gpu_name"]) for e in events if e.type == "GpuSample"}
+    assert {g for n, g in names if n in second["nodes"]} == {GPU_CLASSES[other].product}
+    assert {g for n, g in names if n in first["nodes"]} == {
+        GPU_CLASSES[cases[1]["cluster"]["gpu_class"]].product
+    }
+
+
+def test_a_mixed_cluster_names_known_nodes_and_classes() -> None:
+    base = {
+        "name": "m",
+        "duration": "1m",
+        "cluster": {"nodes": 2},
+        "jobs": [{"id": "j", "nodes": ["node-01"]}],
+    }
+    with pytest.raises(ScenarioError, match="no such node"):
+        scenario_from_mapping({**base, "cluster": {"nodes": 2, "gpu_classes": {"node-09": "A100-80GB"}}})
+    with pytest.raises(ScenarioError, match="unknown GPU class"):
+        scenario_from_mapping({**base, "cluster": {"nodes": 2, "gpu_classes": {"node-02": "T4"}}})

@@ -396,6 +396,15 @@ def test_a_job_alert_says_the_runs_progress_and_eta_in_its_annotations() -> None
     assert "progress" not in bare["annotations"] and "eta_s" not in bare["annotations"]
 
 
+def test_the_jobs_image_and_workspace_are_annotations_not_labels() -> None:
+    """Issue 35.5: the page says where the job runs; a claimed string never becomes a routing label."""
+    p = to_alertmanager(_alert(image="nvcr.io/nvidia/pytorch:25.01-py3", workspace="llm-pretrain"))
+    assert p["annotations"]["image"] == "nvcr.io/nvidia/pytorch:25.01-py3"
+    assert p["annotations"]["workspace"] == "llm-pretrain"
+    assert "image" not in p["labels"] and "workspace" not in p["labels"]
+    assert "image" not in to_alertmanager(_alert(image=""))["annotations"]
+
+
 def test_job_labels_reach_alertmanager_only_allowlisted_renamed_and_never_as_a_reserved_label() -> None:
     claimed = {
         "inhibited_by": "cause-of-another-job",

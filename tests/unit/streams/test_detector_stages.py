@@ -27,6 +27,7 @@ RANK_RULES = frozenset(
         "gpu_outside_allocation",
         "gpu_idle_allocated",
         "clock_skew",
+        "allocator_churn",  # every rank's own allocator counter, read where its steps are
         # The leader rank's steps are judged where they are read: a critical page at once.
         "nonfinite_loss",
         "nonfinite_grad",
