@@ -6,13 +6,13 @@ hours of 1.5 s steps (~2.5 M step rows), 10 s GPU, host, data-loader and collect
 detectors' 30 s rank windows and a few alerts. Then measures, warm, median of --repeat runs:
   (a) baselines: one bare aggregate over the job's step rows (`count(), avg(step_time_s)`) and one
       over its rank windows (the rows the heatmap reads),
-  (b) `ui.queries.job_page` (every panel's query, what /api/jobs/<job> runs; above 512 ranks its GPU,
-      host and loader panels are `ui.queries.job_details`, /api/jobs/<job>/details, timed apart),
+  (b) `ui.pages.job.job_page` (every panel's query, what /api/jobs/<job> runs; above 512 ranks its GPU,
+      host and loader panels are `ui.pages.job.job_details`, /api/jobs/<job>/details, timed apart),
   (c) the same over HTTP (`/api/jobs/<job>`, aiohttp + JSON), as a browser would fetch it,
   (d) the fleet page and a 10-minute zoom,
   (e) the efficiency panel (`job_efficiency` + `run_efficiency`) and the fleet's goodput column,
       which the pages fetch after they render (`/api/jobs/<job>/efficiency`, `/api/fleet/goodput`),
-      uncached (`ui.queries`) and cached by the server (60 s),
+      uncached (`ui.pages`) and cached by the server (60 s),
   (f) the compare page's JSON (`/api/compare?job=`),
   (g) overload: --burst (200) concurrent page loads against the default gate (4 queries at once,
       8 waiting up to 5 s): how many answered 200 and 503, and the slowest answer,
@@ -42,7 +42,9 @@ import httpx
 from sinks.clickhouse import close, connect
 from sinks.ddl import migrate
 from sinks.efficiency import PriceList
-from ui import queries
+from ui.pages.compare import compare
+from ui.pages.efficiency import efficiency, fleet_goodput
+from ui.pages.job import job_details, job_page
 from ui.server import UiServer
 
 START = "2026-01-01 00:00:00"
@@ -283,14 +285,12 @@ def main() -> None:
             )
             # What /api/jobs/<job> answers: a big job's GPU, host and loader panels come apart (/details).
             page_ms, page = _median_ms(
-                lambda: queries.job_page(client, job, with_efficiency=False, defer_details=True),
+                lambda: job_page(client, job, with_efficiency=False, defer_details=True),
                 args.repeat,
                 "page",
             )
             span = (page["range"]["from_ms"], page["range"]["to_ms"])
-            details_ms, _ = _median_ms(
-                lambda: queries.job_details(client, job, *span), args.repeat, "details"
-            )
+            details_ms, _ = _median_ms(lambda: job_details(client, job, *span), args.repeat, "details")
             prices = PriceList.parse(["default=2.5"])
             server = UiServer(client, "127.0.0.1", 0, prices=prices)
             url = server.start()
@@ -334,7 +334,7 @@ def main() -> None:
             )
             deferred = "details" in page
             print(
-                f"(b) its GPU, host and loader panels (ui.queries.job_details{'' if deferred else ', in the page above'}) "
+                f"(b) its GPU, host and loader panels (ui.pages.job.job_details{'' if deferred else ', in the page above'}) "
                 f"{details_ms:8.1f} ms  CPU {_CPU['details']:7.1f} ms"
             )
             print(
@@ -362,11 +362,9 @@ def _the_rest(
     client: Any, http: httpx.Client, url: str, job: str, page: dict[str, Any], prices: PriceList, args: Any
 ) -> list[str]:
     """Rows (d)-(h): zoom, efficiency, compare, overload and the finished job's cached page."""
-    compare_uncached_ms, _ = _median_ms(lambda: queries.compare(client, [job]), args.repeat, "compare")
-    efficiency_ms, panel = _median_ms(
-        lambda: queries.efficiency(client, job, prices), args.repeat, "efficiency"
-    )
-    goodput_ms, _ = _median_ms(lambda: queries.fleet_goodput(client), args.repeat, "goodput")
+    compare_uncached_ms, _ = _median_ms(lambda: compare(client, [job]), args.repeat, "compare")
+    efficiency_ms, panel = _median_ms(lambda: efficiency(client, job, prices), args.repeat, "efficiency")
+    goodput_ms, _ = _median_ms(lambda: fleet_goodput(client), args.repeat, "goodput")
     cached_ms, _ = _median_ms(lambda: http.get(f"{url}api/jobs/{job}/efficiency"), args.repeat, "cached")
     compare_ms, _ = _median_ms(lambda: http.get(f"{url}api/compare", params={"job": job}), args.repeat)
     # Overload: as many concurrent page loads as the issue measured (200), default gate.
@@ -389,7 +387,7 @@ def _the_rest(
         f"(e) fleet goodput column, uncached (job_efficiency)            {goodput_ms:8.1f} ms  "
         f"CPU {_CPU['goodput']:7.1f} ms",
         f"(e) GET /api/jobs/{job}/efficiency, cached by the server     {cached_ms:8.1f} ms",
-        f"(f) compare page of {job} (its one run), uncached (ui.queries.compare) {compare_uncached_ms:8.1f} ms  "
+        f"(f) compare page of {job} (its one run), uncached (ui.pages.compare.compare) {compare_uncached_ms:8.1f} ms  "
         f"CPU {_CPU['compare']:7.1f} ms; GET /api/compare cached 60 s {compare_ms:6.1f} ms",
         f"(g) {args.burst} concurrent GET /api/jobs/{job}, --max-queries 4: "
         f"{burst['ok']} x 200, {burst['busy']} x 503 (Retry-After {burst['retry_after']}, slowest 503 "

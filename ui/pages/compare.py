@@ -1,16 +1,32 @@
-"""Comparing runs: which runs, their configuration diff, and per-step series overlaid by step or by tokens.
+"""The compare page (`/compare`): which runs, their configuration diff, per-step series overlaid by step or tokens.
 
-Pure assembly shared by the store (`ui.queries.compare`) and the reports made from recordings
-(`ui.digest`): both reduce a run's step rows to buckets of steps (`BucketRow`), and this module
+Both sources reduce a run's step rows to buckets of steps (`BucketRow`): the store with one query
+(`compare`), a recording with `CompareFold` (part of the job report's second pass). This module
 turns those, the runs' `JobStarted` records and their goodput into the page's JSON.
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from clickhouse_connect.driver.client import Client
+
+from sinks.efficiency import run_rows
+from sinks.errors import QueryError
+from ui.errors import NotFoundError
+from ui.pages.common import (
+    _PLAUSIBLE_TS,
+    PanelFold,
+    _finite,
+    _Mean,
+    _ms,
+    _rows,
+    plausible_bounds,
+)
 
 __all__ = [
     "CONFIG_FIELDS",
@@ -18,9 +34,12 @@ __all__ = [
     "SEGMENTS",
     "TARGET_POINTS",
     "BucketRow",
+    "CompareFold",
     "Run",
     "assemble",
     "choose_runs",
+    "compare",
+    "compare_of_job",
     "config_of",
     "step_bucket",
 ]
@@ -190,3 +209,120 @@ def assemble(
         "series": series,
         "config": {"keys": keys, "differs": differs},
     }
+
+
+# --- compare ---------------------------------------------------------------------------------------
+
+
+def compare(client: Client, jobs: Sequence[str], run_ids: Sequence[str] = ()) -> dict[str, Any]:
+    """Runs overlaid by step or by tokens (`ui.compare`): one job and its workload family, or a choice.
+
+    Step time and its segments (mean over ranks), rank 0's loss and tokens per GPU-second per bucket
+    of steps; each run's goodput from `run_efficiency`; the configuration diff from `JobStarted`.
+    """
+    from ui.compare import BucketRow, Run, assemble, choose_runs, config_of, step_bucket
+
+    lo, hi = plausible_bounds()
+    known = [
+        Run(str(job), str(run), int(started), str(family), int(gpus))
+        for job, run, started, family, gpus in _rows(
+            client,
+            f"SELECT job_id, run_id, {_ms('min(ts)')}, argMax(workload_family, ts), argMax(world_size, ts) "
+            f"FROM job_started WHERE {_PLAUSIBLE_TS} GROUP BY job_id, run_id",
+            lo=lo,
+            hi=hi,
+        )
+    ]
+    runs, family = choose_runs(known, jobs, run_ids)
+    if not runs:
+        raise NotFoundError("job", ", ".join([*jobs, *run_ids]) or "(none given)")
+    keys = [(r.job_id, r.run_id) for r in runs]
+    started = client.query(
+        "SELECT * FROM job_started WHERE (job_id, run_id) IN {runs:Array(Tuple(String, String))} ORDER BY ts",
+        parameters={"runs": keys},
+    )
+    records: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in started.result_rows:
+        record = dict(zip(started.column_names, row, strict=True))
+        records[(record["job_id"], record["run_id"])] = record  # ordered by time: the latest wins
+    for run in runs:
+        run.config = config_of(records.get((run.job_id, run.run_id), {}))
+    max_step = _rows(
+        client,
+        "SELECT max(step) FROM steps WHERE (job_id, run_id) IN {runs:Array(Tuple(String, String))}",
+        runs=keys,
+    )[0][0]
+    width = step_bucket(int(max_step or 0))
+    rows: dict[tuple[str, str], list[BucketRow]] = defaultdict(list)
+    segments = ", ".join(
+        f"avg({s}_s)" for s in ("data_wait", "forward", "backward", "optimizer", "comm", "checkpoint")
+    )
+    for r in _rows(
+        client,
+        "SELECT job_id, run_id, intDiv(step, {width:Int64}) * {width:Int64} AS s, uniqExact(step), avg(step_time_s), "
+        f"{segments}, avgIf(loss, rank = 0), sum(ifNull(tokens, 0)) FROM steps "
+        "WHERE (job_id, run_id) IN {runs:Array(Tuple(String, String))} AND NOT skipped "
+        "GROUP BY job_id, run_id, s ORDER BY job_id, run_id, s",
+        width=width,
+        runs=keys,
+    ):
+        rows[(r[0], r[1])].append(
+            BucketRow(
+                int(r[2]),
+                int(r[3]),
+                _finite(r[4]),
+                tuple(_finite(v) for v in r[5:11]),
+                _finite(r[11]),
+                int(r[12]),
+            )
+        )
+    goodput: dict[tuple[str, str], dict[str, Any]] = {}
+    for job in sorted({r.job_id for r in runs}):
+        try:
+            for efficiency_row in run_rows(client, job=job):
+                goodput[(efficiency_row["job_id"], efficiency_row["run_id"])] = efficiency_row
+        except QueryError:
+            pass  # a store without the efficiency views: goodput unknown
+    return assemble(runs, rows, width, goodput, family)
+
+
+def compare_of_job(client: Client, job_id: str) -> dict[str, Any] | None:
+    """`compare` for one job (its runs and its family's), None when the store knows no run of it."""
+    try:
+        return compare(client, [job_id])
+    except NotFoundError:
+        return None
+
+
+class CompareFold(PanelFold):
+    """The recording fold of these panels (a part of `ui.pages.job.Panels`)."""
+
+    def _init_compare(self, runs: list[Run] | None, width: int) -> None:
+        self.compare_keys = {(r.job_id, r.run_id) for r in runs or ()}
+        self.compare_width = width
+        self.compare: dict[tuple[str, str, int], list[Any]] = {}
+
+    def _compare(self, r: dict[str, Any]) -> None:
+        s = r["step"] // self.compare_width * self.compare_width
+        key = (r["job_id"], r.get("run_id") or "", s)
+        cell = self.compare.get(key)
+        if cell is None:
+            cell = self.compare[key] = [set(), _Mean(), [_Mean() for _ in SEGMENTS], _Mean(), 0]
+        cell[0].add(r["step"])
+        cell[1].add(r["step_time_s"])
+        for mean, name in zip(cell[2], SEGMENTS, strict=True):
+            mean.add(r.get(f"{name}_s"))
+        if r["rank"] == 0:
+            cell[3].add(r.get("loss"))
+        cell[4] += r.get("tokens") or 0
+
+    def compare_rows(self) -> dict[tuple[str, str], list[BucketRow]]:
+        """The compared runs' rows per step bucket."""
+        rows: dict[tuple[str, str], list[BucketRow]] = defaultdict(list)
+        for (job, run, s), (steps, step_time, segments, loss, tokens) in sorted(self.compare.items()):
+            rows[(job, run)].append(
+                BucketRow(
+                    s, len(steps), step_time.value(), tuple(m.value() for m in segments), loss.value(), tokens
+                )
+            )
+        return rows
