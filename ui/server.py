@@ -1,5 +1,8 @@
 """The UI's HTTP server (aiohttp, which comes with Faust): pages, one JSON endpoint per page, static assets.
 
+`ROUTES` is the table of every URL and the handler that answers it; the handlers ask the page
+modules (`ui.pages.<page>`) for their JSON through one query gate and the finished-job cache.
+
 Queries are blocking clickhouse-connect calls, run in a worker thread so the event loop keeps
 serving. `UiServer` runs either in the foreground (`ranksight ui`) or on a background thread next
 to the sink (`ranksight serve`, `ranksight demo`): chDB lets one process open a store, so the

@@ -15,14 +15,14 @@ from sinks.rows import row_converter
 from ui.alerts import routed_copies, transitions, units_of
 from ui.errors import NotFoundError
 from ui.pages.common import (
-    _ALERT_MARGIN_MS,
+    ALERT_MARGIN_MS,
     TARGET_BUCKETS,
-    _actions,
-    _num,
-    _plain,
-    _rows,
+    fetch_rows,
+    plain,
+    rounded,
+    store_actions,
 )
-from ui.pages.job import Panels, _fold, _frame, job_page
+from ui.pages.job import Panels, fold_alerts, job_page, recording_frame
 from ui.pages.recording import EventSource, scan
 
 __all__ = ["alert_identity", "alert_job", "alert_page", "alert_report"]
@@ -30,7 +30,7 @@ __all__ = ["alert_identity", "alert_job", "alert_page", "alert_report"]
 
 def alert_identity(client: Client, alert_id: str) -> tuple[str, str]:
     """The fingerprint and rule of an alert (what Alertmanager knows it by); NotFoundError if unknown."""
-    rows = _rows(
+    rows = fetch_rows(
         client,
         "SELECT any(fingerprint), any(rule), count() FROM alerts WHERE alert_id = {id:String}",
         id=alert_id,
@@ -45,7 +45,7 @@ def alert_identity(client: Client, alert_id: str) -> tuple[str, str]:
 
 def alert_job(client: Client, alert_id: str) -> str | None:
     """The job an alert names, None for an unknown alert or one without a job."""
-    rows = _rows(client, "SELECT any(job_id) FROM alerts WHERE alert_id = {id:String}", id=alert_id)
+    rows = fetch_rows(client, "SELECT any(job_id) FROM alerts WHERE alert_id = {id:String}", id=alert_id)
     return str(rows[0][0]) if rows and rows[0][0] else None
 
 
@@ -67,41 +67,39 @@ def alert_page(
         raise NotFoundError("alert", alert_id)
     records = [dict(zip(rows.column_names, r, strict=True)) for r in rows.result_rows]
     latest = records[-1]
-    alert = {
-        k: _plain(v) for k, v in latest.items() if not k.startswith("_") and not k.startswith("history.")
-    }
+    alert = {k: plain(v) for k, v in latest.items() if not k.startswith("_") and not k.startswith("history.")}
     alert["history"] = [
-        [_plain(t), _num(v, 5)]
+        [plain(t), rounded(v, 5)]
         for t, v in zip(latest.get("history.ts") or [], latest.get("history.value") or [], strict=False)
     ]
-    alert["transitions"] = transitions(records, _plain)
+    alert["transitions"] = transitions(records, plain)
     # The headline is what went wrong (the last firing record), the resolution how it ended; the
     # threshold is the expected value of any record that had one (a resolved record may carry none).
     fired = [r for r in records if r["status"] == "firing"] or records
     alert["summary"] = fired[-1]["summary"]
     alert["resolution"] = latest["summary"] if latest["status"] == "resolved" else ""
-    alert["observed_fired"] = _plain(fired[-1]["observed"])
+    alert["observed_fired"] = plain(fired[-1]["observed"])
     alert.update(units_of(fired[-1], [r for r in records if r["expected"] is not None]))
     thresholds = [r["expected"] for r in records if r["expected"] is not None]
-    alert["threshold"] = _plain(thresholds[-1]) if thresholds else None
-    alert["starts_ms"] = _plain(min(r["starts_at"] for r in records))
+    alert["threshold"] = plain(thresholds[-1]) if thresholds else None
+    alert["starts_ms"] = plain(min(r["starts_at"] for r in records))
     ends = [r["ends_at"] for r in records if r["ends_at"] is not None]
-    alert["ends_ms"] = _plain(max(ends)) if ends and latest["status"] == "resolved" else None
+    alert["ends_ms"] = plain(max(ends)) if ends and latest["status"] == "resolved" else None
     alert["status"] = latest["status"]
     alert["copies"] = routed_copies(records, kinds)
     alert["inhibited_by"] = latest.get("inhibited_by") or ""
-    _fold(client, [alert])
+    fold_alerts(client, [alert])
     alert["mutes"] = [
         {"alert_id": str(r[0]), "rule": str(r[1])}
-        for r in _rows(
+        for r in fetch_rows(
             client,
             "SELECT alert_id, any(rule) FROM alerts WHERE inhibited_by = {id:String} AND alert_id != {id:String} "
             "GROUP BY alert_id ORDER BY min(starts_at), alert_id",
             id=alert_id,
         )
     ]
-    alert["actions"] = _actions(client, "alert_id = {id:String}", id=alert_id)
-    window_end = (alert["ends_ms"] or _plain(latest["ts"])) + _ALERT_MARGIN_MS
+    alert["actions"] = store_actions(client, "alert_id = {id:String}", id=alert_id)
+    window_end = (alert["ends_ms"] or plain(latest["ts"])) + ALERT_MARGIN_MS
     evidence = None
     if alert.get("job_id"):
         try:
@@ -109,7 +107,7 @@ def alert_page(
             evidence = job_page(
                 client,
                 alert["job_id"],
-                alert["starts_ms"] - _ALERT_MARGIN_MS,
+                alert["starts_ms"] - ALERT_MARGIN_MS,
                 window_end,
                 with_efficiency=False,
                 kinds=kinds,
@@ -133,20 +131,20 @@ def alert_report(
     names = [c.name for c in spec.columns]
     latest_values = dict(zip(names, convert(records[-1]), strict=True))
     alert: dict[str, Any] = {
-        k: _num(v, 6) if isinstance(v, float) else v
+        k: rounded(v, 6) if isinstance(v, float) else v
         for k, v in latest_values.items()
         if not k.startswith("history.")
     }
     latest = records[-1]
-    alert["history"] = [[p["ts"], _num(p["value"], 5)] for p in latest.get("history") or []]
+    alert["history"] = [[p["ts"], rounded(p["value"], 5)] for p in latest.get("history") or []]
     alert["transitions"] = transitions(records)
     fired = [r for r in records if r["status"] == "firing"] or records
     alert["summary"] = fired[-1]["summary"]
     alert["resolution"] = latest["summary"] if latest["status"] == "resolved" else ""
-    alert["observed_fired"] = _num(fired[-1].get("observed"), 6)
+    alert["observed_fired"] = rounded(fired[-1].get("observed"), 6)
     alert.update(units_of(fired[-1], [r for r in records if r.get("expected") is not None]))
     thresholds = [r["expected"] for r in records if r.get("expected") is not None]
-    alert["threshold"] = _num(thresholds[-1], 6) if thresholds else None
+    alert["threshold"] = rounded(thresholds[-1], 6) if thresholds else None
     alert["starts_ms"] = min(r["starts_at"] for r in records)
     ends = [r["ends_at"] for r in records if r.get("ends_at") is not None]
     alert["ends_ms"] = max(ends) if ends and latest["status"] == "resolved" else None
@@ -163,10 +161,10 @@ def alert_report(
     alert["actions"] = found.actions_of("alert_id", alert_id)
     evidence = None
     if alert.get("job_id"):
-        window_end = (alert["ends_ms"] or latest["ts"]) + _ALERT_MARGIN_MS
+        window_end = (alert["ends_ms"] or latest["ts"]) + ALERT_MARGIN_MS
         try:
-            frame = _frame(
-                found, alert["job_id"], alert["starts_ms"] - _ALERT_MARGIN_MS, window_end, target, kinds
+            frame = recording_frame(
+                found, alert["job_id"], alert["starts_ms"] - ALERT_MARGIN_MS, window_end, target, kinds
             )
         except NotFoundError:
             frame = None

@@ -7,8 +7,8 @@ ClickHouse. The roll-ups answer whenever the bucket is at least as wide as their
 GPU panels and `job_step_minute` for the job's time range and the fleet's progress. Raw tables
 answer the rest and any zoomed-in range. Queries bind parameters (a record's strings never
 become SQL); big arrays are answered column-wise as pre-encoded JSON (`RawJson`). A page made from a recording
-(`ui.pages.recording`) folds events into the same buckets with `_Mean` (avg skips nulls, like
-ClickHouse) and rounds with `_ch`, so both answer the same JSON.
+(`ui.pages.recording`) folds events into the same buckets with `Mean` (avg skips nulls, like
+ClickHouse) and rounds with `ch_round`, so both answer the same JSON.
 """
 
 from __future__ import annotations
@@ -30,18 +30,39 @@ from ui.rows import RowLayout
 
 __all__ = [
     "ACTION_COLUMNS",
+    "ALERT_MARGIN_MS",
     "BUCKET_STEPS_MS",
+    "DERIVED_HOP_MS",
+    "GIB",
+    "JOB_WHERE",
     "MAX_CLOCK_SKEW_MS",
+    "MINUTE_MS",
     "MIN_PLAUSIBLE_MS",
+    "PLAUSIBLE_MINUTE",
+    "PLAUSIBLE_TS",
     "TARGET_BUCKETS",
     "TERMINAL_STATES",
     "VERSION_TABLES",
+    "JobFrame",
+    "Mean",
     "PanelFold",
     "RawJson",
     "RecordingFrame",
+    "between",
     "bucket_ms",
+    "bucket_sql",
+    "ch_round",
+    "fetch_rows",
+    "finite",
+    "json_columns",
     "latest_version",
+    "ms_of",
+    "plain",
     "plausible_bounds",
+    "round_sql",
+    "rounded",
+    "store_actions",
+    "store_alerts",
     "to_json",
 ]
 
@@ -49,10 +70,10 @@ TARGET_BUCKETS = 180
 BUCKET_STEPS_MS: tuple[int, ...] = tuple(
     s * 1000 for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 )
-_DERIVED_HOP_MS = 30_000  # the detectors' hop: derived windows answer buckets at least this wide
-_MINUTE_MS = 60_000
+DERIVED_HOP_MS = 30_000  # the detectors' hop: derived windows answer buckets at least this wide
+MINUTE_MS = 60_000
 # Alert pages show this much before and after the alert's span.
-_ALERT_MARGIN_MS = 10 * 60_000
+ALERT_MARGIN_MS = 10 * 60_000
 # The plausible event times (`plausible_bounds`): 2000-01-01, as the sink's own lower bound, and the
 # worker's default `engine.max_clock_skew_s` (300 s) past the wall clock.
 MIN_PLAUSIBLE_MS = MIN_EVENT_TS
@@ -104,7 +125,7 @@ def _bound(sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
     return params or None
 
 
-def _columns(client: Client, sql: str, **params: Any) -> RawJson:
+def json_columns(client: Client, sql: str, **params: Any) -> RawJson:
     """A result as JSON columns (`[[col1...], [col2...]]`) written by ClickHouse."""
     raw = client.raw_query(
         sql,
@@ -115,15 +136,15 @@ def _columns(client: Client, sql: str, **params: Any) -> RawJson:
     return RawJson(raw.decode().strip())
 
 
-def _rows(client: Client, sql: str, **params: Any) -> Sequence[Sequence[Any]]:
+def fetch_rows(client: Client, sql: str, **params: Any) -> Sequence[Sequence[Any]]:
     return client.query(sql, parameters=_bound(sql, params)).result_rows
 
 
-def _ms(column: str) -> str:
+def ms_of(column: str) -> str:
     return f"toUnixTimestamp64Milli({column})"
 
 
-def _between(column: str) -> str:
+def between(column: str) -> str:
     """`column` in [t0, t1): the bounds are the parameters `t0` and `t1` (UTC ms)."""
     return (
         f"{column} >= fromUnixTimestamp64Milli({{t0:Int64}}, 'UTC') "
@@ -131,17 +152,17 @@ def _between(column: str) -> str:
     )
 
 
-def _bucket(column_ms: str) -> str:
+def bucket_sql(column_ms: str) -> str:
     """The start of `column_ms`'s bucket: the width is the parameter `width` (ms)."""
     return f"intDiv({column_ms}, {{width:Int64}}) * {{width:Int64}}"
 
 
 # Row filters on the plausible times (parameters `lo`, `hi` from `plausible_bounds`).
-_PLAUSIBLE_TS = (
+PLAUSIBLE_TS = (
     "ts BETWEEN fromUnixTimestamp64Milli({lo:Int64}, 'UTC') AND fromUnixTimestamp64Milli({hi:Int64}, 'UTC')"
 )
 # (The column stays bare so the sorting key and partitions prune: a function of `minute` would not.)
-_PLAUSIBLE_MINUTE = "minute BETWEEN toDateTime(intDiv({lo:Int64}, 1000), 'UTC') AND toDateTime(intDiv({hi:Int64}, 1000), 'UTC')"
+PLAUSIBLE_MINUTE = "minute BETWEEN toDateTime(intDiv({lo:Int64}, 1000), 'UTC') AND toDateTime(intDiv({hi:Int64}, 1000), 'UTC')"
 
 
 def plausible_bounds(now_ms: int | None = None) -> tuple[int, int]:
@@ -155,7 +176,7 @@ def plausible_bounds(now_ms: int | None = None) -> tuple[int, int]:
     return MIN_PLAUSIBLE_MS, now + MAX_CLOCK_SKEW_MS
 
 
-def _num(value: Any, digits: int = 4) -> float | None:
+def rounded(value: Any, digits: int = 4) -> float | None:
     """A finite float rounded for the wire, or None (JSON has no NaN)."""
     if value is None:
         return None
@@ -165,28 +186,28 @@ def _num(value: Any, digits: int = 4) -> float | None:
     return round(f, digits)
 
 
-def _finite(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
     if value is None:
         return None
     f = float(value)
     return f if math.isfinite(f) else None
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """A ClickHouse value as JSON: datetimes to UTC milliseconds, floats made finite."""
     if isinstance(value, datetime):
         aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
         return round(aware.timestamp() * 1000)
     if isinstance(value, float):
-        return _num(value, 6)
+        return rounded(value, 6)
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 
-def _r(expr: str, digits: int = 4) -> str:
+def round_sql(expr: str, digits: int = 4) -> str:
     """SQL rounding a float for the wire, NULL when not finite (JSON has no NaN): no per-value Python work."""
     return f"if(isFinite({expr}), round({expr}, {digits}), NULL)"
 
@@ -211,7 +232,7 @@ VERSION_TABLES = (
 
 def latest_version(client: Client) -> dict[str, int]:
     """Cheap change markers: row counts of the tables the pages read (a page refetches when they move)."""
-    rows = _rows(
+    rows = fetch_rows(
         client,
         "SELECT table, sum(rows) FROM system.parts WHERE database = currentDatabase() AND active "
         "AND table IN {tables:Array(String)} GROUP BY table",
@@ -242,9 +263,9 @@ _ALERT_COLUMNS = (
     "any(rank) AS rank",
     "any(gpu_index) AS gpu_index",
     "any(gpu_uuid) AS gpu_uuid",
-    f"{_ms('min(starts_at)')} AS starts_ms",
-    f"{_ms('argMax(ends_at, ts)')} AS ends_ms",
-    f"{_ms('max(ts)')} AS updated_ms",
+    f"{ms_of('min(starts_at)')} AS starts_ms",
+    f"{ms_of('argMax(ends_at, ts)')} AS ends_ms",
+    f"{ms_of('max(ts)')} AS updated_ms",
     "any(suspected_layer) AS suspected_layer",
     "any(runbook_url) AS runbook_url",
     "any(fingerprint) AS fingerprint",
@@ -256,7 +277,7 @@ _ALERT_COLUMNS = (
 _ALERT_KEYS = tuple(c.split(" AS ")[-1] for c in _ALERT_COLUMNS)
 
 
-def _alerts(
+def store_alerts(
     client: Client, where: str = "1", kinds: Mapping[str, str] | None = None, **params: Any
 ) -> list[dict[str, Any]]:
     """One row per alert (its records folded), its routed copies named with what they did (`kinds`)."""
@@ -271,7 +292,9 @@ def _alerts(
         "AND starts_at BETWEEN fromUnixTimestamp64Milli({lo:Int64}, 'UTC') AND fromUnixTimestamp64Milli({hi:Int64}, 'UTC')) "
         "GROUP BY alert_id ORDER BY starts_ms"
     )
-    out = [dict(zip(_ALERT_KEYS, row, strict=True)) for row in _rows(client, sql, lo=lo, hi=hi, **params)]
+    out = [
+        dict(zip(_ALERT_KEYS, row, strict=True)) for row in fetch_rows(client, sql, lo=lo, hi=hi, **params)
+    ]
     for alert in out:
         alert["copies"] = copies_of(alert["copies"], kinds)
     return out
@@ -280,7 +303,7 @@ def _alerts(
 # --- job page ----------------------------------------------------------------------------------------
 
 
-_JOB = "job_id = {job:String}"
+JOB_WHERE = "job_id = {job:String}"
 
 
 # A job in one of these states writes nothing more until it is requeued (which is a new state row).
@@ -307,11 +330,11 @@ ACTION_COLUMNS = (
 )
 
 
-def _actions(client: Client, where: str, **params: Any) -> list[dict[str, Any]]:
+def store_actions(client: Client, where: str, **params: Any) -> list[dict[str, Any]]:
     """Remediation decisions (acted, dry run, skipped and why, failed) from `actions`, oldest first."""
-    rows = _rows(
+    rows = fetch_rows(
         client,
-        f"SELECT {_ms('ts')}, {_ms('firing_since')}, {', '.join(ACTION_COLUMNS)} FROM actions WHERE {where} "
+        f"SELECT {ms_of('ts')}, {ms_of('firing_since')}, {', '.join(ACTION_COLUMNS)} FROM actions WHERE {where} "
         "ORDER BY ts, action_id",
         **params,
     )
@@ -321,13 +344,13 @@ def _actions(client: Client, where: str, **params: Any) -> list[dict[str, Any]]:
         action["ts"] = int(ts)
         action["firing_since"] = None if firing_since is None else int(firing_since)
         action["dry_run"] = bool(action["dry_run"])
-        action["checkpoint_age_s"] = _num(action["checkpoint_age_s"], 1)
+        action["checkpoint_age_s"] = rounded(action["checkpoint_age_s"], 1)
         out.append(action)
     return out
 
 
 @dataclass(frozen=True)
-class _Frame:
+class JobFrame:
     """What every panel of a job page needs: identity, alerts, range and buckets, ranks and rows."""
 
     job_id: str
@@ -346,10 +369,10 @@ class _Frame:
         return self.layout is not None and self.layout.grouped
 
 
-_GIB = 1073741824
+GIB = 1073741824
 
 
-def _ch(value: float | None, digits: int = 4) -> float | None:
+def ch_round(value: float | None, digits: int = 4) -> float | None:
     """Rounded as ClickHouse's `round(x, N)` rounds a float (scale, round half to even, unscale), so a
     report from a recording shows the digits the served page shows."""
     if value is None or not math.isfinite(value):
@@ -358,7 +381,7 @@ def _ch(value: float | None, digits: int = 4) -> float | None:
     return round(value * scale) / scale
 
 
-class _Mean:
+class Mean:
     """Sum and count of the non-null values seen (ClickHouse's avg skips nulls; no rows: null)."""
 
     __slots__ = ("n", "total")

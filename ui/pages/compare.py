@@ -19,13 +19,14 @@ from sinks.efficiency import run_rows
 from sinks.errors import QueryError
 from ui.errors import NotFoundError
 from ui.pages.common import (
-    _PLAUSIBLE_TS,
+    PLAUSIBLE_TS,
+    Mean,
     PanelFold,
-    _finite,
-    _Mean,
-    _ms,
-    _rows,
+    fetch_rows,
+    finite,
+    ms_of,
     plausible_bounds,
+    rounded,
 )
 
 __all__ = [
@@ -149,12 +150,6 @@ def choose_runs(
     return sorted(wanted, key=lambda r: r.started_ms)[: max(MAX_RUNS, len(jobs))], ""
 
 
-def _num(value: float | None, digits: int = 5) -> float | None:
-    if value is None or not math.isfinite(value):
-        return None
-    return round(value, digits)
-
-
 def assemble(
     runs: Sequence[Run],
     rows: Mapping[tuple[str, str], Sequence[BucketRow]],
@@ -176,12 +171,14 @@ def assemble(
             {
                 "step": [b.step for b in buckets],
                 "tokens": cumulative,
-                "step_time": [_num(b.step_time_s) for b in buckets],
-                "segments": {name: [_num(b.segments[i]) for b in buckets] for i, name in enumerate(SEGMENTS)},
-                "loss": [_num(b.loss) for b in buckets],
+                "step_time": [rounded(b.step_time_s, 5) for b in buckets],
+                "segments": {
+                    name: [rounded(b.segments[i], 5) for b in buckets] for i, name in enumerate(SEGMENTS)
+                },
+                "loss": [rounded(b.loss, 5) for b in buckets],
                 # Tokens per second per GPU: the bucket's tokens per step over its mean step time and the GPUs.
                 "tokens_per_gpu_s": [
-                    _num(b.tokens / b.steps / b.step_time_s / run.gpus, 3)
+                    rounded(b.tokens / b.steps / b.step_time_s / run.gpus, 3)
                     if b.steps and b.step_time_s and run.gpus
                     else None
                     for b in buckets
@@ -201,7 +198,7 @@ def assemble(
                 "workload_family": r.workload_family,
                 "gpus": r.gpus,
                 "config": r.config,
-                "goodput_pct": _num(goodput.get((r.job_id, r.run_id), {}).get("goodput_pct"), 2),
+                "goodput_pct": rounded(goodput.get((r.job_id, r.run_id), {}).get("goodput_pct"), 2),
                 "outcome": goodput.get((r.job_id, r.run_id), {}).get("outcome"),
             }
             for r in runs
@@ -225,10 +222,10 @@ def compare(client: Client, jobs: Sequence[str], run_ids: Sequence[str] = ()) ->
     lo, hi = plausible_bounds()
     known = [
         Run(str(job), str(run), int(started), str(family), int(gpus))
-        for job, run, started, family, gpus in _rows(
+        for job, run, started, family, gpus in fetch_rows(
             client,
-            f"SELECT job_id, run_id, {_ms('min(ts)')}, argMax(workload_family, ts), argMax(world_size, ts) "
-            f"FROM job_started WHERE {_PLAUSIBLE_TS} GROUP BY job_id, run_id",
+            f"SELECT job_id, run_id, {ms_of('min(ts)')}, argMax(workload_family, ts), argMax(world_size, ts) "
+            f"FROM job_started WHERE {PLAUSIBLE_TS} GROUP BY job_id, run_id",
             lo=lo,
             hi=hi,
         )
@@ -247,7 +244,7 @@ def compare(client: Client, jobs: Sequence[str], run_ids: Sequence[str] = ()) ->
         records[(record["job_id"], record["run_id"])] = record  # ordered by time: the latest wins
     for run in runs:
         run.config = config_of(records.get((run.job_id, run.run_id), {}))
-    max_step = _rows(
+    max_step = fetch_rows(
         client,
         "SELECT max(step) FROM steps WHERE (job_id, run_id) IN {runs:Array(Tuple(String, String))}",
         runs=keys,
@@ -257,7 +254,7 @@ def compare(client: Client, jobs: Sequence[str], run_ids: Sequence[str] = ()) ->
     segments = ", ".join(
         f"avg({s}_s)" for s in ("data_wait", "forward", "backward", "optimizer", "comm", "checkpoint")
     )
-    for r in _rows(
+    for r in fetch_rows(
         client,
         "SELECT job_id, run_id, intDiv(step, {width:Int64}) * {width:Int64} AS s, uniqExact(step), avg(step_time_s), "
         f"{segments}, avgIf(loss, rank = 0), sum(ifNull(tokens, 0)) FROM steps "
@@ -270,9 +267,9 @@ def compare(client: Client, jobs: Sequence[str], run_ids: Sequence[str] = ()) ->
             BucketRow(
                 int(r[2]),
                 int(r[3]),
-                _finite(r[4]),
-                tuple(_finite(v) for v in r[5:11]),
-                _finite(r[11]),
+                finite(r[4]),
+                tuple(finite(v) for v in r[5:11]),
+                finite(r[11]),
                 int(r[12]),
             )
         )
@@ -307,7 +304,7 @@ class CompareFold(PanelFold):
         key = (r["job_id"], r.get("run_id") or "", s)
         cell = self.compare.get(key)
         if cell is None:
-            cell = self.compare[key] = [set(), _Mean(), [_Mean() for _ in SEGMENTS], _Mean(), 0]
+            cell = self.compare[key] = [set(), Mean(), [Mean() for _ in SEGMENTS], Mean(), 0]
         cell[0].add(r["step"])
         cell[1].add(r["step_time_s"])
         for mean, name in zip(cell[2], SEGMENTS, strict=True):

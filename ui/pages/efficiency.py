@@ -23,7 +23,7 @@ from clickhouse_connect.driver.client import Client
 from schemas.records import Event
 from sinks.efficiency import PriceList, job_rows, run_rows
 from sinks.errors import QueryError
-from ui.pages.common import _num
+from ui.pages.common import rounded
 
 __all__ = ["STALL_INTERVAL_FACTOR", "RunTally", "efficiency", "fleet_goodput"]
 
@@ -368,22 +368,22 @@ class RunTally:
         }
         out: dict[str, Any] = {k: _figure(row[k]) for k in _JOB_FIGURES}
         out["price_per_gpu_h"] = price
-        out["spent_gpu_h"] = {k: _num(gpu_h[k], 6) for k in _SPENT}
-        out["queue_gpu_h"] = _num((row["queue_s"] or 0) * (row["gpus"] or 0) / 3600, 6)
+        out["spent_gpu_h"] = {k: rounded(gpu_h[k], 6) for k in _SPENT}
+        out["queue_gpu_h"] = rounded((row["queue_s"] or 0) * (row["gpus"] or 0) / 3600, 6)
         per_run = []
         for run in runs:
             item = {k: _figure(run[k]) for k in _RUN_FIGURES}
             gpus = run["gpus"] or 0
             item["spent_gpu_h"] = {
-                "productive": _num(gpus * run["productive_s"] / 3600, 6),
-                "stall": _num(gpus * run["stall_s"] / 3600, 6),
-                "restart": _num(gpus * run["restart_lost_s"] / 3600, 6),
-                "skipped": _num(gpus * run["skipped_s"] / 3600, 6),
-                "checkpoint": _num(gpus * run["checkpoint_s"] / 3600, 6),
-                "evaluation": _num(gpus * run["evaluation_s"] / 3600, 6),
+                "productive": rounded(gpus * run["productive_s"] / 3600, 6),
+                "stall": rounded(gpus * run["stall_s"] / 3600, 6),
+                "restart": rounded(gpus * run["restart_lost_s"] / 3600, 6),
+                "skipped": rounded(gpus * run["skipped_s"] / 3600, 6),
+                "checkpoint": rounded(gpus * run["checkpoint_s"] / 3600, 6),
+                "evaluation": rounded(gpus * run["evaluation_s"] / 3600, 6),
             }
             run_price = prices.price(run["gpu_class"])
-            item["cost"] = _num(None if run_price is None else run["allocated_gpu_h"] * run_price, 6)
+            item["cost"] = rounded(None if run_price is None else run["allocated_gpu_h"] * run_price, 6)
             per_run.append(item)
         out["per_run"] = per_run
         return out
@@ -429,12 +429,12 @@ def _efficiency_rows(client: Client, prices: PriceList, job_id: str | None = Non
 
 
 def _figure(value: Any) -> Any:
-    return value if isinstance(value, str | int) and not isinstance(value, bool) else _num(value, 6)
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else rounded(value, 6)
 
 
 def fleet_goodput(client: Client) -> dict[str, float | None]:
     """ML goodput per job from `job_efficiency` (docs/efficiency.md): productive / allocated GPU-hours, %."""
-    return {row["job_id"]: _num(row["goodput_pct"], 2) for row in _efficiency_rows(client, PriceList())}
+    return {row["job_id"]: rounded(row["goodput_pct"], 2) for row in _efficiency_rows(client, PriceList())}
 
 
 def efficiency(client: Client, job_id: str, prices: PriceList | None = None) -> dict[str, Any] | None:
@@ -446,21 +446,21 @@ def efficiency(client: Client, job_id: str, prices: PriceList | None = None) -> 
     row = rows[0]
     out: dict[str, Any] = {k: _figure(row[k]) for k in _JOB_FIGURES}
     out["price_per_gpu_h"] = prices.price(row["gpu_class"])
-    out["spent_gpu_h"] = {k: _num(row[f"{k}_gpu_h"], 6) for k in _SPENT}
-    out["queue_gpu_h"] = _num((row["queue_s"] or 0) * (row["gpus"] or 0) / 3600, 6)
+    out["spent_gpu_h"] = {k: rounded(row[f"{k}_gpu_h"], 6) for k in _SPENT}
+    out["queue_gpu_h"] = rounded((row["queue_s"] or 0) * (row["gpus"] or 0) / 3600, 6)
     runs = []
     for run in run_rows(client, job=job_id, prices=prices):
         item = {k: _figure(run[k]) for k in _RUN_FIGURES}
         gpus = run["gpus"] or 0
         item["spent_gpu_h"] = {
-            "productive": _num(gpus * run["productive_s"] / 3600, 6),
-            "stall": _num(gpus * run["stall_s"] / 3600, 6),
-            "restart": _num(gpus * run["restart_lost_s"] / 3600, 6),
-            "skipped": _num(gpus * run["skipped_s"] / 3600, 6),
-            "checkpoint": _num(gpus * run["checkpoint_s"] / 3600, 6),
-            "evaluation": _num(gpus * run["evaluation_s"] / 3600, 6),
+            "productive": rounded(gpus * run["productive_s"] / 3600, 6),
+            "stall": rounded(gpus * run["stall_s"] / 3600, 6),
+            "restart": rounded(gpus * run["restart_lost_s"] / 3600, 6),
+            "skipped": rounded(gpus * run["skipped_s"] / 3600, 6),
+            "checkpoint": rounded(gpus * run["checkpoint_s"] / 3600, 6),
+            "evaluation": rounded(gpus * run["evaluation_s"] / 3600, 6),
         }
-        item["cost"] = _num(run["cost"], 6)
+        item["cost"] = rounded(run["cost"], 6)
         runs.append(item)
     out["per_run"] = runs
     return out

@@ -10,14 +10,14 @@ from clickhouse_connect.driver.client import Client
 
 from ui.alerts import fold_muted
 from ui.pages.common import (
-    _MINUTE_MS,
-    _PLAUSIBLE_MINUTE,
-    _PLAUSIBLE_TS,
-    _alerts,
-    _ms,
-    _num,
-    _rows,
+    MINUTE_MS,
+    PLAUSIBLE_MINUTE,
+    PLAUSIBLE_TS,
+    fetch_rows,
+    ms_of,
     plausible_bounds,
+    rounded,
+    store_alerts,
 )
 from ui.pages.efficiency import fleet_goodput
 
@@ -43,11 +43,11 @@ def fleet(client: Client, goodput: bool = True, kinds: Mapping[str, str] | None 
     """
     jobs: dict[str, dict[str, Any]] = {}
     lo, hi = plausible_bounds()
-    for row in _rows(
+    for row in fetch_rows(
         client,
         "SELECT job_id, argMax(run_id, ts), argMax(team, ts), argMax(owner, ts), argMax(cluster, ts), "
         "argMax(model_name, ts), argMax(world_size, ts), argMax(gpu_class, ts), "
-        f"{_ms('min(ts)')} FROM job_started WHERE {_PLAUSIBLE_TS} GROUP BY job_id",
+        f"{ms_of('min(ts)')} FROM job_started WHERE {PLAUSIBLE_TS} GROUP BY job_id",
         lo=lo,
         hi=hi,
     ):
@@ -69,7 +69,7 @@ def fleet(client: Client, goodput: bool = True, kinds: Mapping[str, str] | None 
             "goodput_pct": None,
             "firing": {s: 0 for s in _SEVERITIES},
         }
-    for job_id, state, reason in _rows(
+    for job_id, state, reason in fetch_rows(
         client, "SELECT job_id, argMax(state, ts), argMax(reason, ts) FROM job_states GROUP BY job_id"
     ):
         if job_id in jobs:
@@ -77,10 +77,10 @@ def fleet(client: Client, goodput: bool = True, kinds: Mapping[str, str] | None 
             jobs[job_id]["state_reason"] = reason
     # Progress from the per-minute roll-up; the step rate over the last five minutes of each job.
     minutes: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for job_id, minute_ms, last_step in _rows(
+    for job_id, minute_ms, last_step in fetch_rows(
         client,
         "SELECT job_id, toUnixTimestamp(minute) * 1000 AS m, max(last_step) FROM job_step_minute "
-        f"WHERE {_PLAUSIBLE_MINUTE} GROUP BY job_id, m ORDER BY job_id, m",
+        f"WHERE {PLAUSIBLE_MINUTE} GROUP BY job_id, m ORDER BY job_id, m",
         lo=lo,
         hi=hi,
     ):
@@ -89,24 +89,24 @@ def fleet(client: Client, goodput: bool = True, kinds: Mapping[str, str] | None 
     for job_id, series in minutes.items():
         # Not ML goodput (nothing stores useful work yet): the share of the minutes from the job's first
         # step to the fleet's newest one that have steps; a stalled job falls behind.
-        spanned = (newest_minute - series[0][0]) // _MINUTE_MS + 1
+        spanned = (newest_minute - series[0][0]) // MINUTE_MS + 1
         job = jobs.setdefault(job_id, _unknown_job(job_id))
-        job["progress_time_frac"] = _num(len(series) / spanned, 3)
+        job["progress_time_frac"] = rounded(len(series) / spanned, 3)
         job["last_step"] = series[-1][1]
         # Over the fleet's last five minutes: a job that stopped stepping before them runs at 0 steps/s.
-        window = [p for p in series if p[0] >= newest_minute - 5 * _MINUTE_MS]
+        window = [p for p in series if p[0] >= newest_minute - 5 * MINUTE_MS]
         if not window:
             job["step_rate"] = 0.0
         elif len(window) >= 2 and window[-1][0] > window[0][0]:
-            job["step_rate"] = _num(
+            job["step_rate"] = rounded(
                 (window[-1][1] - window[0][1]) / ((window[-1][0] - window[0][0]) / 1000), 3
             )
     if minutes:
-        for job_id, last_ms, last_step in _rows(
+        for job_id, last_ms, last_step in fetch_rows(
             client,
-            f"SELECT job_id, {_ms('max(ts)')}, max(step) FROM steps "
-            f"WHERE {_PLAUSIBLE_TS} AND (job_id, toStartOfMinute(ts)) IN "
-            f"(SELECT job_id, max(minute) FROM job_step_minute WHERE {_PLAUSIBLE_MINUTE} GROUP BY job_id) "
+            f"SELECT job_id, {ms_of('max(ts)')}, max(step) FROM steps "
+            f"WHERE {PLAUSIBLE_TS} AND (job_id, toStartOfMinute(ts)) IN "
+            f"(SELECT job_id, max(minute) FROM job_step_minute WHERE {PLAUSIBLE_MINUTE} GROUP BY job_id) "
             "GROUP BY job_id",
             lo=lo,
             hi=hi,
@@ -117,7 +117,7 @@ def fleet(client: Client, goodput: bool = True, kinds: Mapping[str, str] | None 
         for job_id, pct in fleet_goodput(client).items():
             if job_id in jobs:
                 jobs[job_id]["goodput_pct"] = pct
-    alerts = _alerts(client, kinds=kinds)
+    alerts = store_alerts(client, kinds=kinds)
     fold_muted(alerts)
     data_now = max(
         [a["updated_ms"] for a in alerts] + [j["last_progress_ms"] or 0 for j in jobs.values()] + [0]

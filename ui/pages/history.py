@@ -8,7 +8,7 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 
 from ui.alerts import fold_muted
-from ui.pages.common import _alerts, _rows
+from ui.pages.common import fetch_rows, store_alerts
 
 __all__ = ["HISTORY_LIMIT", "alert_history"]
 
@@ -49,12 +49,12 @@ def alert_history(
         params["t1"] = t1
     # Every routed copy of a matching alert: the team filter picks alerts, the page shows all their copies.
     where = " AND ".join(clauses) or "1"
-    alerts = _alerts(
+    alerts = store_alerts(
         client, f"alert_id IN (SELECT DISTINCT alert_id FROM alerts WHERE {where})", kinds=kinds, **params
     )
     fold_muted(alerts)
     alerts.sort(key=lambda a: (-(a["starts_ms"] or 0), a["alert_id"]))
-    choices = _rows(client, "SELECT groupUniqArray(team), groupUniqArray(rule) FROM alerts")
+    choices = fetch_rows(client, "SELECT groupUniqArray(team), groupUniqArray(rule) FROM alerts")
     return {
         "alerts": alerts[:HISTORY_LIMIT],
         "truncated": len(alerts) > HISTORY_LIMIT,

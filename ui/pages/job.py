@@ -26,22 +26,22 @@ from ui.facts import (
     without_eta,
 )
 from ui.pages.common import (
-    _JOB,
-    _MINUTE_MS,
-    _PLAUSIBLE_MINUTE,
-    _PLAUSIBLE_TS,
+    JOB_WHERE,
+    MINUTE_MS,
+    PLAUSIBLE_MINUTE,
+    PLAUSIBLE_TS,
     TARGET_BUCKETS,
     TERMINAL_STATES,
+    JobFrame,
     RecordingFrame,
-    _actions,
-    _alerts,
-    _between,
-    _Frame,
-    _ms,
-    _num,
-    _rows,
+    between,
     bucket_ms,
+    fetch_rows,
+    ms_of,
     plausible_bounds,
+    rounded,
+    store_actions,
+    store_alerts,
 )
 from ui.pages.compare import (
     CompareFold,
@@ -52,24 +52,33 @@ from ui.pages.compare import (
     step_bucket,
 )
 from ui.pages.efficiency import efficiency
-from ui.pages.job_details import _GPU_WHERE, DetailFold, _details, _gpu_keys
-from ui.pages.job_steps import StepFold, _rank_heatmap, _step_series
-from ui.pages.recording import EventSource, Scan, _alert_rows, _Job
+from ui.pages.job_details import GPU_WHERE, DetailFold, details_panels, gpu_keys
+from ui.pages.job_steps import StepFold, rank_heatmap, step_series
+from ui.pages.recording import EventSource, Scan, ScannedJob, alert_rows
 from ui.rows import RowLayout, row_layout
 
-__all__ = ["MAX_FAULTS", "Panels", "finished_fingerprint", "job_details", "job_page", "job_report"]
+__all__ = [
+    "MAX_FAULTS",
+    "Panels",
+    "finished_fingerprint",
+    "fold_alerts",
+    "job_details",
+    "job_page",
+    "job_report",
+    "recording_frame",
+]
 
 
 def _job_meta(client: Client, job_id: str) -> dict[str, Any]:
     lo, hi = plausible_bounds()
-    rows = _rows(
+    rows = fetch_rows(
         client,
         "SELECT argMax(run_id, ts), argMax(team, ts), argMax(owner, ts), argMax(cluster, ts), "
         "argMax(model_name, ts), argMax(model_version, ts), argMax(dataset_version, ts), "
         "argMax(world_size, ts), argMax(nodes, ts), argMax(gpu_class, ts), argMax(workload_family, ts), "
         "argMax(target_steps, ts), argMax(target_tokens, ts), argMax(target_epochs, ts), "
         "argMax(checkpoint_max_age_s, ts), "
-        f"{_ms('min(ts)')}, count() FROM job_started WHERE {_JOB} AND {_PLAUSIBLE_TS}",
+        f"{ms_of('min(ts)')}, count() FROM job_started WHERE {JOB_WHERE} AND {PLAUSIBLE_TS}",
         job=job_id,
         lo=lo,
         hi=hi,
@@ -91,8 +100,8 @@ def _job_meta(client: Client, job_id: str) -> dict[str, Any]:
         "workload_family": r[10],
         "target_steps": r[11],
         "target_tokens": r[12],
-        "target_epochs": _num(r[13], 6),
-        "checkpoint_max_age_s": _num(r[14], 6),
+        "target_epochs": rounded(r[13], 6),
+        "checkpoint_max_age_s": rounded(r[14], 6),
         "started_ms": int(r[15]),
     }
 
@@ -100,19 +109,19 @@ def _job_meta(client: Client, job_id: str) -> dict[str, Any]:
 def _job_span(client: Client, job_id: str) -> tuple[int, int] | None:
     # Only plausible times make the span: one record stamped 2199 must not stretch the job to 2199.
     lo, hi = plausible_bounds()
-    rows = _rows(
+    rows = fetch_rows(
         client,
         "SELECT toUnixTimestamp(min(minute)) * 1000, toUnixTimestamp(max(minute)) * 1000 + 60000, count() "
-        f"FROM job_step_minute WHERE {_JOB} AND {_PLAUSIBLE_MINUTE}",
+        f"FROM job_step_minute WHERE {JOB_WHERE} AND {PLAUSIBLE_MINUTE}",
         job=job_id,
         lo=lo,
         hi=hi,
     )
     if rows and rows[0][2]:
         return int(rows[0][0]), int(rows[0][1])
-    rows = _rows(
+    rows = fetch_rows(
         client,
-        f"SELECT {_ms('min(ts)')}, {_ms('max(ts)')} + 1, count() FROM steps WHERE {_JOB} AND {_PLAUSIBLE_TS}",
+        f"SELECT {ms_of('min(ts)')}, {ms_of('max(ts)')} + 1, count() FROM steps WHERE {JOB_WHERE} AND {PLAUSIBLE_TS}",
         job=job_id,
         lo=lo,
         hi=hi,
@@ -130,13 +139,13 @@ def _quiet_until(client: Client, job_id: str) -> int | None:
     (and its 0 steps/s, its idle GPUs, the alert that fired).
     """
     lo, hi = plausible_bounds()
-    rows = _rows(
+    rows = fetch_rows(
         client,
-        f"SELECT (SELECT argMax(state, ts) FROM job_states WHERE {_JOB}), "
-        f"(SELECT {_ms('max(ts)')} FROM job_states WHERE {_JOB} AND {_PLAUSIBLE_TS}), "
-        f"(SELECT {_ms('max(ts)')} FROM alerts WHERE {_JOB} AND {_PLAUSIBLE_TS}), "
+        f"SELECT (SELECT argMax(state, ts) FROM job_states WHERE {JOB_WHERE}), "
+        f"(SELECT {ms_of('max(ts)')} FROM job_states WHERE {JOB_WHERE} AND {PLAUSIBLE_TS}), "
+        f"(SELECT {ms_of('max(ts)')} FROM alerts WHERE {JOB_WHERE} AND {PLAUSIBLE_TS}), "
         "(SELECT toUnixTimestamp(max(minute)) * 1000 + 60000 FROM job_step_minute "
-        f"WHERE {_PLAUSIBLE_MINUTE})",
+        f"WHERE {PLAUSIBLE_MINUTE})",
         job=job_id,
         lo=lo,
         hi=hi,
@@ -151,10 +160,10 @@ def _quiet_until(client: Client, job_id: str) -> int | None:
 
 
 def _ranks(client: Client, job_id: str) -> list[dict[str, Any]]:
-    rows = _rows(
+    rows = fetch_rows(
         client,
         "SELECT rank, argMax(node, ts), argMax(gpu_index, ts), argMax(gpu_uuid, ts) FROM rank_bound "
-        f"WHERE {_JOB} GROUP BY rank ORDER BY rank",
+        f"WHERE {JOB_WHERE} GROUP BY rank ORDER BY rank",
         job=job_id,
     )
     return [{"rank": int(r[0]), "node": r[1], "gpu_index": r[2], "gpu_uuid": r[3]} for r in rows]
@@ -162,15 +171,15 @@ def _ranks(client: Client, job_id: str) -> list[dict[str, Any]]:
 
 def _validation(client: Client, job_id: str, t0: int, t1: int) -> dict[str, list[list[Any]]]:
     out: dict[str, list[list[Any]]] = defaultdict(list)
-    for ts, step, name, value in _rows(
+    for ts, step, name, value in fetch_rows(
         client,
-        f"SELECT {_ms('ts')}, step, k, v FROM validation_results ARRAY JOIN mapKeys(metrics) AS k, "
-        f"mapValues(metrics) AS v WHERE {_JOB} AND {_between('ts')} ORDER BY ts",
+        f"SELECT {ms_of('ts')}, step, k, v FROM validation_results ARRAY JOIN mapKeys(metrics) AS k, "
+        f"mapValues(metrics) AS v WHERE {JOB_WHERE} AND {between('ts')} ORDER BY ts",
         job=job_id,
         t0=t0,
         t1=t1,
     ):
-        out[name].append([int(ts), _num(value, 5), int(step)])
+        out[name].append([int(ts), rounded(value, 5), int(step)])
     return dict(out)
 
 
@@ -191,21 +200,21 @@ def _faults(
     of the job's GPUs in the range."""
     rank_faults = [
         {"ts": int(r[0]), "rank": int(r[1]), "node": r[2], "kind": r[3], "detail": r[4], "exit_code": r[5]}
-        for r in _rows(
+        for r in fetch_rows(
             client,
-            f"SELECT {_ms('ts')}, rank, node, kind, detail, exit_code FROM rank_faults "
-            f"WHERE {_JOB} AND {_between('ts')} ORDER BY ts, rank, kind LIMIT {{limit:UInt32}}",
+            f"SELECT {ms_of('ts')}, rank, node, kind, detail, exit_code FROM rank_faults "
+            f"WHERE {JOB_WHERE} AND {between('ts')} ORDER BY ts, rank, kind LIMIT {{limit:UInt32}}",
             job=job_id,
             t0=t0,
             t1=t1,
             limit=MAX_FAULTS,
         )
     ]
-    keys = _gpu_keys(ranks)
+    keys = gpu_keys(ranks)
     gpu_faults: list[dict[str, Any]] = []
     if keys:
         grouped = layout is not None and layout.grouped
-        where = "cluster = {cluster:String} AND node IN {nodes:Array(String)}" if grouped else _GPU_WHERE
+        where = "cluster = {cluster:String} AND node IN {nodes:Array(String)}" if grouped else GPU_WHERE
         params: dict[str, Any] = {
             "cluster": cluster,
             "nodes": sorted({n for n, _ in keys}),
@@ -214,11 +223,11 @@ def _faults(
         }
         if not grouped:
             params["keys"] = [(n, int(g)) for n, g in keys]
-        for node, gpu, first, last, xids, ecc, xid_samples in _rows(
+        for node, gpu, first, last, xids, ecc, xid_samples in fetch_rows(
             client,
-            f"SELECT node, gpu_index, {_ms('min(ts)')}, {_ms('max(ts)')}, "
+            f"SELECT node, gpu_index, {ms_of('min(ts)')}, {ms_of('max(ts)')}, "
             "arraySort(groupUniqArrayIf(xid, xid IS NOT NULL)), max(ecc_uncorrected), countIf(xid IS NOT NULL) "
-            f"FROM gpu_samples WHERE {where} AND {_between('ts')} AND (xid IS NOT NULL OR ecc_uncorrected > 0) "
+            f"FROM gpu_samples WHERE {where} AND {between('ts')} AND (xid IS NOT NULL OR ecc_uncorrected > 0) "
             "GROUP BY node, gpu_index ORDER BY node, gpu_index",
             **params,
         ):
@@ -239,10 +248,10 @@ def _faults(
 def _progress(client: Client, job_id: str, meta: dict[str, Any]) -> dict[str, Any]:
     """Progress towards the target and the ETA (`ui.facts.progress_panel`), at the job's latest step."""
     lo, hi = plausible_bounds()
-    latest = _rows(
+    latest = fetch_rows(
         client,
-        f"SELECT argMax(run_id, ts), {_ms('max(ts)')}, count() FROM steps WHERE {_JOB} AND {_PLAUSIBLE_TS} "
-        f"AND ts >= (SELECT max(minute) FROM job_step_minute WHERE {_JOB} AND {_PLAUSIBLE_MINUTE})",
+        f"SELECT argMax(run_id, ts), {ms_of('max(ts)')}, count() FROM steps WHERE {JOB_WHERE} AND {PLAUSIBLE_TS} "
+        f"AND ts >= (SELECT max(minute) FROM job_step_minute WHERE {JOB_WHERE} AND {PLAUSIBLE_MINUTE})",
         job=job_id,
         lo=lo,
         hi=hi,
@@ -252,10 +261,10 @@ def _progress(client: Client, job_id: str, meta: dict[str, Any]) -> dict[str, An
     if latest and latest[0][2]:
         run, last_ms = str(latest[0][0]), int(latest[0][1])
         params = {"job": job_id, "run": run, "lo": lo, "hi": hi}
-        r = _rows(
+        r = fetch_rows(
             client,
-            f"SELECT min(step), max(step), {_ms('min(ts)')}, {_ms('max(ts)')}, uniqExact(step), sum(tokens), "
-            f"argMax(epoch, ts) FROM steps WHERE {_JOB} AND run_id = {{run:String}} AND {_PLAUSIBLE_TS} "
+            f"SELECT min(step), max(step), {ms_of('min(ts)')}, {ms_of('max(ts)')}, uniqExact(step), sum(tokens), "
+            f"argMax(epoch, ts) FROM steps WHERE {JOB_WHERE} AND run_id = {{run:String}} AND {PLAUSIBLE_TS} "
             "AND ts >= fromUnixTimestamp64Milli({from:Int64}, 'UTC')",
             **params,
             **{"from": last_ms - int(PROGRESS_WINDOW_S * 1000)},
@@ -273,14 +282,16 @@ def _progress(client: Client, job_id: str, meta: dict[str, Any]) -> dict[str, An
         if meta.get("target_epochs") and not (meta.get("target_steps") or meta.get("target_tokens")):
             epochs = [
                 (int(e), int(a), int(b))
-                for e, a, b in _rows(
+                for e, a, b in fetch_rows(
                     client,
-                    f"SELECT epoch, min(step), max(step) FROM steps WHERE {_JOB} AND run_id = {{run:String}} "
-                    f"AND {_PLAUSIBLE_TS} AND epoch IS NOT NULL GROUP BY epoch ORDER BY epoch",
+                    f"SELECT epoch, min(step), max(step) FROM steps WHERE {JOB_WHERE} AND run_id = {{run:String}} "
+                    f"AND {PLAUSIBLE_TS} AND epoch IS NOT NULL GROUP BY epoch ORDER BY epoch",
                     **params,
                 )
             ]
-    state = _rows(client, f"SELECT argMax(state, ts), count() FROM job_states WHERE {_JOB}", job=job_id)
+    state = fetch_rows(
+        client, f"SELECT argMax(state, ts), count() FROM job_states WHERE {JOB_WHERE}", job=job_id
+    )
     return progress_panel(meta, window, epochs, state[0][0] if state and state[0][1] else None)
 
 
@@ -289,10 +300,10 @@ def _checkpoint_facts(
 ) -> dict[str, Any] | None:
     """The job's last and last verified checkpoint, its age at the page's end and retention (`ui.facts`)."""
     lo, hi = plausible_bounds()
-    rows = _rows(
+    rows = fetch_rows(
         client,
-        f"SELECT checkpoint_id, step, phase, {_ms('ts')}, retention_keep, deleted FROM checkpoints "
-        f"WHERE {_JOB} AND {_PLAUSIBLE_TS}",
+        f"SELECT checkpoint_id, step, phase, {ms_of('ts')}, retention_keep, deleted FROM checkpoints "
+        f"WHERE {JOB_WHERE} AND {PLAUSIBLE_TS}",
         job=job_id,
         lo=lo,
         hi=hi,
@@ -311,11 +322,11 @@ def _phases(
 ) -> list[dict[str, Any]]:
     # A band per checkpoint or evaluation: started .. last phase, with how it ended.
     name = "any(name)" if table == "evaluations" else "any(uri)"
-    rows = _rows(
+    rows = fetch_rows(
         client,
-        f"SELECT {id_column}, min(step), {_ms(_STARTED_TS)}, {_ms(_ENDED_TS)}, "
-        f"{_ms('min(ts)')}, {_ms('max(ts)')}, argMax(phase, ts), groupUniqArray(phase), {name}, any(error) "
-        f"FROM {table} WHERE {_JOB} AND {_between('ts')} "
+        f"SELECT {id_column}, min(step), {ms_of(_STARTED_TS)}, {ms_of(_ENDED_TS)}, "
+        f"{ms_of('min(ts)')}, {ms_of('max(ts)')}, argMax(phase, ts), groupUniqArray(phase), {name}, any(error) "
+        f"FROM {table} WHERE {JOB_WHERE} AND {between('ts')} "
         f"GROUP BY {id_column} ORDER BY min(ts)",
         job=job_id,
         t0=t0 - 3600_000,
@@ -343,10 +354,10 @@ def _phases(
 
 
 def _states(client: Client, job_id: str, t0: int, t1: int) -> list[dict[str, Any]]:
-    rows = _rows(
+    rows = fetch_rows(
         client,
-        f"SELECT {_ms('ts')}, state, reason, exit_code, restart_count FROM job_states "
-        f"WHERE {_JOB} AND {_between('ts')} ORDER BY ts",
+        f"SELECT {ms_of('ts')}, state, reason, exit_code, restart_count FROM job_states "
+        f"WHERE {JOB_WHERE} AND {between('ts')} ORDER BY ts",
         job=job_id,
         t0=t0 - 24 * 3600_000,
         t1=t1,
@@ -365,16 +376,16 @@ def _job_frame(
     target: int,
     nodes: Sequence[str],
     kinds: Mapping[str, str] | None,
-) -> _Frame:
+) -> JobFrame:
     meta = _job_meta(client, job_id)
     span = _job_span(client, job_id)
-    alerts = _alerts(client, _JOB, kinds=kinds, job=job_id)
-    _fold(client, alerts)
+    alerts = store_alerts(client, JOB_WHERE, kinds=kinds, job=job_id)
+    fold_alerts(client, alerts)
     if span is None and not meta.get("started_ms") and not alerts:
         raise NotFoundError("job", job_id)
     if span is None:
         first = meta.get("started_ms") or min(a["starts_ms"] for a in alerts)
-        span = (first, first + _MINUTE_MS)
+        span = (first, first + MINUTE_MS)
     quiet = _quiet_until(client, job_id)
     if quiet is not None and quiet > span[1]:
         span = (span[0], quiet)
@@ -382,9 +393,9 @@ def _job_frame(
     end = int(t1) if t1 is not None else span[1]
     # A range asked for by URL is cut to the plausible times too (from=0&to=1e15 is 11 million buckets).
     lo, hi = plausible_bounds()
-    start, end = min(max(start, lo), hi), min(max(end, lo), hi + _MINUTE_MS)
+    start, end = min(max(start, lo), hi), min(max(end, lo), hi + MINUTE_MS)
     if end <= start:
-        end = start + _MINUTE_MS
+        end = start + MINUTE_MS
     width = bucket_ms(end - start, target)
     start = start // width * width
     ranks = _ranks(client, job_id)
@@ -395,7 +406,7 @@ def _job_frame(
         if not ranks:
             raise NotFoundError(f"rank of job {job_id!r} on node", ", ".join(nodes))
     hosts_nodes = sorted({r["node"] for r in ranks}) if nodes else list(job_nodes)
-    return _Frame(job_id, meta, span, alerts, start, end, width, ranks, layout, hosts_nodes)
+    return JobFrame(job_id, meta, span, alerts, start, end, width, ranks, layout, hosts_nodes)
 
 
 def job_page(
@@ -422,14 +433,14 @@ def job_page(
     """
     f = _job_frame(client, job_id, t0, t1, target, nodes, kinds)
     start, end, width, span = f.start, f.end, f.width, f.span
-    heatmap = _rank_heatmap(client, job_id, start, end, width, f.layout)
+    heatmap = rank_heatmap(client, job_id, start, end, width, f.layout)
     page: dict[str, Any] = {
         "job": f.meta,
         "range": {"from_ms": start, "to_ms": end, "bucket_ms": width, "span": list(span)},
         # A grouped page names its rows, not its 16,384 ranks (a megabyte of JSON nobody draws).
         "ranks": [] if f.grouped else f.ranks,
         "heatmap": heatmap,
-        "steps": _step_series(
+        "steps": step_series(
             client,
             job_id,
             start,
@@ -445,7 +456,7 @@ def job_page(
         "evaluations": _phases(client, "evaluations", "evaluation_id", job_id, start, end),
         "states": _states(client, job_id, start, end),
         "alerts": f.alerts,
-        "actions": _actions(client, _JOB, job=job_id),
+        "actions": store_actions(client, JOB_WHERE, job=job_id),
     }
     # State wins over averages: a stalled, hung or overdue job shows no ETA and says since when.
     now_ms = max([span[1], *(a.get("updated_ms") or 0 for a in f.alerts)])
@@ -455,7 +466,7 @@ def job_page(
     if defer_details and f.layout is not None:
         page["details"] = "pending"
     else:
-        page.update(_details(client, f))
+        page.update(details_panels(client, f))
     if with_efficiency:
         page["efficiency"] = efficiency(client, job_id, prices)
     return page
@@ -471,17 +482,17 @@ def job_details(
 ) -> dict[str, Any]:
     """The `DETAIL_PANELS` of a job page over the page's own range (its `from_ms` and `to_ms`)."""
     f = _job_frame(client, job_id, t0, t1, target, nodes, None)
-    return {"range": {"from_ms": f.start, "to_ms": f.end, "bucket_ms": f.width}, **_details(client, f)}
+    return {"range": {"from_ms": f.start, "to_ms": f.end, "bucket_ms": f.width}, **details_panels(client, f)}
 
 
-def _fold(client: Client, alerts: list[dict[str, Any]]) -> None:
+def fold_alerts(client: Client, alerts: list[dict[str, Any]]) -> None:
     """`fold_muted` over a job's alerts; causes that are not among them (another job's, a node's) are read."""
     known = {a["alert_id"] for a in alerts}
     missing = sorted(
         {a["inhibited_by"] for a in alerts if a["inhibited_by"] and a["inhibited_by"] not in known}
     )
     others = (
-        {a["alert_id"]: a for a in _alerts(client, "alert_id IN {ids:Array(String)}", ids=missing)}
+        {a["alert_id"]: a for a in store_alerts(client, "alert_id IN {ids:Array(String)}", ids=missing)}
         if missing
         else {}
     )
@@ -495,11 +506,11 @@ def finished_fingerprint(client: Client, job_id: str) -> tuple[Any, ...] | None:
     and alert records change with any row that arrives after (a restart, a late record), and with
     them the fingerprint, so a cached answer is never served stale.
     """
-    rows = _rows(
+    rows = fetch_rows(
         client,
-        f"SELECT (SELECT argMax(state, ts) FROM job_states WHERE {_JOB}), "
-        f"(SELECT count() FROM job_states WHERE {_JOB}), (SELECT count() FROM steps WHERE {_JOB}), "
-        f"(SELECT count() FROM checkpoints WHERE {_JOB}), (SELECT count() FROM alerts WHERE {_JOB})",
+        f"SELECT (SELECT argMax(state, ts) FROM job_states WHERE {JOB_WHERE}), "
+        f"(SELECT count() FROM job_states WHERE {JOB_WHERE}), (SELECT count() FROM steps WHERE {JOB_WHERE}), "
+        f"(SELECT count() FROM checkpoints WHERE {JOB_WHERE}), (SELECT count() FROM alerts WHERE {JOB_WHERE})",
         job=job_id,
     )
     if not rows or rows[0][0] not in TERMINAL_STATES:
@@ -511,7 +522,7 @@ def finished_fingerprint(client: Client, job_id: str) -> tuple[Any, ...] | None:
 _WINDOW_FIELDS = ("job_id", "window_start", "rank", "compute_s", "step_time_s", "comm_s", "data_wait_s")
 
 
-def _meta(job_id: str, job: _Job) -> dict[str, Any]:
+def _meta(job_id: str, job: ScannedJob) -> dict[str, Any]:
     r = job.meta_latest
     if r is None:
         return {"job_id": job_id, "team": "", "owner": "", "cluster": "", "nodes": [], "world_size": 0}
@@ -529,38 +540,38 @@ def _meta(job_id: str, job: _Job) -> dict[str, Any]:
         "workload_family": r.get("workload_family") or "",
         "target_steps": job.optional.get("target_steps", (0, None))[1],
         "target_tokens": job.optional.get("target_tokens", (0, None))[1],
-        "target_epochs": _num(job.optional.get("target_epochs", (0, None))[1], 6),
-        "checkpoint_max_age_s": _num(job.optional.get("checkpoint_max_age_s", (0, None))[1], 6),
+        "target_epochs": rounded(job.optional.get("target_epochs", (0, None))[1], 6),
+        "checkpoint_max_age_s": rounded(job.optional.get("checkpoint_max_age_s", (0, None))[1], 6),
         "started_ms": int(job.started_min or r["ts"]),
     }
 
 
-def _frame(
+def recording_frame(
     found: Scan, job_id: str, t0: int | None, t1: int | None, target: int, kinds: dict[str, str] | None = None
 ) -> RecordingFrame:
     job = found.jobs.get(job_id)
     if job is None:
         raise NotFoundError("job", job_id)
     meta = _meta(job_id, job)
-    span = (job.minutes[0], job.minutes[1] + _MINUTE_MS) if job.minutes else None
-    alerts = _alert_rows(job.alerts, found.lo, found.hi, kinds)
+    span = (job.minutes[0], job.minutes[1] + MINUTE_MS) if job.minutes else None
+    alerts = alert_rows(job.alerts, found.lo, found.hi, kinds)
     found.fold(alerts, kinds)
     if span is None and not meta.get("started_ms") and not alerts:
         raise NotFoundError("job", job_id)
     if span is None:
         first = meta.get("started_ms") or min(a["starts_ms"] for a in alerts)
-        span = (first, first + _MINUTE_MS)
+        span = (first, first + MINUTE_MS)
     # `_quiet_until`: a job that is not over runs to the newest step of the recording.
     ends = [v + 1 for v in (job.state_max, job.alert_max) if v and v >= found.lo]
     if (job.state is None or job.state[1] not in TERMINAL_STATES) and found.newest_minute is not None:
-        ends.append(found.newest_minute + _MINUTE_MS)
+        ends.append(found.newest_minute + MINUTE_MS)
     if ends and max(ends) > span[1]:
         span = (span[0], max(ends))
     start = int(t0) if t0 is not None else span[0]
     end = int(t1) if t1 is not None else span[1]
-    start, end = min(max(start, found.lo), found.hi), min(max(end, found.lo), found.hi + _MINUTE_MS)
+    start, end = min(max(start, found.lo), found.hi), min(max(end, found.lo), found.hi + MINUTE_MS)
     if end <= start:
-        end = start + _MINUTE_MS
+        end = start + MINUTE_MS
     width = bucket_ms(end - start, target)
     start = start // width * width
     ranks = [
@@ -656,7 +667,7 @@ class Panels(StepFold, DetailFold, CompareFold):
         elif kind == "ValidationResult":
             if self.f.start <= r["ts"] < self.f.end:
                 for name, value in (r.get("metrics") or {}).items():
-                    self.validation[name].append([r["ts"], _num(value, 5), r["step"]])
+                    self.validation[name].append([r["ts"], rounded(value, 5), r["step"]])
         elif kind in ("CheckpointEvent", "EvaluationEvent"):
             self._phase(kind, r)
             if kind == "CheckpointEvent" and self.f.lo <= r["ts"] <= self.f.hi:
@@ -847,7 +858,7 @@ def job_report(
     if job_id not in found.jobs or (found.jobs[job_id].minutes is None and not found.jobs[job_id].started):
         jobs = sorted(j for j, info in found.jobs.items() if info.minutes is not None)
         raise UiError(f"job {job_id!r} is not in the recording (it holds: {', '.join(jobs) or 'none'})")
-    frame = _frame(found, job_id, t0, t1, target, kinds)
+    frame = recording_frame(found, job_id, t0, t1, target, kinds)
     runs, family, width = _compare_frame(found, job_id) if found.jobs[job_id].started else ([], "", 1)
     panels = Panels(frame, runs, width)
     tally.select([job_id] + [r.job_id for r in runs])

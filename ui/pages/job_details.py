@@ -12,29 +12,29 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 
 from ui.pages.common import (
-    _GIB,
-    _JOB,
-    _MINUTE_MS,
+    GIB,
+    JOB_WHERE,
+    MINUTE_MS,
+    JobFrame,
+    Mean,
     PanelFold,
     RawJson,
-    _between,
-    _bucket,
-    _ch,
-    _columns,
-    _Frame,
-    _Mean,
-    _ms,
-    _num,
-    _r,
-    _rows,
+    between,
+    bucket_sql,
+    ch_round,
+    fetch_rows,
+    json_columns,
+    ms_of,
+    round_sql,
+    rounded,
 )
 from ui.rows import RowLayout
 
-__all__ = ["DATAPATH_METRICS", "DETAIL_PANELS", "DetailFold"]
+__all__ = ["DATAPATH_METRICS", "DETAIL_PANELS", "GPU_WHERE", "DetailFold", "details_panels", "gpu_keys"]
 
 
 # Node names and GPU keys are parameters like every other value (a node may be named anything).
-_GPU_WHERE = (
+GPU_WHERE = (
     "cluster = {cluster:String} AND node IN {nodes:Array(String)} "
     "AND (node, gpu_index) IN {keys:Array(Tuple(String, Int32))}"
 )
@@ -42,14 +42,14 @@ _GPU_WHERE = (
 
 def _gpu_buckets(width: int) -> tuple[str, str]:
     """The source and the SQL of per (bucket `b`, node, GPU) activity, power, SM clock, memory used (GiB)."""
-    if width >= _MINUTE_MS:
+    if width >= MINUTE_MS:
         return (
             "gpu_minute",
             (
-                f"SELECT {_bucket('toUnixTimestamp(minute) * 1000')} AS b, node, gpu_index, "
+                f"SELECT {bucket_sql('toUnixTimestamp(minute) * 1000')} AS b, node, gpu_index, "
                 "avgMerge(gpu_util_pct_avg) AS util, avgMerge(power_w_avg) AS power, "
                 "avgMerge(sm_clock_mhz_avg) AS sm_clock, max(mem_used_bytes_max) / 1073741824 AS mem_used "
-                f"FROM gpu_minute WHERE {_GPU_WHERE} "
+                f"FROM gpu_minute WHERE {GPU_WHERE} "
                 "AND minute >= toDateTime(intDiv({t0:Int64}, 1000), 'UTC') "
                 "AND minute < toDateTime(intDiv({t1:Int64}, 1000), 'UTC') GROUP BY b, node, gpu_index"
             ),
@@ -57,14 +57,14 @@ def _gpu_buckets(width: int) -> tuple[str, str]:
     return (
         "gpu_samples",
         (
-            f"SELECT {_bucket(_ms('ts'))} AS b, node, gpu_index, avg(gpu_util_pct) AS util, "
+            f"SELECT {bucket_sql(ms_of('ts'))} AS b, node, gpu_index, avg(gpu_util_pct) AS util, "
             "avg(power_w) AS power, avg(sm_clock_mhz) AS sm_clock, max(mem_used_bytes) / 1073741824 AS mem_used "
-            f"FROM gpu_samples WHERE {_GPU_WHERE} AND {_between('ts')} GROUP BY b, node, gpu_index"
+            f"FROM gpu_samples WHERE {GPU_WHERE} AND {between('ts')} GROUP BY b, node, gpu_index"
         ),
     )
 
 
-def _gpu_keys(ranks: Sequence[dict[str, Any]]) -> list[tuple[str, int]]:
+def gpu_keys(ranks: Sequence[dict[str, Any]]) -> list[tuple[str, int]]:
     return sorted({(r["node"], int(r["gpu_index"])) for r in ranks if r["gpu_index"] is not None})
 
 
@@ -80,14 +80,14 @@ def _gpu_cells(
 ) -> RawJson:
     """One row per (bucket, GPU) with every metric: the page draws the activity heatmap, the bands
     across GPUs and the line of whichever GPU an alert names from the same columns."""
-    return _columns(
+    return json_columns(
         client,
         # The GPU's row: a hash look-up of "node/gpu" (a node name may hold '/', the GPU index never
         # does: the key is unambiguous); indexOf over the key array per row was 3x slower at 512 GPUs.
         "SELECT intDiv(b - {t0:Int64}, {width:Int64}) AS x, "
         "transform(concat(node, '/', toString(gpu_index)), {names:Array(String)}, "
         "range(toUInt32(length({names:Array(String)}))), -1) AS i, "
-        f"{', '.join(_r(v, digits) for v, digits in values)} FROM ({sql}) ORDER BY x, i",
+        f"{', '.join(round_sql(v, digits) for v, digits in values)} FROM ({sql}) ORDER BY x, i",
         nodes=sorted({n for n, _ in keys}),
         keys=[(n, int(g)) for n, g in keys],
         names=[f"{n}/{int(g)}" for n, g in keys],
@@ -114,7 +114,7 @@ def _gpus(
     which GPU), power and clock bands across the job's GPUs worked out by ClickHouse, and the lines of
     the GPUs in `named` (the ones the page's alerts name).
     """
-    keys = _gpu_keys(ranks)
+    keys = gpu_keys(ranks)
     if not keys:
         return {"source": None, "labels": [], "keys": [], "columns": [], "cells": []}
     if layout is not None and layout.grouped:
@@ -148,7 +148,7 @@ def _gpus_grouped(
     # One level over the GPU rows of the job's nodes (no per-GPU mean first, no (node, GPU) key
     # filter: both cost seconds at 16,384 GPUs): a row's cell is the least busy GPU-minute (or sample)
     # of its nodes in the bucket; the bands are taken over every GPU-minute of the bucket.
-    if width >= _MINUTE_MS:
+    if width >= MINUTE_MS:
         source, time_ms = "gpu_minute", "toUnixTimestamp(minute) * 1000"
         util, power, clock = (
             f"finalizeAggregation({c})" for c in ("gpu_util_pct_avg", "power_w_avg", "sm_clock_mhz_avg")
@@ -159,9 +159,9 @@ def _gpus_grouped(
             "AND minute < toDateTime(intDiv({t1:Int64}, 1000), 'UTC')"
         )
     else:
-        source, time_ms = "gpu_samples", _ms("ts")
+        source, time_ms = "gpu_samples", ms_of("ts")
         util, power, clock, mem = "gpu_util_pct", "power_w", "sm_clock_mhz", "mem_used_bytes"
-        when = _between("ts")
+        when = between("ts")
     rows = (
         f"SELECT {time_ms} AS t, node, gpu_index, {util} AS util, {power} AS power, {clock} AS sm_clock, "
         f"{mem} / 1073741824 AS mem_used FROM {source} WHERE cluster = {{cluster:String}} "
@@ -174,11 +174,11 @@ def _gpus_grouped(
         "t1": t1,
         "width": width,
     }
-    cells = _columns(
+    cells = json_columns(
         client,
         "SELECT intDiv(t - {t0:Int64}, {width:Int64}) AS x, "
         "transform(node, {node_keys:Array(String)}, {node_rows:Array(Int32)}, -1) AS i, "
-        f"{_r('min(util)', 1)}, argMin(concat(node, '/gpu', toString(gpu_index)), util) FROM ({rows}) "
+        f"{round_sql('min(util)', 1)}, argMin(concat(node, '/gpu', toString(gpu_index)), util) FROM ({rows}) "
         "WHERE t >= {t0:Int64} GROUP BY x, i ORDER BY x, i",
         node_keys=layout.node_keys,
         node_rows=layout.node_rows,
@@ -186,13 +186,13 @@ def _gpus_grouped(
     )
     bands: dict[str, dict[str, list[list[Any]]]] = {k: {"min": [], "median": [], "max": []} for k in _BANDED}
     quantiles = ", ".join(f"min({k}), quantileExact(0.5)({k}), max({k})" for k in _BANDED)
-    for row in _rows(
-        client, f"SELECT {_bucket('t')} AS b, {quantiles} FROM ({rows}) GROUP BY b ORDER BY b", **params
+    for row in fetch_rows(
+        client, f"SELECT {bucket_sql('t')} AS b, {quantiles} FROM ({rows}) GROUP BY b ORDER BY b", **params
     ):
         for i, k in enumerate(_BANDED):
             digits = 0 if k == "sm_clock" else 2 if k == "mem_used" else 1
             for j, part in enumerate(("min", "median", "max")):
-                bands[k][part].append([int(row[0]), _num(row[1 + 3 * i + j], digits)])
+                bands[k][part].append([int(row[0]), rounded(row[1 + 3 * i + j], digits)])
     wanted = [key for key in keys if key in set(named)]
     named_sql = _gpu_buckets(width)[1]
     return {
@@ -231,25 +231,25 @@ def _gpm(
 ) -> dict[str, Any]:
     """SM and tensor-pipe activity per (bucket, GPU) from the raw samples (`gpu_minute` holds no GPM);
     on a grouped page per (bucket, node row): its least active GPU. Empty cells where no GPU reports GPM."""
-    keys = _gpu_keys(ranks)
+    keys = gpu_keys(ranks)
     columns = ["bucket index", "gpu", "sm_active", "tensor_active"]
     if not keys:
         return {"columns": columns, "cells": []}
     if layout is not None and layout.grouped:
         params: dict[str, Any] = {"cluster": cluster, "nodes": layout.node_keys, "t0": t0, "t1": t1}
-        where = f"cluster = {{cluster:String}} AND node IN {{nodes:Array(String)}} AND {_between('ts')}"
+        where = f"cluster = {{cluster:String}} AND node IN {{nodes:Array(String)}} AND {between('ts')}"
         # Most fleets have no GPM (pre-Hopper GPUs): one sample tells, before a scan of every sample.
-        if not _rows(
+        if not fetch_rows(
             client,
             f"SELECT count() FROM (SELECT 1 FROM gpu_samples WHERE {where} AND {_GPM_FILTER} LIMIT 1)",
             **params,
         )[0][0]:
             return {"columns": ["bucket index", "row", "sm_active", "tensor_active"], "cells": []}
-        cells = _columns(
+        cells = json_columns(
             client,
-            f"SELECT intDiv({_ms('ts')} - {{t0:Int64}}, {{width:Int64}}) AS x, "
+            f"SELECT intDiv({ms_of('ts')} - {{t0:Int64}}, {{width:Int64}}) AS x, "
             "transform(node, {node_keys:Array(String)}, {node_rows:Array(Int32)}, -1) AS i, "
-            f"{_r('min(sm_active_pct)', 1)}, {_r('min(tensor_active_pct)', 1)} FROM gpu_samples "
+            f"{round_sql('min(sm_active_pct)', 1)}, {round_sql('min(tensor_active_pct)', 1)} FROM gpu_samples "
             f"WHERE {where} AND {_GPM_FILTER} GROUP BY x, i ORDER BY x, i",
             node_keys=layout.node_keys,
             node_rows=layout.node_rows,
@@ -258,8 +258,8 @@ def _gpm(
         )
         return {"columns": ["bucket index", "row", "sm_active", "tensor_active"], "cells": cells}
     sql = (
-        f"SELECT {_bucket(_ms('ts'))} AS b, node, gpu_index, avg(sm_active_pct) AS sm_active, "
-        f"avg(tensor_active_pct) AS tensor_active FROM gpu_samples WHERE {_GPU_WHERE} AND {_between('ts')} "
+        f"SELECT {bucket_sql(ms_of('ts'))} AS b, node, gpu_index, avg(sm_active_pct) AS sm_active, "
+        f"avg(tensor_active_pct) AS tensor_active FROM gpu_samples WHERE {GPU_WHERE} AND {between('ts')} "
         f"AND {_GPM_FILTER} GROUP BY b, node, gpu_index"
     )
     cells = _gpu_cells(
@@ -294,20 +294,22 @@ def _hosts(
     lines = sorted(nodes) if named is None else sorted(set(named) & set(nodes))
     out: dict[str, Any] = {"nodes": lines, "cpu": {}, "mem_pct": {}, "retrans": {}, "ib_errors": {}}
     per_node = (
-        f"SELECT node, {_bucket(_ms('ts'))} AS b, avg(cpu_util_pct) AS cpu, "
+        f"SELECT node, {bucket_sql(ms_of('ts'))} AS b, avg(cpu_util_pct) AS cpu, "
         "avg(100 * mem_used_bytes / nullIf(mem_total_bytes, 0)) AS mem, avg(tcp_retrans_segs_s) AS retrans, "
         "max(ib_errors) AS ib FROM host_samples WHERE cluster = {cluster:String} AND node IN {nodes:Array(String)} "
-        f"AND {_between('ts')} GROUP BY node, b"
+        f"AND {between('ts')} GROUP BY node, b"
     )
     for node, b, cpu, mem, retrans, ib in (
-        _rows(client, f"{per_node} ORDER BY node, b", cluster=cluster, nodes=lines, t0=t0, t1=t1, width=width)
+        fetch_rows(
+            client, f"{per_node} ORDER BY node, b", cluster=cluster, nodes=lines, t0=t0, t1=t1, width=width
+        )
         if lines
         else []
     ):
         b = int(b)
-        out["cpu"].setdefault(node, []).append([b, _num(cpu, 1)])
-        out["mem_pct"].setdefault(node, []).append([b, _num(mem, 1)])
-        out["retrans"].setdefault(node, []).append([b, _num(retrans, 1)])
+        out["cpu"].setdefault(node, []).append([b, rounded(cpu, 1)])
+        out["mem_pct"].setdefault(node, []).append([b, rounded(mem, 1)])
+        out["retrans"].setdefault(node, []).append([b, rounded(retrans, 1)])
         out["ib_errors"].setdefault(node, []).append([b, None if ib is None else int(ib)])
     if named is not None:
         # Over every sample of the nodes in the bucket (one level: a per-node mean first doubles the cost).
@@ -316,12 +318,12 @@ def _hosts(
             k: {"min": [], "median": [], "max": []} for k in metrics
         }
         values = ("cpu_util_pct", "100 * mem_used_bytes / nullIf(mem_total_bytes, 0)", "tcp_retrans_segs_s")
-        for row in _rows(
+        for row in fetch_rows(
             client,
-            f"SELECT {_bucket(_ms('ts'))} AS b, "
+            f"SELECT {bucket_sql(ms_of('ts'))} AS b, "
             + ", ".join(f"min({v}), quantileExact(0.5)({v}), max({v})" for v in values)
             + " FROM host_samples WHERE cluster = {cluster:String} AND node IN {nodes:Array(String)} "
-            f"AND {_between('ts')} GROUP BY b ORDER BY b",
+            f"AND {between('ts')} GROUP BY b ORDER BY b",
             cluster=cluster,
             nodes=list(nodes),
             t0=t0,
@@ -330,7 +332,7 @@ def _hosts(
         ):
             for i, k in enumerate(metrics):
                 for j, part in enumerate(("min", "median", "max")):
-                    bands[k][part].append([int(row[0]), _num(row[1 + 3 * i + j], 1)])
+                    bands[k][part].append([int(row[0]), rounded(row[1 + 3 * i + j], 1)])
         out["bands"] = bands
         out["of"] = len(nodes)
     return out
@@ -356,10 +358,10 @@ def _datapath(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict
     for _, value, _, low in DATAPATH_METRICS:
         fn, pick = ("min", "argMin") if low else ("max", "argMax")
         parts.append(f"quantileExact(0.5)({value}), {fn}({value}), {pick}(rank, {value})")
-    rows = _rows(
+    rows = fetch_rows(
         client,
-        f"SELECT {_bucket(_ms('ts'))} AS b, {', '.join(parts)}, sum(errors), sum(file_open_errors) "
-        f"FROM dataloader_samples WHERE {_JOB} AND {_between('ts')} GROUP BY b ORDER BY b",
+        f"SELECT {bucket_sql(ms_of('ts'))} AS b, {', '.join(parts)}, sum(errors), sum(file_open_errors) "
+        f"FROM dataloader_samples WHERE {JOB_WHERE} AND {between('ts')} GROUP BY b ORDER BY b",
         job=job_id,
         t0=t0,
         t1=t1,
@@ -372,9 +374,9 @@ def _datapath(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict
         for r in rows:
             value, rank = r[2 + 3 * i], r[3 + 3 * i]
             if r[1 + 3 * i] is not None:
-                median.append([int(r[0]), _num(r[1 + 3 * i], digits)])
+                median.append([int(r[0]), rounded(r[1 + 3 * i], digits)])
             if value is not None:
-                worst.append([int(r[0]), _num(value, digits), int(rank)])
+                worst.append([int(r[0]), rounded(value, digits), int(rank)])
         out[name] = {"median": median, "worst": worst}
     n = 1 + 3 * len(DATAPATH_METRICS)
     out["errors"] = [[int(r[0]), int(r[n] or 0), int(r[n + 1] or 0)] for r in rows if r[n] or r[n + 1]]
@@ -382,39 +384,39 @@ def _datapath(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict
 
 
 def _dataloader(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict[str, Any]:
-    rows = _rows(
+    rows = fetch_rows(
         client,
-        f"SELECT {_bucket(_ms('ts'))} AS b, avg(wait_s / nullIf(interval_s, 0)), "
+        f"SELECT {bucket_sql(ms_of('ts'))} AS b, avg(wait_s / nullIf(interval_s, 0)), "
         "max(wait_s / nullIf(interval_s, 0)), argMax(rank, wait_s / nullIf(interval_s, 0)), "
         "avg(queue_depth), min(queue_depth) "
-        f"FROM dataloader_samples WHERE {_JOB} AND {_between('ts')} GROUP BY b ORDER BY b",
+        f"FROM dataloader_samples WHERE {JOB_WHERE} AND {between('ts')} GROUP BY b ORDER BY b",
         job=job_id,
         t0=t0,
         t1=t1,
         width=width,
     )
     return {
-        "wait_frac_avg": [[int(r[0]), _num(r[1])] for r in rows],
-        "wait_frac_max": [[int(r[0]), _num(r[2]), int(r[3])] for r in rows],
-        "queue_depth_avg": [[int(r[0]), _num(r[4], 2)] for r in rows],
-        "queue_depth_min": [[int(r[0]), _num(r[5], 2)] for r in rows],
+        "wait_frac_avg": [[int(r[0]), rounded(r[1])] for r in rows],
+        "wait_frac_max": [[int(r[0]), rounded(r[2]), int(r[3])] for r in rows],
+        "queue_depth_avg": [[int(r[0]), rounded(r[4], 2)] for r in rows],
+        "queue_depth_min": [[int(r[0]), rounded(r[5], 2)] for r in rows],
     }
 
 
 def _collectives(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict[str, Any]:
     out: dict[str, dict[str, list[list[Any]]]] = {}
-    for op, b, frac, bw in _rows(
+    for op, b, frac, bw in fetch_rows(
         client,
-        f"SELECT op, {_bucket(_ms('ts'))} AS b, sum(time_s) / nullIf(sum(interval_s), 0), avg(bus_bw_gbps) "
-        f"FROM collective_samples WHERE {_JOB} AND {_between('ts')} GROUP BY op, b ORDER BY op, b",
+        f"SELECT op, {bucket_sql(ms_of('ts'))} AS b, sum(time_s) / nullIf(sum(interval_s), 0), avg(bus_bw_gbps) "
+        f"FROM collective_samples WHERE {JOB_WHERE} AND {between('ts')} GROUP BY op, b ORDER BY op, b",
         job=job_id,
         t0=t0,
         t1=t1,
         width=width,
     ):
         series = out.setdefault(op, {"time_frac": [], "bus_bw_gbps": []})
-        series["time_frac"].append([int(b), _num(frac)])
-        series["bus_bw_gbps"].append([int(b), _num(bw, 2)])
+        series["time_frac"].append([int(b), rounded(frac)])
+        series["bus_bw_gbps"].append([int(b), rounded(bw, 2)])
     return out
 
 
@@ -423,7 +425,7 @@ def _collectives(client: Client, job_id: str, t0: int, t1: int, width: int) -> d
 DETAIL_PANELS = ("gpus", "gpm", "hosts", "dataloader", "datapath", "collectives")
 
 
-def _details(client: Client, f: _Frame) -> dict[str, Any]:
+def details_panels(client: Client, f: JobFrame) -> dict[str, Any]:
     cluster = f.meta.get("cluster", "")
     alerts = f.alerts
     return {
@@ -466,7 +468,7 @@ class DetailFold(PanelFold):
         self.loader: dict[int, list[Any]] = {}
         self.collectives: dict[tuple[str, int], list[Any]] = {}
         self.gpu_faults: dict[tuple[str, int], list[Any]] = {}
-        self.gpm: dict[tuple[int, int], list[_Mean]] = {}
+        self.gpm: dict[tuple[int, int], list[Mean]] = {}
         self.datapath: dict[int, list[Any]] = {}
 
     def _gpu(self, r: dict[str, Any]) -> None:
@@ -477,9 +479,9 @@ class DetailFold(PanelFold):
         if i is None:
             return
         ts = r["ts"]
-        if f.width >= _MINUTE_MS:
+        if f.width >= MINUTE_MS:
             # `gpu_minute`: the sample's minute decides, its whole seconds against the range's.
-            minute = ts // _MINUTE_MS * _MINUTE_MS
+            minute = ts // MINUTE_MS * MINUTE_MS
             if not (f.start // 1000 * 1000 <= minute < f.end // 1000 * 1000):
                 return
             b = minute // f.width * f.width
@@ -490,7 +492,7 @@ class DetailFold(PanelFold):
         x = (b - f.start) // f.width
         cell = self.gpus.get((x, i))
         if cell is None:
-            cell = self.gpus[(x, i)] = [_Mean(), _Mean(), _Mean(), None]
+            cell = self.gpus[(x, i)] = [Mean(), Mean(), Mean(), None]
         cell[0].add(r.get("gpu_util_pct"))
         cell[1].add(r.get("power_w"))
         cell[2].add(r.get("sm_clock_mhz"))
@@ -506,7 +508,7 @@ class DetailFold(PanelFold):
             return
         cell = self.hosts.get((r["node"], b))
         if cell is None:
-            cell = self.hosts[(r["node"], b)] = [_Mean(), _Mean(), _Mean(), None]
+            cell = self.hosts[(r["node"], b)] = [Mean(), Mean(), Mean(), None]
         cell[0].add(r.get("cpu_util_pct"))
         used, total = r.get("mem_used_bytes"), r.get("mem_total_bytes")
         cell[1].add(100 * used / total if used is not None and total else None)
@@ -521,7 +523,7 @@ class DetailFold(PanelFold):
             return
         cell = self.loader.get(b)
         if cell is None:
-            cell = self.loader[b] = [_Mean(), None, None, _Mean(), None]
+            cell = self.loader[b] = [Mean(), None, None, Mean(), None]
         interval = r.get("interval_s")
         frac = r["wait_s"] / interval if interval and r.get("wait_s") is not None else None
         cell[0].add(frac)
@@ -541,7 +543,7 @@ class DetailFold(PanelFold):
             return
         cell = self.collectives.get((r["op"], b))
         if cell is None:
-            cell = self.collectives[(r["op"], b)] = [0.0, 0.0, 0, _Mean()]
+            cell = self.collectives[(r["op"], b)] = [0.0, 0.0, 0, Mean()]
         if r.get("time_s") is not None:
             cell[0] += r["time_s"]
         if r.get("interval_s") is not None:
@@ -559,7 +561,7 @@ class DetailFold(PanelFold):
         sm, tensor = r.get("sm_active_pct"), r.get("tensor_active_pct")
         if sm is not None or tensor is not None:
             x = (r["ts"] // f.width * f.width - f.start) // f.width
-            cell = self.gpm.setdefault((x, i), [_Mean(), _Mean()])
+            cell = self.gpm.setdefault((x, i), [Mean(), Mean()])
             cell[0].add(sm)
             cell[1].add(tensor)
         xid, ecc = r.get("xid"), r.get("ecc_uncorrected")
@@ -603,8 +605,8 @@ class DetailFold(PanelFold):
         for (x, i), (sm, tensor) in sorted(self.gpm.items()):
             columns[0].append(x)
             columns[1].append(i)
-            columns[2].append(_ch(sm.value(), 1))
-            columns[3].append(_ch(tensor.value(), 1))
+            columns[2].append(ch_round(sm.value(), 1))
+            columns[3].append(ch_round(tensor.value(), 1))
         # ClickHouse writes no rows as `[]`.
         return {
             "columns": ["bucket index", "gpu", "sm_active", "tensor_active"],
@@ -622,10 +624,10 @@ class DetailFold(PanelFold):
                 if not values:
                     continue
                 ordered = sorted(v for v, _ in values)
-                median.append([b, _num(ordered[len(ordered) // 2], digits)])
+                median.append([b, rounded(ordered[len(ordered) // 2], digits)])
                 # argMin / argMax over the table's order (job, rank, time): of equal values, the lowest rank's.
                 value, rank = (min if low else max)(values, key=lambda p: (p[0], p[1] if low else -p[1]))
-                worst.append([b, _num(value, digits), rank])
+                worst.append([b, rounded(value, digits), rank])
             out[name] = {"median": median, "worst": worst}
         n = len(DATAPATH_METRICS)
         out["errors"] = [[b, int(c[n] or 0), int(c[n + 1] or 0)] for b, c in rows if c[n] or c[n + 1]]
@@ -640,12 +642,12 @@ class DetailFold(PanelFold):
         for (x, i), (util, power, clock, mem) in sorted(self.gpus.items()):
             columns[0].append(x)
             columns[1].append(i)
-            columns[2].append(_ch(util.value(), 1))
-            columns[3].append(_ch(power.value(), 1))
-            columns[4].append(_ch(clock.value(), 0))
-            columns[5].append(_ch(None if mem is None else mem / _GIB, 2))
+            columns[2].append(ch_round(util.value(), 1))
+            columns[3].append(ch_round(power.value(), 1))
+            columns[4].append(ch_round(clock.value(), 0))
+            columns[5].append(ch_round(None if mem is None else mem / GIB, 2))
         return {
-            "source": "gpu_minute" if f.width >= _MINUTE_MS else "gpu_samples",
+            "source": "gpu_minute" if f.width >= MINUTE_MS else "gpu_samples",
             "labels": [f"{node}/gpu{gpu} r{rank_of[(node, gpu)]}" for node, gpu in f.gpu_keys],
             "keys": [[n, g] for n, g in f.gpu_keys],
             "columns": ["bucket index", "gpu", "util", "power", "sm_clock", "mem_used"],
@@ -663,25 +665,25 @@ class DetailFold(PanelFold):
             "ib_errors": {},
         }
         for (node, b), (cpu, mem, retrans, ib) in sorted(self.hosts.items()):
-            out["cpu"].setdefault(node, []).append([b, _num(cpu.value(), 1)])
-            out["mem_pct"].setdefault(node, []).append([b, _num(mem.value(), 1)])
-            out["retrans"].setdefault(node, []).append([b, _num(retrans.value(), 1)])
+            out["cpu"].setdefault(node, []).append([b, rounded(cpu.value(), 1)])
+            out["mem_pct"].setdefault(node, []).append([b, rounded(mem.value(), 1)])
+            out["retrans"].setdefault(node, []).append([b, rounded(retrans.value(), 1)])
             out["ib_errors"].setdefault(node, []).append([b, None if ib is None else int(ib)])
         return out
 
     def _loader_panel(self) -> dict[str, Any]:
         rows = sorted(self.loader.items())
         return {
-            "wait_frac_avg": [[b, _num(c[0].value())] for b, c in rows],
-            "wait_frac_max": [[b, _num(c[1]), c[2]] for b, c in rows if c[1] is not None],
-            "queue_depth_avg": [[b, _num(c[3].value(), 2)] for b, c in rows],
-            "queue_depth_min": [[b, _num(c[4], 2)] for b, c in rows],
+            "wait_frac_avg": [[b, rounded(c[0].value())] for b, c in rows],
+            "wait_frac_max": [[b, rounded(c[1]), c[2]] for b, c in rows if c[1] is not None],
+            "queue_depth_avg": [[b, rounded(c[3].value(), 2)] for b, c in rows],
+            "queue_depth_min": [[b, rounded(c[4], 2)] for b, c in rows],
         }
 
     def _collectives_panel(self) -> dict[str, Any]:
         out: dict[str, dict[str, list[list[Any]]]] = {}
         for (op, b), (time_s, interval_s, _, bw) in sorted(self.collectives.items()):
             series = out.setdefault(op, {"time_frac": [], "bus_bw_gbps": []})
-            series["time_frac"].append([b, _num(time_s / interval_s) if interval_s else None])
-            series["bus_bw_gbps"].append([b, _num(bw.value(), 2)])
+            series["time_frac"].append([b, rounded(time_s / interval_s) if interval_s else None])
+            series["bus_bw_gbps"].append([b, rounded(bw.value(), 2)])
         return out

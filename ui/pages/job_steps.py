@@ -13,23 +13,23 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 
 from ui.pages.common import (
-    _DERIVED_HOP_MS,
-    _JOB,
+    DERIVED_HOP_MS,
+    JOB_WHERE,
+    Mean,
     PanelFold,
-    _between,
-    _bucket,
-    _ch,
-    _columns,
-    _Mean,
-    _ms,
-    _num,
-    _r,
-    _rows,
+    between,
+    bucket_sql,
+    ch_round,
+    fetch_rows,
+    json_columns,
+    ms_of,
+    round_sql,
+    rounded,
 )
 from ui.pages.compare import SEGMENTS
 from ui.rows import RowLayout
 
-__all__ = ["StepFold", "step_rate"]
+__all__ = ["StepFold", "rank_heatmap", "step_rate", "step_series"]
 
 
 _HEAT_COLUMNS = ["bucket index", "rank", "compute", "step", "comm", "wait"]
@@ -43,7 +43,7 @@ _STEP_VALUES = (
 )
 
 
-def _rank_heatmap(
+def rank_heatmap(
     client: Client, job_id: str, t0: int, t1: int, width: int, layout: RowLayout | None = None
 ) -> dict[str, Any]:
     """Per (bucket, rank): compute, step time, communication and data wait in seconds, as JSON columns.
@@ -52,9 +52,9 @@ def _rank_heatmap(
     node group) row holds the row's worst value in the bucket (its slowest window) and which rank it was.
     """
     params = {"job": job_id, "t0": t0, "t1": t1}
-    if width >= _DERIVED_HOP_MS:
-        where = f"{_JOB} AND {_between('window_start')}"
-        if _rows(
+    if width >= DERIVED_HOP_MS:
+        where = f"{JOB_WHERE} AND {between('window_start')}"
+        if fetch_rows(
             client,
             f"SELECT count() FROM (SELECT 1 FROM derived_rank_windows WHERE {where} LIMIT 1)",
             **params,
@@ -66,11 +66,11 @@ def _rank_heatmap(
             return {
                 "source": "derived_rank_windows",
                 "columns": _HEAT_COLUMNS,
-                "cells": _columns(
+                "cells": json_columns(
                     client,
-                    f"SELECT intDiv({_ms('window_start')} - {{t0:Int64}}, {{width:Int64}}) AS x, rank, "
-                    f"{_r('avg(compute_s)')}, {_r('avg(step_time_s)')}, {_r('avg(comm_s)')}, "
-                    f"{_r('avg(data_wait_s)')} FROM derived_rank_windows WHERE {where} "
+                    f"SELECT intDiv({ms_of('window_start')} - {{t0:Int64}}, {{width:Int64}}) AS x, rank, "
+                    f"{round_sql('avg(compute_s)')}, {round_sql('avg(step_time_s)')}, {round_sql('avg(comm_s)')}, "
+                    f"{round_sql('avg(data_wait_s)')} FROM derived_rank_windows WHERE {where} "
                     "GROUP BY x, rank ORDER BY x, rank",
                     width=width,
                     **params,
@@ -81,12 +81,12 @@ def _rank_heatmap(
     return {
         "source": "steps",
         "columns": _HEAT_COLUMNS,
-        "cells": _columns(
+        "cells": json_columns(
             client,
-            f"SELECT intDiv({_ms('ts')} - {{t0:Int64}}, {{width:Int64}}) AS x, rank, "
-            f"{_r('avg(ifNull(forward_s, 0) + ifNull(backward_s, 0) + ifNull(optimizer_s, 0))')}, "
-            f"{_r('avg(step_time_s)')}, {_r('avg(comm_s)')}, {_r('avg(data_wait_s)')} "
-            f"FROM steps WHERE {_JOB} AND {_between('ts')} GROUP BY x, rank ORDER BY x, rank",
+            f"SELECT intDiv({ms_of('ts')} - {{t0:Int64}}, {{width:Int64}}) AS x, rank, "
+            f"{round_sql('avg(ifNull(forward_s, 0) + ifNull(backward_s, 0) + ifNull(optimizer_s, 0))')}, "
+            f"{round_sql('avg(step_time_s)')}, {round_sql('avg(comm_s)')}, {round_sql('avg(data_wait_s)')} "
+            f"FROM steps WHERE {JOB_WHERE} AND {between('ts')} GROUP BY x, rank ORDER BY x, rank",
             width=width,
             **params,
         ),
@@ -102,26 +102,28 @@ def _rows_heatmap(
     params: dict[str, Any],
     width: int,
 ) -> dict[str, Any]:
-    """`_rank_heatmap` over a layout's rows: ranks of a drill-down (means), or node rows (worst and which rank)."""
+    """`rank_heatmap` over a layout's rows: ranks of a drill-down (means), or node rows (worst and which rank)."""
     per_row = layout.ranks_per_row
     if per_row is not None:
-        row, where = "intDiv(rank, {per_row:Int32})", f"{_JOB} AND {_between(time_column)}"
+        row, where = "intDiv(rank, {per_row:Int32})", f"{JOB_WHERE} AND {between(time_column)}"
         mapping: dict[str, Any] = {"per_row": per_row}
     else:
         row = "transform(rank, {rank_keys:Array(Int32)}, {rank_rows:Array(Int32)}, -1)"
-        where = f"{_JOB} AND {_between(time_column)} AND rank IN {{rank_keys:Array(Int32)}}"
+        where = f"{JOB_WHERE} AND {between(time_column)} AND rank IN {{rank_keys:Array(Int32)}}"
         mapping = {"rank_keys": layout.rank_keys, "rank_rows": layout.rank_rows}
-    head = f"SELECT intDiv({_ms(time_column)} - {{t0:Int64}}, {{width:Int64}}) AS x, {row} AS row, "
+    head = f"SELECT intDiv({ms_of(time_column)} - {{t0:Int64}}, {{width:Int64}}) AS x, {row} AS row, "
     if layout.grouped:
         # One level: the slowest window of any of the row's ranks (a per-rank mean first would be a
         # second aggregation over ranks x buckets, millions of groups at 16k ranks). Which rank it
         # was for compute and step time, the slow views (each argMax costs as much as the max).
-        select = ", ".join([*(_r(f"max({v})") for v in values), *(f"argMax(rank, {v})" for v in values[:2])])
+        select = ", ".join(
+            [*(round_sql(f"max({v})") for v in values), *(f"argMax(rank, {v})" for v in values[:2])]
+        )
         columns = ["bucket index", "row", "compute", "step", "comm", "wait", "compute rank", "step rank"]
     else:
-        select = ", ".join(_r(f"avg({v})") for v in values)
+        select = ", ".join(round_sql(f"avg({v})") for v in values)
         columns = ["bucket index", "row", "compute", "step", "comm", "wait"]
-    cells = _columns(
+    cells = json_columns(
         client,
         f"{head}{select} FROM {table} WHERE {where} GROUP BY x, row ORDER BY x, row",
         width=width,
@@ -134,7 +136,7 @@ def _rows_heatmap(
 _SEGMENTS = ("data_wait_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "checkpoint_s")
 
 
-def _step_series(
+def step_series(
     client: Client, job_id: str, t0: int, t1: int, width: int, from_windows: bool
 ) -> dict[str, Any]:
     """Step segments, step time and rate, loss, lr and grad norm per bucket.
@@ -145,19 +147,19 @@ def _step_series(
     (the primary key answers it directly).
     """
     params = {"job": job_id, "t0": t0, "t1": t1, "width": width}
-    progress = _rows(
+    progress = fetch_rows(
         client,
-        f"SELECT {_bucket(_ms('ts'))} AS b, {_r('avg(loss)', 5)}, {_r('avg(lr)', 9)}, "
-        f"{_r('avg(grad_norm)')}, max(step), countIf(skipped), {_r('avg(step_time_s)')} FROM steps "
-        f"WHERE {_JOB} AND rank = 0 AND {_between('ts')} GROUP BY b ORDER BY b",
+        f"SELECT {bucket_sql(ms_of('ts'))} AS b, {round_sql('avg(loss)', 5)}, {round_sql('avg(lr)', 9)}, "
+        f"{round_sql('avg(grad_norm)')}, max(step), countIf(skipped), {round_sql('avg(step_time_s)')} FROM steps "
+        f"WHERE {JOB_WHERE} AND rank = 0 AND {between('ts')} GROUP BY b ORDER BY b",
         **params,
     )
     if from_windows:
-        rows = _rows(
+        rows = fetch_rows(
             client,
-            f"SELECT {_bucket(_ms('window_start'))} AS b, {_r('avg(data_wait_s)')}, {_r('avg(compute_s)')}, "
-            f"{_r('avg(comm_s)')}, {_r('avg(greatest(0, step_time_s - compute_s - comm_s - data_wait_s))')} "
-            f"FROM derived_rank_windows WHERE {_JOB} AND {_between('window_start')} "
+            f"SELECT {bucket_sql(ms_of('window_start'))} AS b, {round_sql('avg(data_wait_s)')}, {round_sql('avg(compute_s)')}, "
+            f"{round_sql('avg(comm_s)')}, {round_sql('avg(greatest(0, step_time_s - compute_s - comm_s - data_wait_s))')} "
+            f"FROM derived_rank_windows WHERE {JOB_WHERE} AND {between('window_start')} "
             "GROUP BY b ORDER BY b",
             **params,
         )
@@ -165,11 +167,11 @@ def _step_series(
         segments = {name: [[r[0], r[i + 1]] for r in rows] for i, name in enumerate(names)}
         source = "derived_rank_windows"
     else:
-        rows = _rows(
+        rows = fetch_rows(
             client,
-            f"SELECT {_bucket(_ms('ts'))} AS b, "
-            + ", ".join(_r(f"avg({s})") for s in _SEGMENTS)
-            + f" FROM steps WHERE {_JOB} AND {_between('ts')} GROUP BY b ORDER BY b",
+            f"SELECT {bucket_sql(ms_of('ts'))} AS b, "
+            + ", ".join(round_sql(f"avg({s})") for s in _SEGMENTS)
+            + f" FROM steps WHERE {JOB_WHERE} AND {between('ts')} GROUP BY b ORDER BY b",
             **params,
         )
         segments = {s.removesuffix("_s"): [[r[0], r[i + 1]] for r in rows] for i, s in enumerate(_SEGMENTS)}
@@ -207,7 +209,7 @@ def step_rate(last_steps: list[tuple[int, int]], t0: int, t1: int, width: int) -
         last = by_bucket.get(bucket)
         if last is not None:
             if previous is not None:
-                out.append([bucket, _num((last - previous[1]) / ((bucket - previous[0]) / 1000), 3)])
+                out.append([bucket, rounded((last - previous[1]) / ((bucket - previous[0]) / 1000), 3)])
             previous = (bucket, last)
         elif previous is not None and bucket - previous[0] > quiet:
             out.append([bucket, 0.0])
@@ -220,10 +222,10 @@ class StepFold(PanelFold):
 
     def _init_steps(self) -> None:
         # (bucket index, rank) -> compute, step, comm, wait means; from the derived windows and from steps.
-        self.windows: dict[tuple[int, int], list[_Mean]] = {}
-        self.rank_steps: dict[tuple[int, int], list[_Mean]] = {}
-        self.window_segments: dict[int, list[_Mean]] = {}
-        self.step_segments: dict[int, list[_Mean]] = {}
+        self.windows: dict[tuple[int, int], list[Mean]] = {}
+        self.rank_steps: dict[tuple[int, int], list[Mean]] = {}
+        self.window_segments: dict[int, list[Mean]] = {}
+        self.step_segments: dict[int, list[Mean]] = {}
         # rank 0 per bucket: loss, lr, grad norm, step time means; max step; skipped count
         self.progress: dict[int, list[Any]] = {}
 
@@ -235,7 +237,7 @@ class StepFold(PanelFold):
         x = (ts - f.start) // f.width
         cell = self.rank_steps.get((x, r["rank"]))
         if cell is None:
-            cell = self.rank_steps[(x, r["rank"])] = [_Mean() for _ in range(4)]
+            cell = self.rank_steps[(x, r["rank"])] = [Mean() for _ in range(4)]
         compute = (r.get("forward_s") or 0.0) + (r.get("backward_s") or 0.0) + (r.get("optimizer_s") or 0.0)
         cell[0].add(compute)
         cell[1].add(r["step_time_s"])
@@ -244,13 +246,13 @@ class StepFold(PanelFold):
         b = ts // f.width * f.width
         segments = self.step_segments.get(b)
         if segments is None:
-            segments = self.step_segments[b] = [_Mean() for _ in SEGMENTS]
+            segments = self.step_segments[b] = [Mean() for _ in SEGMENTS]
         for mean, name in zip(segments, SEGMENTS, strict=True):
             mean.add(r.get(f"{name}_s"))
         if r["rank"] == 0:
             p = self.progress.get(b)
             if p is None:
-                p = self.progress[b] = [_Mean(), _Mean(), _Mean(), _Mean(), r["step"], 0]
+                p = self.progress[b] = [Mean(), Mean(), Mean(), Mean(), r["step"], 0]
             p[0].add(r.get("loss"))
             p[1].add(r.get("lr"))
             p[2].add(r.get("grad_norm"))
@@ -266,7 +268,7 @@ class StepFold(PanelFold):
         x = (ts - f.start) // f.width
         cell = self.windows.get((x, r["rank"]))
         if cell is None:
-            cell = self.windows[(x, r["rank"])] = [_Mean() for _ in range(4)]
+            cell = self.windows[(x, r["rank"])] = [Mean() for _ in range(4)]
         cell[0].add(r.get("compute_s"))
         cell[1].add(r.get("step_time_s"))
         cell[2].add(r.get("comm_s"))
@@ -274,7 +276,7 @@ class StepFold(PanelFold):
         b = ts // f.width * f.width
         segments = self.window_segments.get(b)
         if segments is None:
-            segments = self.window_segments[b] = [_Mean() for _ in range(4)]
+            segments = self.window_segments[b] = [Mean() for _ in range(4)]
         wait, compute, comm, step = (
             r.get("data_wait_s"),
             r.get("compute_s"),
@@ -288,14 +290,14 @@ class StepFold(PanelFold):
             segments[3].add(max(0.0, step - compute - comm - wait))
 
     def _heatmap(self) -> dict[str, Any]:
-        derived = self.f.width >= _DERIVED_HOP_MS and bool(self.windows)
+        derived = self.f.width >= DERIVED_HOP_MS and bool(self.windows)
         cells = self.windows if derived else self.rank_steps
         columns: list[list[Any]] = [[], [], [], [], [], []]
         for (x, rank), means in sorted(cells.items()):
             columns[0].append(x)
             columns[1].append(rank)
             for i, mean in enumerate(means):
-                columns[2 + i].append(_ch(mean.value()))
+                columns[2 + i].append(ch_round(mean.value()))
         return {
             "source": "derived_rank_windows" if derived else "steps",
             "columns": ["bucket index", "rank", "compute", "step", "comm", "wait"],
@@ -308,17 +310,17 @@ class StepFold(PanelFold):
         if from_windows:
             names = ("data_wait", "compute", "comm", "other")
             rows = sorted(self.window_segments.items())
-            segments = {n: [[b, _ch(m[i].value())] for b, m in rows] for i, n in enumerate(names)}
+            segments = {n: [[b, ch_round(m[i].value())] for b, m in rows] for i, n in enumerate(names)}
         else:
             rows = sorted(self.step_segments.items())
-            segments = {n: [[b, _ch(m[i].value())] for b, m in rows] for i, n in enumerate(SEGMENTS)}
+            segments = {n: [[b, ch_round(m[i].value())] for b, m in rows] for i, n in enumerate(SEGMENTS)}
         return {
             "segments": segments,
             "segments_source": "derived_rank_windows" if from_windows else "steps",
-            "step_time": [[b, _ch(p[3].value())] for b, p in progress],
+            "step_time": [[b, ch_round(p[3].value())] for b, p in progress],
             "step_rate": step_rate([(b, p[4]) for b, p in progress], f.start, f.end, f.width),
-            "loss": [[b, _ch(p[0].value(), 5)] for b, p in progress],
-            "lr": [[b, _ch(p[1].value(), 9)] for b, p in progress],
-            "grad_norm": [[b, _ch(p[2].value())] for b, p in progress],
+            "loss": [[b, ch_round(p[0].value(), 5)] for b, p in progress],
+            "lr": [[b, ch_round(p[1].value(), 9)] for b, p in progress],
+            "grad_norm": [[b, ch_round(p[2].value())] for b, p in progress],
             "skipped": [[b, p[5]] for b, p in progress if p[5]],
         }

@@ -17,10 +17,10 @@ from typing import Any
 
 from schemas.records import Event
 from ui.alerts import copies_of, fold_muted
-from ui.pages.common import _MINUTE_MS, ACTION_COLUMNS, _num, plausible_bounds
+from ui.pages.common import ACTION_COLUMNS, MINUTE_MS, plausible_bounds, rounded
 from ui.pages.compare import Run
 
-__all__ = ["EventSource", "Scan", "scan"]
+__all__ = ["EventSource", "Scan", "ScannedJob", "alert_rows", "scan"]
 # A replayable stream of events: called once per pass.
 EventSource = Callable[[], Iterable[Event]]
 
@@ -32,7 +32,7 @@ _OPTIONAL_STARTED = ("target_steps", "target_tokens", "target_epochs", "checkpoi
 
 
 @dataclass
-class _Job:
+class ScannedJob:
     started: dict[str, dict[str, Any]] = field(default_factory=dict)  # run -> latest JobStarted
     started_min: int | None = None
     meta_latest: dict[str, Any] | None = None
@@ -54,7 +54,7 @@ class Scan:
 
     lo: int
     hi: int
-    jobs: dict[str, _Job] = field(default_factory=lambda: defaultdict(_Job))
+    jobs: dict[str, ScannedJob] = field(default_factory=lambda: defaultdict(ScannedJob))
     runs: dict[tuple[str, str], Run] = field(default_factory=dict)
     last_step: dict[tuple[str, str], int] = field(default_factory=dict)
     newest_minute: int | None = None
@@ -75,7 +75,7 @@ class Scan:
             if not self.lo <= ts <= self.hi:
                 return
             job = self.jobs[r["job_id"]]
-            minute = ts // _MINUTE_MS * _MINUTE_MS
+            minute = ts // MINUTE_MS * MINUTE_MS
             job.minutes = (
                 (minute, minute)
                 if job.minutes is None
@@ -146,7 +146,7 @@ class Scan:
         known = {a["alert_id"] for a in alerts}
         missing = {a["inhibited_by"] for a in alerts if a["inhibited_by"] and a["inhibited_by"] not in known}
         everything = self.all_alerts()
-        others = _alert_rows({i: everything[i] for i in missing if i in everything}, self.lo, self.hi, kinds)
+        others = alert_rows({i: everything[i] for i in missing if i in everything}, self.lo, self.hi, kinds)
         fold_muted(alerts, {a["alert_id"]: a for a in others})
 
     def actions_of(self, key: str, value: str) -> list[dict[str, Any]]:
@@ -159,7 +159,7 @@ class Scan:
             action["ts"] = int(r["ts"])
             action["firing_since"] = r.get("firing_since")
             action["dry_run"] = bool(action["dry_run"])
-            action["checkpoint_age_s"] = _num(action["checkpoint_age_s"], 1)
+            action["checkpoint_age_s"] = rounded(action["checkpoint_age_s"], 1)
             out.append(action)
         return out
 
@@ -173,7 +173,7 @@ def scan(events: Iterable[Event]) -> Scan:
     return result
 
 
-def _alert_rows(
+def alert_rows(
     records: dict[str, list[dict[str, Any]]], lo: int, hi: int, kinds: dict[str, str] | None = None
 ) -> list[dict[str, Any]]:
     # `ui.pages.common._alerts`: one row per alert from its plausible records.
