@@ -6,7 +6,7 @@ one step), stores its events in chDB through the sink's writer (so the materiali
 as inserts arrive, as from `ranksight sink`), then times, each `--repeat` times (best and first):
   (a) the baseline: `SELECT count(), sum(step_time_s) FROM steps WHERE job_id = ...`, one scan of the
       biggest job's raw step rows (what any query over raw rows at least reads),
-  (b) the job page's efficiency panel, `ui.queries.efficiency(client, job)` (job and run rows, two
+  (b) the job page's efficiency panel, `ui.pages.efficiency.efficiency(client, job)` (job and run rows, two
       statements today), and the same figures from one statement (`sinks.efficiency.job_and_runs`),
   (c) `SELECT * FROM job_efficiency` and `run_efficiency` over every job,
 with wall and CPU seconds (chDB runs in this process: CPU time is the steadier figure on a shared
@@ -33,7 +33,7 @@ from sinks.clickhouse import close, connect
 from sinks.ddl import migrate
 from sinks.efficiency import PriceList, job_and_runs, job_rows, run_rows
 from sinks.writer import ClickHouseSink
-from ui import queries
+from ui.pages.efficiency import efficiency
 
 # Read by no efficiency figure; left out to keep the 512-rank store quick to build.
 _SKIPPED = frozenset({"DataLoaderSample", "CollectiveSample", "HostSample"})
@@ -108,7 +108,7 @@ def _measure(client: Any, repeat: int) -> None:
         ),
         repeat,
     )
-    panel = _timed(lambda: queries.efficiency(client, job), repeat)
+    panel = _timed(lambda: efficiency(client, job), repeat)
     only_job = _timed(lambda: job_rows(client, PriceList(), job=job), repeat)
     only_runs = _timed(lambda: run_rows(client, job=job), repeat)
     combined = _timed(lambda: job_and_runs(client, PriceList(), job), repeat)
@@ -117,7 +117,7 @@ def _measure(client: Any, repeat: int) -> None:
     print(f"{'':52} {'first':>9} {'best':>9} {'best CPU':>9}")
     for name, (first, best, cpu, _) in (
         ("(a) baseline: scan of the job's raw step rows", base),
-        ("(b) job page efficiency panel (ui.queries.efficiency)", panel),
+        ("(b) job page efficiency panel (ui.pages.efficiency.efficiency)", panel),
         ("    of it: job_rows(job=...)", only_job),
         ("    of it: run_rows(job=...)", only_runs),
         ("    the same from one statement: job_and_runs", combined),

@@ -8,7 +8,7 @@ twice, each in a fresh process so its peak RSS is its own:
 - (a) baseline, the way `ranksight report` worked before: the recording replayed through the
   detectors into a temporary chDB store, then the pages queried from it;
 - (b) `ranksight report` now: the detectors run once, the recording is read twice and folded per
-  panel (`ui.digest`), no store.
+  panel (each page's fold in `ui.pages`), no store.
 
     .venv/bin/python bench/bench_report.py                          # 16 ranks, 20 minutes: target < 5 s, < 200 MB
     .venv/bin/python bench/bench_report.py --ranks 512 --minutes 120 --no-baseline

@@ -6,13 +6,13 @@ hours of 1.5 s steps (~2.5 M step rows), 10 s GPU, host, data-loader and collect
 detectors' 30 s rank windows and a few alerts. Then measures, warm, median of --repeat runs:
   (a) baselines: one bare aggregate over the job's step rows (`count(), avg(step_time_s)`) and one
       over its rank windows (the rows the heatmap reads),
-  (b) `ui.queries.job_page` (every panel's query, what /api/jobs/<job> runs; above 512 ranks its GPU,
-      host and loader panels are `ui.queries.job_details`, /api/jobs/<job>/details, timed apart),
+  (b) `ui.pages.job.job_page` (every panel's query, what /api/jobs/<job> runs; above 512 ranks its GPU,
+      host and loader panels are `ui.pages.job.job_details`, /api/jobs/<job>/details, timed apart),
   (c) the same over HTTP (`/api/jobs/<job>`, aiohttp + JSON), as a browser would fetch it,
   (d) the fleet page and a 10-minute zoom,
   (e) the efficiency panel (`job_efficiency` + `run_efficiency`) and the fleet's goodput column,
       which the pages fetch after they render (`/api/jobs/<job>/efficiency`, `/api/fleet/goodput`),
-      uncached (`ui.queries`) and cached by the server (60 s),
+      uncached (`ui.pages`) and cached by the server (60 s),
   (f) the compare page's JSON (`/api/compare?job=`),
   (g) overload: --burst (200) concurrent page loads against the default gate (4 queries at once,
       8 waiting up to 5 s): how many answered 200 and 503, and the slowest answer,
@@ -20,9 +20,14 @@ detectors' 30 s rank windows and a few alerts. Then measures, warm, median of --
 Above 512 ranks steps come every 30 s and samples every 60 s (--step-s, --sample-s): 16,384 ranks x
 2 h is then 3.9 M step rows and 3.9 M rank windows. Also times the drill-down to one node's ranks.
 Target: (c) under 500 ms at 512 ranks, under 1 s at 16,384. Not part of the test suite.
+With --browser, (i) the same page in headless Chromium (the system's, RANKSIGHT_CHROMIUM): from
+navigation to the first render (the page's `ranksight.ready`), to its GPU, host and loader panels
+(`detailsReady`) and its efficiency panel (`efficiencyReady`), for the whole job and for one
+node's drill-down; the first load (efficiency uncached) and the median of --repeat more.
+Issue 34.5's targets at 16,384 ranks x 2 h: first render < 1 s, every panel < 2 s, drill-down < 1 s.
 
     .venv/bin/python bench/bench_ui.py [--ranks 512] [--hours 2] [--repeat 5]
-    .venv/bin/python bench/bench_ui.py --ranks 16384 --page-only
+    .venv/bin/python bench/bench_ui.py --ranks 16384 --page-only [--browser]
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ import httpx
 from sinks.clickhouse import close, connect
 from sinks.ddl import migrate
 from sinks.efficiency import PriceList
-from ui import queries
+from ui.pages.compare import compare
+from ui.pages.efficiency import efficiency, fleet_goodput
+from ui.pages.job import job_details, job_page
 from ui.server import UiServer
 
 START = "2026-01-01 00:00:00"
@@ -220,6 +227,56 @@ def _burst(url: str, n: int) -> dict[str, Any]:
     }
 
 
+# When each of the page's parts is drawn: the flags the page script sets (ui/static/app.js). A page
+# whose panels all come in its first answer has no details to wait for.
+_DRAWN = {
+    "first render": "r.ready",
+    "GPU/host/loader": "r.detailsReady || (r.ready && !document.getElementById('details-pending'))",
+    "efficiency": "r.efficiencyReady",
+}
+
+
+def _browser(url: str, job: str, repeat: int) -> list[str]:
+    """Row (i): the job page and one node's drill-down in headless Chromium, ms from navigation to each part drawn."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = os.environ.get("RANKSIGHT_CHROMIUM", "/usr/bin/chromium")
+    pages = {"job page": f"jobs/{job}", f"drill-down to {node_of(137)}": f"jobs/{job}?node={node_of(137)}"}
+    timings: dict[str, list[dict[str, float]]] = {name: [] for name in pages}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"]
+        )
+        context = browser.new_context(viewport={"width": 1600, "height": 1000})
+        for _ in range(repeat + 1):
+            for name, path in pages.items():
+                tab = context.new_page()
+                started = time.perf_counter()
+                tab.goto(url + path, wait_until="commit")
+                drawn = {}
+                for part, flag in _DRAWN.items():
+                    tab.wait_for_function(
+                        f"() => {{ const r = window.ranksight; return r && (r.error || {flag}); }}",
+                        timeout=300_000,
+                        polling=10,
+                    )
+                    drawn[part] = (time.perf_counter() - started) * 1000
+                error = tab.evaluate("() => window.ranksight.error || null")
+                if error:
+                    raise SystemExit(f"the page failed in the browser: {error}")
+                timings[name].append(drawn)
+                tab.close()
+        browser.close()
+    lines = []
+    for name, runs in timings.items():
+        first, rest = runs[0], runs[1:]
+        parts = ", ".join(
+            f"{part} {first[part]:.0f} / {statistics.median(r[part] for r in rest):.0f} ms" for part in _DRAWN
+        )
+        lines.append(f"(i) Chromium, {name}, first load / median of {len(rest)}: {parts}")
+    return lines
+
+
 def _page_rows(page: dict[str, Any]) -> str:
     rows = page["heatmap"].get("rows") or {}
     kind = rows.get("kind", "rank")
@@ -243,6 +300,7 @@ def main() -> None:
         action="store_true",
         help="only the baselines, the job page, its drill-down and the fleet",
     )
+    parser.add_argument("--browser", action="store_true", help="also time the page in headless Chromium (i)")
     args = parser.parse_args()
     big = args.ranks > 512
     step_s = args.step_s or (30.0 if big else 1.5)
@@ -283,14 +341,12 @@ def main() -> None:
             )
             # What /api/jobs/<job> answers: a big job's GPU, host and loader panels come apart (/details).
             page_ms, page = _median_ms(
-                lambda: queries.job_page(client, job, with_efficiency=False, defer_details=True),
+                lambda: job_page(client, job, with_efficiency=False, defer_details=True),
                 args.repeat,
                 "page",
             )
             span = (page["range"]["from_ms"], page["range"]["to_ms"])
-            details_ms, _ = _median_ms(
-                lambda: queries.job_details(client, job, *span), args.repeat, "details"
-            )
+            details_ms, _ = _median_ms(lambda: job_details(client, job, *span), args.repeat, "details")
             prices = PriceList.parse(["default=2.5"])
             server = UiServer(client, "127.0.0.1", 0, prices=prices)
             url = server.start()
@@ -312,6 +368,7 @@ def main() -> None:
                         "drill",
                     )
                     fleet_ms, _ = _median_ms(lambda: http.get(f"{url}api/fleet"), args.repeat)
+                    in_browser = _browser(url, job, args.repeat) if args.browser else []
                     if not args.page_only:
                         extra = _the_rest(client, http, url, job, page, prices, args)
             finally:
@@ -334,7 +391,7 @@ def main() -> None:
             )
             deferred = "details" in page
             print(
-                f"(b) its GPU, host and loader panels (ui.queries.job_details{'' if deferred else ', in the page above'}) "
+                f"(b) its GPU, host and loader panels (ui.pages.job.job_details{'' if deferred else ', in the page above'}) "
                 f"{details_ms:8.1f} ms  CPU {_CPU['details']:7.1f} ms"
             )
             print(
@@ -351,6 +408,8 @@ def main() -> None:
                 f"{drill_ms:8.1f} ms  CPU {_CPU['drill']:7.1f} ms"
             )
             print(f"(d) GET /api/fleet                                          {fleet_ms:8.1f} ms")
+            for line in in_browser:
+                print(line)
             if not args.page_only:
                 for line in extra:
                     print(line)
@@ -362,11 +421,9 @@ def _the_rest(
     client: Any, http: httpx.Client, url: str, job: str, page: dict[str, Any], prices: PriceList, args: Any
 ) -> list[str]:
     """Rows (d)-(h): zoom, efficiency, compare, overload and the finished job's cached page."""
-    compare_uncached_ms, _ = _median_ms(lambda: queries.compare(client, [job]), args.repeat, "compare")
-    efficiency_ms, panel = _median_ms(
-        lambda: queries.efficiency(client, job, prices), args.repeat, "efficiency"
-    )
-    goodput_ms, _ = _median_ms(lambda: queries.fleet_goodput(client), args.repeat, "goodput")
+    compare_uncached_ms, _ = _median_ms(lambda: compare(client, [job]), args.repeat, "compare")
+    efficiency_ms, panel = _median_ms(lambda: efficiency(client, job, prices), args.repeat, "efficiency")
+    goodput_ms, _ = _median_ms(lambda: fleet_goodput(client), args.repeat, "goodput")
     cached_ms, _ = _median_ms(lambda: http.get(f"{url}api/jobs/{job}/efficiency"), args.repeat, "cached")
     compare_ms, _ = _median_ms(lambda: http.get(f"{url}api/compare", params={"job": job}), args.repeat)
     # Overload: as many concurrent page loads as the issue measured (200), default gate.
@@ -389,7 +446,7 @@ def _the_rest(
         f"(e) fleet goodput column, uncached (job_efficiency)            {goodput_ms:8.1f} ms  "
         f"CPU {_CPU['goodput']:7.1f} ms",
         f"(e) GET /api/jobs/{job}/efficiency, cached by the server     {cached_ms:8.1f} ms",
-        f"(f) compare page of {job} (its one run), uncached (ui.queries.compare) {compare_uncached_ms:8.1f} ms  "
+        f"(f) compare page of {job} (its one run), uncached (ui.pages.compare.compare) {compare_uncached_ms:8.1f} ms  "
         f"CPU {_CPU['compare']:7.1f} ms; GET /api/compare cached 60 s {compare_ms:6.1f} ms",
         f"(g) {args.burst} concurrent GET /api/jobs/{job}, --max-queries 4: "
         f"{burst['ok']} x 200, {burst['busy']} x 503 (Retry-After {burst['retry_after']}, slowest 503 "

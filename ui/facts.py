@@ -1,6 +1,6 @@
 """Job facts that are not time series: progress towards the target with its ETA, and the checkpoint facts.
 
-Pure arithmetic over what the store (`ui.queries`) or a recording (`ui.digest`) holds, so a served
+Pure arithmetic over what the store (`ui.pages`) or a recording (`ui.pages.recording`) holds, so a served
 page and a report say the same. Progress is `sinks.progress.estimate` (the arithmetic `ranksight jobs`
 uses) fed the inputs `sinks.progress.job_progress` works out: the latest run's last step, its step
 rate and tokens per step over the last `PROGRESS_WINDOW_S` of its steps, its epoch and the length of

@@ -2,7 +2,7 @@
 
 The file needs no network to open (clusters are often offline, tickets outlive servers). A report
 is written from a ClickHouse store, or from events: a recording the CLI layer replayed through the
-detectors (`ui/` runs none), folded panel by panel in two passes (`ui.digest`) without any store,
+detectors (`ui/` runs none), folded panel by panel in two passes (`ui.pages.recording`, then each page's fold) without any store,
 so its memory is bounded by the page, not by the recording.
 """
 
@@ -15,10 +15,12 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 
 from sinks.efficiency import PriceList
-from ui import digest, queries
-from ui.digest import EventSource
 from ui.errors import UiError
-from ui.pages import report_html
+from ui.pages.alert import alert_page, alert_report
+from ui.pages.compare import compare_of_job
+from ui.pages.job import job_page, job_report
+from ui.pages.recording import EventSource
+from ui.shell import report_html
 
 __all__ = ["report_from_events", "write_report"]
 
@@ -50,14 +52,14 @@ def write_report(
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     data: dict[str, Any]
     if alert_id is not None:
-        data = queries.alert_page(client, alert_id, kinds=receivers)
+        data = alert_page(client, alert_id, kinds=receivers)
         title = f"alert {data['alert']['rule']} on {data['alert'].get('job_id') or '-'}"
         _atomic_write(out, report_html("alert", alert_id, title, data, generated))
         evidence = data.get("evidence") or {}
         return {"kind": "alert", "alerts": len(evidence.get("alerts", [])), "bytes": out.stat().st_size}
     assert job_id is not None
-    data = queries.job_page(client, job_id, t0, t1, prices=prices, kinds=receivers)
-    data["compare"] = queries.compare_of_job(client, job_id)  # its runs next to its workload family's
+    data = job_page(client, job_id, t0, t1, prices=prices, kinds=receivers)
+    data["compare"] = compare_of_job(client, job_id)  # its runs next to its workload family's
     _atomic_write(out, report_html("job", job_id, f"job {job_id}", data, generated))
     return {"kind": "job", "alerts": len(data["alerts"]), "bytes": out.stat().st_size}
 
@@ -74,7 +76,7 @@ def report_from_events(
 ) -> dict[str, Any]:
     """Write the report of a job or an alert from events (a replayed recording), in bounded memory.
 
-    `events` is called once per pass (`ui.digest` reads the stream twice and keeps per-panel
+    `events` is called once per pass (a report reads the stream twice and keeps per-panel
     aggregates, never the events): no store is opened. `sources`, the recording without the
     detectors, lets a job report run them once.
     """
@@ -82,7 +84,7 @@ def report_from_events(
         raise UiError("a report is of one job (--job) or one alert (--alert)")
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     if alert_id is not None:
-        data = digest.alert_report(events, alert_id, kinds=receivers)
+        data = alert_report(events, alert_id, kinds=receivers)
         read = data.pop("_events")
         title = f"alert {data['alert']['rule']} on {data['alert'].get('job_id') or '-'}"
         _atomic_write(out, report_html("alert", alert_id, title, data, generated))
@@ -94,7 +96,7 @@ def report_from_events(
             "events": read,
         }
     assert job_id is not None
-    data = digest.job_report(events, job_id, prices=prices, sources=sources, kinds=receivers)
+    data = job_report(events, job_id, prices=prices, sources=sources, kinds=receivers)
     read = data.pop("_events")
     _atomic_write(out, report_html("job", job_id, f"job {job_id}", data, generated))
     return {"kind": "job", "alerts": len(data["alerts"]), "bytes": out.stat().st_size, "events": read}

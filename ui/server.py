@@ -1,5 +1,8 @@
 """The UI's HTTP server (aiohttp, which comes with Faust): pages, one JSON endpoint per page, static assets.
 
+`ROUTES` is the table of every URL and the handler that answers it; the handlers ask the page
+modules (`ui.pages.<page>`) for their JSON through one query gate and the finished-job cache.
+
 Queries are blocking clickhouse-connect calls, run in a worker thread so the event loop keeps
 serving. `UiServer` runs either in the foreground (`ranksight ui`) or on a background thread next
 to the sink (`ranksight serve`, `ranksight demo`): chDB lets one process open a store, so the
@@ -25,7 +28,6 @@ from clickhouse_connect.driver.exceptions import ClickHouseError as _DriverError
 
 from schemas.errors import RanksightError
 from sinks.efficiency import PriceList
-from ui import queries
 from ui.errors import NotFoundError, UiError
 from ui.guard import HostCheck, WriteAuth, WriteRefused, redacted
 from ui.limits import (
@@ -36,10 +38,11 @@ from ui.limits import (
     PageCache,
     QueryGate,
 )
-from ui.pages import ASSETS, CONTENT_SECURITY_POLICY, asset_text, page_html
+from ui.pages import alert, common, compare, efficiency, fleet, history, job
 from ui.runbooks import RUNBOOK_PARAMETERS, default_runbooks_dir, render_runbook
+from ui.shell import ASSETS, CONTENT_SECURITY_POLICY, asset_text, page_html, report_html
 
-__all__ = ["GATE", "PAGES", "UiServer", "make_app"]
+__all__ = ["GATE", "PAGES", "ROUTES", "UiServer", "make_app"]
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +72,11 @@ PAGES = web.AppKey("pages", PageCache)
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
-        text=data if isinstance(data, str) else queries.to_json(data),
+        text=data if isinstance(data, str) else common.to_json(data),
         status=status,
         content_type="application/json",
         headers={"Cache-Control": "no-store", **(headers or {})},
     )
-
-
-async def _no_content(request: web.Request) -> web.Response:
-    return web.Response(status=204)
 
 
 def _int_param(request: web.Request, name: str) -> int | None:
@@ -112,6 +111,34 @@ def _host_guard(hosts: HostCheck) -> Any:
     return guard
 
 
+# The route table: (method, path, handler of `_Handlers`). Ids are anything a record carried: the
+# `[^/]+` patterns also match `{` and `}` (aiohttp's default pattern excludes them), and `/` arrives
+# percent-encoded.
+ROUTES: tuple[tuple[str, str, str], ...] = (
+    ("GET", "/", "fleet_page"),
+    ("GET", "/jobs/{job_id:[^/]+}", "job_page"),
+    ("GET", "/alerts/{alert_id:[^/]+}", "alert_page"),
+    ("GET", "/api/fleet", "api_fleet"),
+    ("GET", "/api/fleet/goodput", "api_fleet_goodput"),
+    ("GET", "/api/fleet/silences", "api_fleet_silences"),
+    ("GET", "/api/jobs/{job_id:[^/]+}", "api_job"),
+    ("GET", "/api/jobs/{job_id:[^/]+}/efficiency", "api_job_efficiency"),
+    ("GET", "/api/jobs/{job_id:[^/]+}/details", "api_job_details"),
+    ("GET", "/api/alerts/{alert_id:[^/]+}", "api_alert"),
+    ("POST", "/api/alerts/{alert_id:[^/]+}/silence", "api_silence"),
+    ("GET", "/api/version", "api_version"),
+    ("GET", "/history", "history_page"),
+    ("GET", "/api/history", "api_history"),
+    ("GET", "/compare", "compare_page"),
+    ("GET", "/api/compare", "api_compare"),
+    ("GET", "/reports/{kind}/{key:[^/]+}", "report"),
+    ("GET", "/runbooks/", "runbook"),
+    ("GET", "/runbooks/{rule:[^/]+}", "runbook"),
+    ("GET", "/static/{name}", "static"),
+    ("GET", "/favicon.ico", "no_content"),
+)
+
+
 def make_app(
     client: Client,
     prices: PriceList | None = None,
@@ -141,44 +168,94 @@ def make_app(
     """
     gate = QueryGate(max_queries, wait_s=queue_wait_s)
     pages = PageCache(cache_bytes)
-    timed: dict[tuple[str, ...], tuple[float, Any]] = {}
-    runbook_dir = runbooks if runbooks is not None else default_runbooks_dir()
+    handlers = _Handlers(
+        client,
+        prices,
+        gate,
+        pages,
+        runbooks=runbooks if runbooks is not None else default_runbooks_dir(),
+        receivers=receivers,
+        silences=silences,
+        silence=silence,
+        auth=auth if auth is not None else WriteAuth(),
+    )
+    app = web.Application(middlewares=[_host_guard(hosts if hosts is not None else HostCheck())])
+    app.on_response_prepare.append(_secure)
+    app[GATE] = gate
+    app[PAGES] = pages
+    app.add_routes([web.route(method, path, getattr(handlers, name)) for method, path, name in ROUTES])
+    return app
 
-    def cached(key: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
+
+class _Handlers:
+    """The UI's request handlers over one store: each page's HTML shell and its JSON, through one gate."""
+
+    def __init__(
+        self,
+        client: Client,
+        prices: PriceList | None,
+        gate: QueryGate,
+        pages: PageCache,
+        *,
+        runbooks: Path,
+        receivers: Mapping[str, str] | None,
+        silences: Callable[[], Mapping[str, Any]] | None,
+        silence: Callable[[dict[str, Any]], str] | None,
+        auth: WriteAuth,
+    ) -> None:
+        self.client = client
+        self.prices = prices
+        self.gate = gate
+        self.pages = pages
+        self.runbooks = runbooks
+        self.receivers = receivers
+        self.silences = silences
+        self.silence = silence
+        self.auth = auth
+        self.timed: dict[tuple[str, ...], tuple[float, Any]] = {}
+        self.silenced: list[tuple[float, dict[str, Any]]] = []
+
+    # -- how an answer is computed: cached for a while, cached while a job stays finished, gated
+
+    def cached(self, key: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
+        """`fn(client, *args)`, computed at most every `EFFICIENCY_CACHE_S`."""
+
         def answer(client: Client) -> Any:
             now = time.monotonic()
-            hit = timed.get(key)
+            hit = self.timed.get(key)
             if hit is None or now - hit[0] > EFFICIENCY_CACHE_S:
                 hit = (now, fn(client, *args))
-                timed[key] = hit
+                self.timed[key] = hit
             return hit[1]
 
         return answer
 
     def finished(
-        key: tuple[Any, ...], job_id: Callable[[], str | None], fn: Callable[..., Any]
+        self, key: tuple[Any, ...], job_id: Callable[[], str | None], fn: Callable[..., Any]
     ) -> Callable[[Client], tuple[str, str]]:
-        # A finished job's answer is immutable until its fingerprint moves: served from `pages`.
+        """`fn`'s JSON; a finished job's answer is immutable until its fingerprint moves: served from `pages`."""
+
         def answer(client: Client) -> tuple[str, str]:
-            job = job_id()
-            fingerprint = queries.finished_fingerprint(client, job) if job else None
+            job_ = job_id()
+            fingerprint = job.finished_fingerprint(client, job_) if job_ else None
             if fingerprint is not None:
-                text = pages.get(key, fingerprint)
+                text = self.pages.get(key, fingerprint)
                 if text is not None:
                     return text, "hit"
-            text = queries.to_json(fn(client))
+            text = common.to_json(fn(client))
             if fingerprint is not None:
-                pages.put(key, fingerprint, text)
+                self.pages.put(key, fingerprint, text)
                 return text, "miss"
             return text, "none"
 
         return answer
 
-    async def answer(work: Callable[[Client], tuple[str, str]]) -> web.Response:
+    async def answer(self, work: Callable[[Client], tuple[str, str]]) -> web.Response:
+        """`work`'s JSON text, run on a worker thread when the gate gives a turn; errors as one sentence."""
         try:
-            async with gate.turn():
+            async with self.gate.turn():
                 # Encoded on the worker thread too: a big page must not hold the event loop.
-                text, cache = await asyncio.to_thread(work, client)
+                text, cache = await asyncio.to_thread(work, self.client)
         except Overloaded as exc:
             return _json({"error": str(exc)}, 503, {"Retry-After": str(exc.retry_after_s)})
         except NotFoundError as exc:
@@ -196,36 +273,45 @@ def make_app(
             )
         return _json(text, headers={"X-Ranksight-Cache": cache})
 
-    async def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> web.Response:
-        return await answer(lambda client: (queries.to_json(fn(client, *args, **kwargs)), "none"))
+    async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> web.Response:
+        """`fn(client, *args, **kwargs)` as JSON, uncached."""
+        return await self.answer(lambda client: (common.to_json(fn(client, *args, **kwargs)), "none"))
 
-    def html_page(kind: str, key: str | None, title: str) -> web.Response:
-        return web.Response(text=page_html(kind, key, title), content_type="text/html")
+    # -- the pages' HTML shells
 
-    async def fleet_page(request: web.Request) -> web.Response:
-        return html_page("fleet", None, "fleet")
+    async def fleet_page(self, request: web.Request) -> web.Response:
+        return _html_page("fleet", None, "fleet")
 
-    async def job_page(request: web.Request) -> web.Response:
-        job = request.match_info["job_id"]
-        return html_page("job", job, f"job {job}")
+    async def job_page(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        return _html_page("job", job_id, f"job {job_id}")
 
-    async def alert_page(request: web.Request) -> web.Response:
-        alert = request.match_info["alert_id"]
-        return html_page("alert", alert, f"alert {alert}")
+    async def alert_page(self, request: web.Request) -> web.Response:
+        alert_id = request.match_info["alert_id"]
+        return _html_page("alert", alert_id, f"alert {alert_id}")
 
-    async def api_fleet(request: web.Request) -> web.Response:
-        return await run(queries.fleet, goodput=False, kinds=receivers)
+    async def history_page(self, request: web.Request) -> web.Response:
+        return _html_page("history", None, "alert history")
 
-    silenced: list[tuple[float, dict[str, Any]]] = []
+    async def compare_page(self, request: web.Request) -> web.Response:
+        return _html_page("compare", None, "compare runs")
 
-    def read_silences() -> dict[str, Any]:
-        # Alertmanager may be down or slow: a failure is one sentence on the page, never an error page.
-        assert silences is not None
+    # -- fleet
+
+    async def api_fleet(self, request: web.Request) -> web.Response:
+        return await self.run(fleet.fleet, goodput=False, kinds=self.receivers)
+
+    async def api_fleet_goodput(self, request: web.Request) -> web.Response:
+        return await self.run(self.cached(("goodput",), efficiency.fleet_goodput))
+
+    def read_silences(self) -> dict[str, Any]:
+        """Alertmanager's silences, read at most every `SILENCES_CACHE_S`; a failure is one sentence."""
+        assert self.silences is not None
         now = time.monotonic()
-        if silenced and now - silenced[0][0] <= SILENCES_CACHE_S:
-            return silenced[0][1]
+        if self.silenced and now - self.silenced[0][0] <= SILENCES_CACHE_S:
+            return self.silenced[0][1]
         try:
-            found = silences()
+            found = self.silences()
             answer: dict[str, Any] = {
                 "configured": True,
                 "error": None,
@@ -245,20 +331,84 @@ def make_app(
             }
         # A URL with credentials (`http://admin:pw@alertmanager`) may be quoted in any of it.
         answer = redacted(answer)
-        silenced[:] = [(now, answer)]
+        self.silenced[:] = [(now, answer)]
         return answer
 
-    write_auth = auth if auth is not None else WriteAuth()
+    async def api_fleet_silences(self, request: web.Request) -> web.Response:
+        if self.silences is None:
+            return _json({"configured": False, "error": None, "silences": [], "silenced": {}})
+        return _json(await asyncio.to_thread(self.read_silences))
 
-    async def api_silence(request: web.Request) -> web.Response:
+    # -- job
+
+    async def api_job(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        t0, t1 = _int_param(request, "from"), _int_param(request, "to")
+        # ?node=<name> (repeatable): a big job's page drilled down to those nodes' ranks.
+        nodes = tuple(sorted(set(request.query.getall("node", []))))
+        return await self.answer(
+            self.finished(
+                ("job", job_id, t0, t1, *nodes),
+                lambda: job_id,
+                lambda client: job.job_page(
+                    client,
+                    job_id,
+                    t0,
+                    t1,
+                    with_efficiency=False,
+                    nodes=nodes,
+                    kinds=self.receivers,
+                    defer_details=True,
+                ),
+            )
+        )
+
+    async def api_job_details(self, request: web.Request) -> web.Response:
+        # A big job's GPU, host and loader panels, over the range its page answered (?from=&to=).
+        job_id = request.match_info["job_id"]
+        t0, t1 = _int_param(request, "from"), _int_param(request, "to")
+        if t0 is None or t1 is None:
+            return _json({"error": "give the page's range: ?from=<ms>&to=<ms>"}, status=400)
+        nodes = tuple(sorted(set(request.query.getall("node", []))))
+        return await self.answer(
+            self.finished(
+                ("details", job_id, t0, t1, *nodes),
+                lambda: job_id,
+                lambda client: job.job_details(client, job_id, t0, t1, nodes),
+            )
+        )
+
+    async def api_job_efficiency(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        return await self.answer(
+            self.finished(
+                ("efficiency", job_id),
+                lambda: job_id,
+                self.cached(("efficiency", job_id), efficiency.efficiency, job_id, self.prices),
+            )
+        )
+
+    # -- alert
+
+    async def api_alert(self, request: web.Request) -> web.Response:
+        alert_id = request.match_info["alert_id"]
+        return await self.answer(
+            self.finished(
+                ("alert", alert_id),
+                lambda: alert.alert_job(self.client, alert_id),
+                lambda client: alert.alert_page(client, alert_id, kinds=self.receivers, defer_details=True),
+            )
+        )
+
+    async def api_silence(self, request: web.Request) -> web.Response:
         # A custom header: a form or image on another site cannot send it (no CORS is answered).
         if request.headers.get("X-Ranksight-Action") != "silence":
             return _json({"error": "send the header X-Ranksight-Action: silence (the alert page does)"}, 403)
         try:
-            identity = write_auth.identity(request.headers)
+            identity = self.auth.identity(request.headers)
         except WriteRefused as exc:
             return _json({"error": str(exc)}, 401)
-        if silence is None:
+        if self.silence is None:
             return _json({"error": "no Alertmanager configured: set RANKSIGHT_ALERTMANAGER_URL"}, 503)
         try:
             body = await request.json()
@@ -271,7 +421,7 @@ def make_app(
             return _json({"error": "a silence needs an author, a comment and 1 to 10080 minutes"}, 400)
         alert_id = request.match_info["alert_id"]
         try:
-            fingerprint, rule = await asyncio.to_thread(queries.alert_identity, client, alert_id)
+            fingerprint, rule = await asyncio.to_thread(alert.alert_identity, self.client, alert_id)
         except NotFoundError as exc:
             return _json({"error": str(exc)}, 404)
         now = datetime.now(UTC)
@@ -286,125 +436,54 @@ def make_app(
             "comment": comment[:2000],
         }
         try:
-            silence_id = await asyncio.to_thread(silence, spec)
+            silence_id = await asyncio.to_thread(self.silence, spec)
         except RanksightError as exc:
             return _json({"error": redacted(str(exc))}, 502)
-        silenced.clear()  # the fleet's next read shows it
+        self.silenced.clear()  # the fleet's next read shows it
         log.warning("silence %s created by %s for %s: %s", silence_id, author, fingerprint, comment)
         return _json({"silence_id": silence_id, "ends_at": spec["endsAt"], "author": author}, 201)
 
-    async def api_fleet_silences(request: web.Request) -> web.Response:
-        if silences is None:
-            return _json({"configured": False, "error": None, "silences": [], "silenced": {}})
-        return _json(await asyncio.to_thread(read_silences))
+    # -- history, compare, version
 
-    async def api_fleet_goodput(request: web.Request) -> web.Response:
-        return await run(cached(("goodput",), queries.fleet_goodput))
-
-    async def api_job_efficiency(request: web.Request) -> web.Response:
-        job_id = request.match_info["job_id"]
-        return await answer(
-            finished(
-                ("efficiency", job_id),
-                lambda: job_id,
-                cached(("efficiency", job_id), queries.efficiency, job_id, prices),
-            )
-        )
-
-    async def api_job(request: web.Request) -> web.Response:
-        job_id = request.match_info["job_id"]
-        t0, t1 = _int_param(request, "from"), _int_param(request, "to")
-        # ?node=<name> (repeatable): a big job's page drilled down to those nodes' ranks.
-        nodes = tuple(sorted(set(request.query.getall("node", []))))
-        return await answer(
-            finished(
-                ("job", job_id, t0, t1, *nodes),
-                lambda: job_id,
-                lambda client: queries.job_page(
-                    client,
-                    job_id,
-                    t0,
-                    t1,
-                    with_efficiency=False,
-                    nodes=nodes,
-                    kinds=receivers,
-                    defer_details=True,
-                ),
-            )
-        )
-
-    async def api_job_details(request: web.Request) -> web.Response:
-        # A big job's GPU, host and loader panels, over the range its page answered (?from=&to=).
-        job_id = request.match_info["job_id"]
-        t0, t1 = _int_param(request, "from"), _int_param(request, "to")
-        if t0 is None or t1 is None:
-            return _json({"error": "give the page's range: ?from=<ms>&to=<ms>"}, status=400)
-        nodes = tuple(sorted(set(request.query.getall("node", []))))
-        return await answer(
-            finished(
-                ("details", job_id, t0, t1, *nodes),
-                lambda: job_id,
-                lambda client: queries.job_details(client, job_id, t0, t1, nodes),
-            )
-        )
-
-    async def api_alert(request: web.Request) -> web.Response:
-        alert_id = request.match_info["alert_id"]
-
-        return await answer(
-            finished(
-                ("alert", alert_id),
-                lambda: queries.alert_job(client, alert_id),
-                lambda client: queries.alert_page(client, alert_id, kinds=receivers, defer_details=True),
-            )
-        )
-
-    async def history_page(request: web.Request) -> web.Response:
-        return html_page("history", None, "alert history")
-
-    async def api_history(request: web.Request) -> web.Response:
+    async def api_history(self, request: web.Request) -> web.Response:
         # ?job= &node= &rule= &team= &from= &to= (UTC ms): alerts that started in the range, newest first.
         q = request.query
-        return await run(
-            queries.alert_history,
+        return await self.run(
+            history.alert_history,
             job=q.get("job") or None,
             node=q.get("node") or None,
             rule=q.get("rule") or None,
             team=q.get("team") or None,
             t0=_int_param(request, "from"),
             t1=_int_param(request, "to"),
-            kinds=receivers,
+            kinds=self.receivers,
         )
 
-    async def compare_page(request: web.Request) -> web.Response:
-        return html_page("compare", None, "compare runs")
-
-    async def api_compare(request: web.Request) -> web.Response:
+    async def api_compare(self, request: web.Request) -> web.Response:
         # ?job=J (its runs and its workload family's newest), or several ?job= / ?run= (exactly those).
         jobs, run_ids = request.query.getall("job", []), request.query.getall("run", [])
         if not jobs and not run_ids:
             return _json({"error": "name a job (?job=...) or runs (?run=...) to compare"}, status=400)
         # Goodput comes from the efficiency views (seconds on a big store): the answer is kept 60 s.
         key = ("compare", "\x00".join(jobs), "\x00".join(run_ids))
-        return await run(cached(key, queries.compare, jobs, run_ids))
+        return await self.run(self.cached(key, compare.compare, jobs, run_ids))
 
-    async def api_version(request: web.Request) -> web.Response:
-        return await run(queries.latest_version)
+    async def api_version(self, request: web.Request) -> web.Response:
+        return await self.run(common.latest_version)
 
-    def with_compare(client: Client, page: dict[str, Any]) -> dict[str, Any]:
-        page["compare"] = queries.compare_of_job(client, page["job"]["job_id"])
+    # -- reports, runbooks, assets
+
+    def _job_report(self, client: Client, key: str) -> dict[str, Any]:
+        page = job.job_page(client, key, prices=self.prices, kinds=self.receivers)
+        page["compare"] = compare.compare_of_job(client, page["job"]["job_id"])
         return page
 
-    async def report(request: web.Request) -> web.Response:
+    async def report(self, request: web.Request) -> web.Response:
         # The same self-contained file `ranksight report` writes, for a store only this process may open.
-        from ui.pages import report_html
-
         kind, key = request.match_info["kind"], request.match_info["key"]
-        fns: dict[str, Callable[..., dict[str, Any]]] = {
-            "jobs": lambda client, key: with_compare(
-                client, queries.job_page(client, key, prices=prices, kinds=receivers)
-            ),
-            "alerts": lambda client, key: queries.alert_page(client, key, kinds=receivers),
+        fns: dict[str, Callable[[Client, str], dict[str, Any]]] = {
+            "jobs": self._job_report,
+            "alerts": lambda client, key: alert.alert_page(client, key, kinds=self.receivers),
         }
         fn = fns.get(kind)
         if fn is None:
@@ -415,7 +494,7 @@ def make_app(
             generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
             return report_html(page, key, f"{page} {key}", fn(client, key), generated), "none"
 
-        response = await answer(work)
+        response = await self.answer(work)
         if response.status != 200:
             return response
         # A file name from a record: only safe characters survive, the rest become `_`.
@@ -427,11 +506,11 @@ def make_app(
             headers={"Content-Disposition": f'attachment; filename="{name}"'},
         )
 
-    async def runbook(request: web.Request) -> web.Response:
+    async def runbook(self, request: web.Request) -> web.Response:
         rule = request.match_info.get("rule", "") or "README"
         try:
             text = render_runbook(
-                runbook_dir, rule, {k: request.query[k] for k in RUNBOOK_PARAMETERS if k in request.query}
+                self.runbooks, rule, {k: request.query[k] for k in RUNBOOK_PARAMETERS if k in request.query}
             )
         except NotFoundError:
             raise web.HTTPNotFound(text="no runbook of that name: the index is /runbooks/") from None
@@ -439,7 +518,7 @@ def make_app(
             raise web.HTTPServiceUnavailable(text=str(exc)) from None
         return web.Response(text=text, content_type="text/html")
 
-    async def static(request: web.Request) -> web.Response:
+    async def static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if name not in ASSETS:
             raise web.HTTPNotFound()
@@ -452,38 +531,12 @@ def make_app(
             text=text, content_type=_CONTENT_TYPES[suffix], headers={"Cache-Control": "max-age=3600"}
         )
 
-    # Ids are anything a record carried: the `[^/]+` patterns also match `{` and `}` (aiohttp's default
-    # pattern excludes them), and `/` arrives percent-encoded.
-    app = web.Application(middlewares=[_host_guard(hosts if hosts is not None else HostCheck())])
-    app.on_response_prepare.append(_secure)
-    app[GATE] = gate
-    app[PAGES] = pages
-    app.add_routes(
-        [
-            web.get("/", fleet_page),
-            web.get("/jobs/{job_id:[^/]+}", job_page),
-            web.get("/alerts/{alert_id:[^/]+}", alert_page),
-            web.get("/api/fleet", api_fleet),
-            web.get("/api/fleet/goodput", api_fleet_goodput),
-            web.get("/api/fleet/silences", api_fleet_silences),
-            web.get("/api/jobs/{job_id:[^/]+}", api_job),
-            web.get("/api/jobs/{job_id:[^/]+}/efficiency", api_job_efficiency),
-            web.get("/api/jobs/{job_id:[^/]+}/details", api_job_details),
-            web.get("/api/alerts/{alert_id:[^/]+}", api_alert),
-            web.post("/api/alerts/{alert_id:[^/]+}/silence", api_silence),
-            web.get("/api/version", api_version),
-            web.get("/history", history_page),
-            web.get("/api/history", api_history),
-            web.get("/compare", compare_page),
-            web.get("/api/compare", api_compare),
-            web.get("/reports/{kind}/{key:[^/]+}", report),
-            web.get("/runbooks/", runbook),
-            web.get("/runbooks/{rule:[^/]+}", runbook),
-            web.get("/static/{name}", static),
-            web.get("/favicon.ico", _no_content),
-        ]
-    )
-    return app
+    async def no_content(self, request: web.Request) -> web.Response:
+        return web.Response(status=204)
+
+
+def _html_page(kind: str, key: str | None, title: str) -> web.Response:
+    return web.Response(text=page_html(kind, key, title), content_type="text/html")
 
 
 def _by_fingerprint(copies: list[Mapping[str, Any]]) -> dict[str, list[str]]:

@@ -375,7 +375,7 @@ def test_the_simulated_job_stall_counts_as_stall_in_the_command_and_the_job_pane
     chdb: Client, chdb_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The simulator's `job_stall` (every rank waits 8 minutes for data inside one step), as the
-    efficiency command and the job page's panel (`ui.queries.efficiency`) report it."""
+    efficiency command and the job page's panel (`ui.pages.efficiency.efficiency`) report it."""
     import json
 
     from typer.testing import CliRunner
@@ -383,7 +383,7 @@ def test_the_simulated_job_stall_counts_as_stall_in_the_command_and_the_job_pane
     from producers.simulator import load_scenario, simulate
     from ranksight.cli import app
     from sinks.ddl import migrate
-    from ui import queries
+    from ui.pages.efficiency import efficiency
 
     migrate(chdb, ttl_days=None)  # simulated time is in the past
     events = list(simulate(load_scenario("job_stall"), 0).events())
@@ -410,7 +410,7 @@ def test_the_simulated_job_stall_counts_as_stall_in_the_command_and_the_job_pane
     # Goodput against the share of minutes with steps: 12 of the 20 minutes had none for 8.
     assert job_row["goodput_pct"] == pytest.approx(100 * run_row["productive_s"] / run_row["wall_s"])
     assert job_row["goodput_pct"] < 100 * (20 - 8) / 20
-    panel = queries.efficiency(chdb, job)
+    panel = efficiency(chdb, job)
     assert panel is not None
     assert panel["goodput_pct"] == pytest.approx(job_row["goodput_pct"], rel=1e-5)
     assert panel["spent_gpu_h"]["stall"] == pytest.approx(job_row["stall_gpu_h"], rel=1e-5)

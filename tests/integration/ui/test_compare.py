@@ -17,7 +17,8 @@ import pytest
 from schemas.records import Event
 from tests.integration.ui.conftest import READY, STRAGGLER_JOB, UiStore, needs_chromium
 from tests.integration.ui.test_queries import _forget_job
-from ui import queries
+from ui.errors import NotFoundError
+from ui.pages.compare import compare
 from ui.report import write_report
 from ui.server import UiServer
 from ui.store import load_events
@@ -90,7 +91,7 @@ def runs_in_store(ui_store: UiStore) -> Iterator[UiStore]:
 
 def test_one_job_is_compared_with_its_workload_family_by_step_and_by_tokens(runs_in_store: UiStore) -> None:
     """`compare(job)`: its runs and the family's, aligned series with known values, and what differs."""
-    data = queries.compare(runs_in_store.client, ["cmp-a"])
+    data = compare(runs_in_store.client, ["cmp-a"])
     assert data["family"] == FAMILY
     assert [(r["job_id"], r["run_id"]) for r in data["runs"]] == [(j, r) for j, r, *_ in RUNS]
     assert data["bucket_steps"] == 1  # 60 steps: one point per step
@@ -109,11 +110,11 @@ def test_one_job_is_compared_with_its_workload_family_by_step_and_by_tokens(runs
 
 def test_any_runs_can_be_chosen_across_families(runs_in_store: UiStore) -> None:
     """Several jobs, or runs by id, are compared whatever their family; an unknown one is not found."""
-    chosen = queries.compare(runs_in_store.client, [STRAGGLER_JOB], ["cmp-b-r0"])
+    chosen = compare(runs_in_store.client, [STRAGGLER_JOB], ["cmp-b-r0"])
     assert {r["job_id"] for r in chosen["runs"]} == {STRAGGLER_JOB, "cmp-b"} and chosen["family"] == ""
     assert "workload_family" in chosen["config"]["differs"] or "model_name" in chosen["config"]["differs"]
-    with pytest.raises(queries.NotFoundError):
-        queries.compare(runs_in_store.client, ["no-such-job"])
+    with pytest.raises(NotFoundError):
+        compare(runs_in_store.client, ["no-such-job"])
 
 
 @needs_chromium

@@ -1,4 +1,4 @@
-"""A report from a recording, streamed per panel (`ui.digest`), says what the store's pages say.
+"""A report from a recording, streamed per panel (each page's fold), says what the store's pages say.
 
 The package's store holds the `mixed` recording replayed through the detectors; the digest reads
 the same recording (replayed by the CLI layer) without any store. Every panel of every job page,
@@ -21,8 +21,11 @@ import pytest
 from ranksight.commands.report import recorded, replayed
 from sinks.efficiency import PriceList
 from tests.integration.ui.conftest import PRICE_PER_GPU_H, STRAGGLER_JOB, UiStore
-from ui import digest, queries
-from ui.errors import UiError
+from ui.errors import NotFoundError, UiError
+from ui.pages.alert import alert_page, alert_report
+from ui.pages.common import RawJson
+from ui.pages.compare import compare_of_job
+from ui.pages.job import job_page, job_report
 
 # Added to the store by other tests of the package (test_queries' evaluation bands): not in the recording.
 _ADDED_EVALUATIONS = {"ev-1", "ev-2"}
@@ -30,7 +33,7 @@ _ARBITRARY = {"team", "receiver"}
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, queries.RawJson):
+    if isinstance(value, RawJson):
         return json.loads(value.text)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
@@ -77,13 +80,13 @@ def test_every_panel_of_a_job_report_equals_the_stores_page(
 ) -> None:
     """Heatmap, steps, GPUs, hosts, loader, collectives, bands, states, alerts, efficiency, compare: equal."""
     prices = PriceList.parse([f"default={PRICE_PER_GPU_H}"])
-    store = _plain(queries.job_page(ui_store.client, job, prices=prices))
-    store["compare"] = _plain(queries.compare_of_job(ui_store.client, job))
+    store = _plain(job_page(ui_store.client, job, prices=prices))
+    store["compare"] = _plain(compare_of_job(ui_store.client, job))
     store["evaluations"] = [e for e in store["evaluations"] if e["id"] not in _ADDED_EVALUATIONS]
     replay, recording = sources
-    streamed = _plain(digest.job_report(replay, job, prices=prices, sources=recording))
+    streamed = _plain(job_report(replay, job, prices=prices, sources=recording))
     assert streamed.pop("_events") > 10_000
-    if any(e["id"] in _ADDED_EVALUATIONS for e in queries.job_page(ui_store.client, job)["evaluations"]):
+    if any(e["id"] in _ADDED_EVALUATIONS for e in job_page(ui_store.client, job)["evaluations"]):
         # The store's efficiency counts the evaluations another test added: compared without them.
         store.pop("efficiency")
         streamed.pop("efficiency")
@@ -102,8 +105,8 @@ def test_an_alert_report_equals_the_stores_alert_page(ui_store: UiStore, sources
         "SELECT alert_id FROM alerts WHERE rule = 'straggler' AND job_id = {j:String} LIMIT 1",
         parameters={"j": STRAGGLER_JOB},
     ).result_rows[0][0]
-    store = _plain(queries.alert_page(ui_store.client, alert_id))
-    streamed = _plain(digest.alert_report(sources[0], alert_id))
+    store = _plain(alert_page(ui_store.client, alert_id))
+    streamed = _plain(alert_report(sources[0], alert_id))
     streamed.pop("_events")
     store["evidence"]["evaluations"] = [
         e for e in store["evidence"]["evaluations"] if e["id"] not in _ADDED_EVALUATIONS
@@ -119,9 +122,9 @@ def test_unknown_jobs_and_alerts_say_what_the_recording_holds(sources: tuple[Any
     with pytest.raises(
         UiError, match=r"not in the recording \(it holds: asr-0303, pretrain-13b-0301, vit-h-0302\)"
     ):
-        digest.job_report(sources[0], "no-such-job")
-    with pytest.raises(queries.NotFoundError):
-        digest.alert_report(sources[0], "no-such-alert")
+        job_report(sources[0], "no-such-job")
+    with pytest.raises(NotFoundError):
+        alert_report(sources[0], "no-such-alert")
 
 
 def test_the_report_command_stays_in_bounded_memory(ui_store: UiStore, tmp_path: Path) -> None:

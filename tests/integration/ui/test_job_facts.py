@@ -11,13 +11,13 @@ import pytest
 
 from sinks.progress import job_progress
 from tests.integration.ui.conftest import READY, STRAGGLER_JOB, UiStore, needs_chromium
-from ui import queries
+from ui.pages.job import job_page
 
 
 @pytest.fixture(scope="module")
 def page(ui_store: UiStore) -> dict[str, Any]:
     """The straggler job's page over its whole span."""
-    return queries.job_page(ui_store.client, STRAGGLER_JOB, with_efficiency=False)
+    return job_page(ui_store.client, STRAGGLER_JOB, with_efficiency=False)
 
 
 def test_progress_and_eta_are_what_ranksight_jobs_says(ui_store: UiStore, page: dict[str, Any]) -> None:

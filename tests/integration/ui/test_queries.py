@@ -18,8 +18,11 @@ from tests.integration.ui.conftest import (
     UiStore,
     efficiency_json,
 )
-from ui import queries
 from ui.errors import NotFoundError
+from ui.pages.alert import alert_page
+from ui.pages.common import MIN_PLAUSIBLE_MS, to_json
+from ui.pages.fleet import fleet as fleet_json
+from ui.pages.job import job_page
 from ui.store import load_events
 
 
@@ -38,13 +41,13 @@ def test_two_hours_read_the_roll_ups_and_a_zoom_reads_raw_rows_with_the_same_str
     ui_store: UiStore,
 ) -> None:
     """A 2-hour range reads derived windows and gpu_minute; 10 minutes read steps and gpu_samples; both find rank 13."""
-    wide = queries.job_page(
+    wide = job_page(
         ui_store.client, STRAGGLER_JOB, ui_store.start_ms - 3600_000, ui_store.start_ms + 3600_000
     )
     assert wide["range"]["bucket_ms"] == 60_000
     assert (wide["heatmap"]["source"], wide["gpus"]["source"]) == ("derived_rank_windows", "gpu_minute")
     assert wide["steps"]["segments_source"] == "derived_rank_windows"
-    narrow = queries.job_page(
+    narrow = job_page(
         ui_store.client, STRAGGLER_JOB, ui_store.start_ms + 5 * 60_000, ui_store.start_ms + 13 * 60_000
     )
     assert narrow["range"]["bucket_ms"] < 30_000
@@ -79,7 +82,7 @@ def test_evaluations_become_bands_open_until_they_end(ui_store: UiStore) -> None
             Event("EvaluationEvent", {**base, "ts": t + 60_000, "evaluation_id": "ev-2", "phase": "started"}),
         ],
     )
-    bands = {b["id"]: b for b in queries.job_page(ui_store.client, STRAGGLER_JOB)["evaluations"]}
+    bands = {b["id"]: b for b in job_page(ui_store.client, STRAGGLER_JOB)["evaluations"]}
     assert bands["ev-1"]["start_ms"] == t and bands["ev-1"]["end_ms"] == t + 30_000
     assert bands["ev-1"]["status"] == "completed" and bands["ev-1"]["label"] == "mmlu"
     assert bands["ev-2"]["status"] == "open" and bands["ev-2"]["end_ms"] is None
@@ -87,7 +90,7 @@ def test_evaluations_become_bands_open_until_they_end(ui_store: UiStore) -> None
 
 def test_fleet_health_counts_firing_alerts_per_job_and_orders_the_unhealthy_first(ui_store: UiStore) -> None:
     """The stalled vision job has its critical alert counted and comes first; every alert names its team."""
-    fleet = queries.fleet(ui_store.client)
+    fleet = fleet_json(ui_store.client)
     assert fleet["jobs"][0]["job_id"] == "vit-h-0302"
     assert fleet["jobs"][0]["firing"]["critical"] >= 1
     by_id = {j["job_id"]: j for j in fleet["jobs"]}
@@ -96,15 +99,15 @@ def test_fleet_health_counts_firing_alerts_per_job_and_orders_the_unhealthy_firs
     assert by_id["vit-h-0302"]["step_rate"] == 0.0 and by_id["asr-0303"]["step_rate"] > 0
     assert {a["rule"] for a in fleet["resolved"]} >= {"straggler"}
     assert all(a["team"] for a in fleet["firing"] + fleet["resolved"])
-    assert json.loads(queries.to_json(fleet))["jobs"][0]["job_id"] == "vit-h-0302"
+    assert json.loads(to_json(fleet))["jobs"][0]["job_id"] == "vit-h-0302"
 
 
 def test_unknown_jobs_and_alerts_are_not_found(ui_store: UiStore) -> None:
     """A job or alert the store does not hold raises NotFoundError (the API answers 404)."""
     with pytest.raises(NotFoundError):
-        queries.job_page(ui_store.client, "no-such-job")
+        job_page(ui_store.client, "no-such-job")
     with pytest.raises(NotFoundError):
-        queries.alert_page(ui_store.client, "no-such-alert")
+        alert_page(ui_store.client, "no-such-alert")
 
 
 def test_fleet_goodput_and_the_job_efficiency_panel_are_what_the_efficiency_command_says(
@@ -113,10 +116,10 @@ def test_fleet_goodput_and_the_job_efficiency_panel_are_what_the_efficiency_comm
     """Fleet goodput per job, and the job panel's figures and runs, equal `ranksight efficiency --json`."""
     expected = efficiency_json(ui_store, monkeypatch)
     prices = PriceList.parse([f"default={PRICE_PER_GPU_H}"])
-    fleet = {j["job_id"]: j for j in queries.fleet(ui_store.client)["jobs"]}
+    fleet = {j["job_id"]: j for j in fleet_json(ui_store.client)["jobs"]}
     for job_id in ui_store.jobs:
         assert fleet[job_id]["goodput_pct"] == pytest.approx(expected[job_id]["goodput_pct"], abs=0.01)
-        panel = queries.job_page(ui_store.client, job_id, prices=prices)["efficiency"]
+        panel = job_page(ui_store.client, job_id, prices=prices)["efficiency"]
         row = expected[job_id]
         for key in (
             "allocated_gpu_h",
@@ -142,7 +145,7 @@ def test_fleet_goodput_and_the_job_efficiency_panel_are_what_the_efficiency_comm
                 expected[run["run_id"]]["allocated_gpu_h"], rel=1e-5
             )
     # Unpriced, the panel says so rather than showing a cost of zero.
-    unpriced = queries.job_page(ui_store.client, STRAGGLER_JOB)["efficiency"]
+    unpriced = job_page(ui_store.client, STRAGGLER_JOB)["efficiency"]
     assert unpriced["cost"] is None and unpriced["price_per_gpu_h"] is None
 
 
@@ -168,7 +171,7 @@ def test_a_record_stamped_2199_does_not_stretch_the_job_or_move_the_fleets_now(u
     t = ui_store.start_ms + 60_000
     step = {"job_id": job, "run_id": f"{job}-r0", "rank": 0, "step": 1, "step_time_s": 1.0}
     far = 7_200_000_000_000  # 2198-02-27, inside the writer's 2000..2200 and far past any clock
-    before_fleet = queries.fleet(client, goodput=False)
+    before_fleet = fleet_json(client, goodput=False)
     try:
         load_events(
             client,
@@ -202,18 +205,18 @@ def test_a_record_stamped_2199_does_not_stretch_the_job_or_move_the_fleets_now(u
             ).result_rows[0][0]
             == 2
         )
-        page = queries.job_page(client, job, with_efficiency=False)
+        page = job_page(client, job, with_efficiency=False)
         # From its first step to the newest data of the store (a job without an end runs till now), not 2198.
         assert page["range"]["span"][0] == t // 60_000 * 60_000
         assert page["range"]["span"][1] <= before_fleet["now_ms"] + 60_000
         assert page["alerts"] == []
-        fleet = queries.fleet(client, goodput=False)
+        fleet = fleet_json(client, goodput=False)
         assert fleet["now_ms"] == before_fleet["now_ms"]
         row = {j["job_id"]: j for j in fleet["jobs"]}[job]
         assert (row["last_progress_ms"], row["last_step"]) == (t, 1)
         assert "far-future" not in {a["alert_id"] for a in fleet["firing"] + fleet["resolved"]}
         # A range asked for by URL is cut to plausible times too.
-        huge = queries.job_page(client, job, 0, 10**15, with_efficiency=False)
-        assert huge["range"]["to_ms"] < far and huge["range"]["from_ms"] >= queries.MIN_PLAUSIBLE_MS
+        huge = job_page(client, job, 0, 10**15, with_efficiency=False)
+        assert huge["range"]["to_ms"] < far and huge["range"]["from_ms"] >= MIN_PLAUSIBLE_MS
     finally:
         _forget_job(client, job)

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from tests.integration.ui.conftest import READY, STRAGGLER_JOB, UiStore, needs_chromium
-from ui import queries
+from ui.pages.fleet import fleet as fleet_json
+from ui.pages.job import job_page
 
 pytestmark = needs_chromium
 
@@ -236,14 +237,14 @@ def test_the_heatmap_legend_reads_two_different_ends_with_their_unit(browser: An
 
 def test_a_stalled_job_reads_zero_steps_per_second_while_stalled(ui_store: UiStore) -> None:
     """The stalled job's step rate is 0 from the stall on (page series and fleet), a healthy job's is not."""
-    page = queries.job_page(ui_store.client, STALLED_JOB, with_efficiency=False)
+    page = job_page(ui_store.client, STALLED_JOB, with_efficiency=False)
     stall_start = ui_store.start_ms + 8 * 60_000
     during = [v for t, v in page["steps"]["step_rate"] if t >= stall_start + 2 * 60_000]
     assert during and all(v == 0 for v in during), page["steps"]["step_rate"][-10:]
     # Before the stall it steps (a checkpoint's pause reads 0 too, honestly: most buckets do not).
     before = [v for t, v in page["steps"]["step_rate"] if t < stall_start - 60_000]
     assert before and sum(v > 0 for v in before) > 0.9 * len(before)
-    fleet = {j["job_id"]: j for j in queries.fleet(ui_store.client, goodput=False)["jobs"]}
+    fleet = {j["job_id"]: j for j in fleet_json(ui_store.client, goodput=False)["jobs"]}
     assert fleet[STALLED_JOB]["step_rate"] == 0.0 and fleet[STRAGGLER_JOB]["step_rate"] > 0
 
 
@@ -252,12 +253,12 @@ def test_a_stalled_job_has_no_eta_and_says_since_when(
 ) -> None:
     """State wins over averages: the stalled job's page and `ranksight jobs` say stalled since its last step,
     with no ETA; a job that steps keeps its ETA."""
-    page = queries.job_page(ui_store.client, STALLED_JOB, with_efficiency=False)
+    page = job_page(ui_store.client, STALLED_JOB, with_efficiency=False)
     condition = page["condition"]
     assert condition["kind"] in ("stalled", "overdue"), condition
     assert condition["since_ms"] == page["progress"]["last_step_ms"]
     assert page["progress"]["eta_s"] is None and page["progress"]["finish_ms"] is None
-    healthy = queries.job_page(ui_store.client, STRAGGLER_JOB, with_efficiency=False)
+    healthy = job_page(ui_store.client, STRAGGLER_JOB, with_efficiency=False)
     assert healthy["condition"]["kind"] in ("running", "finished")
 
     import json

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from ui.guard import HostCheck, redact_credentials, redacted
-from ui.queries import RawJson, to_json
+from ui.pages.common import RawJson, to_json
 
 
 def test_a_rebinding_host_name_is_refused_and_the_uis_names_are_answered() -> None:

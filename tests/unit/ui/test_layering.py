@@ -23,8 +23,10 @@ def _imports(path: Path) -> set[str]:
 def test_no_ui_module_imports_the_stream_processing_code() -> None:
     """No module of `ui/` imports `streams` (engine, config, routing, replay), at the top or inside a function."""
     offenders = {
-        path.name: sorted(m for m in _imports(path) if m == "streams" or m.startswith("streams."))
-        for path in sorted(UI_DIR.glob("*.py"))
+        str(path.relative_to(UI_DIR)): sorted(
+            m for m in _imports(path) if m == "streams" or m.startswith("streams.")
+        )
+        for path in sorted(UI_DIR.rglob("*.py"))
     }
     assert {k: v for k, v in offenders.items() if v} == {}
     assert len(offenders) >= 8  # the check saw the package

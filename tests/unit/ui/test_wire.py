@@ -8,17 +8,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import ui.pages
-from ui.pages import page_html, report_html
-from ui.queries import BUCKET_STEPS_MS, TARGET_BUCKETS, RawJson, bucket_ms, to_json
+import ui.shell
+from ui.pages.common import BUCKET_STEPS_MS, TARGET_BUCKETS, RawJson, bucket_ms, to_json
+from ui.shell import page_html, report_html
 
 
 @pytest.fixture(autouse=True)
 def _no_vendored_echarts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Unit tests need not have run `make ui-assets`: ECharts is replaced by a stub of its name."""
-    real = ui.pages.asset_text
+    real = ui.shell.asset_text
     monkeypatch.setattr(
-        ui.pages, "asset_text", lambda name: "/* echarts */" if name == "echarts.min.js" else real(name)
+        ui.shell, "asset_text", lambda name: "/* echarts */" if name == "echarts.min.js" else real(name)
     )
 
 

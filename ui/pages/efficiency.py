@@ -1,13 +1,13 @@
-"""The efficiency panel of a report made from a recording: `run_efficiency` / `job_efficiency` in Python.
+"""The efficiency panel and the fleet's goodput column: from the store's views, or folded from a recording.
 
-A report from a recording has no store (`ui.digest`), so the views of `sinks.efficiency_sql` are
-computed here from the events, for the reported job and the runs it is compared with, with the
-same formulas (docs/efficiency.md): each run's steps become its progress heartbeat (a step is
-done when its last rank reports it); a step is credited with its own step time, never more than
-its interval less the checkpoint writes and evaluations that ended in it, and never more than
-one normal (median) interval when the interval is over `STALL_INTERVAL_FACTOR` x the normal one;
-the rest is stall. `tests/integration/ui/test_digest.py` holds this to what the views answer on
-the same recording, so a change to the views shows here as a failing test.
+From a store, `efficiency` and `fleet_goodput` read `run_efficiency` / `job_efficiency`
+(`sinks.efficiency`). A report from a recording has no store, so `RunTally` computes the same views
+from the events, for the reported job and the runs it is compared with, with the same formulas
+(docs/efficiency.md): each run's steps become its progress heartbeat (a step is done when its
+last rank reports it); a step is credited with its own step time, never more than its interval
+less the checkpoint writes and evaluations that ended in it, and never more than one normal
+(median) interval when the interval is over `STALL_INTERVAL_FACTOR` x the normal one; the rest is
+stall. `tests/integration/ui/test_digest.py` holds both to the same answer on one recording.
 """
 
 from __future__ import annotations
@@ -18,10 +18,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.records import Event
-from sinks.efficiency import PriceList
+from clickhouse_connect.driver.client import Client
 
-__all__ = ["STALL_INTERVAL_FACTOR", "RunTally"]
+from schemas.records import Event
+from sinks.efficiency import PriceList, job_rows, run_rows
+from sinks.errors import QueryError
+from ui.pages.common import rounded
+
+__all__ = ["STALL_INTERVAL_FACTOR", "RunTally", "efficiency", "fleet_goodput"]
 
 # `sinks.efficiency_sql.STALL_INTERVAL_FACTOR` (kept here: the UI reads no sink SQL module).
 STALL_INTERVAL_FACTOR = 3.0
@@ -329,8 +333,7 @@ class RunTally:
         return (min(running) - min(pending)) / 1000 if pending and running else None
 
     def efficiency(self, job: str, prices: PriceList) -> dict[str, Any] | None:
-        """The job's efficiency panel, as `ui.queries.efficiency` answers it from the views."""
-        from ui.queries import _JOB_FIGURES, _RUN_FIGURES, _figure, _num
+        """The job's efficiency panel, as `efficiency` answers it from the views."""
 
         runs = self.run_rows(job)
         if not runs:
@@ -365,22 +368,99 @@ class RunTally:
         }
         out: dict[str, Any] = {k: _figure(row[k]) for k in _JOB_FIGURES}
         out["price_per_gpu_h"] = price
-        out["spent_gpu_h"] = {k: _num(gpu_h[k], 6) for k in _SPENT}
-        out["queue_gpu_h"] = _num((row["queue_s"] or 0) * (row["gpus"] or 0) / 3600, 6)
+        out["spent_gpu_h"] = {k: rounded(gpu_h[k], 6) for k in _SPENT}
+        out["queue_gpu_h"] = rounded((row["queue_s"] or 0) * (row["gpus"] or 0) / 3600, 6)
         per_run = []
         for run in runs:
             item = {k: _figure(run[k]) for k in _RUN_FIGURES}
             gpus = run["gpus"] or 0
             item["spent_gpu_h"] = {
-                "productive": _num(gpus * run["productive_s"] / 3600, 6),
-                "stall": _num(gpus * run["stall_s"] / 3600, 6),
-                "restart": _num(gpus * run["restart_lost_s"] / 3600, 6),
-                "skipped": _num(gpus * run["skipped_s"] / 3600, 6),
-                "checkpoint": _num(gpus * run["checkpoint_s"] / 3600, 6),
-                "evaluation": _num(gpus * run["evaluation_s"] / 3600, 6),
+                "productive": rounded(gpus * run["productive_s"] / 3600, 6),
+                "stall": rounded(gpus * run["stall_s"] / 3600, 6),
+                "restart": rounded(gpus * run["restart_lost_s"] / 3600, 6),
+                "skipped": rounded(gpus * run["skipped_s"] / 3600, 6),
+                "checkpoint": rounded(gpus * run["checkpoint_s"] / 3600, 6),
+                "evaluation": rounded(gpus * run["evaluation_s"] / 3600, 6),
             }
             run_price = prices.price(run["gpu_class"])
-            item["cost"] = _num(None if run_price is None else run["allocated_gpu_h"] * run_price, 6)
+            item["cost"] = rounded(None if run_price is None else run["allocated_gpu_h"] * run_price, 6)
             per_run.append(item)
         out["per_run"] = per_run
         return out
+
+
+_JOB_FIGURES = (
+    "outcome",
+    "runs",
+    "gpus",
+    "gpu_class",
+    "allocated_gpu_h",
+    "goodput_pct",
+    "tokens",
+    "samples",
+    "tokens_per_gpu_h",
+    "samples_per_gpu_h",
+    "energy_kwh",
+    "kwh_per_billion_tokens",
+    "queue_s",
+    "failed_work_pct",
+    "cost",
+    "cost_per_successful_run",
+)
+_RUN_FIGURES = (
+    "run_id",
+    "outcome",
+    "gpus",
+    "allocated_gpu_h",
+    "goodput_pct",
+    "tokens_per_gpu_h",
+    "samples_per_gpu_h",
+    "energy_kwh",
+    "kwh_per_billion_tokens",
+)
+
+
+def _efficiency_rows(client: Client, prices: PriceList, job_id: str | None = None) -> list[dict[str, Any]]:
+    # A store the efficiency views are missing from answers "unknown", not an error page.
+    try:
+        return job_rows(client, prices, job=job_id)
+    except QueryError:
+        return []
+
+
+def _figure(value: Any) -> Any:
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else rounded(value, 6)
+
+
+def fleet_goodput(client: Client) -> dict[str, float | None]:
+    """ML goodput per job from `job_efficiency` (docs/efficiency.md): productive / allocated GPU-hours, %."""
+    return {row["job_id"]: rounded(row["goodput_pct"], 2) for row in _efficiency_rows(client, PriceList())}
+
+
+def efficiency(client: Client, job_id: str, prices: PriceList | None = None) -> dict[str, Any] | None:
+    """The job's efficiency panel: `job_efficiency` and its runs, priced by `prices` (None: unknown)."""
+    prices = prices or PriceList()
+    rows = _efficiency_rows(client, prices, job_id)
+    if not rows or rows[0]["runs"] == 0:
+        return None
+    row = rows[0]
+    out: dict[str, Any] = {k: _figure(row[k]) for k in _JOB_FIGURES}
+    out["price_per_gpu_h"] = prices.price(row["gpu_class"])
+    out["spent_gpu_h"] = {k: rounded(row[f"{k}_gpu_h"], 6) for k in _SPENT}
+    out["queue_gpu_h"] = rounded((row["queue_s"] or 0) * (row["gpus"] or 0) / 3600, 6)
+    runs = []
+    for run in run_rows(client, job=job_id, prices=prices):
+        item = {k: _figure(run[k]) for k in _RUN_FIGURES}
+        gpus = run["gpus"] or 0
+        item["spent_gpu_h"] = {
+            "productive": rounded(gpus * run["productive_s"] / 3600, 6),
+            "stall": rounded(gpus * run["stall_s"] / 3600, 6),
+            "restart": rounded(gpus * run["restart_lost_s"] / 3600, 6),
+            "skipped": rounded(gpus * run["skipped_s"] / 3600, 6),
+            "checkpoint": rounded(gpus * run["checkpoint_s"] / 3600, 6),
+            "evaluation": rounded(gpus * run["evaluation_s"] / 3600, 6),
+        }
+        item["cost"] = rounded(run["cost"], 6)
+        runs.append(item)
+    out["per_run"] = runs
+    return out

@@ -79,7 +79,7 @@ def inline_json(data: Any) -> str:
     Outside strings JSON has none of these characters, so the text can neither end its element
     (`</script>`), open a comment (`<!--`) nor start a character reference.
     """
-    from ui.queries import to_json
+    from ui.pages.common import to_json
 
     return to_json(data).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
