@@ -333,7 +333,8 @@ class PartitionTask:
 
     def receive(self, rec: Record, now: float) -> tuple[Event | None, list[Action]]:
         """A record of this partition: skipped (already in the state), rejected (dead-lettered when
-        the worker owns its topic) or held for alignment. Returns its event (None unless held)."""
+        the worker owns its topic) or held for alignment. Returns its event (None unless held) and
+        what to send now: its dead letter, or the alerts its instant rules raise on arrival."""
         tp = rec.tp
         self.last_receive = now
         if self.already_seen(tp, rec.offset):
@@ -358,7 +359,26 @@ class PartitionTask:
             self.aligner.push(tp, rec.offset, event_ts(event), (rec, event), now, tiebreak(event))
             return event, []
         self.aligner.push(tp, rec.offset, self.intake.held_ts(rec, event), (rec, event), now)
-        return event, []
+        return event, self._instant(rec, event)
+
+    def _instant(self, rec: Record, event: Event) -> list[Action]:
+        """Rank stage: page the instant rules this record raises now, before alignment releases it
+        (`StageEngine.instant`). Not for a copy of a record another partition owns, a GPU fault
+        shared with a co-located job, or a telemetry sample the engine already holds."""
+        if rec.topic == CONTROL or (rec.topic == TELEMETRY_BY_JOB and is_shared(rec.key)):
+            return []
+        ident = _telemetry_source(event)
+        if ident is not None and int(event.record["ts"]) <= self.seen.get(ident, -(2**63)):
+            return []
+        out: list[Action] = []
+        try:
+            early = self.engine.instant(event, received_ts=self.intake.reference(rec))
+        except Exception:
+            # The ordered pass judges it again (and skips it there if it breaks a detector).
+            log.exception("the instant rules failed on %s at %s@%d", event.type, rec.tp, rec.offset)
+            return []
+        self._send_outputs(early, out)
+        return out
 
     def _marker(self, r: dict[str, Any]) -> bool:
         """A rank-stage partition says how far it has sent everything (never backwards). True when
