@@ -164,6 +164,8 @@ class StageEngine:
             or (stage == "gate" and set(cls.rules) <= _GATE_RULES)
             or (stage != "gate" and stage_of(cls) == stage)
         ]
+        # record type -> the detectors that read it, in the engine's order (`_reading`).
+        self._readers: dict[str, list[Detector]] = {}
         # Detectors that produce derived events (window statistics) expose `drain_derived()`.
         self._drainers = [d.drain_derived for d in self.detectors if hasattr(d, "drain_derived")]
         # Detectors that learn from completed runs (baselines) share what they learn through
@@ -297,7 +299,7 @@ class StageEngine:
             if forward and _to_job_stage(event):
                 self._queue(event)
         findings: list[Finding] = []
-        for det in self.detectors:
+        for det in self._readers.get(event.type) or self._reading(event.type):
             found = det.observe(event)
             if found:
                 findings.extend(found)
@@ -603,9 +605,17 @@ class StageEngine:
                     r["healthy"] = self._job_healthy(r["job_id"], r["window_start"])
                 self.stats["derived"] += 1
                 out.append(event)
-                for det in self.detectors:
+                for det in self._readers.get(event.type) or self._reading(event.type):
                     pending.extend(det.observe(event))
             pending.sort(key=self.grouper.order)
+
+    def _reading(self, kind: str) -> list[Detector]:
+        """The detectors that read records of type `kind` (their `reads`), in the engine's order. (A
+        `Profiled` wrapper reads every type: it declares none.)"""
+        readers = self._readers.get(kind)
+        if readers is None:
+            readers = self._readers[kind] = [d for d in self.detectors if d.reads is None or kind in d.reads]
+        return readers
 
     def _drain_derived(self) -> list[Event]:
         derived: list[Event] = []
