@@ -426,6 +426,7 @@ class PartitionTask:
         # The batch left the aligner at once: a checkpoint waits for the end of it (its offsets
         # would claim the records of the batch not yet in the engine).
         for tp, offset, (rec, event) in released:
+            confirmed = self.engine.stats.get("instant_confirmed", 0)
             if self.kind == "job":
                 outputs = self._feed_job(tp, offset, rec, event)
                 rejected = None
@@ -435,6 +436,9 @@ class PartitionTask:
                 out += self.intake.rejected_for_time(rec, rejected)
                 continue
             alert = self._send_outputs(outputs, out)
+            # An alert paged on arrival changes the state when the ordered pass raises it (not sent
+            # again): a checkpoint then, as for any alert, so that a restart does not page it again.
+            alert = alert or self.engine.stats.get("instant_confirmed", 0) != confirmed
             due = self.checkpoint_due(alert, now) or due
         if due:
             out += self._marker_sends(idle=False)  # what the job stage reads goes out first

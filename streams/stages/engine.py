@@ -387,7 +387,7 @@ class StageEngine:
         if kind != "GpuSample":
             return ()
         gpu = f"{r.get('node')}/{r.get('gpu_uuid')}"
-        out = (f"xid_error/{gpu}",) if r.get("xid") is not None else ()
+        out: tuple[str, ...] = (f"xid_error/{gpu}",) if r.get("xid") is not None else ()
         counters = (r.get("ecc_uncorrected"), r.get("remapped_rows_uncorrectable"))
         if any(counters):
             # Only an increase is news: look ahead when the counters changed since the last read.
