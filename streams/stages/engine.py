@@ -637,6 +637,13 @@ class StageEngine:
                     self.stats["instant_confirmed"] = self.stats.get("instant_confirmed", 0) + 1
                     continue  # paged as its record was read (`instant`)
                 out.append(Event("Alert", routed))
+            if self._early:
+                # Raised in order with another mute or receiver than paged: its own copies went out
+                # above, and the page is no withdrawal's business.
+                for key in [
+                    k for k in self._early if k[0] == record["alert_id"] and k[1] == record["status"]
+                ]:
+                    del self._early[key]
             if self._early_fps:
                 self._early_fps.pop(record["fingerprint"], None)
             if self.summarizer is not None:

@@ -141,3 +141,21 @@ def test_the_rank_stage_task_sends_the_page_when_it_reads_the_record_still_held_
     assert event is not None and len(task.aligner) == 1  # held: the other inputs have said nothing yet
     alerts = [codec.decode(s.value or b"").record for s in sent if isinstance(s, Send) and s.topic == ALERTS]
     assert {a["rule"] for a in alerts} == {"nonfinite_loss"}
+
+
+def test_a_page_raised_in_order_with_another_mute_is_sent_again_and_never_withdrawn() -> None:
+    engine = _engine()
+    _start(engine)
+    nan = step(JOB, 0, 5, T0 + 6_000, loss=float("nan"))
+    [paged] = _alerts(engine.instant(nan, received_ts=T0 + 6_000), "nonfinite_loss")
+    # As if the look ahead had seen a cause muting it that the ordered pass does not see.
+    [(key, entry)] = list(engine._early.items())
+    engine._early = {(key[0], key[1], "some-cause", *key[3:]): entry}
+    [raised] = _alerts(engine.process(nan, received_ts=T0 + 6_000), "nonfinite_loss")
+    assert (raised["alert_id"], raised["status"], raised["inhibited_by"]) == (
+        paged["alert_id"],
+        "firing",
+        None,
+    )
+    assert _alerts(engine.advance(T0 + 20_000), "nonfinite_loss") == []  # still firing: nothing withdrawn
+    assert engine.stats.get("instant_withdrawn", 0) == 0
