@@ -365,6 +365,8 @@ class PartitionTask:
         """Rank stage: page the instant rules this record raises now, before alignment releases it
         (`StageEngine.instant`). Not for a copy of a record another partition owns, a GPU fault
         shared with a co-located job, or a telemetry sample the engine already holds."""
+        if not self.engine.may_page(event):
+            return []  # most records: nothing more to look at
         if rec.topic == CONTROL or (rec.topic == TELEMETRY_BY_JOB and is_shared(rec.key)):
             return []
         ident = _telemetry_source(event)

@@ -322,9 +322,12 @@ class StageEngine:
         record) does not send its own copy of the same alert again. The ordered pass stays the
         truth: an alert paged here that it never raises (a record before it in event time changed
         the verdict) is withdrawn (resolved) once the watermark passes its time, and counted
-        (`stats["instant_withdrawn"]`). Offline nothing reads ahead: the same alerts, only later.
+        (`stats["instant_withdrawn"]`). Only live input is looked at ahead: a record within the
+        allowed lateness of the newest the engine took, about a job whose start it took (its team
+        and labels route the page); a backlog read ahead of its turn waits for it. Offline nothing
+        reads ahead: the same alerts, only later.
         """
-        likely = self._likely(event) if self._instant else ()
+        likely = self._likely(event) if self.may_page(event) else ()
         if not likely or all(
             self._early_fps.get(fp) is not None or self.tracker.is_firing(fp) for fp in likely
         ):
@@ -337,6 +340,10 @@ class StageEngine:
             return []  # a time to judge first (the ordered pass rejects it or raises clock_skew)
         if self.watermark is not None and ts < self.watermark:
             return []  # late: the ordered pass drops it
+        if self.max_ts is None or ts - self.max_ts > self._lateness_ms:
+            # Far ahead of what the engine took (a backlog read ahead of its turn, or the engine's
+            # first record): the state it would be judged on is not the one its turn will see.
+            return []
         event, _ = clean(event)
         memo: dict[int, Any] = {id(self.topology): self.topology}
         findings = [f for det in self._instant for f in copy.deepcopy(det, memo).observe(event)]
@@ -347,6 +354,7 @@ class StageEngine:
             and f.fingerprint not in self._early_fps
             and f.rule not in self._disabled
             and not self._over(f)
+            and (not f.job_id or f.job_id in self.topology.jobs)  # its team and labels are known
         ]
         if not findings:
             return []
@@ -370,8 +378,25 @@ class StageEngine:
         self.stats["instant_paged"] = self.stats.get("instant_paged", 0) + len(out)
         return out
 
+    def may_page(self, event: Event) -> bool:
+        """Whether a record may raise an instant rule's alert (rank stage; a look at a few fields):
+        an XID or uncorrectable-error counters, a leader rank's non-finite loss or gradient norm, a
+        rank fault. Most records are none of these."""
+        if not self._instant:
+            return False
+        kind, r = event.type, event.record
+        if kind == "StepCompleted":
+            return r.get("rank") == LEADER_RANK and (_bad(r.get("loss")) or _bad(r.get("grad_norm")))
+        if kind == "GpuSample":
+            return (
+                r.get("xid") is not None
+                or bool(r.get("ecc_uncorrected"))
+                or bool(r.get("remapped_rows_uncorrectable"))
+            )
+        return kind == "RankFault"
+
     def _likely(self, event: Event) -> tuple[str, ...]:
-        """The fingerprints of the instant alerts a record may raise (empty: none; a cheap look)."""
+        """The fingerprints of the instant alerts a record that `may_page` may raise."""
         kind, r = event.type, event.record
         if kind == "RankFault":
             return (f"rank_failed/{r.get('job_id')}/{r.get('rank')}",)
@@ -638,12 +663,16 @@ class StageEngine:
                     continue  # paged as its record was read (`instant`)
                 out.append(Event("Alert", routed))
             if self._early:
-                # Raised in order with another mute or receiver than paged: its own copies went out
-                # above, and the page is no withdrawal's business.
+                # Raised in order with another mute than paged: its own copies went out above. A
+                # page to a receiver the ordered pass does not route it to is withdrawn now.
+                routes = set(self.router.route_all(record))
                 for key in [
                     k for k in self._early if k[0] == record["alert_id"] and k[1] == record["status"]
                 ]:
-                    del self._early[key]
+                    _, paged = self._early.pop(key)
+                    if (key[3], key[4]) not in routes and paged["status"] == "firing":
+                        self.stats["instant_withdrawn"] = self.stats.get("instant_withdrawn", 0) + 1
+                        out.append(Event("Alert", {**paged, "status": "resolved", "ends_at": paged["ts"]}))
             if self._early_fps:
                 self._early_fps.pop(record["fingerprint"], None)
             if self.summarizer is not None:

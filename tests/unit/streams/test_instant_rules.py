@@ -159,3 +159,17 @@ def test_a_page_raised_in_order_with_another_mute_is_sent_again_and_never_withdr
     )
     assert _alerts(engine.advance(T0 + 20_000), "nonfinite_loss") == []  # still firing: nothing withdrawn
     assert engine.stats.get("instant_withdrawn", 0) == 0
+
+
+def test_a_backlog_read_ahead_of_its_turn_and_a_job_not_started_yet_wait_for_the_ordered_pass() -> None:
+    engine = _engine()
+    _start(engine)
+    far = step(JOB, 0, 60, T0 + 60_000, loss=float("nan"))  # a minute past what the engine took
+    assert engine.instant(far, received_ts=T0 + 60_000) == []
+    other = StageEngine(EngineConfig.default(), load_router(), "rank")
+    other.process(step("job-2", 1, 0, T0 + 1_000), received_ts=T0 + 1_000)  # its JobStarted not taken yet
+    nan = step("job-2", 0, 1, T0 + 2_000, loss=float("nan"))
+    assert (
+        other.instant(nan, received_ts=T0 + 2_000) == []
+    )  # its team is not known: not paged to the platform
+    assert _alerts(other.process(nan, received_ts=T0 + 2_000), "nonfinite_loss")  # raised in order
