@@ -672,6 +672,12 @@ class StageEngine:
                     _, paged = self._early.pop(key)
                     if (key[3], key[4]) not in routes and paged["status"] == "firing":
                         self.stats["instant_withdrawn"] = self.stats.get("instant_withdrawn", 0) + 1
+                        log.warning(
+                            "rank stage: %s paged on arrival to %s/%s is routed elsewhere in event-time order; resolving it there",
+                            record["fingerprint"],
+                            key[3],
+                            key[4],
+                        )
                         out.append(Event("Alert", {**paged, "status": "resolved", "ends_at": paged["ts"]}))
             if self._early_fps:
                 self._early_fps.pop(record["fingerprint"], None)
