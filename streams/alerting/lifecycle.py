@@ -9,7 +9,9 @@ entries that clear before their sustain period vanish without a trace.
 
 from __future__ import annotations
 
+import copy
 import hashlib
+from collections.abc import Iterable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -134,6 +136,18 @@ class AlertTracker:
     def firing(self) -> list[str]:
         """Fingerprints currently firing, sorted."""
         return sorted(fp for fp, e in self._entries.items() if e["status"] == "firing")
+
+    def is_firing(self, fingerprint: str) -> bool:
+        """Whether an alert of this fingerprint fires now."""
+        entry = self._entries.get(fingerprint)
+        return entry is not None and entry["status"] == "firing"
+
+    def lookahead(self, fingerprints: Iterable[str]) -> AlertTracker:
+        """A tracker with copies of these fingerprints' entries only: to judge a record ahead of its
+        turn without changing this one (`StageEngine.instant`)."""
+        other = AlertTracker(self.runbook_base_url)
+        other._entries = {fp: copy.deepcopy(self._entries[fp]) for fp in fingerprints if fp in self._entries}
+        return other
 
     def pending(self) -> list[str]:
         """Fingerprints currently pending, sorted."""

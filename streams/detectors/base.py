@@ -426,6 +426,9 @@ class Detector:
     # "rank": runs where a job's node's records are (per rank, per node, per GPU); "job": on the
     # job's records and the rank stage's summaries of its ranks (streams/stages/engine.py).
     stage: ClassVar[str] = ""
+    # The record types `observe` reads (None: every type). The engine hands a detector only these:
+    # most records concern a few rules, and a call that returns at once is still a call per record.
+    reads: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         self.topology = topology

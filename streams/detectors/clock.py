@@ -79,6 +79,7 @@ class ClockDetector(Detector):
 
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("clock_skew",)
+    reads: ClassVar[frozenset[str] | None] = frozenset()  # told of rejected records (`rejected`), no others
 
     def __init__(self, topology: Any, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)

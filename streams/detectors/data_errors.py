@@ -40,6 +40,7 @@ class DataErrorsDetector(PerJobDetector):
     section: ClassVar[str] = "datapath"
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("data_errors",)
+    reads: ClassVar[frozenset[str] | None] = frozenset({"DataLoaderSample"})
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)

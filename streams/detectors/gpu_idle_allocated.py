@@ -44,6 +44,7 @@ class GpuIdleAllocatedDetector(PerJobDetector):
 
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("gpu_idle_allocated",)
+    reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "JobStarted", "StepCompleted"})
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)

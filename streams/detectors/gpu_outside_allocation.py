@@ -42,6 +42,7 @@ class GpuOutsideAllocationDetector(Detector):
 
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("gpu_outside_allocation",)
+    reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "RankBound"})
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)

@@ -42,6 +42,7 @@ class HostMemoryPressureDetector(Detector):
     section: ClassVar[str] = "infrastructure"
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("host_memory_pressure",)
+    reads: ClassVar[frozenset[str] | None] = frozenset({"HostSample"})
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)

@@ -91,6 +91,8 @@ class PeriodicCheck:
 class GpuDetector(Detector):
     """A rule judged per GPU from its GpuSamples; see the module doc."""
 
+    reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample"})
+
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
         self.p = {**self.defaults(), **self.params}
@@ -178,6 +180,7 @@ class GpuFaultDetector(GpuDetector):
     period is checked at most every `check_every_s` of watermark time.
     """
 
+    reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "HostSample"})
     slot: ClassVar[str] = ""  # the per-GPU key of the condition
     quiet_knob: ClassVar[str] = ""  # the knob of the quiet period, in seconds
 

@@ -60,6 +60,7 @@ _WAIT_HISTORY = 100
 class LoaderSignalDetector(PerJobDetector):
     """One DataLoaderSample signal per rank against the run's own normal; see the module doc."""
 
+    reads: ClassVar[frozenset[str] | None] = frozenset({"DataLoaderSample", "StepCompleted"})
     rule: ClassVar[str] = ""  # the one rule of the subclass (also its `rules`)
     declared: ClassVar[Rule]  # its catalogue entry: category, invariant, the usual layer
     metrics: ClassVar[tuple[str, ...]] = ()

@@ -42,6 +42,7 @@ def _fmt(value: Any) -> str:
 class NonfiniteDetector(PerJobDetector):
     """One value of a job's steps that must stay finite; see the module doc."""
 
+    reads: ClassVar[frozenset[str] | None] = frozenset({"StepCompleted"})
     rule: ClassVar[str] = ""  # the one rule of the subclass (also its `rules`)
     declared: ClassVar[Rule]  # its catalogue entry
     what: ClassVar[str] = ""  # the value in words: "loss", "gradient norm"

@@ -50,6 +50,7 @@ class RankFailedDetector(PerJobDetector):
 
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("rank_failed",)
+    reads: ClassVar[frozenset[str] | None] = frozenset({"JobStarted", "RankFault", "StepCompleted"})
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)

@@ -45,6 +45,7 @@ class RepeatedDataDetector(PerJobDetector):
     section: ClassVar[str] = "datapath"
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("repeated_data",)
+    reads: ClassVar[frozenset[str] | None] = frozenset({"StepCompleted"})
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)

@@ -36,6 +36,7 @@ class ResourceDetector(Detector):
 
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("foreign_process",)
+    reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "RankBound"})
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)

@@ -69,6 +69,7 @@ class TelemetryMissingDetector(Detector):
     section: ClassVar[str] = "infrastructure"
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("telemetry_missing",)
+    reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "HostSample"})
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)

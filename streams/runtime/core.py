@@ -193,10 +193,10 @@ class WorkerCore:
             task = tasks.get(rec.partition)
             if task is None:  # a record of a partition revoked a moment ago: redelivered to its owner
                 continue
-            event, dead = task.receive(rec, now)
-            if dead:
-                actions += dead
-            elif event is not None and rec.topic in JOB_EVENT_TOPICS:
+            # Its dead letter (no event then), or the alerts its instant rules raise on arrival.
+            event, sent = task.receive(rec, now)
+            actions += sent
+            if event is not None and rec.topic in JOB_EVENT_TOPICS:
                 actions += self.side.binding_read(rec, event, self.assigned, now)
                 actions += self._broadcast(rec, event, now)
             elif event is not None and rec.topic == TELEMETRY_JOB:

@@ -335,7 +335,8 @@ class PartitionTask:
 
     def receive(self, rec: Record, now: float) -> tuple[Event | None, list[Action]]:
         """A record of this partition: skipped (already in the state), rejected (dead-lettered when
-        the worker owns its topic) or held for alignment. Returns its event (None unless held)."""
+        the worker owns its topic) or held for alignment. Returns its event (None unless held) and
+        what to send now: its dead letter, or the alerts its instant rules raise on arrival."""
         tp = rec.tp
         self.last_receive = now
         if self.already_seen(tp, rec.offset):
@@ -367,7 +368,28 @@ class PartitionTask:
             self.aligner.push(tp, rec.offset, event_ts(event), (rec, event), now, tiebreak(event))
             return event, []
         self.aligner.push(tp, rec.offset, self.intake.held_ts(rec, event), (rec, event), now)
-        return event, []
+        return event, self._instant(rec, event)
+
+    def _instant(self, rec: Record, event: Event) -> list[Action]:
+        """Rank stage: page the instant rules this record raises now, before alignment releases it
+        (`StageEngine.instant`). Not for a copy of a record another partition owns, a GPU fault
+        shared with a co-located job, or a telemetry sample the engine already holds."""
+        if not self.engine.may_page(event):
+            return []  # most records: nothing more to look at
+        if rec.topic == CONTROL or (rec.topic == TELEMETRY_BY_JOB and is_shared(rec.key)):
+            return []
+        ident = _telemetry_source(event)
+        if ident is not None and int(event.record["ts"]) <= self.seen.get(ident, -(2**63)):
+            return []
+        out: list[Action] = []
+        try:
+            early = self.engine.instant(event, received_ts=self.intake.reference(rec))
+        except Exception:
+            # The ordered pass judges it again (and skips it there if it breaks a detector).
+            log.exception("the instant rules failed on %s at %s@%d", event.type, rec.tp, rec.offset)
+            return []
+        self._send_outputs(early, out)
+        return out
 
     def _untrusted_state(self, rec: Record, event: Event) -> bool:
         """A JobStateChanged someone other than the scheduler watcher could have written, while the
@@ -424,6 +446,7 @@ class PartitionTask:
         # The batch left the aligner at once: a checkpoint waits for the end of it (its offsets
         # would claim the records of the batch not yet in the engine).
         for tp, offset, (rec, event) in released:
+            confirmed = self.engine.stats.get("instant_confirmed", 0)
             if self.kind == "job":
                 outputs = self._feed_job(tp, offset, rec, event)
                 rejected = None
@@ -433,6 +456,9 @@ class PartitionTask:
                 out += self.intake.rejected_for_time(rec, rejected)
                 continue
             alert = self._send_outputs(outputs, out)
+            # An alert paged on arrival changes the state when the ordered pass raises it (not sent
+            # again): a checkpoint then, as for any alert, so that a restart does not page it again.
+            alert = alert or self.engine.stats.get("instant_confirmed", 0) != confirmed
             due = self.checkpoint_due(alert, now) or due
         if due:
             out += self._marker_sends(idle=False)  # what the job stage reads goes out first

@@ -18,9 +18,11 @@ an offline replay (`streams.offline.detection`) reproduces production alerts.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
 import logging
+import math
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -40,6 +42,7 @@ from streams.overrides import build_detector, detector_class
 from streams.stages.summary import RankSummarizer
 
 __all__ = [
+    "INSTANT_RULES",
     "JOB_LEVEL",
     "JUMP_RECORDS",
     "LEADER_RANK",
@@ -59,6 +62,16 @@ SNAPSHOT_VERSION = 3
 # (the pace and the bindings travel in its topology), so it restores as it is.
 _READABLE = frozenset({2, SNAPSHOT_VERSION})
 _DERIVED = ("RankWindowStats", "JobWindowStats")
+
+# Rules one record of one rank or one GPU decides alone, needing no peers (issue 37.4): the rank
+# stage pages them as the record is read (`StageEngine.instant`), not once event-time alignment
+# releases it; the ordered pass still decides every alert, and its copy of a paged one is not sent.
+INSTANT_RULES = frozenset(
+    {"xid_error", "ecc_uncorrectable", "nonfinite_loss", "nonfinite_grad", "rank_failed"}
+)
+# How many GPUs' uncorrectable-error counters the instant path remembers (a forged flood of GPU
+# names clears it: at worst a few more looks ahead).
+_MAX_COUNTERS = 100_000
 
 # Offline, this many records in a row ahead of every accepted time (nothing believable between
 # them, all within the skew of each other) confirm a jump even from one source: the stream moved.
@@ -152,6 +165,8 @@ class StageEngine:
             or (stage == "gate" and set(cls.rules) <= _GATE_RULES)
             or (stage != "gate" and stage_of(cls) == stage)
         ]
+        # record type -> the detectors that read it, in the engine's order (`_reading`).
+        self._readers: dict[str, list[Detector]] = {}
         # Detectors that produce derived events (window statistics) expose `drain_derived()`.
         self._drainers = [d.drain_derived for d in self.detectors if hasattr(d, "drain_derived")]
         # Detectors that learn from completed runs (baselines) share what they learn through
@@ -200,6 +215,17 @@ class StageEngine:
         # Every node this engine holds per-node state of -> event time last heard (node names are
         # claims too): past `config.max_nodes` the least recently heard eighth is evicted.
         self._nodes_heard: dict[str, int] = {}
+        # Rank stage: the detectors of the instant rules, what they paged ahead of the ordered pass
+        # ((alert_id, status, inhibited_by, team, receiver) -> event time), and the fingerprints paged
+        # ahead that the ordered pass has not raised yet (fingerprint -> event time).
+        self._instant = (
+            [d for d in self.detectors if set(detector_class(d).rules) <= INSTANT_RULES]
+            if stage == "rank"
+            else []
+        )
+        self._early: dict[tuple[Any, ...], list[Any]] = {}  # key -> [event time, the record sent]
+        self._early_fps: dict[str, int] = {}
+        self._counters: dict[tuple[Any, Any], tuple[Any, Any]] = {}  # GPU -> ECC counters last read
 
     # -- the per-event path ------------------------------------------------------------
     def process(
@@ -283,7 +309,7 @@ class StageEngine:
             if forward and _to_job_stage(event):
                 self._queue(event)
         findings: list[Finding] = []
-        for det in self.detectors:
+        for det in self._readers.get(event.type) or self._reading(event.type):
             found = det.observe(event)
             if found:
                 findings.extend(found)
@@ -295,6 +321,140 @@ class StageEngine:
                 out += [Event("BaselineRun", r) for r in det.drain_learned()]
         self._move_watermark(self.max_ts - self._lateness_ms, out)
         return out
+
+    # -- the instant rules (rank stage) ---------------------------------------------------
+    def instant(self, event: Event, *, received_ts: int | None = None) -> list[Event]:
+        """The alerts of the instant rules (`INSTANT_RULES`) a record raises, as it is read.
+
+        The record is judged on a copy of those rules' state and of their alerts, as if it came
+        next (this engine's state does not change): what it raises is returned, to be sent now, and
+        remembered, so that the ordered pass (`process`, once event-time alignment releases the
+        record) does not send its own copy of the same alert again. The ordered pass stays the
+        truth: an alert paged here that it never raises (a record before it in event time changed
+        the verdict) is withdrawn (resolved) once the watermark passes its time, and counted
+        (`stats["instant_withdrawn"]`). Only live input is looked at ahead: a record within the
+        allowed lateness of the newest the engine took, about a job whose start it took (its team
+        and labels route the page); a backlog read ahead of its turn waits for it. Offline nothing
+        reads ahead: the same alerts, only later.
+        """
+        likely = self._likely(event) if self.may_page(event) else ()
+        if not likely or all(
+            self._early_fps.get(fp) is not None or self.tracker.is_firing(fp) for fp in likely
+        ):
+            return []  # nothing it could raise now (or already raised): the ordered pass judges it
+        ts = event_ts(event)
+        if received_ts is None or not (
+            received_ts - self._max_age_ms <= ts <= received_ts + self._skew_ms
+            and MIN_EVENT_TS <= ts < MAX_EVENT_TS
+        ):
+            return []  # a time to judge first (the ordered pass rejects it or raises clock_skew)
+        if self.watermark is not None and ts < self.watermark:
+            return []  # late: the ordered pass drops it
+        if self.max_ts is None or ts - self.max_ts > self._lateness_ms:
+            # Far ahead of what the engine took (a backlog read ahead of its turn, or the engine's
+            # first record): the state it would be judged on is not the one its turn will see.
+            return []
+        event, _ = clean(event)
+        memo: dict[int, Any] = {id(self.topology): self.topology}
+        findings = [f for det in self._instant for f in copy.deepcopy(det, memo).observe(event)]
+        findings = [
+            f
+            for f in findings
+            if f.active
+            and f.fingerprint not in self._early_fps
+            and f.rule not in self._disabled
+            and not self._over(f)
+            and (not f.job_id or f.job_id in self.topology.jobs)  # its team and labels are known
+        ]
+        if not findings:
+            return []
+        tracker = self.tracker.lookahead(f.fingerprint for f in findings)
+        records = [
+            r for f in sorted(findings, key=self.grouper.order) for r in tracker.observe(f, self.topology)
+        ]
+        if self.holds is not None:
+            records = [r for r in records if self.owns(r)]
+        if not records:
+            return []
+        raised = len(records)
+        copy.deepcopy(self.grouper, memo).annotate(records)  # mutes of other alerts it adds: sent in order
+        out: list[Event] = []
+        for record in records[:raised]:
+            self._early_fps[record["fingerprint"]] = ts
+            for team, receiver in self.router.route_all(record):
+                routed = {**record, "team": team, "receiver": receiver}
+                self._early[_early_key(routed)] = [ts, routed]
+                out.append(Event("Alert", routed))
+        self.stats["instant_paged"] = self.stats.get("instant_paged", 0) + len(out)
+        return out
+
+    def may_page(self, event: Event) -> bool:
+        """Whether a record may raise an instant rule's alert (rank stage; a look at a few fields):
+        an XID or uncorrectable-error counters, a leader rank's non-finite loss or gradient norm, a
+        rank fault. Most records are none of these."""
+        if not self._instant:
+            return False
+        kind, r = event.type, event.record
+        if kind == "StepCompleted":
+            return r.get("rank") == LEADER_RANK and (_bad(r.get("loss")) or _bad(r.get("grad_norm")))
+        if kind == "GpuSample":
+            return (
+                r.get("xid") is not None
+                or bool(r.get("ecc_uncorrected"))
+                or bool(r.get("remapped_rows_uncorrectable"))
+            )
+        return kind == "RankFault"
+
+    def _likely(self, event: Event) -> tuple[str, ...]:
+        """The fingerprints of the instant alerts a record that `may_page` may raise."""
+        kind, r = event.type, event.record
+        if kind == "RankFault":
+            return (f"rank_failed/{r.get('job_id')}/{r.get('rank')}",)
+        if kind == "StepCompleted":
+            if r.get("rank") != LEADER_RANK:
+                return ()
+            job = r.get("job_id")
+            return tuple(
+                f"nonfinite_{what}/{job}"
+                for what, name in (("loss", "loss"), ("grad", "grad_norm"))
+                if _bad(r.get(name))
+            )
+        if kind != "GpuSample":
+            return ()
+        gpu = f"{r.get('node')}/{r.get('gpu_uuid')}"
+        out: tuple[str, ...] = (f"xid_error/{gpu}",) if r.get("xid") is not None else ()
+        counters = (r.get("ecc_uncorrected"), r.get("remapped_rows_uncorrectable"))
+        if any(counters):
+            # Only an increase is news: look ahead when the counters changed since the last read.
+            key = (r.get("node"), r.get("gpu_uuid"))
+            if self._counters.get(key) != counters:
+                if len(self._counters) >= _MAX_COUNTERS:
+                    self._counters.clear()
+                self._counters[key] = counters
+                out += (f"ecc_uncorrectable/{gpu}",)
+        return out
+
+    def _over(self, finding: Finding) -> bool:
+        """Whether a finding is about a job that has ended (nothing left to alert on)."""
+        if not finding.job_id:
+            return False
+        job = self.topology.jobs.get(finding.job_id)
+        return job is not None and job.state in self.config.job_end_states
+
+    def _withdraw(self, watermark: int, out: list[Event]) -> None:
+        """The ordered pass is past these early pages' time without raising them: resolve them."""
+        for key in [k for k, (ts, _) in self._early.items() if ts < watermark]:
+            ts, record = self._early.pop(key)
+            self._early_fps.pop(record["fingerprint"], None)
+            self.stats["instant_withdrawn"] = self.stats.get("instant_withdrawn", 0) + 1
+            log.warning(
+                "rank stage: %s paged on arrival was not raised in event-time order; resolving it",
+                record["fingerprint"],
+            )
+            if record["status"] == "firing":
+                out.append(Event("Alert", {**record, "status": "resolved", "ts": watermark, "ends_at": ts}))
+        for fp in [fp for fp, ts in self._early_fps.items() if ts < watermark]:
+            del self._early_fps[fp]
 
     def advance(self, watermark: int) -> list[Event]:
         """Move event time forward without an event (e.g. a wall-clock guard); return what it caused."""
@@ -444,6 +604,8 @@ class StageEngine:
         if not force and self._advanced_to is not None and bucket <= self._advanced_to:
             return
         self._advanced_to = bucket
+        if self._early_fps or self._early:
+            self._withdraw(wm, out)
         findings: list[Finding] = []
         for det in self.detectors:
             findings.extend(det.advance(wm))
@@ -478,9 +640,17 @@ class StageEngine:
                     r["healthy"] = self._job_healthy(r["job_id"], r["window_start"])
                 self.stats["derived"] += 1
                 out.append(event)
-                for det in self.detectors:
+                for det in self._readers.get(event.type) or self._reading(event.type):
                     pending.extend(det.observe(event))
             pending.sort(key=self.grouper.order)
+
+    def _reading(self, kind: str) -> list[Detector]:
+        """The detectors that read records of type `kind` (their `reads`), in the engine's order. (A
+        `Profiled` wrapper reads every type: it declares none.)"""
+        readers = self._readers.get(kind)
+        if readers is None:
+            readers = self._readers[kind] = [d for d in self.detectors if d.reads is None or kind in d.reads]
+        return readers
 
     def _drain_derived(self) -> list[Event]:
         derived: list[Event] = []
@@ -497,7 +667,30 @@ class StageEngine:
             by_rule[record["status"]] += 1
             self.stats["alerts_firing" if record["status"] == "firing" else "alerts_resolved"] += 1
             for team, receiver in self.router.route_all(record):
-                out.append(Event("Alert", {**record, "team": team, "receiver": receiver}))
+                routed = {**record, "team": team, "receiver": receiver}
+                if self._early and self._early.pop(_early_key(routed), None) is not None:
+                    self.stats["instant_confirmed"] = self.stats.get("instant_confirmed", 0) + 1
+                    continue  # paged as its record was read (`instant`)
+                out.append(Event("Alert", routed))
+            if self._early:
+                # Raised in order with another mute than paged: its own copies went out above. A
+                # page to a receiver the ordered pass does not route it to is withdrawn now.
+                routes = set(self.router.route_all(record))
+                for key in [
+                    k for k in self._early if k[0] == record["alert_id"] and k[1] == record["status"]
+                ]:
+                    _, paged = self._early.pop(key)
+                    if (key[3], key[4]) not in routes and paged["status"] == "firing":
+                        self.stats["instant_withdrawn"] = self.stats.get("instant_withdrawn", 0) + 1
+                        log.warning(
+                            "rank stage: %s paged on arrival to %s/%s is routed elsewhere in event-time order; resolving it there",
+                            record["fingerprint"],
+                            key[3],
+                            key[4],
+                        )
+                        out.append(Event("Alert", {**paged, "status": "resolved", "ends_at": paged["ts"]}))
+            if self._early_fps:
+                self._early_fps.pop(record["fingerprint"], None)
             if self.summarizer is not None:
                 self._queue(Event("Alert", dict(record)))
 
@@ -617,6 +810,11 @@ class StageEngine:
             "jobs_heard": list(self._jobs_heard.items()),  # in eviction order
             "job_ranks": {j: sorted(r) for j, r in sorted(self._job_ranks.items())},
             "nodes_heard": list(self._nodes_heard.items()),  # in eviction order
+            # Paged on arrival, not yet raised in order (a restart must not page them again).
+            "early": [
+                [list(k), ts, r] for k, (ts, r) in sorted(self._early.items(), key=lambda kv: str(kv[0]))
+            ],
+            "early_fps": dict(sorted(self._early_fps.items())),
         }
         return zlib.compress(dumps_state(state), 6)
 
@@ -676,7 +874,25 @@ class StageEngine:
         engine._ranks_held = sum(len(r) for r in engine._job_ranks.values())
         # A snapshot from before the node cap: nodes are counted again as they are heard.
         engine._nodes_heard = {str(n): int(t) for n, t in state.get("nodes_heard", [])}
+        engine._early = {tuple(k): [int(ts), dict(r)] for k, ts, r in state.get("early", [])}
+        engine._early_fps = {str(k): int(v) for k, v in state.get("early_fps", {}).items()}
         return engine
+
+
+def _bad(value: Any) -> bool:
+    """A value present and NaN or infinite."""
+    return value is not None and not math.isfinite(value)
+
+
+def _early_key(routed: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes a routed alert record the same page: its firing, state, mute and receiver."""
+    return (
+        routed["alert_id"],
+        routed["status"],
+        routed.get("inhibited_by"),
+        routed["team"],
+        routed["receiver"],
+    )
 
 
 def empty_stats() -> dict[str, Any]:

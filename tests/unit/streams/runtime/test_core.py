@@ -68,6 +68,11 @@ def test_the_core_raises_the_offline_alerts_and_commits_only_after_a_flush(
             assert io.committed.get(f"{topic}:{p}") == len(log)
 
 
+def _raised(core: WorkerCore) -> bool:
+    """The ordered pass raised an alert (an instant rule's page may have gone out before it)."""
+    return any(t.engine.stats["alerts_firing"] for t in core.tasks.values())
+
+
 def test_a_restarted_core_resumes_from_its_checkpoints_and_repeats_no_alert_id(
     nan_loss: list[Event], nan_loss_offline: set[tuple[str, str]], tmp_path: Path
 ) -> None:
@@ -76,7 +81,7 @@ def test_a_restarted_core_resumes_from_its_checkpoints_and_repeats_no_alert_id(
     kafka.publish(nan_loss, CODEC)
     options = WorkerOptions(bootstrap="x", workdir=tmp_path, checkpoint_events=2_000)
     io = FakeIO(kafka)
-    drive(kafka, options, io=io, stop_after=lambda core: bool(kafka.records("rs.alerts")))
+    drive(kafka, options, io=io, stop_after=_raised)
     first = alerts_of(kafka, CODEC)
     assert first
     restored = restored_from(kafka, options)
@@ -105,7 +110,7 @@ def test_a_restart_between_partial_releases_repeats_the_offline_alerts(
         bootstrap="x", workdir=tmp_path, checkpoint_events=2_000, release_batch=release_batch
     )
     io = FakeIO(kafka)
-    drive(kafka, options, io=io, stop_after=lambda core: bool(kafka.records("rs.alerts")))
+    drive(kafka, options, io=io, stop_after=_raised)
     io2 = FakeIO(kafka)
     io2.committed = dict(io.committed)
     drive(kafka, options, io=io2, restored=restored_from(kafka, options))
