@@ -40,6 +40,8 @@ _ENGINE_KEYS = {
     "summary_bucket_s",
     "max_jobs",
     "max_ranks",
+    "alert_refresh_s",
+    "alert_refresh_min_change",
 }
 
 
@@ -129,6 +131,10 @@ class EngineConfig:
     max_ranks: int = (
         131_072  # distinct (job, rank) one partition's engine holds; the job with most is evicted
     )
+    alert_refresh_ms: int = 60_000  # a firing alert is published again at most this often (0: never)...
+    alert_refresh_min_change: float = (
+        0.1  # ...when its value moved by this share (streams.alerting.lifecycle)
+    )
     detectors: dict[str, dict[str, Any]] = field(default_factory=dict)
     overrides: tuple[Any, ...] = ()  # streams.overrides.Override: knobs per workload (issue 35.1)
 
@@ -199,11 +205,19 @@ class EngineConfig:
             bucket = float(engine.get("summary_bucket_s", 5))
             max_jobs = int(engine.get("max_jobs", 10_000))
             max_ranks = int(engine.get("max_ranks", 131_072))
+            refresh = float(engine.get("alert_refresh_s", 60))
+            refresh_change = float(engine.get("alert_refresh_min_change", 0.1))
         except (TypeError, ValueError):
             raise ConfigError(
                 f"{source}: engine.allowed_lateness_s, engine.advance_every_s, engine.max_clock_skew_s, "
-                "engine.clock_jump_sources and engine.max_record_age_s must be numbers"
+                "engine.clock_jump_sources, engine.max_record_age_s, engine.alert_refresh_s and "
+                "engine.alert_refresh_min_change must be numbers"
             ) from None
+        if not (0 <= refresh < math.inf and 0 <= refresh_change < math.inf):
+            raise ConfigError(
+                f"{source}: engine.alert_refresh_s must be a finite number >= 0 (0: firing alerts are "
+                "published only when they fire and resolve) and engine.alert_refresh_min_change one >= 0"
+            )
         if not (lateness >= 0 and every > 0 and skew > 0 and max_age >= 0) or math.isinf(skew + max_age):
             raise ConfigError(
                 f"{source}: engine.allowed_lateness_s must be >= 0, engine.advance_every_s > 0, "
@@ -230,6 +244,8 @@ class EngineConfig:
             summary_bucket_ms=max(1, int(bucket * 1000)),
             max_jobs=max_jobs,
             max_ranks=max_ranks,
+            alert_refresh_ms=int(refresh * 1000),
+            alert_refresh_min_change=refresh_change,
             detectors=params,
             overrides=overrides,
         )

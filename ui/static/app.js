@@ -1207,9 +1207,15 @@
     // The history's own unit (`history_unit`); a record from before units were carried: from its name.
     let unit = a.history_unit ?? metricUnit(name);
     let points = (a.history || []).filter((p) => p[1] !== null);
-    const last = a.last_progress_ts || (points.length ? points[points.length - 1][0] : null);
-    if (STALL_RULES.has(a.rule) && last) {
-      // The history is the last step; the threshold is seconds without one: plot those seconds.
+    // The step the job stopped at: the history's (the stall's own record), else the job's latest
+    // (a resolved record's last_progress_ts is the step that ended the stall).
+    const last = (points.length ? points[points.length - 1][0] : null) || a.last_progress_ts;
+    if (STALL_RULES.has(a.rule) && unit === 's') {
+      // The history is the silence itself, growing with every refresh of the firing alert.
+      name = 'seconds without a step';
+      if (a.status === 'resolved' && points.length && end > points[points.length - 1][0]) points.push([end, 0]);
+    } else if (STALL_RULES.has(a.rule) && last) {
+      // A record that keeps the last step as history; the threshold is seconds without one: plot those seconds.
       name = 'seconds without a step';
       unit = 's';
       points = [[last, 0], [a.starts_ms, (a.starts_ms - last) / 1000], [end, (end - last) / 1000]];
