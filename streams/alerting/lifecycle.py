@@ -7,9 +7,11 @@ it (`ends_at` set). A firing fingerprint never fires again until it has resolved
 entries that clear before their sustain period vanish without a trace.
 
 A condition that lasts is *refreshed* while it fires: a stall's "no progress for 61 s" would
-otherwise stand through a six-minute stall. When an active finding of a firing entry comes at
-least `refresh_every_ms` of event time after the last record published for it, and what a reader
-sees moved -- its observed value by at least `refresh_min_change` of the last one published, its
+otherwise stand through a six-minute stall. When an active finding of a firing entry comes in a
+later period of `refresh_every_ms` of event time (counted from the alert's start: at most one
+record per period, and the periods are the same whichever engine saw the finding, offline replay
+or the worker, whose job stage hears its findings a few seconds apart) than the last record
+published for it, and what a reader sees moved -- its observed value by at least `refresh_min_change` of the last one published, its
 expected value likewise, its suspected layer, or the end of its history -- the tracker publishes
 the alert again: the same `alert_id`, fingerprint and `starts_at`, status firing, `ts` the
 finding's, with the new observed value, summary and history. Severity, category and team stay
@@ -112,7 +114,7 @@ class AlertTracker:
             entry["status"] = "firing"
             entry["sent"] = _sent(finding, finding.ts, fired=True)
             return [self._record(finding, entry, "firing", finding.ts, None, topology)]
-        if entry["status"] == "firing" and self._refresh_due(entry["sent"], finding):
+        if entry["status"] == "firing" and self._refresh_due(entry, finding):
             sent = entry["sent"]
             # The firing's labels and route: an update of the alert, never another page.
             update = replace(finding, severity=sent["severity"], category=sent["category"], team=sent["team"])
@@ -120,10 +122,12 @@ class AlertTracker:
             return [self._record(update, entry, "firing", finding.ts, None, topology)]
         return []
 
-    def _refresh_due(self, sent: dict[str, Any], finding: Finding) -> bool:
-        """Whether an active finding of a firing alert is worth publishing again: `refresh_every_ms`
-        of event time since the last record, and something a reader sees has moved."""
-        if self.refresh_every_ms <= 0 or finding.ts - sent["ts"] < self.refresh_every_ms:
+    def _refresh_due(self, entry: dict[str, Any], finding: Finding) -> bool:
+        """Whether an active finding of a firing alert is worth publishing again: it is in a later
+        `refresh_every_ms` period (counted from the alert's start) than the last record, and
+        something a reader sees has moved."""
+        every, start, sent = self.refresh_every_ms, int(entry["starts_at"]), entry["sent"]
+        if every <= 0 or (finding.ts - start) // every <= (int(sent["ts"]) - start) // every:
             return False
         if finding.suspected_layer != sent["layer"] or _history_end(finding) > sent["end"]:
             return True
