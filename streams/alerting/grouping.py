@@ -347,11 +347,6 @@ class AlertGrouper:
         if now is not None:
             self._forget_ended(now)
 
-    def placement(self, fingerprint: str) -> tuple[str | None, str | None] | None:
-        """(group_key, inhibited_by) of a firing alert this grouper placed; None if it holds none."""
-        known = self._alerts.get(fingerprint)
-        return None if known is None else (known[0], known[1])
-
     def _explains(self, source: dict[str, Any], target: dict[str, Any]) -> bool:
         """Whether `source` explains `target` under some rule. A cause that resolved still explains,
         under an edge with `after_s`, while its incident is open (the late consequences of one

@@ -366,7 +366,11 @@ class StageEngine:
             # Another routed copy of the same state, or a refresh of a firing alert: a refresh of a
             # symptom that a cause of this stage mutes goes out muted again (the rank stage never
             # learns of that mute, and a page must not show the symptom unmuted by its update).
-            return self._remute(record) if firing else []
+            if not firing:
+                return []
+            batch = [dict(record)]
+            self.grouper.annotate(batch)  # its newest values, for a cause that mutes it later
+            return self._remute(record, batch[0])
         self._external[fp] = [record.get("job_id"), firing, ts]
         batch = [dict(record)]
         self.grouper.annotate(batch)
@@ -382,14 +386,12 @@ class StageEngine:
                 out.append(Event("Alert", {**muted, "team": team, "receiver": receiver}))
         return out
 
-    def _remute(self, record: dict[str, Any]) -> list[Event]:
-        """The routed copies of a rank-stage alert's newer firing record muted as this stage muted
-        its firing; none when this stage does not mute it or the record already says so."""
-        placed = self.grouper.placement(str(record.get("fingerprint")))
-        if placed is None or not placed[1] or record.get("inhibited_by"):
+    def _remute(self, record: dict[str, Any], annotated: dict[str, Any]) -> list[Event]:
+        """The routed copies of a rank-stage alert's newer firing record (`annotated`: with this
+        stage's group and muting) when this stage mutes it and the record does not say so."""
+        if not annotated.get("inhibited_by") or record.get("inhibited_by"):
             return []
-        muted = {k: v for k, v in record.items() if k not in ("team", "receiver")}
-        muted["group_key"], muted["inhibited_by"] = placed
+        muted = {k: v for k, v in annotated.items() if k not in ("team", "receiver")}
         return [
             Event("Alert", {**muted, "team": team, "receiver": receiver})
             for team, receiver in self.router.route_all(muted)

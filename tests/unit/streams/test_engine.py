@@ -192,3 +192,46 @@ def test_random_streams_give_identical_output_twice_and_across_a_snapshot(
     out += [x for e in events[cut:] for x in second.process(e)] + second.finish()
     assert _lines(out) == _lines(a)
     assert second.snapshot() == b_engine.snapshot()
+
+
+def test_a_refresh_of_a_rank_stage_symptom_the_job_stage_muted_goes_out_muted_again() -> None:
+    """The job stage mutes a rank-stage alert it explains (a failed rank after its GPU's XID, from
+    two rank-stage partitions); the rank stage never learns of it, so its refresh of the symptom
+    comes unmuted: the job stage re-sends it muted with the refresh's values."""
+    from streams.alerting.lifecycle import AlertTracker
+    from streams.detectors.base import Finding, Topology
+    from streams.stages.engine import StageEngine
+    from tests.unit.streams.builders import job_started
+
+    topo = Topology()
+    topo.observe(job_started("job-1", T0))
+    tracker = AlertTracker()
+    gpu = {"job_id": "job-1", "node": "node-01", "gpu_uuid": "GPU-1", "gpu_index": 1}
+    (xid,) = tracker.observe(
+        Finding("xid_error", ("node-01", "GPU-1"), True, T0 + 1_000, category="infra", severity="critical",
+                observed=79.0, **gpu),
+        topo,
+    )  # fmt: skip
+
+    def failed(ts: int, count: float) -> list[dict[str, object]]:
+        finding = Finding(
+            "rank_failed", ("job-1", "1"), True, ts, category="platform", severity="critical",
+            rank=1, since=T0 + 2_000, observed=count, history_metric="rank_faults",
+            history=((ts, count),), **gpu,
+        )  # fmt: skip
+        return tracker.observe(finding, topo)
+
+    (fired,) = failed(T0 + 2_000, 1.0)
+    job = StageEngine(stage="job")
+    job.process(job_started("job-1", T0))
+    assert not job.process(Event("Alert", xid))  # a cause: nothing of this stage to mute yet
+    muted = [e.record for e in job.process(Event("Alert", fired))]
+    assert muted and {a["inhibited_by"] for a in muted} == {xid["alert_id"]}
+    (refresh,) = failed(T0 + 70_000, 3.0)
+    assert refresh["inhibited_by"] is None and tracker.is_refresh(refresh)
+    again = [e.record for e in job.process(Event("Alert", refresh))]
+    assert again and {(a["inhibited_by"], a["observed"], a["ts"]) for a in again} == {
+        (xid["alert_id"], 3.0, T0 + 70_000)
+    }
+    assert {a["alert_id"] for a in again} == {fired["alert_id"]}
+    assert [e.record for e in job.process(Event("Alert", {**refresh, "inhibited_by": xid["alert_id"]}))] == []
