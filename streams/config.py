@@ -41,6 +41,8 @@ _ENGINE_KEYS = {
     "max_jobs",
     "max_ranks",
     "max_nodes",
+    "alert_refresh_s",
+    "alert_refresh_min_change",
 }
 
 
@@ -133,6 +135,10 @@ class EngineConfig:
     # Distinct nodes one partition's engine holds per-node state of (~2.2 KB each: GPU, host, clock,
     # telemetry pace); past it the least recently heard eighth is evicted (node names are claims).
     max_nodes: int = 32_768
+    alert_refresh_ms: int = 60_000  # a firing alert is published again at most this often (0: never)...
+    alert_refresh_min_change: float = (
+        0.1  # ...when its value moved by this share (streams.alerting.lifecycle)
+    )
     detectors: dict[str, dict[str, Any]] = field(default_factory=dict)
     overrides: tuple[Any, ...] = ()  # streams.overrides.Override: knobs per workload (issue 35.1)
 
@@ -204,11 +210,19 @@ class EngineConfig:
             max_jobs = int(engine.get("max_jobs", 10_000))
             max_ranks = int(engine.get("max_ranks", 131_072))
             max_nodes = int(engine.get("max_nodes", 32_768))
+            refresh = float(engine.get("alert_refresh_s", 60))
+            refresh_change = float(engine.get("alert_refresh_min_change", 0.1))
         except (TypeError, ValueError):
             raise ConfigError(
                 f"{source}: engine.allowed_lateness_s, engine.advance_every_s, engine.max_clock_skew_s, "
-                "engine.clock_jump_sources and engine.max_record_age_s must be numbers"
+                "engine.clock_jump_sources, engine.max_record_age_s, engine.alert_refresh_s and "
+                "engine.alert_refresh_min_change must be numbers"
             ) from None
+        if not (0 <= refresh < math.inf and 0 <= refresh_change < math.inf):
+            raise ConfigError(
+                f"{source}: engine.alert_refresh_s must be a finite number >= 0 (0: firing alerts are "
+                "published only when they fire and resolve) and engine.alert_refresh_min_change one >= 0"
+            )
         if not (lateness >= 0 and every > 0 and skew > 0 and max_age >= 0) or math.isinf(skew + max_age):
             raise ConfigError(
                 f"{source}: engine.allowed_lateness_s must be >= 0, engine.advance_every_s > 0, "
@@ -238,6 +252,8 @@ class EngineConfig:
             max_jobs=max_jobs,
             max_ranks=max_ranks,
             max_nodes=max_nodes,
+            alert_refresh_ms=int(refresh * 1000),
+            alert_refresh_min_change=refresh_change,
             detectors=params,
             overrides=overrides,
         )

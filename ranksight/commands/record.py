@@ -133,7 +133,7 @@ def replay_kafka(
     for a in alerts:
         console.print(alert_line(a.record), highlight=False, soft_wrap=True)
     where = "not published (dry run)" if dry_run else f"published to {prefix + alerts_topic}"
-    console.print(f"{stats.events} events, {stats.alerts} alerts {where}")
+    console.print(f"{stats.events} events, {stats.alerts} alert records {where}")
 
 
 def publish(

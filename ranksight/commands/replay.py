@@ -30,7 +30,8 @@ def write_summary(alert_counts: Counter[tuple[str, str]], stats: dict[str, objec
     console.print(table)
     console.print(
         f"events {stats['events']}, late dropped {stats['late_dropped']}, derived {stats['derived']}, "
-        f"alerts firing {stats['alerts_firing']}, resolved {stats['alerts_resolved']}"
+        f"alerts firing {stats['alerts_firing']}, resolved {stats['alerts_resolved']}, "
+        f"refreshed while firing {stats.get('alerts_refreshed', 0)}"
     )
 
 
@@ -132,6 +133,8 @@ def _replay_offline(
 
     fmt = JsonlFormat()
     counts: Counter[tuple[str, str]] = Counter()
+    seen: set[tuple[str, str]] = set()
+    records = 0
     with user_errors():
         cfg = load_config(config)
         router = load_router(routing)
@@ -150,7 +153,12 @@ def _replay_offline(
                 try:
                     for event in replay_offline(files, cfg, router, on_progress=progress, engine=engine):
                         if event.type == "Alert":
-                            counts[(event.record["rule"], event.record["status"])] += 1
+                            # Alerts, not records: routed copies and refreshes of one alert count once.
+                            state = (str(event.record["alert_id"]), str(event.record["status"]))
+                            if state not in seen:
+                                seen.add(state)
+                                counts[(event.record["rule"], event.record["status"])] += 1
+                            records += 1
                             alerts_fh.write(fmt.to_line(event) + "\n")
                         elif derived_fh is not None:
                             derived_fh.write(fmt.to_line(event) + "\n")
@@ -168,7 +176,7 @@ def _replay_offline(
         if baselines_out is not None:
             baselines_out.write_text(json.dumps(engine.baselines(), indent=2, sort_keys=True) + "\n")
     write_summary(counts, engine.stats)
-    console.print(f"wrote {sum(counts.values())} alert records to {alerts_out}")
+    console.print(f"wrote {records} alert records to {alerts_out}")
 
 
 def register(app: typer.Typer) -> None:

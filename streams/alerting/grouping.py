@@ -15,7 +15,8 @@ Two steps run on every batch of Alert records the tracker emits, before routing:
 - A cause that fires *after* its symptom mutes it then: the grouper appends to the batch a copy of
   the symptom's firing record (same `alert_id` and `starts_at`, `ts` = when the cause fired) with
   `inhibited_by` and the cause's `group_key` set, so stores, pages and Alertmanager see the
-  symptom fold under its cause. A cause never mutes the alert that mutes it.
+  symptom fold under its cause. A cause never mutes the alert that mutes it. A later record of a
+  firing alert (a refresh with its new values) carries the muting and group its firing was given.
 - **Grouping**: every alert gets a `group_key`. An inhibited alert joins its root's group. Any
   other alert's scope is its node for node and GPU faults (an alert whose rule is the cause of
   a `node` or `gpu` edge), else its job, else its node; the first firing alert of a scope opens
@@ -325,7 +326,8 @@ class AlertGrouper:
                         self._open[fp] = dict(record)
                 record["group_key"], record["inhibited_by"] = known
                 if fp in self._open:
-                    self._open[fp].update(group_key=known[0], inhibited_by=None)
+                    # The newest record (a refresh carries new values): what a late mute re-sends.
+                    self._open[fp] = {**record, "group_key": known[0], "inhibited_by": None}
                 if fp in self._sources:
                     self._sources[fp]["group_key"] = known[0]
             else:

@@ -5,12 +5,26 @@ turns *firing* once it has stayed active for the finding's `sustain_ms` of event
 on every finding and on every watermark advance); `active=False` or the end of the job resolves
 it (`ends_at` set). A firing fingerprint never fires again until it has resolved, and pending
 entries that clear before their sustain period vanish without a trace.
+
+A condition that lasts is *refreshed* while it fires: a stall's "no progress for 61 s" would
+otherwise stand through a six-minute stall. When an active finding of a firing entry comes in a
+later period of `refresh_every_ms` of event time (counted from the alert's start: at most one
+record per period, and the periods are the same whichever engine saw the finding, offline replay
+or the worker, whose job stage hears its findings a few seconds apart) than the last record
+published for it, and what a reader sees moved -- its observed value by at least `refresh_min_change` of the last one published, its
+expected value likewise, its suspected layer, or the end of its history -- the tracker publishes
+the alert again: the same `alert_id`, fingerprint and `starts_at`, status firing, `ts` the
+finding's, with the new observed value, summary and history. Severity, category and team stay
+the firing's (Alertmanager's labels and the routing: a refresh is never a new page nor a new
+receiver). A refresh is an update of an alert already published: every reader keys alerts by
+`alert_id` (`is_refresh` tells the engine's counters). Deterministic in event time.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, replace
 from typing import Any
@@ -18,7 +32,12 @@ from typing import Any
 from streams.alerting.measures import measures_of
 from streams.detectors.base import Finding, JobInfo, Topology
 
-__all__ = ["AlertTracker", "alert_id"]
+__all__ = ["DEFAULT_REFRESH_MIN_CHANGE", "DEFAULT_REFRESH_MS", "AlertTracker", "alert_id"]
+
+# A firing alert is published again at most once per this much event time (0: never)...
+DEFAULT_REFRESH_MS = 60_000
+# ...and only when its observed (or expected) value moved by at least this share of the last one sent.
+DEFAULT_REFRESH_MIN_CHANGE = 0.1
 
 
 def alert_id(fingerprint: str, starts_at: int) -> str:
@@ -47,9 +66,18 @@ class AlertTracker:
     `receiver` empty: the engine routes them and fills both.
     """
 
-    def __init__(self, runbook_base_url: str = "https://ranksight.dev/runbooks/") -> None:
+    def __init__(
+        self,
+        runbook_base_url: str = "https://ranksight.dev/runbooks/",
+        *,
+        refresh_every_ms: int = DEFAULT_REFRESH_MS,
+        refresh_min_change: float = DEFAULT_REFRESH_MIN_CHANGE,
+    ) -> None:
         self.runbook_base_url = runbook_base_url if runbook_base_url.endswith("/") else runbook_base_url + "/"
-        # fingerprint -> {"status", "pending_since", "starts_at", "finding"}
+        self.refresh_every_ms = refresh_every_ms
+        self.refresh_min_change = refresh_min_change
+        # fingerprint -> {"status", "pending_since", "starts_at", "finding", and once firing "sent":
+        # what the last record published said (see `_sent`)}
         self._entries: dict[str, dict[str, Any]] = {}
         # job -> event time the last firing alert of the job resolved (healthy-window test)
         self._job_last_resolved: dict[str, int] = {}
@@ -86,8 +114,36 @@ class AlertTracker:
             entry["finding"] = _finding_to_dict(finding)
         if entry["status"] == "pending" and finding.ts - entry["pending_since"] >= finding.sustain_ms:
             entry["status"] = "firing"
+            entry["sent"] = _sent(finding, finding.ts, fired=True)
             return [self._record(finding, entry, "firing", finding.ts, None, topology)]
+        if entry["status"] == "firing" and self._refresh_due(entry, finding):
+            sent = entry["sent"]
+            # The firing's labels and route: an update of the alert, never another page.
+            update = replace(finding, severity=sent["severity"], category=sent["category"], team=sent["team"])
+            entry["sent"] = {**sent, **_sent(finding, finding.ts)}
+            return [self._record(update, entry, "firing", finding.ts, None, topology)]
         return []
+
+    def _refresh_due(self, entry: dict[str, Any], finding: Finding) -> bool:
+        """Whether an active finding of a firing alert is worth publishing again: it is in a later
+        `refresh_every_ms` period (counted from the alert's start) than the last record, and
+        something a reader sees has moved."""
+        every, start, sent = self.refresh_every_ms, int(entry["starts_at"]), entry["sent"]
+        if every <= 0 or (finding.ts - start) // every <= (int(sent["ts"]) - start) // every:
+            return False
+        if finding.suspected_layer != sent["layer"] or _history_end(finding) > sent["end"]:
+            return True
+        return _moved(sent["observed"], finding.observed, self.refresh_min_change) or _moved(
+            sent["expected"], finding.expected, self.refresh_min_change
+        )
+
+    def is_refresh(self, record: dict[str, Any]) -> bool:
+        """Whether a record this tracker just returned updates an alert it had already published
+        (a refresh: counted once, as the firing it updates)."""
+        entry = self._entries.get(str(record.get("fingerprint")))
+        if record.get("status") != "firing" or entry is None or "sent" not in entry:
+            return False
+        return int(record["ts"]) > int(entry["sent"]["fired"])
 
     def advance(self, watermark: int, topology: Topology) -> list[dict[str, Any]]:
         """Fire pending entries whose condition has now been active for its sustain period."""
@@ -99,6 +155,7 @@ class AlertTracker:
             finding = _finding_from_dict(entry["finding"])
             if watermark - entry["pending_since"] >= finding.sustain_ms:
                 entry["status"] = "firing"
+                entry["sent"] = _sent(finding, watermark, fired=True)
                 out.append(self._record(finding, entry, "firing", watermark, None, topology))
         return out
 
@@ -246,4 +303,40 @@ class AlertTracker:
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore from `state()`."""
         self._entries = {fp: dict(e) for fp, e in state.get("entries", {}).items()}
+        for entry in self._entries.values():
+            if entry["status"] == "firing" and "sent" not in entry:
+                # A snapshot from before refreshes: the firing as its last publication (when its
+                # sustain period ended, the earliest it can have fired).
+                finding = _finding_from_dict(entry["finding"])
+                entry["sent"] = _sent(finding, int(entry["pending_since"]) + finding.sustain_ms, fired=True)
         self._job_last_resolved = {k: int(v) for k, v in state.get("job_last_resolved", {}).items()}
+
+
+def _history_end(finding: Finding) -> int:
+    """The time of a finding's newest history point (-1 without history)."""
+    return max((int(t) for t, _ in finding.history), default=-1)
+
+
+def _sent(finding: Finding, ts: int, *, fired: bool = False) -> dict[str, Any]:
+    """What a published record of `finding` says (JSON-able: it goes into snapshots); `fired`:
+    the firing itself, whose time and labels every refresh keeps."""
+    sent: dict[str, Any] = {
+        "ts": ts,
+        "observed": finding.observed,
+        "expected": finding.expected,
+        "layer": finding.suspected_layer,
+        "end": _history_end(finding),
+    }
+    if fired:
+        sent.update(fired=ts, severity=finding.severity, category=finding.category, team=finding.team)
+    return sent
+
+
+def _moved(before: float | None, after: float | None, min_change: float) -> bool:
+    """Whether a value moved by at least `min_change` of its size (unknown <-> known, a non-finite
+    value changing, or any move from 0 counts)."""
+    if before is None or after is None:
+        return (before is None) != (after is None)
+    if not (math.isfinite(before) and math.isfinite(after)):
+        return not (before == after or (math.isnan(before) and math.isnan(after)))
+    return abs(after - before) >= min_change * max(abs(before), 1e-9)

@@ -653,8 +653,10 @@ class ProgressDetector(Detector):
                 else f"job {job_id} progresses again"
             ),
             suspected_layer=self._stall_layer(job) if active else "unknown",
-            history_metric="step",
-            history=((job["last_step_ts"] or ts, float(job["max_step"] or 0)),),
+            # The silence itself, from the last activity to now: it grows with the stall (the
+            # tracker republishes the firing alert as it does).
+            history_metric="seconds_without_step",
+            history=((job["last_activity"] or ts, 0.0), (ts, silent_s)),
         )
 
     def _stall_layer(self, job: dict[str, Any]) -> str:
@@ -723,7 +725,9 @@ class ProgressDetector(Detector):
             observed=float(last[0]) if last[0] is not None else None,
             expected=float(job["max_step"]) if job["max_step"] is not None else None,
             summary=(
-                f"rank {rank} of job {job_id} stopped at step {last[0]}; the other ranks wait for it"
+                f"rank {rank} of job {job_id} stopped at step {last[0]}"
+                + (f" {(ts - last[1]) / 1000:.0f} s ago" if last[1] is not None else "")
+                + "; the other ranks wait for it"
                 if active
                 else f"rank {rank} of job {job_id} steps again"
             ),

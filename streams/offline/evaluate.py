@@ -10,8 +10,9 @@ zombie after its grace period; see `RULE_DELAY_PARAMS`), plus the ramp of a faul
 (`detail.ramp`: due once at full strength). Its time to detect (TTD) is from the fault's start to
 that alert's first firing record.
 
-Alerts are counted once each, by `alert_id`: routing makes one record per receiver copy, and a
-cause that fires after its symptom re-sends the symptom's record muted. A firing alert that matches
+Alerts are counted once each, by `alert_id`: routing makes one record per receiver copy, a
+cause that fires after its symptom re-sends the symptom's record muted, and a lasting condition is
+republished while it fires (its refreshes); a label is detected by a copy's first firing record. A firing alert that matches
 no label -- neither its rule nor one of the rules the label says may co-fire (`also`) -- is a false
 positive; in the `healthy` and `long_checkpoint` scenarios every alert is one. An alert muted by a
 root cause (`inhibited_by`) when it fired, or within `mute_grace_s` after (Alertmanager's
@@ -295,6 +296,13 @@ def evaluate_alerts(
     """
     result = ScenarioResult(name)
     firing = [a for a in alerts if a["status"] == "firing"]
+    # What each routed copy said when it fired: a later record of it (a refresh while it fires, a
+    # re-send muted by a cause) updates that alert and detects nothing by itself.
+    fired: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for a in firing:
+        copy = (_alert_key(a), str(a.get("team") or ""), str(a.get("receiver") or ""))
+        if copy not in fired or a["ts"] < fired[copy]["ts"]:
+            fired[copy] = a
     resolved = [a for a in alerts if a["status"] == "resolved"]
     quiet = name in _QUIET_SCENARIOS
     for label in labels:
@@ -315,7 +323,7 @@ def evaluate_alerts(
         deadline = start + int(deadline_s * 1000) + delay + ramp_ms
         candidates = [
             a
-            for a in firing
+            for a in fired.values()
             if a["rule"] == lr.alert and _identity_matches(a, label) and start - slack <= a["ts"] <= deadline
         ]
         good = [a for a in candidates if a["team"] == label.get("team")]
@@ -323,7 +331,7 @@ def evaluate_alerts(
         if not good:
             later = [
                 a["ts"]
-                for a in firing
+                for a in fired.values()
                 if a["rule"] == lr.alert and _identity_matches(a, label) and a["ts"] > deadline
             ]
             lr.late_s = (min(later) - start) / 1000.0 if later else None

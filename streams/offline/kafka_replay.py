@@ -212,7 +212,13 @@ def replay_kafka(
     for event in events:
         alerts.extend(o for o in engine.process(event) if o.type == "Alert")
     alerts.extend(o for o in engine.finish() if o.type == "Alert")
+    seen: set[tuple[str, str]] = set()
     for a in alerts:
+        # Alerts, not records: routed copies and refreshes while firing count once.
+        state = (str(a.record["alert_id"]), str(a.record["status"]))
+        if state in seen:
+            continue
+        seen.add(state)
         counts = stats.by_rule.setdefault(a.record["rule"], {"firing": 0, "resolved": 0})
         counts[a.record["status"]] += 1
     stats.alerts = len(alerts)

@@ -116,7 +116,11 @@ class WorkerCore:
         # While every input is silent the guard holds (one `input_silent` alert instead of a stall per job).
         self._held_guard = WallClockGuard(0.0)
         self.silence = InputSilence(
-            self.guard, options.app_id, self.router.runbook_base_url or self.config.runbook_base_url
+            self.guard,
+            options.app_id,
+            self.router.runbook_base_url or self.config.runbook_base_url,
+            refresh_every_ms=self.config.alert_refresh_ms,
+            refresh_min_change=self.config.alert_refresh_min_change,
         )
         self.input_at: float | None = None  # monotonic time of the last record of a source topic
         self.input_ms: int | None = None  # the same on the wall clock (UTC ms)
@@ -392,7 +396,10 @@ class WorkerCore:
         records = self.silence.check(wall_ms, silent_s, last_ms, newest)
         out: list[Action] = []
         for record in records:
-            self.totals["input_silent"] += record["status"] == "firing"
+            # Firings counted, not their refreshes as the silence grows.
+            self.totals["input_silent"] += record[
+                "status"
+            ] == "firing" and not self.silence.tracker.is_refresh(record)
             log.warning("%s: %s", record["rule"], record["summary"])
             for team, receiver in self.router.route_all(record):
                 value = self.codec.encode(Event("Alert", {**record, "team": team, "receiver": receiver}))

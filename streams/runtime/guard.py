@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from streams.alerting.lifecycle import AlertTracker
+from streams.alerting.lifecycle import DEFAULT_REFRESH_MIN_CHANGE, DEFAULT_REFRESH_MS, AlertTracker
 from streams.detectors.base import Finding, Topology
 
 __all__ = ["InputSilence", "WallClockGuard"]
@@ -54,9 +54,21 @@ class InputSilence:
 
     RULE = "input_silent"
 
-    def __init__(self, guard: WallClockGuard, app_id: str, runbook_base_url: str) -> None:
+    def __init__(
+        self,
+        guard: WallClockGuard,
+        app_id: str,
+        runbook_base_url: str,
+        *,
+        refresh_every_ms: int = DEFAULT_REFRESH_MS,
+        refresh_min_change: float = DEFAULT_REFRESH_MIN_CHANGE,
+    ) -> None:
         self.guard = guard
-        self.tracker = AlertTracker(runbook_base_url)
+        # While it fires the alert is refreshed as the silence grows (on the wall clock: the silence
+        # is of the input itself), like every lasting condition.
+        self.tracker = AlertTracker(
+            runbook_base_url, refresh_every_ms=refresh_every_ms, refresh_min_change=refresh_min_change
+        )
         self.key = (app_id,)  # one fingerprint per worker group: "input_silent/<app id>"
         self.since_ms: int | None = None  # wall time of the last source record, while the alert fires
         # Other workers' firing alerts taken over with their partitions ({"since", "tracker"}):
@@ -103,13 +115,16 @@ class InputSilence:
         self, now_ms: int, silent_s: float | None, last_input_ms: int | None, newest_ts: int | None
     ) -> list[dict[str, Any]]:
         """The Alert records (not yet routed) this moment calls for: a firing when silence begins,
-        a resolution when a source speaks again; [] otherwise. `silent_s`: since the last record of
-        any source (None: none yet); `last_input_ms`: that record's wall time."""
+        its refresh as the silence grows (`AlertTracker`'s pace), a resolution when a source speaks
+        again; [] otherwise. `silent_s`: since the last record of any source (None: none yet);
+        `last_input_ms`: that record's wall time."""
         silent = self.is_silent(silent_s, last_input_ms, newest_ts)
         if silent and self.since_ms is None:
             assert last_input_ms is not None and silent_s is not None
             self.since_ms = last_input_ms
             return self.tracker.observe(self._finding(now_ms, last_input_ms, silent_s), Topology())
+        if silent and silent_s is not None and self.since_ms is not None:
+            return self.tracker.observe(self._finding(now_ms, self.since_ms, silent_s), Topology())
         if (
             self.since_ms is not None
             and silent_s is not None

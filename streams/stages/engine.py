@@ -172,7 +172,11 @@ class StageEngine:
         # Detectors that learn from completed runs (baselines) share what they learn through
         # `BaselineRun` records: `drain_learned()` gives them, `adopt()` takes another's.
         self._learners: list[Any] = [d for d in self.detectors if hasattr(d, "drain_learned")]
-        self.tracker = AlertTracker(self.router.runbook_base_url or self.config.runbook_base_url)
+        self.tracker = AlertTracker(
+            self.router.runbook_base_url or self.config.runbook_base_url,
+            refresh_every_ms=self.config.alert_refresh_ms,
+            refresh_min_change=self.config.alert_refresh_min_change,
+        )
         self.grouper = AlertGrouper(self.router.inhibit_rules, self.topology)
         self.max_ts: int | None = None
         self.watermark: int | None = None
@@ -529,7 +533,14 @@ class StageEngine:
         ts = int(record.get("ts") or 0)
         entry = self._external.get(fp)
         if entry is not None and entry[1] == firing:
-            return []  # another routed copy of the same state
+            # Another routed copy of the same state, or a refresh of a firing alert: a refresh of a
+            # symptom that a cause of this stage mutes goes out muted again (the rank stage never
+            # learns of that mute, and a page must not show the symptom unmuted by its update).
+            if not firing:
+                return []
+            batch = [dict(record)]
+            self.grouper.annotate(batch)  # its newest values, for a cause that mutes it later
+            return self._remute(record, batch[0])
         self._external[fp] = [record.get("job_id"), firing, ts]
         batch = [dict(record)]
         self.grouper.annotate(batch)
@@ -544,6 +555,17 @@ class StageEngine:
             for team, receiver in self.router.route_all(muted):
                 out.append(Event("Alert", {**muted, "team": team, "receiver": receiver}))
         return out
+
+    def _remute(self, record: dict[str, Any], annotated: dict[str, Any]) -> list[Event]:
+        """The routed copies of a rank-stage alert's newer firing record (`annotated`: with this
+        stage's group and muting) when this stage mutes it and the record does not say so."""
+        if not annotated.get("inhibited_by") or record.get("inhibited_by"):
+            return []
+        muted = {k: v for k, v in annotated.items() if k not in ("team", "receiver")}
+        return [
+            Event("Alert", {**muted, "team": team, "receiver": receiver})
+            for team, receiver in self.router.route_all(muted)
+        ]
 
     def _job_healthy(self, job_id: str, window_start: int) -> bool:
         if not self.tracker.job_healthy(job_id, window_start):
@@ -661,11 +683,16 @@ class StageEngine:
     def _emit_alerts(self, records: list[dict[str, Any]], out: list[Event]) -> None:
         if self.holds is not None:
             records = [r for r in records if self.owns(r)]
+        # A refresh updates an alert already counted as firing (asked before the grouper adds copies).
+        refreshes = {id(r) for r in records if self.tracker.is_refresh(r)}
         self.grouper.annotate(records)
         for record in records:
-            by_rule = self.stats["by_rule"].setdefault(record["rule"], {"firing": 0, "resolved": 0})
-            by_rule[record["status"]] += 1
-            self.stats["alerts_firing" if record["status"] == "firing" else "alerts_resolved"] += 1
+            if id(record) in refreshes:
+                self.stats["alerts_refreshed"] = self.stats.get("alerts_refreshed", 0) + 1
+            else:
+                by_rule = self.stats["by_rule"].setdefault(record["rule"], {"firing": 0, "resolved": 0})
+                by_rule[record["status"]] += 1
+                self.stats["alerts_firing" if record["status"] == "firing" else "alerts_resolved"] += 1
             for team, receiver in self.router.route_all(record):
                 routed = {**record, "team": team, "receiver": receiver}
                 if self._early and self._early.pop(_early_key(routed), None) is not None:
@@ -906,5 +933,6 @@ def empty_stats() -> dict[str, Any]:
         "derived": 0,
         "alerts_firing": 0,
         "alerts_resolved": 0,
+        "alerts_refreshed": 0,  # firing alerts published again with their new values (not new firings)
         "by_rule": {},
     }

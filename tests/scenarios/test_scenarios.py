@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,3 +149,48 @@ def _alerts(name: str) -> list[str]:
         f"{a['status']} {a['rule']} {a['job_id']} rank={a['rank']} node={a['node']}"
         for a in _run(name).alerts
     ]
+
+
+def _lasting(alerts: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """rank_hang's and job_stall's records as the worker and offline replay agree on them: each
+    record's alert, state, copy, muting and refresh period (a minute of event time from the alert's
+    start; the worker's job stage hears its findings a few seconds after offline replay does)."""
+    return sorted(
+        (
+            a["rule"],
+            a["alert_id"],
+            a["status"],
+            a["team"],
+            a["inhibited_by"],
+            (a["ts"] - a["starts_at"]) // 60_000,
+        )
+        for a in alerts
+        if a["rule"] in ("rank_hang", "job_stall")
+    )
+
+
+def test_a_lasting_hang_is_republished_as_it_grows_the_same_by_the_worker_and_offline(tmp_path: Path) -> None:
+    """Issue 34.2: rank_hang and the job_stall it mutes fire once each and are refreshed while they
+    fire (same alert, one record a minute of event time, the summary and value grown, the stall
+    still muted), never counted as another page; the worker publishes the same records."""
+    offline = _run("rank_hang").alerts
+    for rule in ("rank_hang", "job_stall"):
+        records = [a for a in offline if a["rule"] == rule and a["team"] == "platform"]
+        firing = [a for a in records if a["status"] == "firing"]
+        assert len({a["alert_id"] for a in records}) == 1 and len(firing) >= 5, rule
+        periods = [(a["ts"] - a["starts_at"]) // 60_000 for a in firing]
+        assert periods == sorted(set(periods)), rule  # at most one record a minute
+        assert firing[-1]["summary"] != firing[0]["summary"], rule
+        if rule == "job_stall":
+            assert [a["observed"] for a in firing] == sorted({a["observed"] for a in firing})
+            assert all(a["inhibited_by"] for a in records)  # muted by the hang from first to last
+            assert all(a["history"][-1] == {"ts": a["ts"], "value": a["observed"]} for a in firing)
+    result = _result("rank_hang")
+    assert (
+        result.rules.get("rank_hang") == [1, 1] and "job_stall" not in result.rules
+    )  # one page, muted stall
+    events = list(simulate(load_scenario("rank_hang"), seed=0).events())
+    kafka = FakeKafka(6)
+    kafka.publish(events, _CODEC)
+    drive(kafka, WorkerOptions(bootstrap="unused", workdir=tmp_path))
+    assert _lasting(alerts_of(kafka, _CODEC)) == _lasting(offline)

@@ -52,6 +52,38 @@
     if (ms === null || ms === undefined) return '-';
     return new Date(ms).toISOString().replace('T', ' ').slice(0, 19) + ' UTC';
   }
+  // Times typed by hand are ISO 8601 in UTC ("2026-12-07 17:45"; a "T", seconds or a trailing "Z"
+  // are accepted), never the browser's locale format (mm/dd/yyyy) beside a "UTC" label.
+  const UTC_FORMAT = 'YYYY-MM-DD HH:MM';
+  const utcInput = (ms) => new Date(ms).toISOString().slice(0, 16).replace('T', ' ');
+  const UTC_TEXT = /^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?)?\s*(?:Z|UTC)?$/i;
+  function parseUtc(text) {
+    const m = UTC_TEXT.exec(String(text).trim());
+    if (!m) return NaN;
+    const [y, mo, d, h, mi, sec] = m.slice(1).map((v) => Number(v || 0));
+    const ms = Date.UTC(y, mo - 1, d, h, mi, sec);
+    // Date.UTC rolls 2026-02-31 into March and 24:00 into the next day: a time that is not one is refused.
+    const t = new Date(ms);
+    const same = t.getUTCFullYear() === y && t.getUTCMonth() === mo - 1 && t.getUTCDate() === d && t.getUTCHours() === h && t.getUTCMinutes() === mi;
+    return same ? ms : NaN;
+  }
+  function utcField(name, ms, label) {
+    return el('input', { type: 'text', name, class: 'utc-time', value: ms === null || ms === undefined ? '' : utcInput(ms),
+      placeholder: UTC_FORMAT, title: `${label}, UTC (ISO 8601: ${UTC_FORMAT})`, 'aria-label': `${label}, UTC, ${UTC_FORMAT}`,
+      spellcheck: 'false', autocomplete: 'off', size: 16, oninput: (e) => e.target.setCustomValidity('') });
+  }
+  // A UTC field's time: null when empty, undefined (the field marked, one sentence saying how to
+  // write it) when it is no time.
+  function readUtc(input) {
+    const text = input.value.trim();
+    const ms = text ? parseUtc(text) : null;
+    input.setCustomValidity(ms === null || Number.isFinite(ms) ? '' : `Write the time in UTC as ${UTC_FORMAT}, e.g. ${utcInput(Date.now())}.`);
+    if (ms !== null && !Number.isFinite(ms)) {
+      input.reportValidity();
+      return undefined;
+    }
+    return ms;
+  }
   function fmtDuration(ms) {
     if (ms === null || ms === undefined) return '-';
     const s = Math.max(0, Math.round(ms / 1000));
@@ -289,14 +321,15 @@
     const text = (name, value, placeholder) => el('input', { type: 'text', name, value: value || '', placeholder });
     const choose = (name, values, current, all) => el('select', { name },
       el('option', { value: '' }, all), values.map((v) => el('option', { value: v, selected: v === current }, v)));
-    const when = (name, ms) => el('input', { type: 'datetime-local', name, value: ms === null || ms === undefined ? '' : utcInput(ms), title: `${name} (UTC)` });
-    const form = el('form', { class: 'toolbar history-filters', id: 'history-filters', onsubmit: (e) => {
+    const when = (name, ms) => utcField(name, ms, name);
+    const form = el('form', { class: 'toolbar history-filters', id: 'history-filters', novalidate: true, onsubmit: (e) => {
       e.preventDefault();
       const params = new URLSearchParams();
       for (const k of ['job', 'node', 'rule', 'team']) if (form.elements[k].value) params.set(k, form.elements[k].value);
       for (const k of ['from', 'to']) {
-        const ms = Date.parse(`${form.elements[k].value}:00Z`);
-        if (Number.isFinite(ms)) params.set(k, String(ms));
+        const ms = readUtc(form.elements[k]);
+        if (ms === undefined) return; // not a time: the field says how to write one
+        if (ms !== null) params.set(k, String(ms));
       }
       location.assign(`/history${params.toString() ? `?${params}` : ''}`);
     } },
@@ -1111,7 +1144,6 @@
   // The time range a job page reads (?from=&to=, UTC ms): the last minutes of the job's data, or two
   // instants typed in UTC. The page re-reads at the range's own resolution; drill-down nodes are kept.
   const RANGE_PRESETS = [['whole run', null], ['last 15 min', 15], ['last hour', 60], ['last 6 hours', 360], ['last 24 hours', 1440]];
-  const utcInput = (ms) => new Date(ms).toISOString().slice(0, 16);
   function rangeHref(from, to) {
     const params = new URLSearchParams(location.search);
     params.delete('from');
@@ -1122,16 +1154,22 @@
   function rangePicker(data) {
     const end = data.range.span ? data.range.span[1] : data.range.to_ms;
     const start = data.range.span ? data.range.span[0] : data.range.from_ms;
-    const from = el('input', { type: 'datetime-local', name: 'range-from', value: utcInput(data.range.from_ms), title: 'from (UTC)' });
-    const to = el('input', { type: 'datetime-local', name: 'range-to', value: utcInput(data.range.to_ms), title: 'to (UTC)' });
+    const from = utcField('range-from', data.range.from_ms, 'from');
+    const to = utcField('range-to', data.range.to_ms, 'to');
     const preset = el('select', { name: 'range-preset', onchange: (e) => {
       const minutes = RANGE_PRESETS[Number(e.target.value)][1];
       location.assign(minutes === null ? rangeHref(null) : rangeHref(Math.max(start, end - minutes * 60000), end + 1));
     } }, el('option', { value: '', disabled: true, selected: true }, 'range…'), RANGE_PRESETS.map(([label], i) => el('option', { value: String(i) }, label)));
     const apply = el('button', { name: 'range-apply', onclick: () => {
-      const a = Date.parse(`${from.value}:00Z`);
-      const b = Date.parse(`${to.value}:00Z`);
-      if (Number.isFinite(a) && Number.isFinite(b) && b > a) location.assign(rangeHref(a, b));
+      const a = readUtc(from);
+      const b = a === undefined ? undefined : readUtc(to);
+      if (a === undefined || b === undefined) return; // not a time: the field says how to write one
+      if (a === null || b === null || b <= a) {
+        (a === null ? from : to).setCustomValidity(a === null || b === null ? `Write both times in UTC as ${UTC_FORMAT}.` : 'The end must come after the start.');
+        (a === null ? from : to).reportValidity();
+        return;
+      }
+      location.assign(rangeHref(a, b));
     } }, 'show');
     return el('span', { class: 'range', id: 'range-picker' }, preset, from, '–', to, el('span', { class: 'muted' }, 'UTC'), apply);
   }
@@ -1208,9 +1246,15 @@
     // The history's own unit (`history_unit`); a record from before units were carried: from its name.
     let unit = a.history_unit ?? metricUnit(name);
     let points = (a.history || []).filter((p) => p[1] !== null);
-    const last = a.last_progress_ts || (points.length ? points[points.length - 1][0] : null);
-    if (STALL_RULES.has(a.rule) && last) {
-      // The history is the last step; the threshold is seconds without one: plot those seconds.
+    // The step the job stopped at: the history's (the stall's own record), else the job's latest
+    // (a resolved record's last_progress_ts is the step that ended the stall).
+    const last = (points.length ? points[points.length - 1][0] : null) || a.last_progress_ts;
+    if (STALL_RULES.has(a.rule) && unit === 's') {
+      // The history is the silence itself, growing with every refresh of the firing alert.
+      name = 'seconds without a step';
+      if (a.status === 'resolved' && points.length && end > points[points.length - 1][0]) points.push([end, 0]);
+    } else if (STALL_RULES.has(a.rule) && last) {
+      // A record that keeps the last step as history; the threshold is seconds without one: plot those seconds.
       name = 'seconds without a step';
       unit = 's';
       points = [[last, 0], [a.starts_ms, (a.starts_ms - last) / 1000], [end, (end - last) / 1000]];

@@ -370,3 +370,74 @@ def test_alertmanager_mutes_each_edge_of_the_graph_and_nothing_out_of_it(
     assert not set(symptoms) & notified(), sorted(set(symptoms) & notified())
     muted = {name for name, body in hooks.received for a in body["alerts"] if a["labels"]["job"] == "jm"}
     assert muted == set(), muted
+
+
+def test_a_straggler_under_a_throttling_that_fired_first_notifies_nobody_however_often_refreshed(
+    tmp_path: Path,
+    amtool: str,
+    hooks: Webhooks,
+    start_alertmanager: Callable[[Path], Alertmanager],
+) -> None:
+    """Issue 34.3 end to end, with both firing together: the engine's own records of a thermal
+    straggler whose gpu_throttling fired first (an offline replay routed by the rendered routing,
+    refreshed while they fire) go through the forwarder into a real Alertmanager in the order the
+    engine wrote them. The throttling pages infrastructure operations; the straggler, muted from its
+    first record, notifies nobody, and Alertmanager holds one suppressed alert per routed copy
+    however often it was refreshed (the same labels: an update, not another alert)."""
+    from ranksight.evaluation import run_scenario
+    from streams.config import load_config
+    from tests.unit.streams.test_inhibition_live import FAST_THROTTLE, THROTTLED_FIRST
+
+    config, router = _render(tmp_path, amtool, hooks.url)
+    am = start_alertmanager(config)
+    scenario = tmp_path / "throttled_first.yaml"
+    scenario.write_text(THROTTLED_FIRST)
+    alerts = run_scenario(scenario, 0, load_config(None, FAST_THROTTLE), router).alerts
+    # The incident while both fire: the engine's records up to the first resolution (the fault lasts
+    # to the end of the recording), in its order.
+    first_end = next((i for i, a in enumerate(alerts) if a["status"] == "resolved"), len(alerts))
+    records = alerts[:first_end]
+    throttling = next(a for a in records if a["rule"] == "gpu_throttling")
+    straggler = [a for a in records if a["rule"] == "straggler"]
+    copies = {(a["team"], a["receiver"]) for a in straggler}
+    assert len(straggler) > len(copies), "the straggler is refreshed while it fires"
+    assert {a["inhibited_by"] for a in straggler} == {throttling["alert_id"]}  # muted from its first record
+    pager = next(
+        a["receiver"] for a in records if a["rule"] == "gpu_throttling" and a["receiver"].endswith("-pager")
+    )
+    # A straggler of another job with no cause: it pages, which shows Alertmanager flushed its groups.
+    lone = _record("straggler", "platform", "warning", "llm-pretrain", job_id="j-lone", node="n9", rank=2)
+    client = AlertmanagerClient(am.url)
+    try:
+        forwarder = AlertForwarder(client.post, resend_s=60, ui_url=UI)
+        for _, batch in itertools.groupby(records, key=lambda a: a["ts"]):
+            forwarder.handle_batch(list(batch))
+        forwarder.handle_batch(_routed(router, lone))
+        hooks.wait(
+            "the throttling page", lambda: "gpu_throttling" in {a["alertname"] for a in hooks.firing(pager)}
+        )
+        hooks.wait(
+            "the lone straggler",
+            lambda: any(
+                a.get("job") == "j-lone"
+                for _, body in hooks.received
+                for a in [x["labels"] for x in body["alerts"]]
+            ),
+        )
+        held = [
+            a
+            for a in client.alerts()
+            if a["labels"]["alertname"] == "straggler" and a["labels"].get("job") != "j-lone"
+        ]
+    finally:
+        client.close()
+    notified = [
+        a["labels"]
+        for _, body in hooks.received
+        for a in body["alerts"]
+        if a["labels"]["alertname"] == "straggler"
+    ]
+    assert all(labels.get("job") == "j-lone" for labels in notified), notified
+    assert len(held) == len(copies), held
+    assert all(a["status"]["state"] == "suppressed" for a in held), held
+    assert {a["labels"]["inhibited_by"] for a in held} == {throttling["alert_id"]}

@@ -249,16 +249,33 @@ def test_every_panel_exports_its_data_as_csv(forged: Forged, browser: Any) -> No
     tab.close()
 
 
-def test_the_time_range_picker_rereads_the_page(forged: Forged, browser: Any) -> None:
-    """Two UTC instants typed in the picker re-read the job page over them (?from=&to=); a preset too."""
+_ISO_UTC = r"^\d{4}-\d\d-\d\d \d\d:\d\d$"
+
+
+def _utc_text(ms: int) -> str:
     from datetime import UTC, datetime
 
-    tab = browser.new_page()
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def test_the_time_range_picker_rereads_the_page(forged: Forged, browser: Any) -> None:
+    """Two UTC instants typed in the picker re-read the job page over them (?from=&to=); a preset too.
+    The fields read and take ISO 8601 in UTC whatever the browser's locale (an en-US
+    datetime-local field showed mm/dd/yyyy beside its "UTC" label); a text that is no time says so."""
+    tab = browser.new_page(locale="en-US", timezone_id="America/Los_Angeles")
     tab.goto(forged.url + _job_path(forged.job_id))
     tab.wait_for_function(READY, timeout=30_000)
     whole = tab.evaluate("() => window.ranksight.data.range")
+    shown = tab.input_value("input[name='range-from']")
+    assert re.match(_ISO_UTC, shown) and shown == _utc_text(whole["from_ms"]), shown
+    assert tab.get_attribute("input[name='range-from']", "type") == "text"
     mid = (whole["span"][0] + whole["span"][1]) // 2 // 60_000 * 60_000
-    tab.fill("input[name='range-from']", datetime.fromtimestamp(mid / 1000, UTC).strftime("%Y-%m-%dT%H:%M"))
+    tab.fill("input[name='range-from']", "12/07/2026 5:45 PM")
+    tab.click("button[name='range-apply']")
+    message = tab.eval_on_selector("input[name='range-from']", "e => e.validationMessage")
+    assert message.startswith("Write the time in UTC as YYYY-MM-DD HH:MM"), message
+    assert "from=" not in tab.url  # nothing re-read on a text that is no time
+    tab.fill("input[name='range-from']", _utc_text(mid))
     with tab.expect_navigation():
         tab.click("button[name='range-apply']")
     tab.wait_for_function(READY, timeout=30_000)
@@ -300,6 +317,17 @@ def test_the_alert_history_filters_by_job_node_rule_team_and_time(forged: Forged
     rows = tab.eval_on_selector_all("tr[data-alert]", "rows => rows.map(r => r.dataset.alert)")
     assert first["alert_id"] in rows and len(rows) == len(by_rule)
     assert tab.input_value("select[name='rule']") == first["rule"]
+    # The time filter is ISO 8601 in UTC: typed so, it narrows the list (a "T" and seconds are fine too).
+    assert tab.get_attribute("input[name='from']", "placeholder") == "YYYY-MM-DD HH:MM"
+    later = (first["starts_ms"] // 60_000 + 1) * 60_000
+    tab.fill("input[name='from']", _utc_text(later).replace(" ", "T") + ":00Z")
+    with tab.expect_navigation():
+        tab.click("#history-filters button[type='submit']")
+    tab.wait_for_function(READY, timeout=30_000)
+    assert urllib.parse.parse_qs(urllib.parse.urlsplit(tab.url).query)["from"] == [str(later)]
+    assert tab.input_value("input[name='from']") == _utc_text(later)
+    rows = tab.eval_on_selector_all("tr[data-alert]", "rows => rows.map(r => r.dataset.alert)")
+    assert first["alert_id"] not in rows
     tab.close()
 
 

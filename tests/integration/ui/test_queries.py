@@ -220,3 +220,20 @@ def test_a_record_stamped_2199_does_not_stretch_the_job_or_move_the_fleets_now(u
         assert huge["range"]["to_ms"] < far and huge["range"]["from_ms"] >= MIN_PLAUSIBLE_MS
     finally:
         _forget_job(client, job)
+
+
+def test_a_stall_page_shows_its_newest_refresh_not_its_first_minute(ui_store: UiStore) -> None:
+    """Issue 34.2: the engine republishes a firing stall as it grows; the alerts table keeps the
+    newest record of it (ReplacingMergeTree on team, fingerprint, alert_id, status), so the alert
+    page's headline, observed value and chart are the stall's length now, not "for 61 s"."""
+    rows = ui_store.client.query(
+        "SELECT alert_id, toUnixTimestamp64Milli(ts), observed, summary FROM alerts "
+        "WHERE rule = 'job_stall' AND job_id = 'vit-h-0302' AND status = 'firing' ORDER BY ts"
+    ).result_rows
+    assert len({r[0] for r in rows}) == 1, rows
+    newest = rows[-1]
+    page = queries.alert_page(ui_store.client, newest[0])["alert"]
+    assert page["observed_fired"] == newest[2] >= 120.0, (page["observed_fired"], newest)
+    assert page["summary"] == newest[3] and f"for {newest[2]:.0f} s" in page["summary"]
+    assert page["history"][-1] == [newest[1], newest[2]]  # the chart ends at the newest record
+    assert [t["status"] for t in page["transitions"]].count("firing") == 1

@@ -169,6 +169,23 @@ def test_a_symptom_muted_after_it_paged_resolves_its_unmuted_labels_in_alertmana
     assert [p["labels"].get("inhibited_by") for p in sent[0]] == ["cause-1"]
 
 
+def test_a_refresh_of_a_firing_alert_updates_it_in_alertmanager_without_resolving_it() -> None:
+    """A lasting alert republished while it fires (issue 34.2) keeps its labels: the forwarder re-posts
+    it at once with the new summary and value (Alertmanager updates the annotations of the alert it
+    holds), resolves nothing, and keeps one alert alive."""
+    sent: list[list[dict[str, Any]]] = []
+    clock = FakeClock()
+    fwd = AlertForwarder(sent.append, resend_s=60, clock=clock)
+    fwd.handle(_alert(observed=61.0, summary="no progress for 61 s"))
+    clock.now += 60
+    fwd.handle(_alert(observed=121.0, summary="no progress for 121 s", ts=1_767_225_720_000))
+    (update,) = sent[-1]
+    assert "endsAt" in update and update["annotations"]["summary"] == "no progress for 121 s"
+    assert update["annotations"]["observed"] == "121"
+    assert update["labels"] == to_alertmanager(_alert())["labels"]
+    assert fwd.firing == 1 and fwd.firing_records()[0]["observed"] == 121.0
+
+
 def test_team_filter_drops_other_teams() -> None:
     sent: list[list[dict[str, Any]]] = []
     fwd = AlertForwarder(sent.append, team="infra", clock=FakeClock())

@@ -122,3 +122,113 @@ def test_a_window_is_healthy_only_when_no_alert_of_the_job_fired_in_it() -> None
     tracker.observe(_finding(T0 + 60_000, active=False), topo)
     assert not tracker.job_healthy("job-1", T0 + 30_000)
     assert tracker.job_healthy("job-1", T0 + 60_001)
+
+
+# -- refreshes while firing (issue 34.2) --------------------------------------------------------------
+
+
+def _stall(ts: int, silent_s: float, **kw: Any) -> Finding:
+    """A job_stall finding as the progress rule reports it every second of a stall."""
+    fields: dict[str, Any] = {
+        "job_id": "job-1",
+        "since": T0,
+        "observed": silent_s,
+        "expected": 60.0,
+        "severity": "critical",
+        "summary": f"job job-1 made no progress for {silent_s:.0f} s",
+        "history_metric": "seconds_without_step",
+        "history": ((T0, 0.0), (ts, silent_s)),
+        **kw,
+    }
+    return Finding("job_stall", ("job-1",), True, ts, **fields)
+
+
+def test_a_firing_stall_is_republished_as_it_grows_once_per_minute_of_event_time() -> None:
+    tracker, topo = AlertTracker(), _topology()
+    out = []
+    for s in range(61, 400):  # a finding every second, as the stall rule reports one
+        for record in tracker.observe(_stall(T0 + s * 1000, float(s)), topo):
+            out.append((record, tracker.is_refresh(record)))
+    records = [r for r, _ in out]
+    assert [refresh for _, refresh in out] == [False, True, True, True, True, True]
+    # At most one record per minute of event time since the alert's start (T0).
+    assert [r["ts"] for r in records] == [T0 + s * 1000 for s in (61, 120, 180, 240, 300, 360)]
+    # One alert: the same id, fingerprint and start; its value, summary and history grow with it.
+    assert {(r["alert_id"], r["fingerprint"], r["starts_at"], r["status"]) for r in records} == {
+        (records[0]["alert_id"], "job_stall/job-1", T0, "firing")
+    }
+    assert [r["observed"] for r in records] == [61.0, 120.0, 180.0, 240.0, 300.0, 360.0]
+    assert records[-1]["summary"] == "job job-1 made no progress for 360 s"
+    assert records[-1]["history"][-1] == {"ts": T0 + 360_000, "value": 360.0}
+    # The resolution carries the last values the condition had, not the firing's.
+    (resolved,) = tracker.observe(Finding("job_stall", ("job-1",), False, T0 + 400_000, job_id="job-1"), topo)
+    assert (resolved["status"], resolved["observed"], resolved["alert_id"]) == (
+        "resolved",
+        399.0,
+        records[0]["alert_id"],
+    )
+    assert not tracker.is_refresh(resolved)
+
+
+def test_a_refresh_waits_until_something_a_reader_sees_has_moved() -> None:
+    tracker, topo = AlertTracker(), _topology()
+    history = ((T0, 0.5),)
+    assert len(tracker.observe(_finding(T0, sustain_ms=0, observed=2.0, history=history), topo)) == 1
+    # The same value (within 10 %), the same layer, no newer history: nothing new to say, however long.
+    assert tracker.observe(_finding(T0 + 600_000, sustain_ms=0, observed=2.1, history=history), topo) == []
+    # A move of 10 % or more is news, but not sooner than a minute after the last record.
+    (moved,) = tracker.observe(_finding(T0 + 660_000, sustain_ms=0, observed=2.3, history=history), topo)
+    assert moved["observed"] == 2.3
+    assert tracker.observe(_finding(T0 + 700_000, sustain_ms=0, observed=9.0, history=history), topo) == []
+    # A new suspected layer or a newer history point is news too.
+    (layer,) = tracker.observe(
+        _finding(T0 + 720_000, sustain_ms=0, observed=9.0, history=history, suspected_layer="gpu"), topo
+    )
+    assert layer["suspected_layer"] == "gpu"
+    later = ((T0, 0.5), (T0 + 790_000, 0.4))
+    (grown,) = tracker.observe(
+        _finding(T0 + 790_000, sustain_ms=0, observed=9.0, history=later, suspected_layer="gpu"), topo
+    )
+    assert grown["history"][-1] == {"ts": T0 + 790_000, "value": 0.4}
+
+
+def test_a_refresh_keeps_the_firings_labels_and_route() -> None:
+    """Severity, category and team are what Alertmanager and the router know the alert by: a
+    refresh that changed them would page again, or someone else."""
+    tracker, topo = AlertTracker(), _topology()
+    (fired,) = tracker.observe(_stall(T0 + 61_000, 61.0), topo)
+    (update,) = tracker.observe(
+        _stall(T0 + 200_000, 200.0, severity="warning", category="infra", team="storage"), topo
+    )
+    assert (update["severity"], update["category"], update["team"]) == (
+        fired["severity"],
+        fired["category"],
+        fired["team"],
+    )
+    assert update["observed"] == 200.0
+
+
+def test_refreshes_are_off_with_a_zero_interval() -> None:
+    tracker, topo = AlertTracker(refresh_every_ms=0), _topology()
+    out = [r for s in range(61, 400) for r in tracker.observe(_stall(T0 + s * 1000, float(s)), topo)]
+    assert [r["observed"] for r in out] == [61.0]
+
+
+def test_the_refresh_pace_survives_a_snapshot_and_an_older_snapshot_without_it() -> None:
+    tracker, topo = AlertTracker(), _topology()
+    tracker.observe(_stall(T0 + 61_000, 61.0), topo)
+    clone = AlertTracker()
+    clone.load_state(tracker.state())
+    assert clone.state() == tracker.state()
+    later = [_stall(T0 + s * 1000, float(s)) for s in range(62, 200)]
+    assert [r for f in later for r in clone.observe(f, topo)] == [
+        r for f in later for r in tracker.observe(f, topo)
+    ]
+    # A snapshot written before refreshes: its firing counts as published when its sustain ended.
+    old = tracker.state()
+    for entry in old["entries"].values():
+        del entry["sent"]
+    legacy = AlertTracker()
+    legacy.load_state(old)
+    (update,) = legacy.observe(_stall(T0 + 260_000, 260.0), topo)
+    assert legacy.is_refresh(update) and update["observed"] == 260.0

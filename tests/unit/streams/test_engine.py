@@ -37,14 +37,17 @@ def test_a_stall_becomes_a_routed_firing_alert_with_the_job_identity() -> None:
     out = engine.run(_stalled_job())
     stalls = [e.record for e in out if e.type == "Alert" and e.record["rule"] == "job_stall"]
     # A platform alert pages the platform team and informs the job's team (shipped ownership).
-    assert [(a["status"], a["team"], a["receiver"]) for a in stalls] == [
+    assert [(a["status"], a["team"], a["receiver"]) for a in stalls[:2]] == [
         ("firing", "platform", "platform-pager"),
         ("firing", "team-a", "platform-chat"),  # team-a is not listed: other_teams' inform receiver
     ]
     a = stalls[1]
     assert (a["owner"], a["current_step"]) == ("alice", 100)
     assert a["last_progress_ts"] == T0 + 100_000
+    # The rest are its refreshes as the stall grows (same alert, same copies), counted as one firing.
+    assert {x["alert_id"] for x in stalls} == {a["alert_id"]} and {x["status"] for x in stalls} == {"firing"}
     assert engine.stats["alerts_firing"] >= 1 and engine.stats["by_rule"]["job_stall"]["firing"] == 1
+    assert engine.stats["alerts_refreshed"] == (len(stalls) - 2) // 2 > 0
 
 
 def test_events_older_than_the_watermark_are_dropped_and_counted() -> None:
@@ -64,7 +67,10 @@ def test_the_end_of_a_job_resolves_its_alerts() -> None:
         for e in out
         if e.type == "Alert" and e.record["rule"] == "job_stall" and e.record["team"] == "team-a"
     ]
-    assert [a["status"] for a in stall] == ["firing", "resolved"] and stall[1]["ends_at"] == T0 + 400_000
+    assert [a["status"] for a in stall][-2:] == ["firing", "resolved"] and stall[-1][
+        "ends_at"
+    ] == T0 + 400_000
+    assert {a["alert_id"] for a in stall} == {stall[0]["alert_id"]}
 
 
 def test_finish_advances_to_the_last_event_without_inventing_resolutions() -> None:
@@ -186,3 +192,46 @@ def test_random_streams_give_identical_output_twice_and_across_a_snapshot(
     out += [x for e in events[cut:] for x in second.process(e)] + second.finish()
     assert _lines(out) == _lines(a)
     assert second.snapshot() == b_engine.snapshot()
+
+
+def test_a_refresh_of_a_rank_stage_symptom_the_job_stage_muted_goes_out_muted_again() -> None:
+    """The job stage mutes a rank-stage alert it explains (a failed rank after its GPU's XID, from
+    two rank-stage partitions); the rank stage never learns of it, so its refresh of the symptom
+    comes unmuted: the job stage re-sends it muted with the refresh's values."""
+    from streams.alerting.lifecycle import AlertTracker
+    from streams.detectors.base import Finding, Topology
+    from streams.stages.engine import StageEngine
+    from tests.unit.streams.builders import job_started
+
+    topo = Topology()
+    topo.observe(job_started("job-1", T0))
+    tracker = AlertTracker()
+    gpu = {"job_id": "job-1", "node": "node-01", "gpu_uuid": "GPU-1", "gpu_index": 1}
+    (xid,) = tracker.observe(
+        Finding("xid_error", ("node-01", "GPU-1"), True, T0 + 1_000, category="infra", severity="critical",
+                observed=79.0, **gpu),
+        topo,
+    )  # fmt: skip
+
+    def failed(ts: int, count: float) -> list[dict[str, object]]:
+        finding = Finding(
+            "rank_failed", ("job-1", "1"), True, ts, category="platform", severity="critical",
+            rank=1, since=T0 + 2_000, observed=count, history_metric="rank_faults",
+            history=((ts, count),), **gpu,
+        )  # fmt: skip
+        return tracker.observe(finding, topo)
+
+    (fired,) = failed(T0 + 2_000, 1.0)
+    job = StageEngine(stage="job")
+    job.process(job_started("job-1", T0))
+    assert not job.process(Event("Alert", xid))  # a cause: nothing of this stage to mute yet
+    muted = [e.record for e in job.process(Event("Alert", fired))]
+    assert muted and {a["inhibited_by"] for a in muted} == {xid["alert_id"]}
+    (refresh,) = failed(T0 + 70_000, 3.0)
+    assert refresh["inhibited_by"] is None and tracker.is_refresh(refresh)
+    again = [e.record for e in job.process(Event("Alert", refresh))]
+    assert again and {(a["inhibited_by"], a["observed"], a["ts"]) for a in again} == {
+        (xid["alert_id"], 3.0, T0 + 70_000)
+    }
+    assert {a["alert_id"] for a in again} == {fired["alert_id"]}
+    assert [e.record for e in job.process(Event("Alert", {**refresh, "inhibited_by": xid["alert_id"]}))] == []

@@ -102,6 +102,18 @@ def test_each_alert_counts_once_whatever_its_receiver_copies_and_updates() -> No
     assert r.rules == {"straggler": [1, 1], "xid_error": [1, 0]}
 
 
+def test_an_alert_refreshed_while_it_fires_is_one_page_detected_at_its_firing_only() -> None:
+    """A lasting condition is republished while it fires (issue 34.2): its refreshes are neither
+    pages nor detections of their own."""
+    refreshed = [_alert(alert_id="a1", ts=T0 + 90_000 + i * 60_000, observed=float(i)) for i in range(5)]
+    r = evaluate_alerts("s", refreshed, [LABEL], CFG)
+    assert (r.firing, r.matched, r.false_positives) == (1, 1, [])
+    assert r.labels[0].time_to_detect_s == 90.0
+    # An alert that fired before the fault began (another incident) is not made on time by its refresh.
+    early = [_alert(alert_id="a0", ts=T0 - 60_000), _alert(alert_id="a0", ts=T0 + 30_000, observed=2.0)]
+    assert not evaluate_alerts("s", early, [LABEL], CFG).labels[0].detected
+
+
 def test_a_symptom_muted_within_the_grace_is_no_page_and_one_muted_later_is() -> None:
     fired = T0 + 90_000
     soon = [

@@ -113,6 +113,19 @@ def test_a_zombie_past_the_minimum_is_cancelled_once_and_the_record_is_a_valid_a
     assert r.decide(T0 + 6 * MIN) == []  # never twice for one incident
 
 
+def test_a_refresh_of_a_firing_alert_is_the_same_incident_firing_since_its_first_record() -> None:
+    """A lasting alert is republished while it fires (issue 34.2): its refreshes neither restart the
+    minimum firing time nor open a second incident."""
+    r = _remediator()
+    first = _alert()
+    r.observe_alert(first)
+    for i in range(1, 5):  # refreshed every minute: same alert_id, later ts, grown value
+        r.observe_alert({**first, "ts": T0 + i * MIN, "observed": 60.0 * i})
+    (decision,) = r.decide(T0 + 5 * MIN)
+    assert decision.kind == "acted"
+    assert r.decide(T0 + 6 * MIN) == []
+
+
 def test_dry_run_is_the_default() -> None:
     r = _remediator(execute=False)
     r.observe_alert(_alert())

@@ -7,6 +7,7 @@ than the wall-clock guard.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,15 @@ def _guard_advances(live: Live) -> int:
 
 
 def _pairs(alerts: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    return [(a["rule"], a["job_id"], a["status"]) for a in alerts]
+    """Each alert's states in order: its refreshes while it fires (the same alert_id, firing again
+    with the grown silence) are the state it is in, not another page."""
+    out: list[tuple[str, str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for a in alerts:
+        if (a["alert_id"], a["status"]) not in seen:
+            seen.add((a["alert_id"], a["status"]))
+            out.append((a["rule"], a["job_id"], a["status"]))
+    return out
 
 
 def test_all_input_silent_on_live_data_raises_input_silent_once_and_no_stall_then_resolves(
@@ -141,12 +150,17 @@ def test_all_input_silent_on_live_data_raises_input_silent_once_and_no_stall_the
     assert all((t.engine.watermark or 0) <= newest for t in live.core.job_tasks.values())
     live.run([], cut + 400_000)  # a long outage: still one page, and still no stall
     assert _pairs(live.alerts()) == [("input_silent", "", "firing")]
+    # ...whose record grows with the silence: refreshed at most once a minute, the same alert.
+    updates = live.alerts("input_silent")
+    assert len(updates) > 1 and {a["alert_id"] for a in updates} == {silent["alert_id"]}
+    assert all(b["ts"] - a["ts"] >= 60_000 for a, b in itertools.pairwise(updates))
+    assert updates[-1]["observed"] > silent["observed"] + 200
     assert _guard_advances(live) == guarded  # the guard held
     # The outage ends: the spool drains (records of the last minutes, published now), then live again.
     back = live.wall
     live.run(after, back + 60_000, at=lambda e: back + (event_ts(e) - cut) // 100)
     assert _pairs(live.alerts()) == [("input_silent", "", "firing"), ("input_silent", "", "resolved")]
-    resolved = live.alerts("input_silent")[1]
+    resolved = live.alerts("input_silent")[-1]
     assert resolved["alert_id"] == silent["alert_id"] and resolved["summary"].startswith("records flow again")
     assert sum(t.engine.stats["late_dropped"] for t in live.core._all_tasks()) == 0
     assert live.core.totals["input_silent"] == 1
@@ -175,7 +189,7 @@ def test_a_worker_restarted_while_input_silent_fires_holds_it_and_resolves_it_wh
         at=lambda e: back + (event_ts(e) - cut) // 100,
     )
     assert _pairs(live.alerts()) == [("input_silent", "", "firing"), ("input_silent", "", "resolved")]
-    assert live.alerts("input_silent")[1]["alert_id"] == silent["alert_id"]
+    assert live.alerts("input_silent")[-1]["alert_id"] == silent["alert_id"]
     # Once resolved, that is what a further restart knows too: it does not resolve it again.
     live.kill_and_restart()
     assert not live.core.silence.holding
@@ -257,8 +271,13 @@ def test_input_silence_is_pure_and_fires_once_per_silence() -> None:
     assert silence.check(t0 + 100_000, 100.0, t0, t0 - 1_000) == []  # not yet
     (fired,) = silence.check(t0 + 121_000, 121.0, t0, t0 - 1_000)
     assert fired["status"] == "firing" and fired["starts_at"] == t0 and silence.holding
-    assert silence.check(t0 + 300_000, 300.0, t0, t0 - 1_000) == []  # once
-    (done,) = silence.check(t0 + 301_000, 0.5, t0 + 300_500, t0 + 300_000)
+    assert silence.check(t0 + 150_000, 150.0, t0, t0 - 1_000) == []  # once (no refresh within 60 s)
+    # The silence grew: the same alert, refreshed with it (not another page).
+    (grown,) = silence.check(t0 + 300_000, 300.0, t0, t0 - 1_000)
+    assert (grown["status"], grown["alert_id"], grown["observed"]) == ("firing", fired["alert_id"], 300.0)
+    assert "(300 s)" in grown["summary"] and silence.tracker.is_refresh(grown)
+    assert silence.check(t0 + 330_000, 330.0, t0, t0 - 1_000) == []
+    (done,) = silence.check(t0 + 331_000, 0.5, t0 + 330_500, t0 + 330_000)
     assert done["status"] == "resolved" and done["alert_id"] == fired["alert_id"] and not silence.holding
     # Historical (newest event an hour before the last record), the guard off, no input yet: never.
     assert silence.check(t0 + 999_000, 500.0, t0, t0 - 3_600_000) == []
