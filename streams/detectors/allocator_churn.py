@@ -47,6 +47,7 @@ class AllocatorChurnDetector(PerJobDetector):
 
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("allocator_churn",)
+    reads: ClassVar[frozenset[str] | None] = frozenset({"StepCompleted"})
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)

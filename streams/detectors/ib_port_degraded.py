@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.base import Detector, Finding, Topology, drop_nodes
 from streams.detectors.catalogue import Rule
 from streams.detectors.infra_signal import NodeJobs
 
@@ -52,6 +52,7 @@ class IbPortDegradedDetector(Detector):
     section: ClassVar[str] = "infrastructure"
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("ib_port_degraded",)
+    reads: ClassVar[frozenset[str] | None] = frozenset({"HostSample"})
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
@@ -74,6 +75,11 @@ class IbPortDegradedDetector(Detector):
         """Restore from `state()`."""
         self._ports = dict(state.get("ports", {}))
         self.node_jobs.load_state(state.get("node_jobs", {}))
+
+    def forget_nodes(self, nodes: frozenset[str]) -> None:
+        """Drop evicted nodes' port state (past `engine.max_nodes`)."""
+        drop_nodes(self._ports, nodes)
+        self.node_jobs.forget_nodes(nodes)
 
     def observe(self, event: Event) -> list[Finding]:
         """Judge a HostSample's InfiniBand port state and error increments."""

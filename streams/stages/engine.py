@@ -39,6 +39,7 @@ from streams.detectors.clock import ClockDetector, source_of
 from streams.detectors.validate import clean
 from streams.errors import StreamsError
 from streams.overrides import build_detector, detector_class
+from streams.stages.order import JOB_LEVEL, tiebreak, to_job_stage
 from streams.stages.summary import RankSummarizer
 
 __all__ = [
@@ -78,30 +79,6 @@ _MAX_COUNTERS = 100_000
 JUMP_RECORDS = 64
 
 
-# What the rank stage passes to the job stage besides its summaries and alerts: job-level records
-# (from the engine that owns the job's key), bindings and rank faults, and the leader rank's steps
-# (the validation, skip and trend rules read one rank's loss and gradient norm: the global ones).
-JOB_LEVEL = frozenset(
-    {"JobStarted", "JobStateChanged", "CheckpointEvent", "EvaluationEvent", "ValidationResult", "RestoreTest"}
-)
-_FORWARDED = JOB_LEVEL | {"RankBound", "RankFault"}
-# Tie order of records of one event time in the job stage's input (then job, rank, node).
-_ORDER = {
-    "JobStarted": 0,
-    "RankBound": 1,
-    "JobStateChanged": 2,
-    "StepCompleted": 3,
-    "RankFault": 4,
-    "CheckpointEvent": 5,
-    "EvaluationEvent": 6,
-    "ValidationResult": 7,
-    "RestoreTest": 8,
-    "RankSummary": 9,
-    "Alert": 10,
-    "BaselineRun": 11,
-}
-
-
 # Offline (no Kafka timestamps), one engine judges every record's time against the newest accepted
 # one, as the single engine did, before the stages see it: the "gate". It raises clock_skew.
 _GATE_RULES = frozenset({"clock_skew"})
@@ -112,27 +89,6 @@ def stage_of(cls: type[Detector]) -> str:
     if cls.stage not in ("rank", "job"):
         raise StreamsError(f"detector {cls.__name__} names no stage (stage = 'rank' or 'job')")
     return cls.stage
-
-
-def _to_job_stage(event: Event) -> bool:
-    """Whether the rank stage passes this record on to the job stage."""
-    if event.type in _FORWARDED:
-        return True
-    return event.type == "StepCompleted" and event.record.get("rank") == LEADER_RANK
-
-
-def tiebreak(event: Event) -> tuple[Any, ...]:
-    """The place of a record among the job stage's input of the same event time (type, job, rank,
-    node, ...): an order that does not depend on which rank stage sent it first."""
-    r = event.record
-    rank = r.get("rank")
-    return (
-        _ORDER.get(event.type, 99),
-        str(r.get("job_id") or ""),
-        -1 if rank is None else int(rank),
-        str(r.get("node") or ""),
-        str(r.get("fingerprint") or r.get("status") or ""),
-    )
 
 
 class StageEngine:
@@ -310,7 +266,7 @@ class StageEngine:
         self.topology.observe(event)  # bindings, jobs and their pace (the step every alert carries)
         if self.summarizer is not None:
             self.summarizer.observe(event)
-            if forward and _to_job_stage(event):
+            if forward and to_job_stage(event):
                 self._queue(event)
         findings: list[Finding] = []
         for det in self._readers.get(event.type) or self._reading(event.type):
