@@ -40,6 +40,8 @@ _ENGINE_KEYS = {
     "summary_bucket_s",
     "max_jobs",
     "max_ranks",
+    "late_cause_grace_s",
+    "late_cause_rules",
 }
 
 
@@ -129,6 +131,10 @@ class EngineConfig:
     max_ranks: int = (
         131_072  # distinct (job, rank) one partition's engine holds; the job with most is evicted
     )
+    # A cause (a rank's fault, an XID, an ECC error) reported this long after its job's `failed`
+    # state still pages, and resolves this long after that state (nothing else can clear it).
+    late_cause_grace_ms: int = 60_000
+    late_cause_rules: tuple[str, ...] = ("rank_failed", "xid_error", "ecc_uncorrectable")
     detectors: dict[str, dict[str, Any]] = field(default_factory=dict)
     overrides: tuple[Any, ...] = ()  # streams.overrides.Override: knobs per workload (issue 35.1)
 
@@ -199,6 +205,7 @@ class EngineConfig:
             bucket = float(engine.get("summary_bucket_s", 5))
             max_jobs = int(engine.get("max_jobs", 10_000))
             max_ranks = int(engine.get("max_ranks", 131_072))
+            late_grace = float(engine.get("late_cause_grace_s", 60))
         except (TypeError, ValueError):
             raise ConfigError(
                 f"{source}: engine.allowed_lateness_s, engine.advance_every_s, engine.max_clock_skew_s, "
@@ -211,6 +218,8 @@ class EngineConfig:
             )
         if jump_sources < 1:
             raise ConfigError(f"{source}: engine.clock_jump_sources must be >= 1")
+        if not 0 <= late_grace < math.inf:
+            raise ConfigError(f"{source}: engine.late_cause_grace_s must be a finite number >= 0 (0: off)")
         if max_jobs < 1 or max_ranks < 1:
             raise ConfigError(f"{source}: engine.max_jobs and engine.max_ranks must be >= 1")
         if not bucket > 0 or math.isinf(bucket):
@@ -230,6 +239,11 @@ class EngineConfig:
             summary_bucket_ms=max(1, int(bucket * 1000)),
             max_jobs=max_jobs,
             max_ranks=max_ranks,
+            late_cause_grace_ms=int(late_grace * 1000),
+            late_cause_rules=tuple(
+                str(r)
+                for r in engine.get("late_cause_rules", ("rank_failed", "xid_error", "ecc_uncorrectable"))
+            ),
             detectors=params,
             overrides=overrides,
         )

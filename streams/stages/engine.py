@@ -196,6 +196,8 @@ class StageEngine:
         # ranks): past `config.max_ranks` in all, the job holding the most is evicted.
         self._job_ranks: dict[str, set[int]] = {}
         self._ranks_held = 0
+        # Jobs that failed within `config.late_cause_grace_ms` -> when: their causes may still page.
+        self._failed_at: dict[str, int] = {}
 
     # -- the per-event path ------------------------------------------------------------
     def process(
@@ -281,6 +283,8 @@ class StageEngine:
             self._handle(findings, out)
         if event.type == "JobStateChanged" and event.record["state"] in self.config.job_end_states:
             self._end_job(event.record["job_id"], ts, out)
+            if event.record["state"] == "failed" and self.config.late_cause_grace_ms > 0:
+                self._failed_at[event.record["job_id"]] = ts
             for det in self._learners:
                 out += [Event("BaselineRun", r) for r in det.drain_learned()]
         self._move_watermark(self.max_ts - self._lateness_ms, out)
@@ -439,6 +443,8 @@ class StageEngine:
             findings.extend(det.advance(wm))
         self._handle(findings, out)
         self._emit_alerts(self.tracker.advance(wm, self.topology), out)
+        if self._failed_at:
+            self._close_late_causes(wm, out)
         if self.summarizer is not None:
             for summary in self.summarizer.advance(wm):
                 self._queue(summary)
@@ -455,8 +461,9 @@ class StageEngine:
                     continue
                 if finding.active and finding.job_id:
                     job = self.topology.jobs.get(finding.job_id)
-                    if job is not None and job.state in self.config.job_end_states:
-                        continue  # the job is over: nothing left to alert on
+                    ended = job is not None and job.state in self.config.job_end_states
+                    if ended and not self._late_cause(finding):
+                        continue  # the job is over: nothing left to alert on (but a late cause)
                 self._emit_alerts(self.tracker.observe(finding, self.topology), out)
             derived = self._drain_derived()
             if not derived:
@@ -471,6 +478,27 @@ class StageEngine:
                 for det in self.detectors:
                     pending.extend(det.observe(event))
             pending.sort(key=self.grouper.order)
+
+    def _late_cause(self, finding: Finding) -> bool:
+        """A cause of a failure reported within the grace after its job's `failed` state (a killed
+        rank's fault often arrives after a peer's error ended the job): it still pages."""
+        failed = self._failed_at.get(finding.job_id or "")
+        return (
+            failed is not None
+            and finding.rule in self.config.late_cause_rules
+            and finding.ts <= failed + self.config.late_cause_grace_ms
+        )
+
+    def _close_late_causes(self, watermark: int, out: list[Event]) -> None:
+        """Past a failed job's grace nothing can clear its late causes: they resolve then, and the
+        state their detectors took up again goes (unless the job runs again)."""
+        grace = self.config.late_cause_grace_ms
+        for job_id, failed in list(self._failed_at.items()):
+            if watermark >= failed + grace:
+                del self._failed_at[job_id]
+                job = self.topology.jobs.get(job_id)
+                if job is not None and job.state == "failed":
+                    self._end_job(job_id, failed + grace, out)
 
     def _drain_derived(self) -> list[Event]:
         derived: list[Event] = []
@@ -587,6 +615,7 @@ class StageEngine:
             "external": {k: self._external[k] for k in sorted(self._external)},
             "jobs_heard": list(self._jobs_heard.items()),  # in eviction order
             "job_ranks": {j: sorted(r) for j, r in sorted(self._job_ranks.items())},
+            "failed_at": sorted(self._failed_at.items()),
         }
         return zlib.compress(dumps_state(state), 6)
 
@@ -644,6 +673,7 @@ class StageEngine:
         engine._jobs_heard = {str(j): int(t) for j, t in heard}
         engine._job_ranks = {j: set(r) for j, r in state.get("job_ranks", {}).items()}
         engine._ranks_held = sum(len(r) for r in engine._job_ranks.values())
+        engine._failed_at = {str(j): int(t) for j, t in state.get("failed_at", [])}
         return engine
 
 
