@@ -239,7 +239,9 @@ class ImbalanceWindows(JobAndHostDetector):
     def _fresh_job_fields(self) -> dict[str, Any]:
         """A job's per-bucket state, empty."""
         return {
-            "bucket": {},  # str(bucket start) -> [[rank, node, busy, compute, wait, comm, bucket ms, steps]]
+            # str(bucket start) -> [[rank, node, busy, compute, wait, comm, bucket ms, steps, forward,
+            # backward, optimizer, GPU busy]] (medians per step; older snapshots' rows stop earlier)
+            "bucket": {},
             "decided": None,  # start of the newest bucket decided
             "run": "",  # run id the sequential states belong to (a new run starts them afresh)
             "seq": {},  # str(rank) -> sequential test state (see _judge)
@@ -283,6 +285,8 @@ class ImbalanceWindows(JobAndHostDetector):
                         int(r["steps"]),
                         stat_median([r.get("forward_s")]),
                         stat_median([r.get("backward_s")]),
+                        stat_median([r.get("optimizer_s")]),
+                        _gpu_busy(r),
                     ]
                 )
             job["steps"].append(
@@ -410,6 +414,47 @@ def _pre_sync(row: list[Any]) -> float | None:
     if value is None or value <= 0:
         return None
     return float(value) + float(row[4] or 0.0)
+
+
+def _gpu_busy(r: dict[str, Any]) -> float | None:
+    """A rank's GPU-busy seconds per step over a bucket: its GPM SM activity times its median step
+    time (None without GPM samples or steps). NVML's utilisation counts a spinning NCCL kernel as
+    busy; SM activity does not, so a rank its peers wait for is the busiest."""
+    active, step_time = stat_median([r.get("sm_active_pct")]), stat_median([r.get("step_time_s")])
+    if active is None or step_time is None or step_time <= 0:
+        return None
+    return float(active) / 100.0 * float(step_time)
+
+
+def _unoverlapped(row: list[Any]) -> float | None:
+    """A bucket row's work no peer's wait hides under DDP: data wait + forward + optimizer (the
+    optimizer runs after the all-reduce; rows without it count data wait + forward)."""
+    early = _pre_sync(row)
+    if early is None:
+        return None
+    optimizer = row[10] if len(row) > 10 else None
+    return early + float(optimizer or 0.0)
+
+
+def _row_gpu_busy(row: list[Any]) -> float | None:
+    """A bucket row's GPU-busy seconds per step (None in rows without it)."""
+    value = row[11] if len(row) > 11 else None
+    return None if value is None else float(value)
+
+
+def _out_of_line(
+    values: list[float], own: float, spread: float | None, excess: float, z: float
+) -> float | None:
+    """The median of a rank's peers (`values`, sorted, the rank's own included) when `own` is out of
+    line with them: >= (1 + `excess`) x that median and, where the peers' robust `spread` is known,
+    >= `z` spreads above it; else None. The reference leaves the rank out: in a job of 2-7 ranks a
+    slow rank would pull the median half way to itself."""
+    ref = _median_without(values, [own])
+    if not ref or own < ref * (1.0 + excess):
+        return None
+    if spread is not None and own - ref < z * spread:
+        return None
+    return ref
 
 
 def _after_pre_sync(row: list[Any]) -> float | None:
