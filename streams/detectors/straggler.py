@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from streams.detectors.base import Finding
+from streams.detectors.catalogue import Rule
 from streams.detectors.network_degradation import NetworkDegradationRule
 from streams.detectors.stats import MAD_TO_SIGMA, finite, mad, median, stat_mean
 from streams.detectors.windows import (
@@ -21,6 +22,7 @@ from streams.detectors.windows import (
     _after_pre_sync,
     _evidence_start,
     _has_evidence,
+    _history,
     _median_without,
     _new_seq,
     _note,
@@ -32,7 +34,18 @@ from streams.detectors.windows import (
     _unoverlapped,
 )
 
-__all__ = ["StragglerRule"]
+__all__ = ["STRAGGLER", "StragglerRule"]
+
+STRAGGLER = Rule(
+    "straggler",
+    category="platform",  # "data" where its data path is the suspect
+    severity="warning",
+    invariant=(
+        "every rank's straggler score (job median busy time / rank busy time; data wait + forward when"
+        " the all-reduce overlaps backward) stays >= {threshold}"
+    ),
+    suspected_layer="gpu",  # or "data", or "unknown": the evidence says which
+)
 
 
 class StragglerRule(NetworkDegradationRule):
@@ -67,7 +80,7 @@ class StragglerRule(NetworkDegradationRule):
         # work before the first wait.
         untimed = job_comm is None
         held = self._node_bucket(job_id, job, by_rank, start, end, out, untimed)
-        peers = {
+        peers: dict[str, Any] = {
             "busy": job_busy,
             "compute": median(finite(r[3] for r in by_rank.values())),
             "wait": median(finite(r[4] for r in by_rank.values())),
@@ -393,26 +406,48 @@ class StragglerRule(NetworkDegradationRule):
         else:
             st.pop("layer", None)
             summary = f"node {node} of job {job_id} keeps pace again (score {score:.2f})"
-        return Finding(
-            rule="straggler",
-            key=(job_id, f"node:{node}"),
-            active=active,
-            ts=end,
-            category="data" if layer == "data" else "platform",
-            severity="warning",
+        return self._score_finding(
+            (job_id, f"node:{node}"),
+            st,
+            score,
+            end,
+            active,
+            layer,
+            summary,
             job_id=job_id,
             node=node,
-            since=st["since"],
             invariant=(
                 "every node's fastest rank scores >= "
                 f"{self.threshold} against the median rank on the job's other nodes"
             ),
+        )
+
+    def _score_finding(
+        self,
+        key: tuple[str, ...],
+        st: dict[str, Any],
+        score: float,
+        end: int,
+        active: bool,
+        layer: str,
+        summary: str,
+        **where: Any,
+    ) -> Finding:
+        """A rank's or a node's straggler finding: its score against the threshold, since when, with
+        the score's history; `where`: its identity (and a node's own invariant)."""
+        return STRAGGLER.finding(
+            key,
+            active,
+            end,
+            category="data" if layer == "data" else "platform",
+            since=st["since"],
             observed=score,
             expected=self.threshold,
             summary=summary,
             suspected_layer=layer,
             history_metric="straggler_score",
-            history=tuple((int(t), float(v)) for t, v in st.get("hist", [])),
+            history=_history(st.get("hist", [])),
+            **{"invariant": STRAGGLER.says(threshold=self.threshold), **where},
         )
 
     def _gpu_detail(self, job: dict[str, Any], rank: int, end: int) -> tuple[str, int]:
@@ -518,29 +553,19 @@ class StragglerRule(NetworkDegradationRule):
         summary = (
             st["summary"] if active else f"rank {rank} of job {job_id} keeps pace again (score {score:.2f})"
         )
-        return Finding(
-            rule="straggler",
-            key=(job_id, str(rank)),
-            active=active,
-            ts=end,
-            category="data" if layer == "data" else "platform",
-            severity="warning",
+        return self._score_finding(
+            (job_id, str(rank)),
+            st,
+            score,
+            end,
+            active,
+            layer,
+            summary,
             job_id=job_id,
             node=b.node if b else None,
             rank=rank,
             gpu_uuid=b.gpu_uuid if b else None,
             gpu_index=b.gpu_index if b else None,
-            since=st["since"],
-            invariant=(
-                "every rank's straggler score (job median busy time / rank busy time; data wait + forward when"
-                f" the all-reduce overlaps backward) stays >= {self.threshold}"
-            ),
-            observed=score,
-            expected=self.threshold,
-            summary=summary,
-            suspected_layer=layer,
-            history_metric="straggler_score",
-            history=tuple((int(t), float(s)) for t, s in st.get("hist", [])),
         )
 
     def _end_run(self, job_id: str, job: dict[str, Any], end: int) -> list[Finding]:

@@ -31,10 +31,10 @@ DEFAULTS: dict[str, Any] = {
     "cusum_sigma_slack": 2.0,  # k is at least this many robust sigmas of the learned scores...
     "cusum_sigma_threshold": 8.0,  # ...and h at least this many (noisy ranks need more evidence)
     "waited_for_share": 0.5,  # peers must wait for a slow rank: its comm_s below theirs by this share of its extra busy time
-    "cross_rank_excess": 0.15,  # DDP: a rank whose work before the first wait is >= 1.15x its peers' median...
-    "cross_rank_z": 5.0,  # ...and this many robust sigmas of the peers' spread above it...
-    "cross_rank_buckets": 6,  # ...in this many buckets (30 s), while its peers wait for it: straggler (cross-rank path)
-    "cross_rank_min_ranks": 8,  # ranks a bucket needs for the peers' spread to mean something
+    "cross_rank_excess": 0.15,  # DDP: a rank whose unoverlapped work or GPU-busy time is >= 1.15x the others' median...
+    "cross_rank_z": 5.0,  # ...and this many robust sigmas of the ranks' spread above it...
+    "cross_rank_buckets": 6,  # ...in this many buckets (30 s): straggler (cross-rank path; 2 ranks at least)
+    "cross_rank_min_ranks": 8,  # ranks from which that spread is estimated (fewer: the excess alone)
     "imbalance_metrics": ["gpu_util_pct", "power_w", "mem_used_frac"],  # compared across the job's GPUs
     "imbalance_z": 4.0,  # robust z-score beyond which a GPU is out of line
     "imbalance_min_rel": 0.15,  # ...and at least this relative distance from the peers' median
@@ -521,6 +521,25 @@ def _median_without(values: list[float], removed: list[float]) -> float | None:
     if n % 2:
         return kth(n // 2)
     return (kth(n // 2 - 1) + kth(n // 2)) / 2.0
+
+
+def _history(points: Sequence[Sequence[Any]]) -> tuple[tuple[int, float], ...]:
+    """A finding's metric history from the [time, value] points a rule keeps in its state."""
+    return tuple((int(t), float(v)) for t, v in points)
+
+
+def _named_outlier(values: dict[str, float], factor: float, minimum: float) -> str | None:
+    """The node whose value stands out: the highest, at least `minimum` and `factor` times the
+    median of the others (taken as 1 at least: counters of a healthy fabric sit at zero)."""
+    if not values:
+        return None
+    worst = max(sorted(values), key=lambda n: values[n])
+    others = [v for n, v in values.items() if n != worst]
+    ref = median(others) if others else 0.0
+    assert ref is not None
+    if values[worst] >= minimum and values[worst] >= factor * max(ref, 1.0):
+        return worst
+    return None
 
 
 def _or_all(values: Any) -> int:
