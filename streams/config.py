@@ -43,6 +43,8 @@ _ENGINE_KEYS = {
     "max_nodes",
     "alert_refresh_s",
     "alert_refresh_min_change",
+    "late_cause_grace_s",
+    "late_cause_rules",
 }
 
 
@@ -139,6 +141,10 @@ class EngineConfig:
     alert_refresh_min_change: float = (
         0.1  # ...when its value moved by this share (streams.alerting.lifecycle)
     )
+    # A cause (a rank's fault, an XID, an ECC error) reported this long after its job's `failed`
+    # state still pages, and resolves this long after that state (nothing else can clear it).
+    late_cause_grace_ms: int = 60_000
+    late_cause_rules: tuple[str, ...] = ("rank_failed", "xid_error", "ecc_uncorrectable")
     detectors: dict[str, dict[str, Any]] = field(default_factory=dict)
     overrides: tuple[Any, ...] = ()  # streams.overrides.Override: knobs per workload (issue 35.1)
 
@@ -212,6 +218,7 @@ class EngineConfig:
             max_nodes = int(engine.get("max_nodes", 32_768))
             refresh = float(engine.get("alert_refresh_s", 60))
             refresh_change = float(engine.get("alert_refresh_min_change", 0.1))
+            late_grace = float(engine.get("late_cause_grace_s", 60))
         except (TypeError, ValueError):
             raise ConfigError(
                 f"{source}: engine.allowed_lateness_s, engine.advance_every_s, engine.max_clock_skew_s, "
@@ -230,6 +237,8 @@ class EngineConfig:
             )
         if jump_sources < 1:
             raise ConfigError(f"{source}: engine.clock_jump_sources must be >= 1")
+        if not 0 <= late_grace < math.inf:
+            raise ConfigError(f"{source}: engine.late_cause_grace_s must be a finite number >= 0 (0: off)")
         if max_jobs < 1 or max_ranks < 1 or max_nodes < 8:
             raise ConfigError(
                 f"{source}: engine.max_jobs and engine.max_ranks must be >= 1, engine.max_nodes >= 8"
@@ -254,6 +263,11 @@ class EngineConfig:
             max_nodes=max_nodes,
             alert_refresh_ms=int(refresh * 1000),
             alert_refresh_min_change=refresh_change,
+            late_cause_grace_ms=int(late_grace * 1000),
+            late_cause_rules=tuple(
+                str(r)
+                for r in engine.get("late_cause_rules", ("rank_failed", "xid_error", "ecc_uncorrectable"))
+            ),
             detectors=params,
             overrides=overrides,
         )

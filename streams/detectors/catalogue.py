@@ -55,12 +55,14 @@ class Rule:
 
 
 def catalogue() -> dict[str, Rule]:
-    """Every rule a detector module declares, by name."""
+    """Every rule a detector module declares, by name: a detector's own module and its bases'
+    (the imbalance detector's rules live in `straggler.py`, `gpu_imbalance.py`, ...)."""
     from streams.detectors import ALL_DETECTORS  # late: rule modules import this one
 
     out: dict[str, Rule] = {}
     for cls in ALL_DETECTORS:
-        for value in vars(sys.modules[cls.__module__]).values():
-            if isinstance(value, Rule):
-                out[value.name] = value
+        for module in dict.fromkeys(klass.__module__ for klass in cls.__mro__):
+            for value in vars(sys.modules[module]).values():
+                if isinstance(value, Rule):
+                    out[value.name] = value
     return dict(sorted(out.items()))

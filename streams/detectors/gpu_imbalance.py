@@ -8,10 +8,19 @@ from __future__ import annotations
 from typing import Any
 
 from streams.detectors.base import Finding
+from streams.detectors.catalogue import Rule
 from streams.detectors.stats import median, robust_scorer
-from streams.detectors.windows import ImbalanceWindows
+from streams.detectors.windows import ImbalanceWindows, _history
 
-__all__ = ["GpuImbalanceRule"]
+__all__ = ["GPU_IMBALANCE", "GpuImbalanceRule"]
+
+GPU_IMBALANCE = Rule(
+    "gpu_imbalance",
+    category="infra",
+    severity="warning",
+    invariant="the GPUs of one job show similar activity and power",
+    suspected_layer="gpu",
+)
 
 
 class GpuImbalanceRule(ImbalanceWindows):
@@ -84,20 +93,16 @@ class GpuImbalanceRule(ImbalanceWindows):
     ) -> Finding:
         rank, metric, x, mid = what
         b = self.topology.bindings.get((job_id, rank))
-        return Finding(
-            rule="gpu_imbalance",
-            key=(job_id, uuid),
-            active=active,
-            ts=end,
-            category="infra",
-            severity="warning",
+        return GPU_IMBALANCE.finding(
+            (job_id, uuid),
+            active,
+            end,
             job_id=job_id,
             node=b.node if b else None,
             rank=rank if rank >= 0 else None,
             gpu_uuid=b.gpu_uuid if b else None,
             gpu_index=b.gpu_index if b else None,
             since=since,
-            invariant="the GPUs of one job show similar activity and power",
             observed=x if active else None,
             expected=mid if active else None,
             summary=(
@@ -105,8 +110,7 @@ class GpuImbalanceRule(ImbalanceWindows):
                 if active
                 else f"GPU {uuid} of job {job_id} is in line with its peers again"
             ),
-            suspected_layer="gpu",
             # The GPU's value of the metric that put it out of line, per window while it was.
             history_metric=metric,
-            history=tuple((int(t), float(v)) for t, v in hist) if metric else (),
+            history=_history(hist) if metric else (),
         )

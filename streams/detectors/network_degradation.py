@@ -9,10 +9,20 @@ import math
 from typing import Any
 
 from streams.detectors.base import Finding, JobInfo
+from streams.detectors.catalogue import Rule
 from streams.detectors.gpu_imbalance import GpuImbalanceRule
 from streams.detectors.stats import MAD_TO_SIGMA, finite, mad, mean, median
+from streams.detectors.windows import _history, _named_outlier
 
-__all__ = ["NetworkDegradationRule"]
+__all__ = ["NETWORK_DEGRADATION", "NetworkDegradationRule"]
+
+NETWORK_DEGRADATION = Rule(
+    "network_degradation",
+    category="infra",
+    severity="warning",
+    invariant="collective communication per step stays within {ratio}x of the job's normal",
+    suspected_layer="network",
+)
 
 
 class NetworkDegradationRule(GpuImbalanceRule):
@@ -125,32 +135,15 @@ class NetworkDegradationRule(GpuImbalanceRule):
             vals = finite(h[2] for h in self.hosts.get(node, []) if len(h) > 2 and start <= h[0] < end)
             if vals:
                 errors[node] = sum(vals)
-        if not errors:
-            return None
-        worst = max(sorted(errors), key=lambda n: errors[n])
-        others = [v for n, v in errors.items() if n != worst]
-        ref = median(others) if others else 0.0
-        assert ref is not None
-        if errors[worst] >= self.ib_min_errors and errors[worst] >= self.retrans_factor * max(ref, 1.0):
-            return worst
-        return None
+        return _named_outlier(errors, self.retrans_factor, self.ib_min_errors)
 
     def _retrans_node(self, nodes: list[str], start: int, end: int) -> str | None:
         rates: dict[str, float] = {}
         for node in nodes:
-            vals = finite(h[1] for h in self.hosts.get(node, []) if start <= h[0] < end)
-            m = mean(vals)
+            m = mean(finite(h[1] for h in self.hosts.get(node, []) if start <= h[0] < end))
             if m is not None:
                 rates[node] = m
-        if not rates:
-            return None
-        worst = max(sorted(rates), key=lambda n: rates[n])
-        others = [v for n, v in rates.items() if n != worst]
-        ref = median(others) if others else 0.0
-        assert ref is not None
-        if rates[worst] >= self.retrans_min and rates[worst] >= self.retrans_factor * max(ref, 1.0):
-            return worst
-        return None
+        return _named_outlier(rates, self.retrans_factor, self.retrans_min)
 
     def _net_finding(
         self, job_id: str, job: dict[str, Any], intrinsic: float, end: int, active: bool
@@ -159,20 +152,15 @@ class NetworkDegradationRule(GpuImbalanceRule):
         signal = rest[0] if rest else "TCP retransmits elevated"
         ratio = float(rest[1]) if len(rest) > 1 else self.net_ratio
         normal = float(job["net"]["normal"] or 0.0)
-        return Finding(
-            rule="network_degradation",
-            key=(job_id,),
-            active=active,
-            ts=end,
-            category="infra",
-            severity="warning",
+        return NETWORK_DEGRADATION.finding(
+            (job_id,),
+            active,
+            end,
             job_id=job_id,
             node=node,
             since=since,
-            invariant=(
-                f"collective communication per step stays within {ratio}x of the job's normal"
-                + (" while a job node shows network errors" if ratio < self.net_ratio else "")
-            ),
+            invariant=NETWORK_DEGRADATION.says(ratio=ratio)
+            + (" while a job node shows network errors" if ratio < self.net_ratio else ""),
             observed=intrinsic,
             expected=normal,
             summary=(
@@ -185,7 +173,6 @@ class NetworkDegradationRule(GpuImbalanceRule):
                 if active
                 else f"job {job_id}: communication back to normal ({intrinsic:.3f} s per step)"
             ),
-            suspected_layer="network",
             history_metric="comm_s",
-            history=tuple((int(t), float(v)) for t, v in job["net_hist"]),
+            history=_history(job["net_hist"]),
         )

@@ -6,9 +6,11 @@ Over the windows of `windows.py`; `imbalance.py` describes the rules together.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from streams.detectors.base import Finding
+from streams.detectors.catalogue import Rule
 from streams.detectors.network_degradation import NetworkDegradationRule
 from streams.detectors.stats import MAD_TO_SIGMA, finite, mad, median, stat_mean
 from streams.detectors.windows import (
@@ -20,15 +22,30 @@ from streams.detectors.windows import (
     _after_pre_sync,
     _evidence_start,
     _has_evidence,
+    _history,
     _median_without,
     _new_seq,
     _note,
+    _out_of_line,
     _pre_sync,
     _rank_list,
+    _row_gpu_busy,
     _throttle_names,
+    _unoverlapped,
 )
 
-__all__ = ["StragglerRule"]
+__all__ = ["STRAGGLER", "StragglerRule"]
+
+STRAGGLER = Rule(
+    "straggler",
+    category="platform",  # "data" where its data path is the suspect
+    severity="warning",
+    invariant=(
+        "every rank's straggler score (job median busy time / rank busy time; data wait + forward when"
+        " the all-reduce overlaps backward) stays >= {threshold}"
+    ),
+    suspected_layer="gpu",  # or "data", or "unknown": the evidence says which
+)
 
 
 class StragglerRule(NetworkDegradationRule):
@@ -63,7 +80,7 @@ class StragglerRule(NetworkDegradationRule):
         # work before the first wait.
         untimed = job_comm is None
         held = self._node_bucket(job_id, job, by_rank, start, end, out, untimed)
-        peers = {
+        peers: dict[str, Any] = {
             "busy": job_busy,
             "compute": median(finite(r[3] for r in by_rank.values())),
             "wait": median(finite(r[4] for r in by_rank.values())),
@@ -75,8 +92,7 @@ class StragglerRule(NetworkDegradationRule):
             if 2 * len(pre_syncs) >= len(by_rank):
                 peers["pre_sync"] = median(pre_syncs)
                 peers["after"] = median(finite(_after_pre_sync(r) for r in by_rank.values()))
-                if len(pre_syncs) >= self.cross_min_ranks:
-                    peers["spread"] = MAD_TO_SIGMA * (mad(pre_syncs) or 0.0)
+            peers["cross"] = self._cross_peers(by_rank)
         for rank in sorted(by_rank):
             row = by_rank[rank]
             key = str(rank)
@@ -103,8 +119,9 @@ class StragglerRule(NetworkDegradationRule):
                     continue
                 st["path"] = self._path(st, score, verdict)
                 st["since"] = st["xfrom"] if st["path"] == "cross-rank" else _evidence_start(st, start, end)
-                if st["path"] == "cross-rank":
-                    score = min(score, float(peers["pre_sync"] or 0.0) / float(_pre_sync(row) or 1.0))
+                if st["path"] == "cross-rank" and st.get("xsig"):
+                    _, own, ref = st["xsig"]
+                    score = min(score, float(ref) / float(own))
                 st["summary"] = self._straggler_summary(
                     job_id, job, rank, st, score, row, peers, end, by_pre_sync or st["path"] == "cross-rank"
                 )
@@ -119,30 +136,77 @@ class StragglerRule(NetworkDegradationRule):
         out.extend(self._net_bucket(job_id, job, by_rank, info, start, end))
         return out
 
-    def _cross_rank(self, st: dict[str, Any], row: list[Any], peers: dict[str, Any], start: int) -> bool:
-        """The cross-rank path: is the rank's work before the first wait (data wait + forward, the
-        segments DDP does not overlap) out of line with its peers' in `cross_rank_buckets` buckets,
-        while they wait for it? A GPU slow from the first step has no normal of its own for the
-        change point to leave, and at 1.2-1.3x its score stays above the threshold; its peers are
-        the reference. Out of line: at least `cross_rank_excess` above the peers' median and
-        `cross_rank_z` robust sigmas of their spread. It holds until 3 buckets are back in line."""
-        spread, ref, own = peers.get("spread"), peers.get("pre_sync"), _pre_sync(row)
-        outlier = (
-            spread is not None
-            and ref is not None
-            and own is not None
-            and own >= ref * (1.0 + self.cross_excess)
-            and own - ref >= self.cross_z * spread
-            and self._pre_sync_score(row, peers) is not None  # its peers wait for it
+    def _cross_peers(self, by_rank: dict[int, list[Any]]) -> dict[str, Any]:
+        """The peers' side of the cross-rank path, per signal: every rank's value (sorted) and the
+        robust spread between them, known from `cross_rank_min_ranks` ranks (None below: a MAD of a
+        few values is itself noise, and of 2-3 it can be 0). Signals: the work DDP does not overlap
+        (data wait + forward + optimizer) and the GPU-busy time per step (GPM SM activity x step
+        time); "after": every rank's backward + communication, where the peers wait."""
+        out: dict[str, Any] = {}
+        for name, value_of in (("work", _unoverlapped), ("gpu", _row_gpu_busy)):
+            values = sorted(finite(value_of(r) for r in by_rank.values()))
+            if len(values) >= 2 and 2 * len(values) >= len(by_rank):
+                spread = MAD_TO_SIGMA * (mad(values) or 0.0) if len(values) >= self.cross_min_ranks else None
+                out[name] = (values, spread)
+        out["after"] = sorted(finite(_after_pre_sync(r) for r in by_rank.values()))
+        return out
+
+    def _cross_signal(self, row: list[Any], cross: dict[str, Any]) -> list[Any] | None:
+        """[signal, the rank's value, its peers' median] of the first signal on which the rank is out
+        of line with its peers (`_out_of_line`), or None. The work DDP does not overlap counts while
+        the peers wait for it (their backward + comm longer than its own by `waited_for_share` of
+        its extra); the GPU-busy time is that wait seen from the GPUs (the peers' SMs idle while
+        they wait), and counts unless the rank's timed work is below its peers'."""
+        work, gpu = (
+            v if v is not None and math.isfinite(v) else None
+            for v in (_unoverlapped(row), _row_gpu_busy(row))
         )
-        if outlier:
+        if work is not None and "work" in cross:
+            values, spread = cross["work"]
+            ref = _out_of_line(values, work, spread, self.cross_excess, self.cross_z)
+            if ref is not None and self._waited_for(row, cross["after"], work - ref):
+                return ["work", work, ref]
+        if gpu is not None and "gpu" in cross:
+            values, spread = cross["gpu"]
+            ref = _out_of_line(values, gpu, spread, self.cross_excess, self.cross_z)
+            if ref is not None:
+                peers_work = (
+                    _median_without(cross["work"][0], [work])
+                    if work is not None and "work" in cross
+                    else None
+                )
+                if peers_work is None or work is None or work >= peers_work:
+                    return ["gpu", gpu, ref]
+        return None
+
+    def _waited_for(self, row: list[Any], after: list[float], extra: float) -> bool:
+        """Whether the rank's peers wait for it: the median of the others' backward + communication
+        exceeds the rank's own by `waited_for_share` of its `extra` work."""
+        own = _after_pre_sync(row)
+        if own is None or not math.isfinite(own):
+            return False
+        others = _median_without(after, [own])
+        return others is not None and others - own >= self.waited_share * extra
+
+    def _cross_rank(self, st: dict[str, Any], row: list[Any], peers: dict[str, Any], start: int) -> bool:
+        """The cross-rank path: is the rank out of line with its peers on a signal DDP does not hide
+        (`_cross_signal`) in `cross_rank_buckets` buckets? A GPU slow from the first step has no
+        normal of its own for the change point to leave, and at 1.2-1.3x its score stays above the
+        threshold; its peers are the reference. Out of line: at least `cross_rank_excess` above the
+        median of the others and, with `cross_rank_min_ranks` ranks or more, `cross_rank_z` robust
+        sigmas of their spread. It needs 2 ranks (a peer, and its wait to say which of the two is
+        slow). It holds until 3 buckets are back in line."""
+        cross = peers.get("cross")
+        hit = self._cross_signal(row, cross) if cross else None
+        if hit is not None:
             if not st.get("x"):
                 st["xfrom"] = start
             st["x"], st["xok"] = int(st.get("x", 0)) + 1, 0
+            st["xsig"] = [hit[0], round(float(hit[1]), 6), round(float(hit[2]), 6)]
         elif st.get("x"):
             st["xok"] = int(st.get("xok", 0)) + 1
             if st["xok"] >= 3:
-                for k in ("x", "xok", "xfrom"):
+                for k in ("x", "xok", "xfrom", "xsig"):
                     st.pop(k, None)
         return int(st.get("x", 0)) >= self.cross_buckets
 
@@ -342,26 +406,48 @@ class StragglerRule(NetworkDegradationRule):
         else:
             st.pop("layer", None)
             summary = f"node {node} of job {job_id} keeps pace again (score {score:.2f})"
-        return Finding(
-            rule="straggler",
-            key=(job_id, f"node:{node}"),
-            active=active,
-            ts=end,
-            category="data" if layer == "data" else "platform",
-            severity="warning",
+        return self._score_finding(
+            (job_id, f"node:{node}"),
+            st,
+            score,
+            end,
+            active,
+            layer,
+            summary,
             job_id=job_id,
             node=node,
-            since=st["since"],
             invariant=(
                 "every node's fastest rank scores >= "
                 f"{self.threshold} against the median rank on the job's other nodes"
             ),
+        )
+
+    def _score_finding(
+        self,
+        key: tuple[str, ...],
+        st: dict[str, Any],
+        score: float,
+        end: int,
+        active: bool,
+        layer: str,
+        summary: str,
+        **where: Any,
+    ) -> Finding:
+        """A rank's or a node's straggler finding: its score against the threshold, since when, with
+        the score's history; `where`: its identity (and a node's own invariant)."""
+        return STRAGGLER.finding(
+            key,
+            active,
+            end,
+            category="data" if layer == "data" else "platform",
+            since=st["since"],
             observed=score,
             expected=self.threshold,
             summary=summary,
             suspected_layer=layer,
             history_metric="straggler_score",
-            history=tuple((int(t), float(v)) for t, v in st.get("hist", [])),
+            history=_history(st.get("hist", [])),
+            **{"invariant": STRAGGLER.says(threshold=self.threshold), **where},
         )
 
     def _gpu_detail(self, job: dict[str, Any], rank: int, end: int) -> tuple[str, int]:
@@ -417,12 +503,13 @@ class StragglerRule(NetworkDegradationRule):
             layer = "data" if d_wait is not None and d_wait > 0 and row[4] is not None else "unknown"
         else:
             layer = "data" if (d_wait or 0.0) > d_compute else "gpu"
-        if st.get("path") == "cross-rank" and peers.get("pre_sync") is not None:
-            # Slow against its peers from the start: whichever of its data wait and its forward
-            # pass is further above theirs.
+        signal = st.get("xsig") if st.get("path") == "cross-rank" else None
+        if signal is not None:
+            # Slow against its peers from the start: on its GPU's busy time, its GPU; on its timed
+            # work, whichever of its data wait and its forward + optimizer is further above theirs.
             extra_wait = float(row[4] or 0.0) - float(peers["wait"] or 0.0)
-            extra = float(_pre_sync(row) or 0.0) - float(peers["pre_sync"])
-            layer = "data" if extra_wait > extra - extra_wait else "gpu"
+            extra = float(signal[1]) - float(signal[2])
+            layer = "gpu" if signal[0] == "gpu" or extra_wait <= extra - extra_wait else "data"
         st["layer"] = layer
         what = "data loading" if layer == "data" else "its GPU" if layer == "gpu" else "an unknown layer"
         summary = f"rank {rank} of job {job_id} is a straggler (score {score:.2f}): suspect {what}"
@@ -431,7 +518,7 @@ class StragglerRule(NetworkDegradationRule):
                 f"; compute {row[3]:.3f} s, data wait {row[4]:.3f} s per step"
                 f" (its peers: {peers['compute'] or 0.0:.3f} s, {peers['wait'] or 0.0:.3f} s)"
             )
-        if by_pre_sync:
+        if by_pre_sync and signal is None and peers.get("pre_sync") is not None:
             summary += (
                 f"; data wait + forward {_pre_sync(row) or 0.0:.3f} s vs {peers['pre_sync']:.3f} s on its peers,"
                 " who wait for it inside backward (the all-reduce overlaps it, as in DDP)"
@@ -447,6 +534,11 @@ class StragglerRule(NetworkDegradationRule):
             "cross-rank": "; decided by the cross-rank path (slow against its peers since "
             f"{self.cross_buckets} buckets, by {self.cross_excess + 1:.2f}x or more)",
         }[path]
+        if signal is not None:
+            what = {"work": "data wait + forward + optimizer", "gpu": "GPU busy (SM active) time"}[signal[0]]
+            summary += f": {what} {signal[1]:.3f} s per step vs {signal[2]:.3f} s on its peers"
+            if signal[0] == "work":
+                summary += ", who wait for it inside backward (the all-reduce overlaps it, as in DDP)"
         if layer == "gpu":
             detail, _ = self._gpu_detail(job, rank, end)
             if detail:
@@ -461,29 +553,19 @@ class StragglerRule(NetworkDegradationRule):
         summary = (
             st["summary"] if active else f"rank {rank} of job {job_id} keeps pace again (score {score:.2f})"
         )
-        return Finding(
-            rule="straggler",
-            key=(job_id, str(rank)),
-            active=active,
-            ts=end,
-            category="data" if layer == "data" else "platform",
-            severity="warning",
+        return self._score_finding(
+            (job_id, str(rank)),
+            st,
+            score,
+            end,
+            active,
+            layer,
+            summary,
             job_id=job_id,
             node=b.node if b else None,
             rank=rank,
             gpu_uuid=b.gpu_uuid if b else None,
             gpu_index=b.gpu_index if b else None,
-            since=st["since"],
-            invariant=(
-                "every rank's straggler score (job median busy time / rank busy time; data wait + forward when"
-                f" the all-reduce overlaps backward) stays >= {self.threshold}"
-            ),
-            observed=score,
-            expected=self.threshold,
-            summary=summary,
-            suspected_layer=layer,
-            history_metric="straggler_score",
-            history=tuple((int(t), float(s)) for t, s in st.get("hist", [])),
         )
 
     def _end_run(self, job_id: str, job: dict[str, Any], end: int) -> list[Finding]:

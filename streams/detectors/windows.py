@@ -31,10 +31,10 @@ DEFAULTS: dict[str, Any] = {
     "cusum_sigma_slack": 2.0,  # k is at least this many robust sigmas of the learned scores...
     "cusum_sigma_threshold": 8.0,  # ...and h at least this many (noisy ranks need more evidence)
     "waited_for_share": 0.5,  # peers must wait for a slow rank: its comm_s below theirs by this share of its extra busy time
-    "cross_rank_excess": 0.15,  # DDP: a rank whose work before the first wait is >= 1.15x its peers' median...
-    "cross_rank_z": 5.0,  # ...and this many robust sigmas of the peers' spread above it...
-    "cross_rank_buckets": 6,  # ...in this many buckets (30 s), while its peers wait for it: straggler (cross-rank path)
-    "cross_rank_min_ranks": 8,  # ranks a bucket needs for the peers' spread to mean something
+    "cross_rank_excess": 0.15,  # DDP: a rank whose unoverlapped work or GPU-busy time is >= 1.15x the others' median...
+    "cross_rank_z": 5.0,  # ...and this many robust sigmas of the ranks' spread above it...
+    "cross_rank_buckets": 6,  # ...in this many buckets (30 s): straggler (cross-rank path; 2 ranks at least)
+    "cross_rank_min_ranks": 8,  # ranks from which that spread is estimated (fewer: the excess alone)
     "imbalance_metrics": ["gpu_util_pct", "power_w", "mem_used_frac"],  # compared across the job's GPUs
     "imbalance_z": 4.0,  # robust z-score beyond which a GPU is out of line
     "imbalance_min_rel": 0.15,  # ...and at least this relative distance from the peers' median
@@ -239,7 +239,9 @@ class ImbalanceWindows(JobAndHostDetector):
     def _fresh_job_fields(self) -> dict[str, Any]:
         """A job's per-bucket state, empty."""
         return {
-            "bucket": {},  # str(bucket start) -> [[rank, node, busy, compute, wait, comm, bucket ms, steps]]
+            # str(bucket start) -> [[rank, node, busy, compute, wait, comm, bucket ms, steps, forward,
+            # backward, optimizer, GPU busy]] (medians per step; older snapshots' rows stop earlier)
+            "bucket": {},
             "decided": None,  # start of the newest bucket decided
             "run": "",  # run id the sequential states belong to (a new run starts them afresh)
             "seq": {},  # str(rank) -> sequential test state (see _judge)
@@ -283,6 +285,8 @@ class ImbalanceWindows(JobAndHostDetector):
                         int(r["steps"]),
                         stat_median([r.get("forward_s")]),
                         stat_median([r.get("backward_s")]),
+                        stat_median([r.get("optimizer_s")]),
+                        _gpu_busy(r),
                     ]
                 )
             job["steps"].append(
@@ -412,6 +416,47 @@ def _pre_sync(row: list[Any]) -> float | None:
     return float(value) + float(row[4] or 0.0)
 
 
+def _gpu_busy(r: dict[str, Any]) -> float | None:
+    """A rank's GPU-busy seconds per step over a bucket: its GPM SM activity times its median step
+    time (None without GPM samples or steps). NVML's utilisation counts a spinning NCCL kernel as
+    busy; SM activity does not, so a rank its peers wait for is the busiest."""
+    active, step_time = stat_median([r.get("sm_active_pct")]), stat_median([r.get("step_time_s")])
+    if active is None or step_time is None or step_time <= 0:
+        return None
+    return float(active) / 100.0 * float(step_time)
+
+
+def _unoverlapped(row: list[Any]) -> float | None:
+    """A bucket row's work no peer's wait hides under DDP: data wait + forward + optimizer (the
+    optimizer runs after the all-reduce; rows without it count data wait + forward)."""
+    early = _pre_sync(row)
+    if early is None:
+        return None
+    optimizer = row[10] if len(row) > 10 else None
+    return early + float(optimizer or 0.0)
+
+
+def _row_gpu_busy(row: list[Any]) -> float | None:
+    """A bucket row's GPU-busy seconds per step (None in rows without it)."""
+    value = row[11] if len(row) > 11 else None
+    return None if value is None else float(value)
+
+
+def _out_of_line(
+    values: list[float], own: float, spread: float | None, excess: float, z: float
+) -> float | None:
+    """The median of a rank's peers (`values`, sorted, the rank's own included) when `own` is out of
+    line with them: >= (1 + `excess`) x that median and, where the peers' robust `spread` is known,
+    >= `z` spreads above it; else None. The reference leaves the rank out: in a job of 2-7 ranks a
+    slow rank would pull the median half way to itself."""
+    ref = _median_without(values, [own])
+    if not ref or own < ref * (1.0 + excess):
+        return None
+    if spread is not None and own - ref < z * spread:
+        return None
+    return ref
+
+
 def _after_pre_sync(row: list[Any]) -> float | None:
     """A bucket row's median backward plus communication: where a rank waits for a slow peer."""
     backward = row[9] if len(row) > 9 else None
@@ -476,6 +521,25 @@ def _median_without(values: list[float], removed: list[float]) -> float | None:
     if n % 2:
         return kth(n // 2)
     return (kth(n // 2 - 1) + kth(n // 2)) / 2.0
+
+
+def _history(points: Sequence[Sequence[Any]]) -> tuple[tuple[int, float], ...]:
+    """A finding's metric history from the [time, value] points a rule keeps in its state."""
+    return tuple((int(t), float(v)) for t, v in points)
+
+
+def _named_outlier(values: dict[str, float], factor: float, minimum: float) -> str | None:
+    """The node whose value stands out: the highest, at least `minimum` and `factor` times the
+    median of the others (taken as 1 at least: counters of a healthy fabric sit at zero)."""
+    if not values:
+        return None
+    worst = max(sorted(values), key=lambda n: values[n])
+    others = [v for n, v in values.items() if n != worst]
+    ref = median(others) if others else 0.0
+    assert ref is not None
+    if values[worst] >= minimum and values[worst] >= factor * max(ref, 1.0):
+        return worst
+    return None
 
 
 def _or_all(values: Any) -> int:

@@ -22,7 +22,6 @@ import copy
 import heapq
 import itertools
 import logging
-import math
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -39,6 +38,7 @@ from streams.detectors.clock import ClockDetector, source_of
 from streams.detectors.validate import clean
 from streams.errors import StreamsError
 from streams.overrides import build_detector, detector_class
+from streams.stages.instant import INSTANT_RULES, Lookahead, early_key, may_page
 from streams.stages.order import JOB_LEVEL, tiebreak, to_job_stage
 from streams.stages.summary import RankSummarizer
 
@@ -64,15 +64,6 @@ SNAPSHOT_VERSION = 3
 _READABLE = frozenset({2, SNAPSHOT_VERSION})
 _DERIVED = ("RankWindowStats", "JobWindowStats")
 
-# Rules one record of one rank or one GPU decides alone, needing no peers (issue 37.4): the rank
-# stage pages them as the record is read (`StageEngine.instant`), not once event-time alignment
-# releases it; the ordered pass still decides every alert, and its copy of a paged one is not sent.
-INSTANT_RULES = frozenset(
-    {"xid_error", "ecc_uncorrectable", "nonfinite_loss", "nonfinite_grad", "rank_failed"}
-)
-# How many GPUs' uncorrectable-error counters the instant path remembers (a forged flood of GPU
-# names clears it: at worst a few more looks ahead).
-_MAX_COUNTERS = 100_000
 
 # Offline, this many records in a row ahead of every accepted time (nothing believable between
 # them, all within the skew of each other) confirm a jump even from one source: the stream moved.
@@ -185,7 +176,9 @@ class StageEngine:
         )
         self._early: dict[tuple[Any, ...], list[Any]] = {}  # key -> [event time, the record sent]
         self._early_fps: dict[str, int] = {}
-        self._counters: dict[tuple[Any, Any], tuple[Any, Any]] = {}  # GPU -> ECC counters last read
+        self._lookahead = Lookahead()  # which instant alerts a record may raise
+        # Jobs that failed within `config.late_cause_grace_ms` -> when: their causes may still page.
+        self._failed_at: dict[str, int] = {}
 
     # -- the per-event path ------------------------------------------------------------
     def process(
@@ -277,6 +270,8 @@ class StageEngine:
             self._handle(findings, out)
         if event.type == "JobStateChanged" and event.record["state"] in self.config.job_end_states:
             self._end_job(event.record["job_id"], ts, out)
+            if event.record["state"] == "failed" and self.config.late_cause_grace_ms > 0:
+                self._failed_at[event.record["job_id"]] = ts
             for det in self._learners:
                 out += [Event("BaselineRun", r) for r in det.drain_learned()]
         self._move_watermark(self.max_ts - self._lateness_ms, out)
@@ -297,7 +292,7 @@ class StageEngine:
         and labels route the page); a backlog read ahead of its turn waits for it. Offline nothing
         reads ahead: the same alerts, only later.
         """
-        likely = self._likely(event) if self.may_page(event) else ()
+        likely = self._lookahead.likely(event) if self.may_page(event) else ()
         if not likely or all(
             self._early_fps.get(fp) is not None or self.tracker.is_firing(fp) for fp in likely
         ):
@@ -343,56 +338,14 @@ class StageEngine:
             self._early_fps[record["fingerprint"]] = ts
             for team, receiver in self.router.route_all(record):
                 routed = {**record, "team": team, "receiver": receiver}
-                self._early[_early_key(routed)] = [ts, routed]
+                self._early[early_key(routed)] = [ts, routed]
                 out.append(Event("Alert", routed))
         self.stats["instant_paged"] = self.stats.get("instant_paged", 0) + len(out)
         return out
 
     def may_page(self, event: Event) -> bool:
-        """Whether a record may raise an instant rule's alert (rank stage; a look at a few fields):
-        an XID or uncorrectable-error counters, a leader rank's non-finite loss or gradient norm, a
-        rank fault. Most records are none of these."""
-        if not self._instant:
-            return False
-        kind, r = event.type, event.record
-        if kind == "StepCompleted":
-            return r.get("rank") == LEADER_RANK and (_bad(r.get("loss")) or _bad(r.get("grad_norm")))
-        if kind == "GpuSample":
-            return (
-                r.get("xid") is not None
-                or bool(r.get("ecc_uncorrected"))
-                or bool(r.get("remapped_rows_uncorrectable"))
-            )
-        return kind == "RankFault"
-
-    def _likely(self, event: Event) -> tuple[str, ...]:
-        """The fingerprints of the instant alerts a record that `may_page` may raise."""
-        kind, r = event.type, event.record
-        if kind == "RankFault":
-            return (f"rank_failed/{r.get('job_id')}/{r.get('rank')}",)
-        if kind == "StepCompleted":
-            if r.get("rank") != LEADER_RANK:
-                return ()
-            job = r.get("job_id")
-            return tuple(
-                f"nonfinite_{what}/{job}"
-                for what, name in (("loss", "loss"), ("grad", "grad_norm"))
-                if _bad(r.get(name))
-            )
-        if kind != "GpuSample":
-            return ()
-        gpu = f"{r.get('node')}/{r.get('gpu_uuid')}"
-        out: tuple[str, ...] = (f"xid_error/{gpu}",) if r.get("xid") is not None else ()
-        counters = (r.get("ecc_uncorrected"), r.get("remapped_rows_uncorrectable"))
-        if any(counters):
-            # Only an increase is news: look ahead when the counters changed since the last read.
-            key = (r.get("node"), r.get("gpu_uuid"))
-            if self._counters.get(key) != counters:
-                if len(self._counters) >= _MAX_COUNTERS:
-                    self._counters.clear()
-                self._counters[key] = counters
-                out += (f"ecc_uncorrectable/{gpu}",)
-        return out
+        """Whether a record may raise an instant rule's alert (rank stage; `instant.may_page`)."""
+        return bool(self._instant) and may_page(event)
 
     def _over(self, finding: Finding) -> bool:
         """Whether a finding is about a job that has ended (nothing left to alert on)."""
@@ -589,6 +542,8 @@ class StageEngine:
             findings.extend(det.advance(wm))
         self._handle(findings, out)
         self._emit_alerts(self.tracker.advance(wm, self.topology), out)
+        if self._failed_at:
+            self._close_late_causes(wm, out)
         if self.summarizer is not None:
             for summary in self.summarizer.advance(wm):
                 self._queue(summary)
@@ -605,8 +560,9 @@ class StageEngine:
                     continue
                 if finding.active and finding.job_id:
                     job = self.topology.jobs.get(finding.job_id)
-                    if job is not None and job.state in self.config.job_end_states:
-                        continue  # the job is over: nothing left to alert on
+                    ended = job is not None and job.state in self.config.job_end_states
+                    if ended and not self._late_cause(finding):
+                        continue  # the job is over: nothing left to alert on (but a late cause)
                 self._emit_alerts(self.tracker.observe(finding, self.topology), out)
             derived = self._drain_derived()
             if not derived:
@@ -630,6 +586,27 @@ class StageEngine:
             readers = self._readers[kind] = [d for d in self.detectors if d.reads is None or kind in d.reads]
         return readers
 
+    def _late_cause(self, finding: Finding) -> bool:
+        """A cause of a failure reported within the grace after its job's `failed` state (a killed
+        rank's fault often arrives after a peer's error ended the job): it still pages."""
+        failed = self._failed_at.get(finding.job_id or "")
+        return (
+            failed is not None
+            and finding.rule in self.config.late_cause_rules
+            and finding.ts <= failed + self.config.late_cause_grace_ms
+        )
+
+    def _close_late_causes(self, watermark: int, out: list[Event]) -> None:
+        """Past a failed job's grace nothing can clear its late causes: they resolve then, and the
+        state their detectors took up again goes (unless the job runs again)."""
+        grace = self.config.late_cause_grace_ms
+        for job_id, failed in list(self._failed_at.items()):
+            if watermark >= failed + grace:
+                del self._failed_at[job_id]
+                job = self.topology.jobs.get(job_id)
+                if job is not None and job.state == "failed":
+                    self._end_job(job_id, failed + grace, out)
+
     def _drain_derived(self) -> list[Event]:
         derived: list[Event] = []
         for drain in self._drainers:
@@ -651,7 +628,7 @@ class StageEngine:
                 self.stats["alerts_firing" if record["status"] == "firing" else "alerts_resolved"] += 1
             for team, receiver in self.router.route_all(record):
                 routed = {**record, "team": team, "receiver": receiver}
-                if self._early and self._early.pop(_early_key(routed), None) is not None:
+                if self._early and self._early.pop(early_key(routed), None) is not None:
                     self.stats["instant_confirmed"] = self.stats.get("instant_confirmed", 0) + 1
                     continue  # paged as its record was read (`instant`)
                 out.append(Event("Alert", routed))
@@ -798,6 +775,7 @@ class StageEngine:
                 [list(k), ts, r] for k, (ts, r) in sorted(self._early.items(), key=lambda kv: str(kv[0]))
             ],
             "early_fps": dict(sorted(self._early_fps.items())),
+            "failed_at": sorted(self._failed_at.items()),
         }
         return zlib.compress(dumps_state(state), 6)
 
@@ -859,23 +837,8 @@ class StageEngine:
         engine._nodes_heard = {str(n): int(t) for n, t in state.get("nodes_heard", [])}
         engine._early = {tuple(k): [int(ts), dict(r)] for k, ts, r in state.get("early", [])}
         engine._early_fps = {str(k): int(v) for k, v in state.get("early_fps", {}).items()}
+        engine._failed_at = {str(j): int(t) for j, t in state.get("failed_at", [])}
         return engine
-
-
-def _bad(value: Any) -> bool:
-    """A value present and NaN or infinite."""
-    return value is not None and not math.isfinite(value)
-
-
-def _early_key(routed: dict[str, Any]) -> tuple[Any, ...]:
-    """What makes a routed alert record the same page: its firing, state, mute and receiver."""
-    return (
-        routed["alert_id"],
-        routed["status"],
-        routed.get("inhibited_by"),
-        routed["team"],
-        routed["receiver"],
-    )
 
 
 def empty_stats() -> dict[str, Any]:

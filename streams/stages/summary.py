@@ -136,9 +136,11 @@ class RankSummarizer:
         _add(row, "step_time_s", step_time)
         if r.get("comm_s") is None:
             # Only a step that times no collective (DDP: the wait hides in backward) is judged on
-            # its forward and backward (the straggler rule's work-before-the-first-wait score).
+            # its forward, backward and optimizer (the straggler rule's work-before-the-first-wait
+            # score and its cross-rank path).
             _add(row, "forward_s", r.get("forward_s"))
             _add(row, "backward_s", r.get("backward_s"))
+            _add(row, "optimizer_s", r.get("optimizer_s"))
         loss = r.get("loss")
         if loss is not None and math.isfinite(loss):
             _add(row, "loss", loss)
@@ -257,7 +259,7 @@ class RankSummarizer:
             "tcp_retrans_segs_s",
         ):
             out[field] = stat_of(v.get(field, []))
-        for field in ("forward_s", "backward_s"):
+        for field in ("forward_s", "backward_s", "optimizer_s"):
             # Read as one bucket's median only: the values would add ~80 B to the summary.
             out[field] = stat_of(v.get(field, []), keep_values=False)
         return out

@@ -8,13 +8,10 @@ from streams.detectors import ALL_DETECTORS, rules_of
 from streams.detectors.catalogue import Rule, catalogue
 
 ROOT = Path(__file__).resolve().parents[3]
-# Rules whose modules are not converted yet (imbalance.py is being split; the progress, throughput,
-# missing-telemetry and dependency rules are converted with it). A converted one fails here until
+# Rules whose modules are not converted yet (the progress, throughput, missing-telemetry and
+# dependency rules). A converted one fails here until
 # it is struck from this list.
 NOT_CATALOGUED = {
-    "straggler",
-    "gpu_imbalance",
-    "network_degradation",
     "job_stall",
     "rank_hang",
     "zombie_job",
