@@ -40,6 +40,26 @@ GPU_WHERE = (
 )
 
 
+# A node's network throughput, Ethernet and InfiniBand, in and out, in Gbit/s (issue 38.3); unknown
+# when the agent measured none of them. The SQL and the recording fold say the same.
+_NET_FIELDS = ("net_rx_bytes_s", "net_tx_bytes_s", "ib_rx_bytes_s", "ib_tx_bytes_s")
+NET_GBPS = (
+    "if("
+    + " AND ".join(f"isNull({f})" for f in _NET_FIELDS)
+    + ", NULL, ("
+    + " + ".join(f"ifNull({f}, 0)" for f in _NET_FIELDS)
+    + ") * 8 / 1e9)"
+)
+
+
+def net_gbps(r: dict[str, Any]) -> float | None:
+    """A HostSample's network throughput in Gbit/s (None when it measured none)."""
+    values = [r.get(f) for f in _NET_FIELDS]
+    if all(v is None for v in values):
+        return None
+    return sum(float(v) for v in values if v is not None) * 8 / 1e9
+
+
 def _gpu_buckets(width: int) -> tuple[str, str]:
     """The source and the SQL of per (bucket `b`, node, GPU) activity, power, SM clock, memory used (GiB)."""
     if width >= MINUTE_MS:
@@ -290,16 +310,24 @@ def _hosts(
     all `nodes` per bucket, worked out by ClickHouse.
     """
     if not nodes:
-        return {"nodes": [], "cpu": {}, "mem_pct": {}, "retrans": {}, "ib_errors": {}}
+        return {"nodes": [], "cpu": {}, "mem_pct": {}, "retrans": {}, "ib_errors": {}, "net_gbps": {}}
     lines = sorted(nodes) if named is None else sorted(set(named) & set(nodes))
-    out: dict[str, Any] = {"nodes": lines, "cpu": {}, "mem_pct": {}, "retrans": {}, "ib_errors": {}}
+    out: dict[str, Any] = {
+        "nodes": lines,
+        "cpu": {},
+        "mem_pct": {},
+        "retrans": {},
+        "ib_errors": {},
+        "net_gbps": {},
+    }
     per_node = (
         f"SELECT node, {bucket_sql(ms_of('ts'))} AS b, avg(cpu_util_pct) AS cpu, "
         "avg(100 * mem_used_bytes / nullIf(mem_total_bytes, 0)) AS mem, avg(tcp_retrans_segs_s) AS retrans, "
-        "max(ib_errors) AS ib FROM host_samples WHERE cluster = {cluster:String} AND node IN {nodes:Array(String)} "
+        f"max(ib_errors) AS ib, avg({NET_GBPS}) AS gbps "
+        "FROM host_samples WHERE cluster = {cluster:String} AND node IN {nodes:Array(String)} "
         f"AND {between('ts')} GROUP BY node, b"
     )
-    for node, b, cpu, mem, retrans, ib in (
+    for node, b, cpu, mem, retrans, ib, gbps in (
         fetch_rows(
             client, f"{per_node} ORDER BY node, b", cluster=cluster, nodes=lines, t0=t0, t1=t1, width=width
         )
@@ -311,13 +339,19 @@ def _hosts(
         out["mem_pct"].setdefault(node, []).append([b, rounded(mem, 1)])
         out["retrans"].setdefault(node, []).append([b, rounded(retrans, 1)])
         out["ib_errors"].setdefault(node, []).append([b, None if ib is None else int(ib)])
+        out["net_gbps"].setdefault(node, []).append([b, rounded(gbps, 3)])
     if named is not None:
         # Over every sample of the nodes in the bucket (one level: a per-node mean first doubles the cost).
-        metrics = ("cpu", "mem_pct", "retrans")
+        metrics = ("cpu", "mem_pct", "retrans", "net_gbps")
         bands: dict[str, dict[str, list[list[Any]]]] = {
             k: {"min": [], "median": [], "max": []} for k in metrics
         }
-        values = ("cpu_util_pct", "100 * mem_used_bytes / nullIf(mem_total_bytes, 0)", "tcp_retrans_segs_s")
+        values = (
+            "cpu_util_pct",
+            "100 * mem_used_bytes / nullIf(mem_total_bytes, 0)",
+            "tcp_retrans_segs_s",
+            NET_GBPS,
+        )
         for row in fetch_rows(
             client,
             f"SELECT {bucket_sql(ms_of('ts'))} AS b, "
@@ -508,7 +542,7 @@ class DetailFold(PanelFold):
             return
         cell = self.hosts.get((r["node"], b))
         if cell is None:
-            cell = self.hosts[(r["node"], b)] = [Mean(), Mean(), Mean(), None]
+            cell = self.hosts[(r["node"], b)] = [Mean(), Mean(), Mean(), None, Mean()]
         cell[0].add(r.get("cpu_util_pct"))
         used, total = r.get("mem_used_bytes"), r.get("mem_total_bytes")
         cell[1].add(100 * used / total if used is not None and total else None)
@@ -516,6 +550,7 @@ class DetailFold(PanelFold):
         ib = r.get("ib_errors")
         if ib is not None and (cell[3] is None or ib > cell[3]):
             cell[3] = ib
+        cell[4].add(net_gbps(r))
 
     def _loader(self, r: dict[str, Any]) -> None:
         b = self._bucket(r["ts"])
@@ -656,19 +691,21 @@ class DetailFold(PanelFold):
 
     def _hosts(self) -> dict[str, Any]:
         if not self.f.nodes:
-            return {"nodes": [], "cpu": {}, "mem_pct": {}, "retrans": {}, "ib_errors": {}}
+            return {"nodes": [], "cpu": {}, "mem_pct": {}, "retrans": {}, "ib_errors": {}, "net_gbps": {}}
         out: dict[str, Any] = {
             "nodes": sorted(self.f.nodes),
             "cpu": {},
             "mem_pct": {},
             "retrans": {},
             "ib_errors": {},
+            "net_gbps": {},
         }
-        for (node, b), (cpu, mem, retrans, ib) in sorted(self.hosts.items()):
+        for (node, b), (cpu, mem, retrans, ib, gbps) in sorted(self.hosts.items()):
             out["cpu"].setdefault(node, []).append([b, rounded(cpu.value(), 1)])
             out["mem_pct"].setdefault(node, []).append([b, rounded(mem.value(), 1)])
             out["retrans"].setdefault(node, []).append([b, rounded(retrans.value(), 1)])
             out["ib_errors"].setdefault(node, []).append([b, None if ib is None else int(ib)])
+            out["net_gbps"].setdefault(node, []).append([b, rounded(gbps.value(), 3)])
         return out
 
     def _loader_panel(self) -> dict[str, Any]:

@@ -571,7 +571,8 @@
     };
   }
 
-  const HOST_PANELS = [['cpu', 'Host CPU % (job\'s nodes)', '%'], ['mem_pct', 'Host memory used %', '%'], ['retrans', 'TCP retransmits / s', '/s']];
+  const HOST_PANELS = [['cpu', 'Host CPU % (job\'s nodes)', '%'], ['mem_pct', 'Host memory used %', '%'], ['retrans', 'TCP retransmits / s', '/s'],
+    ['net_gbps', 'Network throughput per node (Ethernet + InfiniBand, in + out)', 'Gb/s']];
 
   const HEATMAP_METRICS = [
     { key: 'compute', index: 2, label: 'compute time (forward + backward + optimizer)' },
@@ -934,7 +935,7 @@
       }
     }
     if (f.node) {
-      for (const key of ['cpu', 'mem_pct', 'retrans']) {
+      for (const key of ['cpu', 'mem_pct', 'retrans', 'net_gbps']) {
         const chart = RS.charts[`host_${key}`];
         if (!chart) continue;
         chart.setOption({ series: chart.getOption().series.map((s) => ({ name: s.name, lineStyle: { width: s.name === f.node ? 3 : 1, opacity: s.name === f.node ? 1 : 0.35 } })) });
