@@ -58,6 +58,8 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding
+from streams.detectors.catalogue import Rule
+from streams.detectors.placement import rank_place
 from streams.detectors.stats import median, stat_mean
 
 __all__ = ["DEFAULTS", "ProgressDetector"]
@@ -96,6 +98,43 @@ _GPU_HISTORY = 8  # recent GPU samples kept per rank
 # step's start (an agent samples a node's GPUs, and ranks leave a collective, within a few ms).
 _SKEW_MS = 250
 _POWER_HISTORY = 64  # GPU power readings while training kept per job (its reference level)
+
+# The rules' layers are the evidence's (what the ranks do since the stall began); the declared one
+# is the usual cause. An evaluation that never ends names no layer.
+JOB_STALL = Rule(
+    "job_stall",
+    category="platform",
+    severity="critical",
+    invariant="every running job completes a step within its normal interval unless a checkpoint or evaluation is open",
+    suspected_layer="platform",
+)
+RANK_HANG = Rule(
+    "rank_hang",
+    category="platform",
+    severity="critical",
+    invariant="every rank keeps stepping with its peers",
+    suspected_layer="platform",
+)
+ZOMBIE_JOB = Rule(
+    "zombie_job",
+    category="platform",
+    severity="warning",
+    invariant="a job holding GPUs makes progress",
+    suspected_layer="platform",
+)
+EVALUATION_STUCK = Rule(
+    "evaluation_stuck",
+    category="platform",
+    severity="critical",
+    invariant="an evaluation finishes within its expected (or learned) duration",
+)
+STARTUP_HANG = Rule(
+    "startup_hang",
+    category="platform",
+    severity="critical",
+    invariant="a run completes its first step within its start-up allowance (learned per workload family)",
+    suspected_layer="platform",
+)
 
 
 def _blank_job() -> dict[str, Any]:
@@ -136,12 +175,8 @@ class ProgressDetector(Detector):
 
     stage: ClassVar[str] = "job"  # reads the rank stage's summaries of the job's ranks
 
-    rules: ClassVar[tuple[str, ...]] = (
-        "job_stall",
-        "rank_hang",
-        "zombie_job",
-        "evaluation_stuck",
-        "startup_hang",
+    rules: ClassVar[tuple[str, ...]] = tuple(
+        r.name for r in (JOB_STALL, RANK_HANG, ZOMBIE_JOB, EVALUATION_STUCK, STARTUP_HANG)
     )
 
     def __init__(self, topology: Any, params: dict[str, Any] | None = None) -> None:
@@ -467,25 +502,51 @@ class ProgressDetector(Detector):
         took_s = (ts - since) / 1000.0
         phase, layer = self._startup_phase(job_id, job) if active else ("", "unknown")
         learned = "learned from its family's start-ups" if self.families.get(job["family"]) else "default"
-        return Finding(
-            rule="startup_hang",
+        return self._job_finding(
+            STARTUP_HANG,
+            job_id,
+            job,
+            ts,
+            active,
+            since,
+            took_s,
+            allowed,
+            f"job {job_id} has completed no step {took_s:.0f} s after it started (allowed {allowed / 1000:.0f} s, "
+            f"{learned}); stuck in {phase}"
+            if active
+            else f"job {job_id} completed its first step",
+            layer,
+            step_history=False,
+        )
+
+    def _job_finding(
+        self,
+        rule: Rule,
+        job_id: str,
+        job: dict[str, Any],
+        ts: int,
+        active: bool,
+        since: int | None,
+        observed: float,
+        allowed: int,
+        summary: str,
+        layer: str,
+        *,
+        step_history: bool = True,
+    ) -> Finding:
+        """A job-level finding of the progress rules: since when, how long (`observed` s) against
+        the allowance (ms, while it holds), and the step the job stands at as its history."""
+        return rule.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="platform",
-            severity="critical",
             job_id=job_id,
             since=since,
-            invariant="a run completes its first step within its start-up allowance (learned per workload family)",
-            observed=took_s,
+            observed=observed,
             expected=allowed / 1000.0 if active else None,
-            summary=(
-                f"job {job_id} has completed no step {took_s:.0f} s after it started (allowed {allowed / 1000:.0f} s, "
-                f"{learned}); stuck in {phase}"
-                if active
-                else f"job {job_id} completed its first step"
-            ),
+            summary=summary,
             suspected_layer=layer,
+            **({"history_metric": "step", "history": _step_now(job, ts)} if step_history else {}),
         )
 
     # -- time --------------------------------------------------------------------------
@@ -749,27 +810,20 @@ class ProgressDetector(Detector):
     ) -> Finding:
         since = job["stall"] if job["stall"] is not None else job["last_activity"]
         silent_s = (ts - (job["last_activity"] or ts)) / 1000.0
-        return Finding(
-            rule="job_stall",
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            category="platform",
-            severity="critical",
-            job_id=job_id,
-            since=since,
-            invariant="every running job completes a step within its normal interval unless a checkpoint or evaluation is open",
-            observed=silent_s,
-            expected=allowed / 1000.0 if active else None,
-            summary=(
-                f"job {job_id} made no progress for {silent_s:.0f} s (allowed {allowed / 1000:.0f} s) "
-                f"since step {job['max_step']}"
-                if active
-                else f"job {job_id} progresses again"
-            ),
-            suspected_layer=self._stall_layer(job) if active else "unknown",
-            history_metric="step",
-            history=((job["last_step_ts"] or ts, float(job["max_step"] or 0)),),
+        return self._job_finding(
+            JOB_STALL,
+            job_id,
+            job,
+            ts,
+            active,
+            since,
+            silent_s,
+            allowed,
+            f"job {job_id} made no progress for {silent_s:.0f} s (allowed {allowed / 1000:.0f} s) "
+            f"since step {job['max_step']}"
+            if active
+            else f"job {job_id} progresses again",
+            self._stall_layer(job) if active else "unknown",
         )
 
     def _stall_layer(self, job: dict[str, Any]) -> str:
@@ -819,22 +873,18 @@ class ProgressDetector(Detector):
         return "gpu"
 
     def _hang_finding(self, job_id: str, job: dict[str, Any], rank: int, ts: int, active: bool) -> Finding:
-        binding = self.topology.bindings.get((job_id, rank))
+        place = rank_place(self.topology, job_id, rank)
         last = job["ranks"].get(str(rank), [None, None])
-        return Finding(
-            rule="rank_hang",
+        return RANK_HANG.finding(
             key=(job_id, str(rank)),
             active=active,
             ts=ts,
-            category="platform",
-            severity="critical",
             job_id=job_id,
-            node=binding.node if binding else None,
+            node=place.node,
             rank=rank,
-            gpu_uuid=binding.gpu_uuid if binding else None,
-            gpu_index=binding.gpu_index if binding else None,
+            gpu_uuid=place.gpu_uuid,
+            gpu_index=place.gpu_index,
             since=last[1],
-            invariant="every rank keeps stepping with its peers",
             observed=float(last[0]) if last[0] is not None else None,
             expected=float(job["max_step"]) if job["max_step"] is not None else None,
             summary=(
@@ -864,41 +914,30 @@ class ProgressDetector(Detector):
     ) -> Finding:
         eid, since = job["eval_stuck"]
         open_s = (ts - since) / 1000.0
-        return Finding(
-            rule="evaluation_stuck",
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            category="platform",
-            severity="critical",
-            job_id=job_id,
-            since=since,
-            invariant="an evaluation finishes within its expected (or learned) duration",
-            observed=open_s,
-            expected=limit / 1000.0 if active else None,
-            summary=(
-                f"evaluation {eid} of job {job_id} has been open for {open_s:.0f} s (allowed {limit / 1000:.0f} s) "
-                f"{_at_step(job['max_step'])}: the job is stalled in its evaluation"
-                if active
-                else f"evaluation {eid} of job {job_id} is over"
-            ),
-            suspected_layer="unknown",
-            history_metric="step",
-            history=((job["last_step_ts"] or ts, float(job["max_step"] or 0)),),
+        return self._job_finding(
+            EVALUATION_STUCK,
+            job_id,
+            job,
+            ts,
+            active,
+            since,
+            open_s,
+            limit,
+            f"evaluation {eid} of job {job_id} has been open for {open_s:.0f} s (allowed {limit / 1000:.0f} s) "
+            f"{_at_step(job['max_step'])}: the job is stalled in its evaluation"
+            if active
+            else f"evaluation {eid} of job {job_id} is over",
+            "unknown",
         )
 
     def _zombie_finding(self, job_id: str, job: dict[str, Any], ts: int, active: bool) -> Finding:
         silent_s = (ts - (job["last_activity"] or ts)) / 1000.0
-        return Finding(
-            rule="zombie_job",
+        return ZOMBIE_JOB.finding(
             key=(job_id,),
             active=active,
             ts=ts,
-            category="platform",
-            severity="warning",
             job_id=job_id,
             since=job["zombie"],
-            invariant="a job holding GPUs makes progress",
             observed=silent_s,
             expected=self.zombie_grace_ms / 1000.0,
             summary=(
@@ -906,7 +945,6 @@ class ProgressDetector(Detector):
                 if active
                 else f"job {job_id} progresses again"
             ),
-            suspected_layer="platform",
             # The job's recent step advances, then the step it still stands at: a flat tail.
             history_metric="step",
             history=(
@@ -955,6 +993,11 @@ def _gpu_row(r: dict[str, Any], ts: int, power: float | None) -> list[Any]:
         stat_mean([r.get("sm_active_pct")]),
         stat_mean([r.get("tensor_active_pct")]),
     ]
+
+
+def _step_now(job: dict[str, Any], ts: int) -> tuple[tuple[int, float], ...]:
+    """The step a job stands at, as a one-point history: when it was reached, or `ts`."""
+    return ((job["last_step_ts"] or ts, float(job["max_step"] or 0)),)
 
 
 def _at_step(step: int | None) -> str:

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.history import add_point, points_of
 from streams.detectors.infra_signal import CHECK_DEFAULTS, NodeJobs, PeriodicCheck
 from streams.detectors.stats import median
@@ -63,12 +64,21 @@ def _heard(n: dict[str, Any]) -> int:
     return max(int(n["last"]), int(n.get("heard") or 0))
 
 
+TELEMETRY_MISSING = Rule(
+    "telemetry_missing",
+    category="infra",
+    severity="warning",
+    invariant="every node of a running job sends telemetry",
+    suspected_layer="telemetry",
+)
+
+
 class TelemetryMissingDetector(Detector):
     """Nodes of running jobs whose telemetry stopped, reported to each job on them."""
 
     section: ClassVar[str] = "infrastructure"
     stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("telemetry_missing",)
+    rules: ClassVar[tuple[str, ...]] = (TELEMETRY_MISSING.name,)
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
@@ -195,21 +205,16 @@ class TelemetryMissingDetector(Detector):
             if active
             else f"node {node} sends telemetry again"
         )
-        return Finding(
-            rule="telemetry_missing",
+        return TELEMETRY_MISSING.finding(
             key=(node, job_id) if job_id else (node,),
             active=active,
             ts=ts,
-            category="infra",
-            severity="warning",
             job_id=job_id,
             node=node,
             since=int(missing["since"]),
-            invariant="every node of a running job sends telemetry",
             observed=silent_s if active else 0.0,
             expected=missing["limit"] / 1000,
             summary=summary,
-            suspected_layer="telemetry",
             history_metric="seconds_since_sample",
             history=history,
             sustain_ms=0,

@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobAndHostDetector, Topology
+from streams.detectors.catalogue import Rule
 from streams.detectors.stats import finite, mean, median, stat_mean
 
 __all__ = ["DEFAULTS", "ThroughputDetector"]
@@ -104,12 +105,22 @@ def _by_node(ranks: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return out
 
 
+# The layer is the evidence's (the segment that grew, the node's signals); GPU is the usual one.
+THROUGHPUT_DROP = Rule(
+    "throughput_drop",
+    category="platform",
+    severity="warning",
+    invariant="a run's step time stays within {ratio:.2f}x of its own recent windows",
+    suspected_layer="gpu",
+)
+
+
 class ThroughputDetector(JobAndHostDetector):
     """A run against its own recent history: one `throughput_drop` per slowdown, with its cause."""
 
     stage: ClassVar[str] = "job"  # reads the rank stage's summaries of the job's ranks
 
-    rules: ClassVar[tuple[str, ...]] = ("throughput_drop",)
+    rules: ClassVar[tuple[str, ...]] = (THROUGHPUT_DROP.name,)
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
@@ -435,17 +446,14 @@ class ThroughputDetector(JobAndHostDetector):
             for x in job["ref"][-5:]
             if (x[1] if use_step else x[2]) is not None
         )
-        return Finding(
-            rule="throughput_drop",
+        return THROUGHPUT_DROP.finding(
             key=(job_id,),
             active=active,
             ts=end,
-            category="platform",
-            severity="warning",
             job_id=job_id,
             node=node,
             since=since,
-            invariant=f"a run's step time stays within {self.ratio:.2f}x of its own recent windows",
+            invariant=THROUGHPUT_DROP.says(ratio=self.ratio),
             observed=observed,
             expected=expected,
             summary=summary,
