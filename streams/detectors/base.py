@@ -456,6 +456,22 @@ class PerJobDetector(Detector):
             job = self._jobs[job_id] = self.new_job_state()
         return job
 
+    def _job_of_run(self, r: dict[str, Any]) -> dict[str, Any]:
+        """The state of a record's job, which remembers the run it first heard of (state `run`)."""
+        job = self._job(r["job_id"])
+        if job["run"] is None:
+            job["run"] = r.get("run_id", "")
+        return job
+
+    def _another_run(self, r: dict[str, Any]) -> dict[str, Any] | None:
+        """The state of a JobStarted's job when it starts another run than the one held (None: the
+        same run, or a job not held): its open conditions are over."""
+        job = self._jobs.get(r["job_id"])
+        if job is None or job["run"] == r.get("run_id", ""):
+            return None
+        job["run"] = r.get("run_id", "")
+        return job
+
     def state(self) -> dict[str, Any]:
         """JSON-able state: the per-job dicts, by job id."""
         return {"jobs": {k: self._jobs[k] for k in sorted(self._jobs)}}

@@ -249,11 +249,10 @@ class BaselineDetector(Detector):
             metric, x, center = "", None, None
             summary = f"job {job_id} is back in line with its baseline {key}"
             layer = "unknown"
-        return BASELINE_DEVIATION.finding(
-            key=(job_id,),
-            active=active,
-            ts=r["window_end"],
-            job_id=job_id,
+        return BASELINE_DEVIATION.for_job(
+            job_id,
+            active,
+            r["window_end"],
             since=since,
             invariant=BASELINE_DEVIATION.says(metric=metric or "performance", key=key),
             observed=x,

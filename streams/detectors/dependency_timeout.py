@@ -62,10 +62,9 @@ class DependencyTimeoutDetector(PerJobDetector):
                     out.append(self._finding(r["job_id"], kind, cond, r["ts"], active=False))
             return out
         if event.type == "JobStarted":
-            job = self._jobs.get(r["job_id"])
-            if job is None or job["run"] == r.get("run_id", ""):
+            job = self._another_run(r)
+            if job is None:
                 return []
-            job["run"] = r.get("run_id", "")
             out = [
                 self._finding(r["job_id"], kind, cond, r["ts"], active=False)
                 for kind, cond in sorted(job["open"].items())
@@ -75,9 +74,7 @@ class DependencyTimeoutDetector(PerJobDetector):
         return []
 
     def _timeout(self, r: dict[str, Any]) -> list[Finding]:
-        job = self._job(r["job_id"])
-        if job["run"] is None:
-            job["run"] = r.get("run_id", "")
+        job = self._job_of_run(r)
         kind = r["kind"]
         cond = job["open"].get(kind)
         if cond is None:

@@ -128,15 +128,12 @@ class GradSpikeDetector(PerJobDetector):
             if active
             else f"gradient norm of job {job_id} is back to normal ({grad:.4g})"
         )
-        return GRAD_SPIKE.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
-            node=place.node,
+        return GRAD_SPIKE.for_job(
+            job_id,
+            active,
+            ts,
             rank=spike["rank"],
-            gpu_uuid=place.gpu_uuid,
-            gpu_index=place.gpu_index,
+            place=place,
             since=spike["since"],
             invariant=GRAD_SPIKE.says(spike_factor=self._spike_factor, grad_k=self._grad_k),
             observed=grad,

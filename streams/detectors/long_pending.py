@@ -95,11 +95,10 @@ class LongPendingDetector(PerJobDetector):
             if active
             else f"job {job_id} left pending after {waited / 60:.0f} min"
         )
-        return LONG_PENDING.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return LONG_PENDING.for_job(
+            job_id,
+            active,
+            ts,
             since=int(cond["since"]) + self._pending_max,
             invariant=LONG_PENDING.says(pending_min=self._pending_max // 60000),
             observed=waited,

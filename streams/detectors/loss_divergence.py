@@ -137,11 +137,10 @@ class LossDivergenceDetector(PerJobDetector):
             if active
             else f"loss of job {job_id} is back near its running minimum ({med:.4g} vs {run_min:.4g})"
         )
-        return LOSS_DIVERGENCE.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return LOSS_DIVERGENCE.for_job(
+            job_id,
+            active,
+            ts,
             since=int(div["since"]),
             invariant=LOSS_DIVERGENCE.says(window_s=self._window_ms // 1000, tol_pct=100 * self._tol),
             observed=med,

@@ -536,11 +536,10 @@ class ProgressDetector(Detector):
     ) -> Finding:
         """A job-level finding of the progress rules: since when, how long (`observed` s) against
         the allowance (ms, while it holds), and the step the job stands at as its history."""
-        return rule.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return rule.for_job(
+            job_id,
+            active,
+            ts,
             since=since,
             observed=observed,
             expected=allowed / 1000.0 if active else None,
@@ -880,10 +879,8 @@ class ProgressDetector(Detector):
             active=active,
             ts=ts,
             job_id=job_id,
-            node=place.node,
             rank=rank,
-            gpu_uuid=place.gpu_uuid,
-            gpu_index=place.gpu_index,
+            place=place,
             since=last[1],
             observed=float(last[0]) if last[0] is not None else None,
             expected=float(job["max_step"]) if job["max_step"] is not None else None,
@@ -932,11 +929,10 @@ class ProgressDetector(Detector):
 
     def _zombie_finding(self, job_id: str, job: dict[str, Any], ts: int, active: bool) -> Finding:
         silent_s = (ts - (job["last_activity"] or ts)) / 1000.0
-        return ZOMBIE_JOB.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return ZOMBIE_JOB.for_job(
+            job_id,
+            active,
+            ts,
             since=job["zombie"],
             observed=silent_s,
             expected=self.zombie_grace_ms / 1000.0,

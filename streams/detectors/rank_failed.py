@@ -75,10 +75,9 @@ class RankFailedDetector(PerJobDetector):
                 return [self._finding(r["job_id"], job, int(r["rank"]), cond, r["ts"], active=False)]
             return []
         if event.type == "JobStarted":
-            job = self._jobs.get(r["job_id"])
-            if job is None or job["run"] == r.get("run_id", ""):
+            job = self._another_run(r)
+            if job is None:
                 return []
-            job["run"] = r.get("run_id", "")
             out = [
                 self._finding(r["job_id"], job, int(rank), cond, r["ts"], active=False)
                 for rank, cond in sorted(job["failed"].items(), key=lambda kv: int(kv[0]))
@@ -88,9 +87,7 @@ class RankFailedDetector(PerJobDetector):
         return []
 
     def _fault(self, r: dict[str, Any]) -> list[Finding]:
-        job = self._job(r["job_id"])
-        if job["run"] is None:
-            job["run"] = r.get("run_id", "")
+        job = self._job_of_run(r)
         rank = int(r["rank"])
         faults: list[list[Any]] = job["faults"]
         faults.append([r["ts"], float(len(faults) + 1)])
@@ -130,10 +127,8 @@ class RankFailedDetector(PerJobDetector):
             ts=ts,
             category="model" if kind in ("exception", "cuda_oom") else "platform",
             job_id=job_id,
-            node=place.node,
             rank=rank,
-            gpu_uuid=place.gpu_uuid,
-            gpu_index=place.gpu_index,
+            place=place,
             since=cond["since"],
             observed=float(cond["n"]),
             expected=0.0,

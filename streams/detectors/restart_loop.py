@@ -156,11 +156,10 @@ class RestartLoopDetector(PerJobDetector):
             if active
             else f"job {job_id} is no longer restarting in a loop"
         )
-        return RESTART_LOOP.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return RESTART_LOOP.for_job(
+            job_id,
+            active,
+            ts,
             since=int(loop["since"]),
             invariant=RESTART_LOOP.says(threshold=self._threshold, window_min=window_min),
             observed=float(loop["n"]),

@@ -174,11 +174,10 @@ class RestoreTestStaleDetector(PerJobDetector):
                 f"job {job_id} changed since its newest passing restore test ({passed['cid']}): {moved}; "
                 "a restore with what it runs now is untested"
             )
-        return RESTORE_TEST_STALE.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return RESTORE_TEST_STALE.for_job(
+            job_id,
+            active,
+            ts,
             since=int(job["stale"]["since"]) if job["stale"] else ts,
             invariant=RESTORE_TEST_STALE.says(max_s=max_s),
             observed=(ts - ref) / 1000,

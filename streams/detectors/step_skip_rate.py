@@ -118,11 +118,10 @@ class StepSkipRateDetector(PerJobDetector):
             if active
             else f"job {job_id} skips {fraction:.0%} of its steps again"
         )
-        return STEP_SKIP_RATE.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return STEP_SKIP_RATE.for_job(
+            job_id,
+            active,
+            ts,
             since=cond["since"],
             invariant=STEP_SKIP_RATE.says(min=self._min, window=self._window),
             observed=fraction,

@@ -446,11 +446,10 @@ class ThroughputDetector(JobAndHostDetector):
             for x in job["ref"][-5:]
             if (x[1] if use_step else x[2]) is not None
         )
-        return THROUGHPUT_DROP.finding(
-            key=(job_id,),
-            active=active,
-            ts=end,
-            job_id=job_id,
+        return THROUGHPUT_DROP.for_job(
+            job_id,
+            active,
+            end,
             node=node,
             since=since,
             invariant=THROUGHPUT_DROP.says(ratio=self.ratio),

@@ -233,11 +233,10 @@ class ValidationDetector(PerJobDetector):
         else:
             summary = f"validation loss of job {job_id} stopped rising ({val:.4g})"
             observed = 0.0
-        return VALIDATION_DIVERGENCE.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return VALIDATION_DIVERGENCE.for_job(
+            job_id,
+            active,
+            ts,
             since=job["diverging"]["since"],
             invariant=VALIDATION_DIVERGENCE.says(noise=self._noise, sustain=self._sustain),
             observed=observed,
@@ -259,11 +258,10 @@ class ValidationDetector(PerJobDetector):
             if active
             else f"job {job_id} reported a validation again (step {step})"
         )
-        return VALIDATION_MISSING.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return VALIDATION_MISSING.for_job(
+            job_id,
+            active,
+            ts,
             invariant=VALIDATION_MISSING.says(period=period, missing=self._missing),
             observed=float(step - last),
             expected=period,
