@@ -408,6 +408,13 @@ class Detector:
     # job's records and the rank stage's summaries of its ranks (streams/stages/engine.py).
     stage: ClassVar[str] = ""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A class that declares its one rule (`declared`, a catalogue `Rule`) raises that rule."""
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("declared")
+        if declared is not None and "rules" not in cls.__dict__:
+            cls.rules = (declared.name,)
+
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         self.topology = topology
         self.params = dict(params or {})

@@ -35,7 +35,6 @@ class CheckpointFailedDetector(FailuresInARow):
     history_metric: ClassVar[str] = "failed_checkpoints"
     section: ClassVar[str] = "recovery"
     stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = (CHECKPOINT_FAILED.name,)
 
     def observe(self, event: Event) -> list[Finding]:
         """A `failed` checkpoint fires; a `completed` or `verified` one resolves."""

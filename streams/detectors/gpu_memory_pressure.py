@@ -43,9 +43,7 @@ class GpuMemoryPressureDetector(GpuDetector):
         self._ratio = float(self.p["gpu_mem_ratio"])
         self._sustain = int(float(self.p["gpu_mem_sustain_s"]) * 1000)
 
-    def defaults(self) -> dict[str, Any]:
-        """This rule's knobs."""
-        return DEFAULTS
+    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def new_gpu(self) -> dict[str, Any]:
         """No condition yet."""

@@ -56,9 +56,7 @@ class GpuThrottlingDetector(GpuDetector):
         self._ratio = float(self.p["throttle_clock_ratio"])
         self._sustain = int(float(self.p["throttle_sustain_s"]) * 1000)
 
-    def defaults(self) -> dict[str, Any]:
-        """This rule's knobs."""
-        return DEFAULTS
+    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def new_gpu(self) -> dict[str, Any]:
         """The condition and the recent SM clock ratios."""

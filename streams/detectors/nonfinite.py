@@ -42,8 +42,7 @@ def _fmt(value: Any) -> str:
 class NonfiniteDetector(PerJobDetector):
     """One value of a job's steps that must stay finite; see the module doc."""
 
-    rule: ClassVar[str] = ""  # the one rule of the subclass (also its `rules`)
-    declared: ClassVar[Rule]  # its catalogue entry
+    declared: ClassVar[Rule]  # the one rule of the subclass (also its `rules`): its catalogue entry
     what: ClassVar[str] = ""  # the value in words: "loss", "gradient norm"
     history_metric: ClassVar[str] = ""  # the running count of non-finite values, e.g. `nonfinite_loss_steps`
 

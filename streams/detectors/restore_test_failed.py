@@ -58,7 +58,6 @@ class RestoreTestFailedDetector(FailuresInARow):
     history_metric: ClassVar[str] = "failed_restore_tests"
     section: ClassVar[str] = "readiness"
     stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = (RESTORE_TEST_FAILED.name,)
 
     def observe(self, event: Event) -> list[Finding]:
         """A failed RestoreTest fires (or updates); a passing one resolves."""
