@@ -269,26 +269,19 @@ def _overrides(
     return overrides
 
 
-def _module_defaults(cls: type) -> dict[str, Any] | None:
-    import sys
-
-    module = sys.modules.get(cls.__module__)
-    defaults = getattr(module, "DEFAULTS", None)
-    return defaults if isinstance(defaults, dict) else None
-
-
 def section_defaults(section: str) -> dict[str, Any] | None:
     """Every knob of a config section with its default: the DEFAULTS of each rule module reading it.
 
     None when a class of the section has no DEFAULTS (its knobs are not known, so not checked).
     """
     from streams.detectors import ALL_DETECTORS  # late: detectors import nothing from here
+    from streams.detectors.base import module_defaults
 
     out: dict[str, Any] = {}
     for cls in ALL_DETECTORS:
         if config_section(cls) != section:
             continue
-        defaults = _module_defaults(cls)
+        defaults = module_defaults(cls)
         if defaults is None:
             return None
         out.update(defaults)

@@ -103,9 +103,8 @@ class BaselineDetector(Detector):
 
     rules: ClassVar[tuple[str, ...]] = ("baseline_deviation",)
 
-    def __init__(self, topology: Any, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         unknown = [m for m in p["metrics"] if m not in METRICS]
         if unknown:
             raise ValueError(f"baseline: unknown metric {unknown[0]!r}; known: {', '.join(METRICS)}")

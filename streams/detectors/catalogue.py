@@ -65,6 +65,14 @@ class Rule:
         """A finding whose identity is the job."""
         return self.finding((job_id,), active, ts, job_id=job_id, **evidence)
 
+    def for_rank(
+        self, job_id: str, rank: int, place: Place, active: bool, ts: int, **evidence: Any
+    ) -> Finding:
+        """A finding whose identity is a rank of the job, on its node and GPU (`place`)."""
+        return self.finding(
+            (job_id, str(rank)), active, ts, place=place, job_id=job_id, rank=rank, **evidence
+        )
+
 
 def catalogue() -> dict[str, Rule]:
     """Every rule a detector module declares, by name."""

@@ -874,13 +874,12 @@ class ProgressDetector(Detector):
     def _hang_finding(self, job_id: str, job: dict[str, Any], rank: int, ts: int, active: bool) -> Finding:
         place = rank_place(self.topology, job_id, rank)
         last = job["ranks"].get(str(rank), [None, None])
-        return RANK_HANG.finding(
-            key=(job_id, str(rank)),
-            active=active,
-            ts=ts,
-            job_id=job_id,
-            rank=rank,
-            place=place,
+        return RANK_HANG.for_rank(
+            job_id,
+            rank,
+            place,
+            active,
+            ts,
             since=last[1],
             observed=float(last[0]) if last[0] is not None else None,
             expected=float(job["max_step"]) if job["max_step"] is not None else None,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.base import Finding, PerJobDetector
 from streams.detectors.catalogue import Rule
 from streams.detectors.placement import rank_place
 
@@ -51,9 +51,8 @@ class RankFailedDetector(PerJobDetector):
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("rank_failed",)
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._kinds = frozenset(str(k) for k in p["kinds"])
 
     def new_job_state(self) -> dict[str, Any]:
@@ -121,14 +120,13 @@ class RankFailedDetector(PerJobDetector):
             if active
             else f"rank {rank} of job {job_id}{where} runs again after it {reason}"
         )
-        return RANK_FAILED.finding(
-            key=(job_id, str(rank)),
-            active=active,
-            ts=ts,
+        return RANK_FAILED.for_rank(
+            job_id,
+            rank,
+            place,
+            active,
+            ts,
             category="model" if kind in ("exception", "cuda_oom") else "platform",
-            job_id=job_id,
-            rank=rank,
-            place=place,
             since=cond["since"],
             observed=float(cond["n"]),
             expected=0.0,

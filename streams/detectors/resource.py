@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.base import Detector, Finding
 from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "ResourceDetector"]
@@ -37,9 +37,8 @@ class ResourceDetector(Detector):
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("foreign_process",)
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._min_samples = max(1, int(p["min_samples"]))
         # "node|gpu_uuid" -> {"n": samples in a row, "since", "pids", "job_id", "rank", "active"}
         self._gpus: dict[str, dict[str, Any]] = {}

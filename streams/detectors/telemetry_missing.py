@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, Topology
+from streams.detectors.base import Detector, Finding
 from streams.detectors.catalogue import Rule
 from streams.detectors.history import add_point, points_of
 from streams.detectors.infra_signal import CHECK_DEFAULTS, NodeJobs, PeriodicCheck
@@ -80,9 +80,8 @@ class TelemetryMissingDetector(Detector):
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = (TELEMETRY_MISSING.name,)
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._miss_n = float(p["missing_intervals"])
         self._miss_min = int(float(p["missing_min_s"]) * 1000)
         self._unlearned = int(float(p["unlearned_s"]) * 1000)
@@ -90,7 +89,7 @@ class TelemetryMissingDetector(Detector):
         self._reemit = int(float(p["reemit_s"]) * 1000)
         self.check = PeriodicCheck(int(float(p["check_every_s"]) * 1000))
         self._nodes: dict[str, dict[str, Any]] = {}  # node -> last sample, sources, intervals, missing
-        self.node_jobs = NodeJobs(topology)
+        self.node_jobs = NodeJobs(self.topology)
         self._watermark = -(2**62)  # the latest watermark: when a sample arrives, its node is heard then
         self._listed: tuple[tuple[str, str, int], ...] | None = None  # running jobs the listed nodes are of
         self._listed_nodes: frozenset[str] = frozenset()

@@ -40,7 +40,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, JobAndHostDetector, Topology
+from streams.detectors.base import Finding, JobAndHostDetector
 from streams.detectors.catalogue import Rule
 from streams.detectors.stats import finite, mean, median, stat_mean
 
@@ -122,9 +122,8 @@ class ThroughputDetector(JobAndHostDetector):
 
     rules: ClassVar[tuple[str, ...]] = (THROUGHPUT_DROP.name,)
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self.ratio = 1.0 + float(p["drop_ratio"])
         self.windows = int(p["windows"])
         self.severe = float(p["severe_ratio"])

@@ -29,7 +29,7 @@ import math
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.base import Finding, PerJobDetector
 from streams.detectors.catalogue import Rule
 from streams.detectors.history import add_point, points_of
 
@@ -92,9 +92,8 @@ class ValidationDetector(PerJobDetector):
 
     rules: ClassVar[tuple[str, ...]] = ("validation_divergence", "validation_missing")
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._metrics = [str(m) for m in p["val_metrics"]]
         self._noise = float(p["noise_ratio"])
         self._train_noise = float(p["train_noise_ratio"])
