@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
+
 from schemas.errors import RanksightError
 
-__all__ = ["ConfigError", "EvaluationError", "ReplayError", "RoutingError", "StreamsError"]
+__all__ = [
+    "ConfigError",
+    "EvaluationError",
+    "ReplayError",
+    "RoutingError",
+    "StreamsError",
+    "refuse_unknown_keys",
+]
 
 
 class StreamsError(RanksightError):
@@ -25,3 +34,14 @@ class ReplayError(StreamsError):
 
 class EvaluationError(StreamsError):
     """A scenario evaluation could not run (missing simulator, no scenarios)."""
+
+
+def refuse_unknown_keys(
+    keys: Iterable[str], known: Collection[str], where: str, error: type[StreamsError]
+) -> None:
+    """A mapping of a file may hold only `known` keys: one sentence naming the first other one and
+    the known ones (in their order; a set's sorted)."""
+    bad = sorted(set(keys) - set(known))
+    if bad:
+        shown = sorted(known) if isinstance(known, (set, frozenset)) else list(known)
+        raise error(f"{where}: unknown key {bad[0]!r}; known: {', '.join(shown)}")
