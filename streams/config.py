@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from streams.errors import ConfigError, StreamsError
+from streams.errors import ConfigError, StreamsError, refuse_unknown_keys
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
@@ -150,11 +150,7 @@ class EngineConfig:
         engine = data.get("engine") or {}
         if not isinstance(engine, dict):
             raise ConfigError(f"{source}: `engine` must be a mapping")
-        bad = sorted(set(engine) - _ENGINE_KEYS)
-        if bad:
-            raise ConfigError(
-                f"{source}: unknown key engine.{bad[0]}; known: {', '.join(sorted(_ENGINE_KEYS))}"
-            )
+        refuse_unknown_keys(engine, _ENGINE_KEYS, source, ConfigError, "engine")
         detectors = data.get("detectors") or {}
         if not isinstance(detectors, dict):
             raise ConfigError(f"{source}: `detectors` must be a mapping of detector name -> knobs")

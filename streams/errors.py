@@ -37,11 +37,12 @@ class EvaluationError(StreamsError):
 
 
 def refuse_unknown_keys(
-    keys: Iterable[str], known: Collection[str], where: str, error: type[StreamsError]
+    keys: Iterable[str], known: Collection[str], where: str, error: type[StreamsError], section: str = ""
 ) -> None:
-    """A mapping of a file may hold only `known` keys: one sentence naming the first other one and
-    the known ones (in their order; a set's sorted)."""
+    """A mapping of a file may hold only `known` keys: one sentence naming the first other one
+    (`section.key` for a named top-level section) and the known ones (in their order; a set's sorted)."""
     bad = sorted(set(keys) - set(known))
     if bad:
         shown = sorted(known) if isinstance(known, (set, frozenset)) else list(known)
-        raise error(f"{where}: unknown key {bad[0]!r}; known: {', '.join(shown)}")
+        key = f"{section}.{bad[0]}" if section else repr(bad[0])
+        raise error(f"{where}: unknown key {key}; known: {', '.join(shown)}")

@@ -231,11 +231,7 @@ class Router:
         default = data.get("default") or {}
         if not isinstance(default, dict):
             raise RoutingError(f"{source}: `default` must be a mapping with team and receiver")
-        bad = sorted(set(default) - _DEFAULT_KEYS)
-        if bad:
-            raise RoutingError(
-                f"{source}: unknown key default.{bad[0]}; known: {', '.join(sorted(_DEFAULT_KEYS))}"
-            )
+        refuse_unknown_keys(default, _DEFAULT_KEYS, source, RoutingError, "default")
         for key in sorted(default):
             if not isinstance(default[key], str) or not default[key]:
                 raise RoutingError(f"{source}: default.{key} must be a non-empty string")
