@@ -508,14 +508,16 @@ class ProgressDetector(Detector):
             job,
             ts,
             active,
-            since,
-            took_s,
-            allowed,
-            f"job {job_id} has completed no step {took_s:.0f} s after it started (allowed {allowed / 1000:.0f} s, "
-            f"{learned}); stuck in {phase}"
-            if active
-            else f"job {job_id} completed its first step",
-            layer,
+            since=since,
+            observed=took_s,
+            allowed=allowed,
+            summary=(
+                f"job {job_id} has completed no step {took_s:.0f} s after it started (allowed {allowed / 1000:.0f} s, "
+                f"{learned}); stuck in {phase}"
+                if active
+                else f"job {job_id} completed its first step"
+            ),
+            layer=layer,
             step_history=False,
         )
 
@@ -526,12 +528,12 @@ class ProgressDetector(Detector):
         job: dict[str, Any],
         ts: int,
         active: bool,
+        *,
         since: int | None,
         observed: float,
         allowed: int,
         summary: str,
         layer: str,
-        *,
         step_history: bool = True,
     ) -> Finding:
         """A job-level finding of the progress rules: since when, how long (`observed` s) against
@@ -815,14 +817,16 @@ class ProgressDetector(Detector):
             job,
             ts,
             active,
-            since,
-            silent_s,
-            allowed,
-            f"job {job_id} made no progress for {silent_s:.0f} s (allowed {allowed / 1000:.0f} s) "
-            f"since step {job['max_step']}"
-            if active
-            else f"job {job_id} progresses again",
-            self._stall_layer(job) if active else "unknown",
+            since=since,
+            observed=silent_s,
+            allowed=allowed,
+            summary=(
+                f"job {job_id} made no progress for {silent_s:.0f} s (allowed {allowed / 1000:.0f} s) "
+                f"since step {job['max_step']}"
+                if active
+                else f"job {job_id} progresses again"
+            ),
+            layer=self._stall_layer(job) if active else "unknown",
         )
 
     def _stall_layer(self, job: dict[str, Any]) -> str:
@@ -916,14 +920,16 @@ class ProgressDetector(Detector):
             job,
             ts,
             active,
-            since,
-            open_s,
-            limit,
-            f"evaluation {eid} of job {job_id} has been open for {open_s:.0f} s (allowed {limit / 1000:.0f} s) "
-            f"{_at_step(job['max_step'])}: the job is stalled in its evaluation"
-            if active
-            else f"evaluation {eid} of job {job_id} is over",
-            "unknown",
+            since=since,
+            observed=open_s,
+            allowed=limit,
+            summary=(
+                f"evaluation {eid} of job {job_id} has been open for {open_s:.0f} s (allowed {limit / 1000:.0f} s) "
+                f"{_at_step(job['max_step'])}: the job is stalled in its evaluation"
+                if active
+                else f"evaluation {eid} of job {job_id} is over"
+            ),
+            layer="unknown",
         )
 
     def _zombie_finding(self, job_id: str, job: dict[str, Any], ts: int, active: bool) -> Finding:
