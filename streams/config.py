@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from streams.errors import ConfigError, StreamsError
+from streams.errors import ConfigError, StreamsError, refuse_unknown_keys
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
@@ -166,11 +166,7 @@ class EngineConfig:
         engine = data.get("engine") or {}
         if not isinstance(engine, dict):
             raise ConfigError(f"{source}: `engine` must be a mapping")
-        bad = sorted(set(engine) - _ENGINE_KEYS)
-        if bad:
-            raise ConfigError(
-                f"{source}: unknown key engine.{bad[0]}; known: {', '.join(sorted(_ENGINE_KEYS))}"
-            )
+        refuse_unknown_keys(engine, _ENGINE_KEYS, source, ConfigError, "engine")
         detectors = data.get("detectors") or {}
         if not isinstance(detectors, dict):
             raise ConfigError(f"{source}: `detectors` must be a mapping of detector name -> knobs")
@@ -307,26 +303,19 @@ def _overrides(
     return overrides
 
 
-def _module_defaults(cls: type) -> dict[str, Any] | None:
-    import sys
-
-    module = sys.modules.get(cls.__module__)
-    defaults = getattr(module, "DEFAULTS", None)
-    return defaults if isinstance(defaults, dict) else None
-
-
 def section_defaults(section: str) -> dict[str, Any] | None:
     """Every knob of a config section with its default: the DEFAULTS of each rule module reading it.
 
     None when a class of the section has no DEFAULTS (its knobs are not known, so not checked).
     """
     from streams.detectors import ALL_DETECTORS  # late: detectors import nothing from here
+    from streams.detectors.base import module_defaults
 
     out: dict[str, Any] = {}
     for cls in ALL_DETECTORS:
         if config_section(cls) != section:
             continue
-        defaults = _module_defaults(cls)
+        defaults = module_defaults(cls)
         if defaults is None:
             return None
         out.update(defaults)

@@ -148,24 +148,17 @@ class InhibitRule:
                 return False
         if self.scope == "job":
             return bool(source.get("job_id")) and source.get("job_id") == target.get("job_id")
-        if self.scope == "node":
-            node = source.get("node")
-            if not node:
+        if self.scope in ("node", "gpu"):
+            field = "node" if self.scope == "node" else "gpu_uuid"  # the alert's and the binding's
+            place = source.get(field)
+            if not place:
                 return False
-            if target.get("node"):
-                return bool(target["node"] == node)
-            # A job-level alert (no node of its own) runs on every node its ranks are bound to.
+            if target.get(field):
+                return bool(target[field] == place)
+            # A job-level alert (no node or GPU of its own) concerns every node and GPU its ranks
+            # are bound to.
             job = target.get("job_id")
-            return bool(job) and any(b.node == node for b in topology.ranks_of(str(job)))
-        if self.scope == "gpu":
-            gpu = source.get("gpu_uuid")
-            if not gpu:
-                return False
-            if target.get("gpu_uuid"):
-                return bool(target["gpu_uuid"] == gpu)
-            # A job-level alert (no GPU of its own) concerns every GPU its ranks are bound to.
-            job = target.get("job_id")
-            return bool(job) and any(b.gpu_uuid == gpu for b in topology.ranks_of(str(job)))
+            return bool(job) and any(getattr(b, field) == place for b in topology.ranks_of(str(job)))
         return True
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from streams.errors import RoutingError
+from streams.errors import RoutingError, refuse_unknown_keys
 
 __all__ = [
     "CATEGORIES",
@@ -290,9 +290,7 @@ def _team(spec: Any, where: str, escalation_default: str) -> TeamReceivers:
         raise RoutingError(
             f"{where}: expected {{page: <receiver>, inform: <receiver>, escalate: <receiver>}}"
         )
-    bad = sorted(set(spec) - set(_TEAM_KEYS))
-    if bad:
-        raise RoutingError(f"{where}: unknown key {bad[0]!r}; known: {', '.join(_TEAM_KEYS)}")
+    refuse_unknown_keys(spec, _TEAM_KEYS, where, RoutingError)
     if "page" not in spec:
         raise RoutingError(f"{where}: `page` (the receiver that pages this team) is required")
     page = _name(spec["page"], f"{where}.page")
@@ -329,9 +327,7 @@ def _duration(value: Any, where: str) -> str:
 def _am_policy(data: Any, where: str) -> AlertmanagerPolicy:
     if not isinstance(data, dict):
         raise RoutingError(f"{where}: expected a mapping")
-    bad = sorted(set(data) - set(_AM_KEYS))
-    if bad:
-        raise RoutingError(f"{where}: unknown key {bad[0]!r}; known: {', '.join(_AM_KEYS)}")
+    refuse_unknown_keys(data, _AM_KEYS, where, RoutingError)
     group_by_data = data.get("group_by") or {}
     if not isinstance(group_by_data, dict):
         raise RoutingError(f"{where}.group_by: expected {{category: [label, ...]}}")
@@ -350,9 +346,7 @@ def _am_policy(data: Any, where: str) -> AlertmanagerPolicy:
     repeats = {"critical": "1h", "warning": "4h", "info": "24h"}
     repeats.update({s: _duration(v, f"{where}.repeat_interval.{s}") for s, v in repeat.items()})
     escalation = data.get("escalation") or {}
-    bad = sorted(set(escalation) - {"after", "receiver"})
-    if bad:
-        raise RoutingError(f"{where}.escalation: unknown key {bad[0]!r}; known: after, receiver")
+    refuse_unknown_keys(escalation, ("after", "receiver"), f"{where}.escalation", RoutingError)
     return AlertmanagerPolicy(
         group_by=group_by,
         group_wait=_duration(data.get("group_wait", "30s"), f"{where}.group_wait"),

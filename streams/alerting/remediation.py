@@ -55,7 +55,7 @@ from typing import Any, Literal, Protocol
 
 from schemas.errors import RanksightError
 from schemas.records import Event
-from streams.errors import StreamsError
+from streams.errors import StreamsError, refuse_unknown_keys
 
 __all__ = [
     "REMEDIABLE_RULES",
@@ -185,9 +185,7 @@ class RemediationPolicy:
         for key, why in _REMOVED_KEYS.items():
             if key in data:
                 raise RemediationError(f"{source}: {key} is no longer read: {why}")
-        bad = sorted(set(data) - set(_TOP_KEYS))
-        if bad:
-            raise RemediationError(f"{source}: unknown key {bad[0]!r}; known: {', '.join(_TOP_KEYS)}")
+        refuse_unknown_keys(data, _TOP_KEYS, source, RemediationError)
         rules_data = data.get("rules")
         if not isinstance(rules_data, dict) or not rules_data:
             raise RemediationError(
@@ -241,9 +239,7 @@ def _rule(name: str, spec: Any, where: str) -> RulePolicy:
         raise RemediationError(f"{where}: ranksight remediates only {', '.join(REMEDIABLE_RULES)}")
     if not isinstance(spec, dict):
         raise RemediationError(f"{where}: expected {{action: cancel|requeue, min_firing_s: N}}")
-    bad = sorted(set(spec) - set(_RULE_KEYS))
-    if bad:
-        raise RemediationError(f"{where}: unknown key {bad[0]!r}; known: {', '.join(_RULE_KEYS)}")
+    refuse_unknown_keys(spec, _RULE_KEYS, where, RemediationError)
     action = spec.get("action")
     if action not in ("cancel", "requeue"):
         raise RemediationError(f"{where}.action must be cancel or requeue, not {action!r}")
@@ -269,9 +265,7 @@ def _selection(data: Any, where: str, *, label: bool = False) -> Selection:
     )
     if not isinstance(data, dict):
         raise RemediationError(f"{where}: expected {{{', '.join(k + ': ...' for k in keys)}}}")
-    bad = sorted(set(data) - set(keys))
-    if bad:
-        raise RemediationError(f"{where}: unknown key {bad[0]!r}; known: {', '.join(keys)}")
+    refuse_unknown_keys(data, keys, where, RemediationError)
     out: dict[str, frozenset[str]] = {}
     for key in ("users", "accounts", "teams", "jobs"):
         value = data.get(key) or []

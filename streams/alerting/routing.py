@@ -53,7 +53,7 @@ from typing import Any, Literal
 
 from streams.alerting.grouping import SCOPES, InhibitRule, alert_field, graph_cycle
 from streams.alerting.ownership import JOB_TEAM, Delivery, Ownership, load_ownership
-from streams.errors import RoutingError
+from streams.errors import RoutingError, refuse_unknown_keys
 
 __all__ = [
     "DEFAULT_ROUTING_PATH",
@@ -231,11 +231,7 @@ class Router:
         default = data.get("default") or {}
         if not isinstance(default, dict):
             raise RoutingError(f"{source}: `default` must be a mapping with team and receiver")
-        bad = sorted(set(default) - _DEFAULT_KEYS)
-        if bad:
-            raise RoutingError(
-                f"{source}: unknown key default.{bad[0]}; known: {', '.join(sorted(_DEFAULT_KEYS))}"
-            )
+        refuse_unknown_keys(default, _DEFAULT_KEYS, source, RoutingError, "default")
         for key in sorted(default):
             if not isinstance(default[key], str) or not default[key]:
                 raise RoutingError(f"{source}: default.{key} must be a non-empty string")
@@ -323,9 +319,7 @@ def _rule_names(value: Any, where: str) -> tuple[str, ...]:
 
 def _parse_edge(data: dict[str, Any], where: str) -> InhibitRule:
     """`{cause, mutes, scope, after_s, why}`: one edge of the inhibition graph."""
-    bad = sorted(set(data) - _EDGE_KEYS)
-    if bad:
-        raise RoutingError(f"{where}: unknown key {bad[0]!r}; known: {', '.join(sorted(_EDGE_KEYS))}")
+    refuse_unknown_keys(data, _EDGE_KEYS, where, RoutingError)
     causes = _rule_names(data.get("cause"), f"{where}.cause")
     symptoms = _rule_names(data.get("mutes"), f"{where}.mutes")
     if set(causes) & set(symptoms):
@@ -347,9 +341,7 @@ def _parse_inhibit(data: Any, where: str) -> InhibitRule:
         raise RoutingError(f"{where}: an inhibit rule must be a mapping")
     if "cause" in data or "mutes" in data:
         return _parse_edge(data, where)
-    bad = sorted(set(data) - _INHIBIT_KEYS)
-    if bad:
-        raise RoutingError(f"{where}: unknown key {bad[0]!r}; known: {', '.join(sorted(_INHIBIT_KEYS))}")
+    refuse_unknown_keys(data, _INHIBIT_KEYS, where, RoutingError)
     source_match, source_re = _matchers(data, "source", where)
     target_match, target_re = _matchers(data, "target", where)
     if not (source_match or source_re) or not (target_match or target_re):
@@ -376,9 +368,7 @@ def _parse_inhibit(data: Any, where: str) -> InhibitRule:
 def _parse_route(data: Any, where: str) -> Route:
     if not isinstance(data, dict):
         raise RoutingError(f"{where}: a route must be a mapping")
-    bad = sorted(set(data) - _ROUTE_KEYS)
-    if bad:
-        raise RoutingError(f"{where}: unknown key {bad[0]!r}; known: {', '.join(sorted(_ROUTE_KEYS))}")
+    refuse_unknown_keys(data, _ROUTE_KEYS, where, RoutingError)
     for required in ("team", "receiver"):
         if not isinstance(data.get(required), str) or not data[required]:
             raise RoutingError(f"{where}: `{required}` is required (a non-empty string)")

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import LEADER_RANK, Finding, JobInfo, PerJobDetector, Topology
+from streams.detectors.base import LEADER_RANK, Finding, JobInfo, PerJobDetector
 from streams.detectors.catalogue import Rule
 from streams.errors import ConfigError
 
@@ -254,9 +254,8 @@ class AcceptanceDetector(PerJobDetector):
         """Refuse a bad rule when the configuration is loaded, not when the first record comes."""
         parse_rules(params.get("rules"), f"{source}: detectors.acceptance")
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         # `files` are read by the config loader (streams.config), which inlines their rules here.
         self._rules = parse_rules(p["rules"], "detectors.acceptance")
         self._validation = tuple(r for r in self._rules if r.source == "validation")

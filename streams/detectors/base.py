@@ -29,6 +29,7 @@ __all__ = [
     "Topology",
     "dumps_state",
     "loads_state",
+    "module_defaults",
 ]
 
 # The rank whose steps carry the job's global values (loss, gradient norm, skips): the numerical,
@@ -404,6 +405,16 @@ class Topology:
         self.node_cluster = {str(k): str(v) for k, v in state.get("node_cluster", {}).items()}
 
 
+def module_defaults(cls: type, method: str | None = None) -> dict[str, Any] | None:
+    """A detector's knobs and their defaults: the DEFAULTS of its module (with `method`: of the module
+    of the class in its MRO that defines it). None where that module has none."""
+    import sys
+
+    owner = next((c for c in cls.__mro__ if method in vars(c)), cls) if method else cls
+    defaults = getattr(sys.modules.get(owner.__module__), "DEFAULTS", None)
+    return defaults if isinstance(defaults, dict) else None
+
+
 def dumps_state(state: Any) -> bytes:
     """Deterministic bytes of a JSON-able state (sorted keys, no whitespace, NaN allowed)."""
     return json.dumps(state, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()
@@ -430,9 +441,21 @@ class Detector:
     # most records concern a few rules, and a call that returns at once is still a call per record.
     reads: ClassVar[frozenset[str] | None] = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A class that declares its one rule (`declared`, a catalogue `Rule`) raises that rule."""
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("declared")
+        if declared is not None and "rules" not in cls.__dict__:
+            cls.rules = (declared.name,)
+
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         self.topology = topology
         self.params = dict(params or {})
+        self.configure({**(module_defaults(type(self), "configure") or {}), **self.params})
+
+    def configure(self, p: dict[str, Any]) -> None:
+        """Read the knobs (the DEFAULTS of the module that defines this method, under the
+        configured values) and set up empty state."""
 
     def observe(self, event: Event) -> list[Finding]:
         """Take one event (event time `event.record['ts']`); return findings it settles."""
@@ -468,8 +491,8 @@ class PerJobDetector(Detector):
     """A detector whose whole state is one JSON-able dict per job, created by `new_job_state`."""
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
         self._jobs: dict[str, dict[str, Any]] = {}
+        super().__init__(topology, params)
 
     def new_job_state(self) -> dict[str, Any]:
         """The state of a job seen for the first time."""
@@ -479,6 +502,22 @@ class PerJobDetector(Detector):
         job = self._jobs.get(job_id)
         if job is None:
             job = self._jobs[job_id] = self.new_job_state()
+        return job
+
+    def _job_of_run(self, r: dict[str, Any]) -> dict[str, Any]:
+        """The state of a record's job, which remembers the run it first heard of (state `run`)."""
+        job = self._job(r["job_id"])
+        if job["run"] is None:
+            job["run"] = r.get("run_id", "")
+        return job
+
+    def _another_run(self, r: dict[str, Any]) -> dict[str, Any] | None:
+        """The state of a JobStarted's job when it starts another run than the one held (None: the
+        same run, or a job not held): its open conditions are over."""
+        job = self._jobs.get(r["job_id"])
+        if job is None or job["run"] == r.get("run_id", ""):
+            return None
+        job["run"] = r.get("run_id", "")
         return job
 
     def state(self) -> dict[str, Any]:
@@ -498,9 +537,9 @@ class JobAndHostDetector(Detector):
     """A detector whose state is `jobs` (job id -> dict) plus `hosts` (node -> rows of host samples)."""
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
         self.jobs: dict[str, dict[str, Any]] = {}
         self.hosts: dict[str, list[list[Any]]] = {}
+        super().__init__(topology, params)
 
     def state(self) -> dict[str, Any]:
         """JSON-able state (sorted keys: deterministic bytes)."""

@@ -130,9 +130,8 @@ class BaselineDetector(Detector):
 
     rules: ClassVar[tuple[str, ...]] = ("baseline_deviation", "scaling_efficiency_low")
 
-    def __init__(self, topology: Any, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         unknown = [m for m in p["metrics"] if m not in METRICS]
         if unknown:
             raise ValueError(f"baseline: unknown metric {unknown[0]!r}; known: {', '.join(METRICS)}")
@@ -281,11 +280,10 @@ class BaselineDetector(Detector):
             metric, x, center = "", None, None
             summary = f"job {job_id} is back in line with its baseline {key}"
             layer = "unknown"
-        return BASELINE_DEVIATION.finding(
-            key=(job_id,),
-            active=active,
-            ts=r["window_end"],
-            job_id=job_id,
+        return BASELINE_DEVIATION.for_job(
+            job_id,
+            active,
+            r["window_end"],
             since=since,
             invariant=BASELINE_DEVIATION.says(metric=metric or "performance", key=key),
             observed=x,

@@ -35,15 +35,11 @@ CACHE_HIT_COLLAPSE = Rule(
 class CacheHitCollapseDetector(LoaderSignalDetector):
     """The cache-hit ratio collapsing against the run's own baseline, per rank or node."""
 
-    rule: ClassVar[str] = CACHE_HIT_COLLAPSE.name
     declared: ClassVar[Rule] = CACHE_HIT_COLLAPSE
     stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("cache_hit_collapse",)
     metrics: ClassVar[tuple[str, ...]] = ("cache_hit_ratio",)
 
-    def defaults(self) -> dict[str, Any]:
-        """This rule's knobs."""
-        return DEFAULTS
+    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def deviates(self, metric: str, recent: float, ref: float) -> bool:
         """At least `drop` lower and below `relative` x the normal."""

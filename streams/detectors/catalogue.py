@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streams.detectors.base import Category, Finding, Severity
+
+if TYPE_CHECKING:
+    from streams.detectors.placement import Place
 
 __all__ = ["RUNBOOKS", "Rule", "catalogue"]
 
@@ -41,17 +44,34 @@ class Rule:
         """The invariant with the rule's knob values filled in."""
         return self.invariant.format(**knobs)
 
-    def finding(self, key: tuple[str, ...], active: bool, ts: int, **evidence: Any) -> Finding:
+    def finding(
+        self, key: tuple[str, ...], active: bool, ts: int, *, place: Place | None = None, **evidence: Any
+    ) -> Finding:
         """A finding of this rule: the catalogue's fields, then what the caller states (identity,
-        evidence, and where it varies, the severity, category, invariant or layer)."""
+        evidence, and where it varies, the severity, category, invariant or layer). `place`: the
+        node and GPU of the rank it is about."""
         fields: dict[str, Any] = {
             "category": self.category,
             "severity": self.severity,
             "invariant": self.invariant,
             "suspected_layer": self.suspected_layer,
         }
+        if place is not None:
+            fields.update(node=place.node, gpu_uuid=place.gpu_uuid, gpu_index=place.gpu_index)
         fields.update(evidence)
         return Finding(rule=self.name, key=key, active=active, ts=ts, **fields)
+
+    def for_job(self, job_id: str, active: bool, ts: int, **evidence: Any) -> Finding:
+        """A finding whose identity is the job."""
+        return self.finding((job_id,), active, ts, job_id=job_id, **evidence)
+
+    def for_rank(
+        self, job_id: str, rank: int, place: Place, active: bool, ts: int, **evidence: Any
+    ) -> Finding:
+        """A finding whose identity is a rank of the job, on its node and GPU (`place`)."""
+        return self.finding(
+            (job_id, str(rank)), active, ts, place=place, job_id=job_id, rank=rank, **evidence
+        )
 
 
 def catalogue() -> dict[str, Rule]:

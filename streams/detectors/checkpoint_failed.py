@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector
+from streams.detectors.base import Finding
 from streams.detectors.catalogue import Rule
-from streams.detectors.history import add_point
+from streams.detectors.failures import FailuresInARow
 
 __all__ = ["DEFAULTS", "CheckpointFailedDetector"]
 
@@ -28,16 +28,13 @@ CHECKPOINT_FAILED = Rule(
 )
 
 
-class CheckpointFailedDetector(PerJobDetector):
+class CheckpointFailedDetector(FailuresInARow):
     """Failed checkpoints per job, until one completes."""
 
+    declared: ClassVar[Rule] = CHECKPOINT_FAILED
+    history_metric: ClassVar[str] = "failed_checkpoints"
     section: ClassVar[str] = "recovery"
     stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("checkpoint_failed",)
-
-    def new_job_state(self) -> dict[str, Any]:
-        """The job's open failure (None while its checkpoints complete)."""
-        return {"failed": None}
 
     def observe(self, event: Event) -> list[Finding]:
         """A `failed` checkpoint fires; a `completed` or `verified` one resolves."""
@@ -59,32 +56,16 @@ class CheckpointFailedDetector(PerJobDetector):
             failed["n"] += 1
             failed["cid"], failed["error"] = cid, r.get("error") or failed["error"]
             return [self._finding(job_id, failed, ts, True)]
-        if phase in ("completed", "verified") and job["failed"] is not None:
-            failed, job["failed"] = job["failed"], None
-            return [self._finding(job_id, failed, ts, False, resolved_by=cid)]
+        if phase in ("completed", "verified"):
+            return self._succeeded(job_id, job, ts, cid)
         return []
 
-    def _finding(
-        self, job_id: str, failed: dict[str, Any], ts: int, active: bool, resolved_by: str = ""
-    ) -> Finding:
-        history = add_point(failed, ts, failed["n"] if active else 0)
-        summary = (
+    def summary(self, job_id: str, failed: dict[str, Any], active: bool, resolved_by: str) -> str:
+        """The checkpoint that failed, its error and how many in a row; or the one that completed."""
+        return (
             f"checkpoint {failed['cid']} of job {job_id} failed"
             + (f": {failed['error']}" if failed["error"] else "")
             + (f" ({failed['n']} failures in a row)" if failed["n"] > 1 else "")
             if active
             else f"checkpoint {resolved_by} of job {job_id} completed after {failed['n']} failed one(s)"
-        )
-        return CHECKPOINT_FAILED.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
-            since=failed["since"],
-            observed=float(failed["n"]),
-            expected=0.0,
-            summary=summary,
-            history_metric="failed_checkpoints",
-            history=history,
-            sustain_ms=0,
         )

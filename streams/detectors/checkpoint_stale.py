@@ -113,11 +113,10 @@ class CheckpointStaleDetector(PerJobDetector):
             if active
             else f"job {job_id} has a recent verified checkpoint again (or stopped running)"
         )
-        return CHECKPOINT_STALE.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return CHECKPOINT_STALE.for_job(
+            job_id,
+            active,
+            ts,
             since=int(cond["since"]),
             invariant=CHECKPOINT_STALE.says(max_s=max_s),
             observed=age / 1000,

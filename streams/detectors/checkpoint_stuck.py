@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, JobInfo, PerJobDetector, Topology
+from streams.detectors.base import Finding, JobInfo, PerJobDetector
 from streams.detectors.catalogue import Rule
 from streams.detectors.durations import age_text
 from streams.detectors.history import add_point
@@ -43,9 +43,8 @@ class CheckpointStuckDetector(PerJobDetector):
     stage: ClassVar[str] = "job"
     rules: ClassVar[tuple[str, ...]] = ("checkpoint_stuck",)
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._timeout_s = float(p["checkpoint_timeout_s"])
         self._reemit_ms = int(float(p["reemit_s"]) * 1000)
 
@@ -112,10 +111,8 @@ class CheckpointStuckDetector(PerJobDetector):
             active=active,
             ts=ts,
             job_id=job_id,
-            node=place.node,
             rank=stuck.get("rank"),
-            gpu_uuid=place.gpu_uuid,
-            gpu_index=place.gpu_index,
+            place=place,
             since=int(stuck["ts"] + stuck["timeout_s"] * 1000),
             invariant=CHECKPOINT_STUCK.says(timeout_s=stuck["timeout_s"]),
             observed=age / 1000,

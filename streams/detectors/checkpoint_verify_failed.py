@@ -75,11 +75,10 @@ class CheckpointVerifyFailedDetector(PerJobDetector):
             if active
             else f"checkpoint {by} of job {job_id} verified after failed verification(s)"
         )
-        return CHECKPOINT_VERIFY_FAILED.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return CHECKPOINT_VERIFY_FAILED.for_job(
+            job_id,
+            active,
+            ts,
             rank=cond.get("rank"),
             since=cond["since"],
             observed=float(cond["n"]),

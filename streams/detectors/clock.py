@@ -81,9 +81,8 @@ class ClockDetector(Detector):
     rules: ClassVar[tuple[str, ...]] = ("clock_skew",)
     reads: ClassVar[frozenset[str] | None] = frozenset()  # told of rejected records (`rejected`), no others
 
-    def __init__(self, topology: Any, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._quiet_ms = int(float(p["quiet_s"]) * 1000)
         self._reemit_ms = int(float(p["reemit_s"]) * 1000)
         # source -> {node, job_id, rank, ts, offset_ms, count, last, since, emit}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.base import Finding, PerJobDetector
 from streams.detectors.catalogue import Rule
 from streams.detectors.placement import rank_place
 
@@ -42,9 +42,8 @@ class DataErrorsDetector(PerJobDetector):
     rules: ClassVar[tuple[str, ...]] = ("data_errors",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"DataLoaderSample"})
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._err_sustain = max(1, int(p["errors_sustain_samples"]))
         self._err_resolve = max(1, int(p["errors_resolve_samples"]))
         self._reemit_ms = int(float(p["reemit_s"]) * 1000)
@@ -102,15 +101,12 @@ class DataErrorsDetector(PerJobDetector):
             if active
             else f"the data loader of rank {rank} of job {job_id} runs without errors again"
         )
-        return DATA_ERRORS.finding(
-            key=(job_id, str(rank)),
-            active=active,
-            ts=r["ts"],
-            job_id=job_id,
-            node=place.node,
-            rank=rank,
-            gpu_uuid=place.gpu_uuid,
-            gpu_index=place.gpu_index,
+        return DATA_ERRORS.for_rank(
+            job_id,
+            rank,
+            place,
+            active,
+            r["ts"],
             since=cond["since"],
             invariant=DATA_ERRORS.says(err_sustain=self._err_sustain),
             observed=float(n),

@@ -45,15 +45,11 @@ DATA_PATH_SLOW = Rule(
 class DataPathSlowDetector(LoaderSignalDetector):
     """Read latency or batch preparation time rising against the run's own baseline, per rank or node."""
 
-    rule: ClassVar[str] = DATA_PATH_SLOW.name
     declared: ClassVar[Rule] = DATA_PATH_SLOW
     stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("data_path_slow",)
     metrics: ClassVar[tuple[str, ...]] = ("read_latency_s", "batch_prep_s")
 
-    def defaults(self) -> dict[str, Any]:
-        """This rule's knobs."""
-        return DEFAULTS
+    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def deviates(self, metric: str, recent: float, ref: float) -> bool:
         """`ratio` x the normal and the minimum increase of the metric."""

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
+from streams.detectors.catalogue import Rule
 from streams.detectors.placement import rank_place, ranks_text
 
 __all__ = ["DependencyTimeoutDetector"]
@@ -24,12 +25,21 @@ __all__ = ["DependencyTimeoutDetector"]
 _KINDS = {"collective_timeout": "a collective", "storage_timeout": "a storage call"}
 _POINTS = 10
 
+# A collective's timeout (the declared case) is the network's; a storage call's is data's.
+DEPENDENCY_TIMEOUT = Rule(
+    "dependency_timeout",
+    category="infra",
+    severity="critical",
+    invariant="{what} a rank depends on answers before its timeout",
+    suspected_layer="network",
+)
+
 
 class DependencyTimeoutDetector(PerJobDetector):
     """Collective and storage timeouts, one alert per job and kind."""
 
     stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("dependency_timeout",)
+    rules: ClassVar[tuple[str, ...]] = (DEPENDENCY_TIMEOUT.name,)
 
     def new_job_state(self) -> dict[str, Any]:
         """Open timeouts by kind, and the job's run."""
@@ -52,10 +62,9 @@ class DependencyTimeoutDetector(PerJobDetector):
                     out.append(self._finding(r["job_id"], kind, cond, r["ts"], active=False))
             return out
         if event.type == "JobStarted":
-            job = self._jobs.get(r["job_id"])
-            if job is None or job["run"] == r.get("run_id", ""):
+            job = self._another_run(r)
+            if job is None:
                 return []
-            job["run"] = r.get("run_id", "")
             out = [
                 self._finding(r["job_id"], kind, cond, r["ts"], active=False)
                 for kind, cond in sorted(job["open"].items())
@@ -65,9 +74,7 @@ class DependencyTimeoutDetector(PerJobDetector):
         return []
 
     def _timeout(self, r: dict[str, Any]) -> list[Finding]:
-        job = self._job(r["job_id"])
-        if job["run"] is None:
-            job["run"] = r.get("run_id", "")
+        job = self._job_of_run(r)
         kind = r["kind"]
         cond = job["open"].get(kind)
         if cond is None:
@@ -109,20 +116,18 @@ class DependencyTimeoutDetector(PerJobDetector):
             if active
             else f"job {job_id} makes progress again after timeouts waiting for {what}"
         )
-        return Finding(
-            rule="dependency_timeout",
+        return DEPENDENCY_TIMEOUT.finding(
             key=(job_id, kind),
             active=active,
             ts=ts,
             category="infra" if kind == "collective_timeout" else "data",
-            severity="critical",
             job_id=job_id,
             node=place.node,
             rank=rank,
             gpu_uuid=place.gpu_uuid if rank is not None else None,
             gpu_index=place.gpu_index if rank is not None else None,
             since=cond["since"],
-            invariant=f"{what} a rank depends on answers before its timeout",
+            invariant=DEPENDENCY_TIMEOUT.says(what=what),
             observed=float(len(ranks)),
             expected=0.0,
             summary=summary,

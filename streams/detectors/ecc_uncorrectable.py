@@ -41,9 +41,7 @@ class EccUncorrectableDetector(GpuFaultDetector):
     slot: ClassVar[str] = "ecc"
     quiet_knob: ClassVar[str] = "ecc_quiet_s"
 
-    def defaults(self) -> dict[str, Any]:
-        """This rule's knobs."""
-        return DEFAULTS
+    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def new_gpu(self) -> dict[str, Any]:
         """The counters of the last sample and the condition."""

@@ -39,15 +39,11 @@ FILE_OPEN_DROP = Rule(
 class FileOpenDropDetector(LoaderSignalDetector):
     """The file-open rate dropping against the run's own baseline, per rank or node."""
 
-    rule: ClassVar[str] = FILE_OPEN_DROP.name
     declared: ClassVar[Rule] = FILE_OPEN_DROP
     stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("file_open_drop",)
     metrics: ClassVar[tuple[str, ...]] = ("file_opens_s",)
 
-    def defaults(self) -> dict[str, Any]:
-        """This rule's knobs."""
-        return DEFAULTS
+    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def metric_value(self, metric: str, r: dict[str, Any]) -> float | None:
         """Files opened per batch taken in the sample (None without batches: nothing asked for)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.base import Finding, PerJobDetector
 from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "GpuIdleAllocatedDetector"]
@@ -46,9 +46,8 @@ class GpuIdleAllocatedDetector(PerJobDetector):
     rules: ClassVar[tuple[str, ...]] = ("gpu_idle_allocated",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "JobStarted", "StepCompleted"})
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._idle_ms = int(float(p["idle_min_s"]) * 1000)
         self._util = float(p["idle_util_pct"])
         self._mem = float(p["idle_mem_frac"])

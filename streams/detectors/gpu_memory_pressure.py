@@ -97,9 +97,7 @@ class GpuMemoryPressureDetector(GpuDetector):
         """A job that ended: its unfinished summary goes (a completed one was taken at its end)."""
         self.normals.forget(job_id)
 
-    def defaults(self) -> dict[str, Any]:
-        """This rule's knobs."""
-        return DEFAULTS
+    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def new_gpu(self) -> dict[str, Any]:
         """No condition yet."""

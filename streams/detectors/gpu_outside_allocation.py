@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Binding, Detector, Finding, Topology
+from streams.detectors.base import Binding, Detector, Finding
 from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "GpuOutsideAllocationDetector"]
@@ -44,9 +44,8 @@ class GpuOutsideAllocationDetector(Detector):
     rules: ClassVar[tuple[str, ...]] = ("gpu_outside_allocation",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "RankBound"})
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._min_samples = max(1, int(p["min_samples"]))
         # "job|node|gpu_uuid" -> {"n", "since", "active", "rank", "pids", "points"}
         self._gpus: dict[str, dict[str, Any]] = {}

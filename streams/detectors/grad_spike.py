@@ -15,7 +15,7 @@ import math
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.base import Finding, PerJobDetector
 from streams.detectors.catalogue import Rule
 from streams.detectors.placement import rank_place
 from streams.detectors.stats import median
@@ -51,9 +51,8 @@ class GradSpikeDetector(PerJobDetector):
     stage: ClassVar[str] = "job"
     rules: ClassVar[tuple[str, ...]] = ("grad_spike",)
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._grad_k = int(p["grad_window_steps"])
         self._grad_min = int(p["grad_min_history"])
         self._spike_factor = float(p["grad_spike_factor"])
@@ -128,15 +127,12 @@ class GradSpikeDetector(PerJobDetector):
             if active
             else f"gradient norm of job {job_id} is back to normal ({grad:.4g})"
         )
-        return GRAD_SPIKE.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
-            node=place.node,
+        return GRAD_SPIKE.for_job(
+            job_id,
+            active,
+            ts,
             rank=spike["rank"],
-            gpu_uuid=place.gpu_uuid,
-            gpu_index=place.gpu_index,
+            place=place,
             since=spike["since"],
             invariant=GRAD_SPIKE.says(spike_factor=self._spike_factor, grad_k=self._grad_k),
             observed=grad,

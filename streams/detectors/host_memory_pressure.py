@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, Topology, drop_nodes
+from streams.detectors.base import Detector, Finding, drop_nodes
 from streams.detectors.catalogue import Rule
 from streams.detectors.infra_signal import NodeJobs
 
@@ -44,14 +44,13 @@ class HostMemoryPressureDetector(Detector):
     rules: ClassVar[tuple[str, ...]] = ("host_memory_pressure",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"HostSample"})
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._ratio = float(p["host_mem_available_ratio"])
         self._sustain = int(float(p["host_mem_sustain_s"]) * 1000)
         self._oom_quiet = int(float(p["oom_quiet_s"]) * 1000)
         self._hosts: dict[str, dict[str, Any]] = {}  # node -> host memory state
-        self.node_jobs = NodeJobs(topology)
+        self.node_jobs = NodeJobs(self.topology)
 
     def forget_nodes(self, nodes: frozenset[str]) -> None:
         """Drop evicted nodes' host memory state."""

@@ -92,10 +92,11 @@ class GpuDetector(Detector):
     """A rule judged per GPU from its GpuSamples; see the module doc."""
 
     reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample"})
+    defaults: ClassVar[dict[str, Any]] = {}  # the subclass's knobs (its module's DEFAULTS)
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
-        self.p = {**self.defaults(), **self.params}
+        self.p = {**self.defaults, **self.params}
         self._gpus: dict[str, dict[str, Any]] = {}  # "node|uuid" -> per-GPU state
 
     def forget_nodes(self, nodes: frozenset[str]) -> None:
@@ -103,10 +104,6 @@ class GpuDetector(Detector):
         drop_nodes(self._gpus, nodes)
 
     # -- what a subclass says --------------------------------------------------------------------
-
-    def defaults(self) -> dict[str, Any]:
-        """The subclass's knobs (its module's DEFAULTS)."""
-        return {}
 
     def new_gpu(self) -> dict[str, Any]:
         """The rule's own state of a GPU seen for the first time."""

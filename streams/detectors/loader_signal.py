@@ -61,14 +61,14 @@ class LoaderSignalDetector(PerJobDetector):
     """One DataLoaderSample signal per rank against the run's own normal; see the module doc."""
 
     reads: ClassVar[frozenset[str] | None] = frozenset({"DataLoaderSample", "StepCompleted"})
-    rule: ClassVar[str] = ""  # the one rule of the subclass (also its `rules`)
-    declared: ClassVar[Rule]  # its catalogue entry: category, invariant, the usual layer
+    declared: ClassVar[Rule]  # the one rule of the subclass (also its `rules`): category, invariant, layer
+    defaults: ClassVar[dict[str, Any]] = {}  # the subclass's own knobs (its module's DEFAULTS)
     metrics: ClassVar[tuple[str, ...]] = ()
     needs_batches: ClassVar[bool] = True  # skip samples of a loop that received no batch
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
-        p = {**LOADER_DEFAULTS, **self.defaults(), **self.params}
+        p = {**LOADER_DEFAULTS, **self.defaults, **self.params}
         self.p = p
         self._recent = max(1, int(p["recent_samples"]))
         self._history = max(2, int(p["history_samples"]))
@@ -84,10 +84,6 @@ class LoaderSignalDetector(PerJobDetector):
         self._rank_sustain_ms = int(float(p["rank_sustain_s"]) * 1000)
 
     # -- what a subclass says --------------------------------------------------------------------
-
-    def defaults(self) -> dict[str, Any]:
-        """The subclass's own knobs (its module's DEFAULTS)."""
-        return {}
 
     def metric_value(self, metric: str, r: dict[str, Any]) -> float | None:
         """A metric's value in one DataLoaderSample (None: not measured)."""
@@ -329,7 +325,7 @@ class LoaderSignalDetector(PerJobDetector):
         if active and recent is not None and ref is not None:
             summary = f"{self.describe(metric, recent, ref)} on {who}; {wait_text}"
         elif active:
-            summary = f"{self.rule} on {who}; {wait_text}"
+            summary = f"{self.declared.name} on {who}; {wait_text}"
         else:
             summary = f"the data path of {who} is back to its normal"
         points = states[0]["points"] if states else []
@@ -339,10 +335,8 @@ class LoaderSignalDetector(PerJobDetector):
             ts=ts,
             severity="warning" if waited else "info",
             job_id=job_id,
-            node=where.node,
             rank=rank,
-            gpu_uuid=where.gpu_uuid,
-            gpu_index=where.gpu_index,
+            place=where,
             since=cond["since"],
             observed=recent,
             expected=ref,

@@ -38,16 +38,12 @@ LOADER_WORKERS_LOST = Rule(
 class LoaderWorkersLostDetector(LoaderSignalDetector):
     """Live loader workers below the configured count (or the run's own maximum), per rank or node."""
 
-    rule: ClassVar[str] = LOADER_WORKERS_LOST.name
     declared: ClassVar[Rule] = LOADER_WORKERS_LOST
     stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("loader_workers_lost",)
     metrics: ClassVar[tuple[str, ...]] = ("workers",)
     needs_batches: ClassVar[bool] = False
 
-    def defaults(self) -> dict[str, Any]:
-        """This rule's knobs."""
-        return DEFAULTS
+    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def reference(self, metric: str, hist: list[float], r: dict[str, Any]) -> float | None:
         """The configured worker count, else the most seen alive in this run; None for an in-process loader."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.base import Finding, PerJobDetector
 from streams.detectors.catalogue import Rule
 from streams.detectors.history import add_point
 
@@ -39,9 +39,8 @@ class LongPendingDetector(PerJobDetector):
     stage: ClassVar[str] = "job"
     rules: ClassVar[tuple[str, ...]] = ("long_pending",)
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._pending_max = int(float(p["pending_max_s"]) * 1000)
         self._reemit = int(float(p["reemit_s"]) * 1000)
 
@@ -95,11 +94,10 @@ class LongPendingDetector(PerJobDetector):
             if active
             else f"job {job_id} left pending after {waited / 60:.0f} min"
         )
-        return LONG_PENDING.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return LONG_PENDING.for_job(
+            job_id,
+            active,
+            ts,
             since=int(cond["since"]) + self._pending_max,
             invariant=LONG_PENDING.says(pending_min=self._pending_max // 60000),
             observed=waited,

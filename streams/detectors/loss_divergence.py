@@ -19,7 +19,7 @@ import math
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.base import Finding, PerJobDetector
 from streams.detectors.catalogue import Rule
 from streams.detectors.stats import median
 
@@ -53,9 +53,8 @@ class LossDivergenceDetector(PerJobDetector):
     stage: ClassVar[str] = "job"
     rules: ClassVar[tuple[str, ...]] = ("loss_divergence",)
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._window_ms = int(float(p["window_s"]) * 1000)
         self._tol = float(p["divergence_tol"])
         self._min_rise = float(p["divergence_min_rise"])
@@ -137,11 +136,10 @@ class LossDivergenceDetector(PerJobDetector):
             if active
             else f"loss of job {job_id} is back near its running minimum ({med:.4g} vs {run_min:.4g})"
         )
-        return LOSS_DIVERGENCE.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return LOSS_DIVERGENCE.for_job(
+            job_id,
+            active,
+            ts,
             since=int(div["since"]),
             invariant=LOSS_DIVERGENCE.says(window_s=self._window_ms // 1000, tol_pct=100 * self._tol),
             observed=med,

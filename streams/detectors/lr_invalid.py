@@ -14,7 +14,7 @@ import math
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import LEADER_RANK, Finding, PerJobDetector, Topology
+from streams.detectors.base import LEADER_RANK, Finding, PerJobDetector
 from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "LrInvalidDetector"]
@@ -41,9 +41,8 @@ class LrInvalidDetector(PerJobDetector):
     stage: ClassVar[str] = "job"
     rules: ClassVar[tuple[str, ...]] = ("lr_invalid",)
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._min = float(p["lr_min"])
         self._max = float(p["lr_max"])
 

@@ -43,8 +43,7 @@ class NonfiniteDetector(PerJobDetector):
     """One value of a job's steps that must stay finite; see the module doc."""
 
     reads: ClassVar[frozenset[str] | None] = frozenset({"StepCompleted"})
-    rule: ClassVar[str] = ""  # the one rule of the subclass (also its `rules`)
-    declared: ClassVar[Rule]  # its catalogue entry
+    declared: ClassVar[Rule]  # the one rule of the subclass (also its `rules`): its catalogue entry
     what: ClassVar[str] = ""  # the value in words: "loss", "gradient norm"
     history_metric: ClassVar[str] = ""  # the running count of non-finite values, e.g. `nonfinite_loss_steps`
 
@@ -103,15 +102,12 @@ class NonfiniteDetector(PerJobDetector):
             else f"{what} of job {job_id} is finite again after step {cond['bad_step']}"
         )
         place = rank_place(self.topology, job_id, cond["rank"])
-        return self.declared.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
-            node=place.node,
+        return self.declared.for_job(
+            job_id,
+            active,
+            ts,
             rank=cond["rank"],
-            gpu_uuid=place.gpu_uuid,
-            gpu_index=place.gpu_index,
+            place=place,
             since=cond["since"],
             summary=summary,
             # The non-finite values themselves are no numbers to plot: their running count is.

@@ -40,9 +40,7 @@ class NonfiniteGradDetector(NonfiniteDetector):
 
     section: ClassVar[str] = "numerical"
     stage: ClassVar[str] = "rank"
-    rule: ClassVar[str] = NONFINITE_GRAD.name
     declared: ClassVar[Rule] = NONFINITE_GRAD
-    rules: ClassVar[tuple[str, ...]] = ("nonfinite_grad",)
     what: ClassVar[str] = "gradient norm"
     history_metric: ClassVar[str] = "nonfinite_grad_steps"
 

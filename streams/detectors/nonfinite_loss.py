@@ -34,9 +34,7 @@ class NonfiniteLossDetector(NonfiniteDetector):
 
     section: ClassVar[str] = "numerical"
     stage: ClassVar[str] = "rank"
-    rule: ClassVar[str] = NONFINITE_LOSS.name
     declared: ClassVar[Rule] = NONFINITE_LOSS
-    rules: ClassVar[tuple[str, ...]] = ("nonfinite_loss",)
     what: ClassVar[str] = "loss"
     history_metric: ClassVar[str] = "nonfinite_loss_steps"
 

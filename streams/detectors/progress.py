@@ -58,7 +58,9 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding
+from streams.detectors.catalogue import Rule
 from streams.detectors.hang_evidence import _activity, _gpu_row, _sm, _tensor, hung_rank
+from streams.detectors.placement import rank_place
 from streams.detectors.stats import median, stat_mean
 
 __all__ = ["DEFAULTS", "ProgressDetector"]
@@ -97,6 +99,43 @@ _GPU_HISTORY = 8  # recent GPU samples kept per rank
 # step's start (an agent samples a node's GPUs, and ranks leave a collective, within a few ms).
 _SKEW_MS = 250
 _POWER_HISTORY = 64  # GPU power readings while training kept per job (its reference level)
+
+# The rules' layers are the evidence's (what the ranks do since the stall began); the declared one
+# is the usual cause. An evaluation that never ends names no layer.
+JOB_STALL = Rule(
+    "job_stall",
+    category="platform",
+    severity="critical",
+    invariant="every running job completes a step within its normal interval unless a checkpoint or evaluation is open",
+    suspected_layer="platform",
+)
+RANK_HANG = Rule(
+    "rank_hang",
+    category="platform",
+    severity="critical",
+    invariant="every rank keeps stepping with its peers",
+    suspected_layer="platform",
+)
+ZOMBIE_JOB = Rule(
+    "zombie_job",
+    category="platform",
+    severity="warning",
+    invariant="a job holding GPUs makes progress",
+    suspected_layer="platform",
+)
+EVALUATION_STUCK = Rule(
+    "evaluation_stuck",
+    category="platform",
+    severity="critical",
+    invariant="an evaluation finishes within its expected (or learned) duration",
+)
+STARTUP_HANG = Rule(
+    "startup_hang",
+    category="platform",
+    severity="critical",
+    invariant="a run completes its first step within its start-up allowance (learned per workload family)",
+    suspected_layer="platform",
+)
 
 
 def _blank_job() -> dict[str, Any]:
@@ -137,12 +176,8 @@ class ProgressDetector(Detector):
 
     stage: ClassVar[str] = "job"  # reads the rank stage's summaries of the job's ranks
 
-    rules: ClassVar[tuple[str, ...]] = (
-        "job_stall",
-        "rank_hang",
-        "zombie_job",
-        "evaluation_stuck",
-        "startup_hang",
+    rules: ClassVar[tuple[str, ...]] = tuple(
+        r.name for r in (JOB_STALL, RANK_HANG, ZOMBIE_JOB, EVALUATION_STUCK, STARTUP_HANG)
     )
 
     def __init__(self, topology: Any, params: dict[str, Any] | None = None) -> None:
@@ -468,25 +503,56 @@ class ProgressDetector(Detector):
         took_s = (ts - since) / 1000.0
         phase, layer = self._startup_phase(job_id, job) if active else ("", "unknown")
         learned = "learned from its family's start-ups" if self.families.get(job["family"]) else "default"
-        return Finding(
-            rule="startup_hang",
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            category="platform",
-            severity="critical",
-            job_id=job_id,
+        return self._job_finding(
+            STARTUP_HANG,
+            job_id,
+            job,
+            ts,
+            active,
             since=since,
-            invariant="a run completes its first step within its start-up allowance (learned per workload family)",
             observed=took_s,
-            expected=allowed / 1000.0 if active else None,
+            allowed=allowed,
             summary=(
                 f"job {job_id} has completed no step {took_s:.0f} s after it started (allowed {allowed / 1000:.0f} s, "
                 f"{learned}); stuck in {phase}"
                 if active
                 else f"job {job_id} completed its first step"
             ),
+            layer=layer,
+            step_history=False,
+        )
+
+    def _job_finding(
+        self,
+        rule: Rule,
+        job_id: str,
+        job: dict[str, Any],
+        ts: int,
+        active: bool,
+        *,
+        since: int | None,
+        observed: float,
+        allowed: int,
+        summary: str,
+        layer: str,
+        step_history: bool = True,
+        history: tuple[str, tuple[tuple[int, float], ...]] | None = None,
+    ) -> Finding:
+        """A job-level finding of the progress rules: since when, how long (`observed` s) against
+        the allowance (ms, while it holds), and as its history the step the job stands at (or the
+        `history` given: metric, points)."""
+        if history is None and step_history:
+            history = ("step", _step_now(job, ts))
+        return rule.for_job(
+            job_id,
+            active,
+            ts,
+            since=since,
+            observed=observed,
+            expected=allowed / 1000.0 if active else None,
+            summary=summary,
             suspected_layer=layer,
+            **({"history_metric": history[0], "history": history[1]} if history is not None else {}),
         )
 
     # -- time --------------------------------------------------------------------------
@@ -634,29 +700,25 @@ class ProgressDetector(Detector):
     ) -> Finding:
         since = job["stall"] if job["stall"] is not None else job["last_activity"]
         silent_s = (ts - (job["last_activity"] or ts)) / 1000.0
-        return Finding(
-            rule="job_stall",
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            category="platform",
-            severity="critical",
-            job_id=job_id,
+        return self._job_finding(
+            JOB_STALL,
+            job_id,
+            job,
+            ts,
+            active,
             since=since,
-            invariant="every running job completes a step within its normal interval unless a checkpoint or evaluation is open",
             observed=silent_s,
-            expected=allowed / 1000.0 if active else None,
+            allowed=allowed,
             summary=(
                 f"job {job_id} made no progress for {silent_s:.0f} s (allowed {allowed / 1000:.0f} s) "
                 f"since step {job['max_step']}"
                 if active
                 else f"job {job_id} progresses again"
             ),
-            suspected_layer=self._stall_layer(job) if active else "unknown",
+            layer=self._stall_layer(job) if active else "unknown",
             # The silence itself, from the last activity to now: it grows with the stall (the
             # tracker republishes the firing alert as it does).
-            history_metric="seconds_without_step",
-            history=((job["last_activity"] or ts, 0.0), (ts, silent_s)),
+            history=("seconds_without_step", ((job["last_activity"] or ts, 0.0), (ts, silent_s))),
         )
 
     def _stall_layer(self, job: dict[str, Any]) -> str:
@@ -706,22 +768,15 @@ class ProgressDetector(Detector):
         return "gpu"
 
     def _hang_finding(self, job_id: str, job: dict[str, Any], rank: int, ts: int, active: bool) -> Finding:
-        binding = self.topology.bindings.get((job_id, rank))
+        place = rank_place(self.topology, job_id, rank)
         last = job["ranks"].get(str(rank), [None, None])
-        return Finding(
-            rule="rank_hang",
-            key=(job_id, str(rank)),
-            active=active,
-            ts=ts,
-            category="platform",
-            severity="critical",
-            job_id=job_id,
-            node=binding.node if binding else None,
-            rank=rank,
-            gpu_uuid=binding.gpu_uuid if binding else None,
-            gpu_index=binding.gpu_index if binding else None,
+        return RANK_HANG.for_rank(
+            job_id,
+            rank,
+            place,
+            active,
+            ts,
             since=last[1],
-            invariant="every rank keeps stepping with its peers",
             observed=float(last[0]) if last[0] is not None else None,
             expected=float(job["max_step"]) if job["max_step"] is not None else None,
             summary=(
@@ -753,41 +808,31 @@ class ProgressDetector(Detector):
     ) -> Finding:
         eid, since = job["eval_stuck"]
         open_s = (ts - since) / 1000.0
-        return Finding(
-            rule="evaluation_stuck",
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            category="platform",
-            severity="critical",
-            job_id=job_id,
+        return self._job_finding(
+            EVALUATION_STUCK,
+            job_id,
+            job,
+            ts,
+            active,
             since=since,
-            invariant="an evaluation finishes within its expected (or learned) duration",
             observed=open_s,
-            expected=limit / 1000.0 if active else None,
+            allowed=limit,
             summary=(
                 f"evaluation {eid} of job {job_id} has been open for {open_s:.0f} s (allowed {limit / 1000:.0f} s) "
                 f"{_at_step(job['max_step'])}: the job is stalled in its evaluation"
                 if active
                 else f"evaluation {eid} of job {job_id} is over"
             ),
-            suspected_layer="unknown",
-            history_metric="step",
-            history=((job["last_step_ts"] or ts, float(job["max_step"] or 0)),),
+            layer="unknown",
         )
 
     def _zombie_finding(self, job_id: str, job: dict[str, Any], ts: int, active: bool) -> Finding:
         silent_s = (ts - (job["last_activity"] or ts)) / 1000.0
-        return Finding(
-            rule="zombie_job",
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            category="platform",
-            severity="warning",
-            job_id=job_id,
+        return ZOMBIE_JOB.for_job(
+            job_id,
+            active,
+            ts,
             since=job["zombie"],
-            invariant="a job holding GPUs makes progress",
             observed=silent_s,
             expected=self.zombie_grace_ms / 1000.0,
             summary=(
@@ -795,7 +840,6 @@ class ProgressDetector(Detector):
                 if active
                 else f"job {job_id} progresses again"
             ),
-            suspected_layer="platform",
             # The job's recent step advances, then the step it still stands at: a flat tail.
             history_metric="step",
             history=(
@@ -826,6 +870,11 @@ class ProgressDetector(Detector):
     def forget_job(self, job_id: str) -> None:
         """Drop a finished job."""
         self.jobs.pop(job_id, None)
+
+
+def _step_now(job: dict[str, Any], ts: int) -> tuple[tuple[int, float], ...]:
+    """The step a job stands at, as a one-point history: when it was reached, or `ts`."""
+    return ((job["last_step_ts"] or ts, float(job["max_step"] or 0)),)
 
 
 def _at_step(step: int | None) -> str:

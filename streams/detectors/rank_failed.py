@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.base import Finding, PerJobDetector
 from streams.detectors.catalogue import Rule
 from streams.detectors.placement import rank_place
 
@@ -52,9 +52,8 @@ class RankFailedDetector(PerJobDetector):
     rules: ClassVar[tuple[str, ...]] = ("rank_failed",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"JobStarted", "RankFault", "StepCompleted"})
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._kinds = frozenset(str(k) for k in p["kinds"])
 
     def new_job_state(self) -> dict[str, Any]:
@@ -76,10 +75,9 @@ class RankFailedDetector(PerJobDetector):
                 return [self._finding(r["job_id"], job, int(r["rank"]), cond, r["ts"], active=False)]
             return []
         if event.type == "JobStarted":
-            job = self._jobs.get(r["job_id"])
-            if job is None or job["run"] == r.get("run_id", ""):
+            job = self._another_run(r)
+            if job is None:
                 return []
-            job["run"] = r.get("run_id", "")
             out = [
                 self._finding(r["job_id"], job, int(rank), cond, r["ts"], active=False)
                 for rank, cond in sorted(job["failed"].items(), key=lambda kv: int(kv[0]))
@@ -89,9 +87,7 @@ class RankFailedDetector(PerJobDetector):
         return []
 
     def _fault(self, r: dict[str, Any]) -> list[Finding]:
-        job = self._job(r["job_id"])
-        if job["run"] is None:
-            job["run"] = r.get("run_id", "")
+        job = self._job_of_run(r)
         rank = int(r["rank"])
         faults: list[list[Any]] = job["faults"]
         faults.append([r["ts"], float(len(faults) + 1)])
@@ -125,16 +121,13 @@ class RankFailedDetector(PerJobDetector):
             if active
             else f"rank {rank} of job {job_id}{where} runs again after it {reason}"
         )
-        return RANK_FAILED.finding(
-            key=(job_id, str(rank)),
-            active=active,
-            ts=ts,
+        return RANK_FAILED.for_rank(
+            job_id,
+            rank,
+            place,
+            active,
+            ts,
             category="model" if kind in ("exception", "cuda_oom") else "platform",
-            job_id=job_id,
-            node=place.node,
-            rank=rank,
-            gpu_uuid=place.gpu_uuid,
-            gpu_index=place.gpu_index,
             since=cond["since"],
             observed=float(cond["n"]),
             expected=0.0,

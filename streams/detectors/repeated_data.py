@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.base import Finding, PerJobDetector
 from streams.detectors.catalogue import Rule
 from streams.detectors.placement import rank_place
 
@@ -47,9 +47,8 @@ class RepeatedDataDetector(PerJobDetector):
     rules: ClassVar[tuple[str, ...]] = ("repeated_data",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"StepCompleted"})
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._window = max(2, int(p["window_steps"]))
         self._min_distinct = float(p["min_distinct_ratio"])
         self._reemit_ms = int(float(p["reemit_s"]) * 1000)
@@ -109,15 +108,12 @@ class RepeatedDataDetector(PerJobDetector):
             if active
             else f"rank {rank} of job {job_id} gets distinct batches again ({distinct} of the last {window})"
         )
-        return REPEATED_DATA.finding(
-            key=(job_id, str(rank)),
-            active=active,
-            ts=r["ts"],
-            job_id=job_id,
-            node=place.node,
-            rank=rank,
-            gpu_uuid=place.gpu_uuid,
-            gpu_index=place.gpu_index,
+        return REPEATED_DATA.for_rank(
+            job_id,
+            rank,
+            place,
+            active,
+            r["ts"],
             since=since,
             invariant=REPEATED_DATA.says(min_distinct=self._min_distinct, window=window),
             observed=distinct / window,

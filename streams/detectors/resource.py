@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, Topology, drop_nodes
+from streams.detectors.base import Detector, Finding, drop_nodes
 from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "ResourceDetector"]
@@ -38,9 +38,8 @@ class ResourceDetector(Detector):
     rules: ClassVar[tuple[str, ...]] = ("foreign_process",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "RankBound"})
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._min_samples = max(1, int(p["min_samples"]))
         # "node|gpu_uuid" -> {"n": samples in a row, "since", "pids", "job_id", "rank", "active"}
         self._gpus: dict[str, dict[str, Any]] = {}

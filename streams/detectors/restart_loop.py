@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.base import Finding, PerJobDetector
 from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "RestartLoopDetector"]
@@ -44,9 +44,8 @@ class RestartLoopDetector(PerJobDetector):
     stage: ClassVar[str] = "job"
     rules: ClassVar[tuple[str, ...]] = ("restart_loop",)
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._threshold = int(p["restart_threshold"])
         self._window = int(float(p["restart_window_s"]) * 1000)
         self._stable = int(float(p["restart_resolve_s"]) * 1000)
@@ -156,11 +155,10 @@ class RestartLoopDetector(PerJobDetector):
             if active
             else f"job {job_id} is no longer restarting in a loop"
         )
-        return RESTART_LOOP.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return RESTART_LOOP.for_job(
+            job_id,
+            active,
+            ts,
             since=int(loop["since"]),
             invariant=RESTART_LOOP.says(threshold=self._threshold, window_min=window_min),
             observed=float(loop["n"]),

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector
+from streams.detectors.base import Finding
 from streams.detectors.catalogue import Rule
-from streams.detectors.history import add_point
+from streams.detectors.failures import FailuresInARow
 
 __all__ = ["DEFAULTS", "RestoreTestFailedDetector"]
 
@@ -51,16 +51,13 @@ RESTORE_TEST_FAILED = Rule(
 )
 
 
-class RestoreTestFailedDetector(PerJobDetector):
+class RestoreTestFailedDetector(FailuresInARow):
     """Failed restore tests per job, until one passes."""
 
+    declared: ClassVar[Rule] = RESTORE_TEST_FAILED
+    history_metric: ClassVar[str] = "failed_restore_tests"
     section: ClassVar[str] = "readiness"
     stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("restore_test_failed",)
-
-    def new_job_state(self) -> dict[str, Any]:
-        """The job's open failure (None while its tests pass)."""
-        return {"failed": None}
 
     def observe(self, event: Event) -> list[Finding]:
         """A failed RestoreTest fires (or updates); a passing one resolves."""
@@ -80,32 +77,14 @@ class RestoreTestFailedDetector(PerJobDetector):
                 "why": _what_failed(r),
             }
             return [self._finding(job_id, job["failed"], ts, True)]
-        if failed is None:
-            return []
-        job["failed"] = None
-        return [self._finding(job_id, failed, ts, False, r["checkpoint_id"])]
+        return self._succeeded(job_id, job, ts, r["checkpoint_id"])
 
-    def _finding(
-        self, job_id: str, failed: dict[str, Any], ts: int, active: bool, resolved_by: str = ""
-    ) -> Finding:
+    def summary(self, job_id: str, failed: dict[str, Any], active: bool, resolved_by: str) -> str:
+        """The checkpoint whose restore test failed and what failed; or the one that passed."""
         step = f" (step {failed['step']})" if failed.get("step") is not None else ""
-        history = add_point(failed, ts, failed["n"] if active else 0)
-        summary = (
+        return (
             f"restore test of checkpoint {failed['cid']}{step} of job {job_id} failed: {failed['why']}"
             + (f" ({failed['n']} failed tests in a row)" if failed["n"] > 1 else "")
             if active
             else f"checkpoint {resolved_by} of job {job_id} passed a restore test"
-        )
-        return RESTORE_TEST_FAILED.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
-            since=failed["since"],
-            observed=float(failed["n"]),
-            expected=0.0,
-            summary=summary,
-            history_metric="failed_restore_tests",
-            history=history,
-            sustain_ms=0,
         )

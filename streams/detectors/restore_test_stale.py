@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, JobInfo, PerJobDetector, Topology
+from streams.detectors.base import Finding, JobInfo, PerJobDetector
 from streams.detectors.catalogue import Rule
 from streams.detectors.durations import age_text
 from streams.detectors.history import add_point
@@ -78,9 +78,8 @@ class RestoreTestStaleDetector(PerJobDetector):
     stage: ClassVar[str] = "job"
     rules: ClassVar[tuple[str, ...]] = ("restore_test_stale",)
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._max_age_s = float(p["restore_test_max_age_s"])
         self._reemit_ms = int(float(p["reemit_s"]) * 1000)
         self._kept = int(p["checkpoints_kept"])
@@ -174,11 +173,10 @@ class RestoreTestStaleDetector(PerJobDetector):
                 f"job {job_id} changed since its newest passing restore test ({passed['cid']}): {moved}; "
                 "a restore with what it runs now is untested"
             )
-        return RESTORE_TEST_STALE.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return RESTORE_TEST_STALE.for_job(
+            job_id,
+            active,
+            ts,
             since=int(job["stale"]["since"]) if job["stale"] else ts,
             invariant=RESTORE_TEST_STALE.says(max_s=max_s),
             observed=(ts - ref) / 1000,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.base import Finding, PerJobDetector
 from streams.detectors.catalogue import Rule
 
 __all__ = ["DEFAULTS", "StepSkipRateDetector"]
@@ -47,9 +47,8 @@ class StepSkipRateDetector(PerJobDetector):
     stage: ClassVar[str] = "job"
     rules: ClassVar[tuple[str, ...]] = ("step_skip_rate",)
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._window = max(8, int(p["window_steps"]))
         self._min = float(p["min_fraction"])
         self._quarters = max(1, min(4, int(p["min_quarters"])))
@@ -118,11 +117,10 @@ class StepSkipRateDetector(PerJobDetector):
             if active
             else f"job {job_id} skips {fraction:.0%} of its steps again"
         )
-        return STEP_SKIP_RATE.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return STEP_SKIP_RATE.for_job(
+            job_id,
+            active,
+            ts,
             since=cond["since"],
             invariant=STEP_SKIP_RATE.says(min=self._min, window=self._window),
             observed=fraction,

@@ -29,7 +29,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, Topology, drop_nodes
+from streams.detectors.base import Detector, Finding, drop_nodes
+from streams.detectors.catalogue import Rule
 from streams.detectors.history import add_point, points_of
 from streams.detectors.infra_signal import CHECK_DEFAULTS, NodeJobs, PeriodicCheck
 from streams.detectors.stats import median
@@ -63,17 +64,25 @@ def _heard(n: dict[str, Any]) -> int:
     return max(int(n["last"]), int(n.get("heard") or 0))
 
 
+TELEMETRY_MISSING = Rule(
+    "telemetry_missing",
+    category="infra",
+    severity="warning",
+    invariant="every node of a running job sends telemetry",
+    suspected_layer="telemetry",
+)
+
+
 class TelemetryMissingDetector(Detector):
     """Nodes of running jobs whose telemetry stopped, reported to each job on them."""
 
     section: ClassVar[str] = "infrastructure"
     stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("telemetry_missing",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "HostSample"})
+    rules: ClassVar[tuple[str, ...]] = (TELEMETRY_MISSING.name,)
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._miss_n = float(p["missing_intervals"])
         self._miss_min = int(float(p["missing_min_s"]) * 1000)
         self._unlearned = int(float(p["unlearned_s"]) * 1000)
@@ -81,7 +90,7 @@ class TelemetryMissingDetector(Detector):
         self._reemit = int(float(p["reemit_s"]) * 1000)
         self.check = PeriodicCheck(int(float(p["check_every_s"]) * 1000))
         self._nodes: dict[str, dict[str, Any]] = {}  # node -> last sample, sources, intervals, missing
-        self.node_jobs = NodeJobs(topology)
+        self.node_jobs = NodeJobs(self.topology)
         self._watermark = -(2**62)  # the latest watermark: when a sample arrives, its node is heard then
         self._listed: tuple[tuple[str, str, int], ...] | None = None  # running jobs the listed nodes are of
         self._listed_nodes: frozenset[str] = frozenset()
@@ -201,21 +210,16 @@ class TelemetryMissingDetector(Detector):
             if active
             else f"node {node} sends telemetry again"
         )
-        return Finding(
-            rule="telemetry_missing",
+        return TELEMETRY_MISSING.finding(
             key=(node, job_id) if job_id else (node,),
             active=active,
             ts=ts,
-            category="infra",
-            severity="warning",
             job_id=job_id,
             node=node,
             since=int(missing["since"]),
-            invariant="every node of a running job sends telemetry",
             observed=silent_s if active else 0.0,
             expected=missing["limit"] / 1000,
             summary=summary,
-            suspected_layer="telemetry",
             history_metric="seconds_since_sample",
             history=history,
             sustain_ms=0,

@@ -40,7 +40,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, JobAndHostDetector, Topology
+from streams.detectors.base import Finding, JobAndHostDetector
+from streams.detectors.catalogue import Rule
 from streams.detectors.stats import finite, mean, median, stat_mean
 
 __all__ = ["DEFAULTS", "ThroughputDetector"]
@@ -104,16 +105,25 @@ def _by_node(ranks: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return out
 
 
+# The layer is the evidence's (the segment that grew, the node's signals); GPU is the usual one.
+THROUGHPUT_DROP = Rule(
+    "throughput_drop",
+    category="platform",
+    severity="warning",
+    invariant="a run's step time stays within {ratio:.2f}x of its own recent windows",
+    suspected_layer="gpu",
+)
+
+
 class ThroughputDetector(JobAndHostDetector):
     """A run against its own recent history: one `throughput_drop` per slowdown, with its cause."""
 
     stage: ClassVar[str] = "job"  # reads the rank stage's summaries of the job's ranks
 
-    rules: ClassVar[tuple[str, ...]] = ("throughput_drop",)
+    rules: ClassVar[tuple[str, ...]] = (THROUGHPUT_DROP.name,)
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self.ratio = 1.0 + float(p["drop_ratio"])
         self.windows = int(p["windows"])
         self.severe = float(p["severe_ratio"])
@@ -437,17 +447,13 @@ class ThroughputDetector(JobAndHostDetector):
             for x in job["ref"][-5:]
             if (x[1] if use_step else x[2]) is not None
         )
-        return Finding(
-            rule="throughput_drop",
-            key=(job_id,),
-            active=active,
-            ts=end,
-            category="platform",
-            severity="warning",
-            job_id=job_id,
+        return THROUGHPUT_DROP.for_job(
+            job_id,
+            active,
+            end,
             node=node,
             since=since,
-            invariant=f"a run's step time stays within {self.ratio:.2f}x of its own recent windows",
+            invariant=THROUGHPUT_DROP.says(ratio=self.ratio),
             observed=observed,
             expected=expected,
             summary=summary,

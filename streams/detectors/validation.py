@@ -29,7 +29,7 @@ import math
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector, Topology
+from streams.detectors.base import Finding, PerJobDetector
 from streams.detectors.catalogue import Rule
 from streams.detectors.history import add_point, points_of
 
@@ -92,9 +92,8 @@ class ValidationDetector(PerJobDetector):
 
     rules: ClassVar[tuple[str, ...]] = ("validation_divergence", "validation_missing")
 
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        p = {**DEFAULTS, **self.params}
+    def configure(self, p: dict[str, Any]) -> None:
+        """The knobs (DEFAULTS under the configured values) and empty state."""
         self._metrics = [str(m) for m in p["val_metrics"]]
         self._noise = float(p["noise_ratio"])
         self._train_noise = float(p["train_noise_ratio"])
@@ -233,11 +232,10 @@ class ValidationDetector(PerJobDetector):
         else:
             summary = f"validation loss of job {job_id} stopped rising ({val:.4g})"
             observed = 0.0
-        return VALIDATION_DIVERGENCE.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return VALIDATION_DIVERGENCE.for_job(
+            job_id,
+            active,
+            ts,
             since=job["diverging"]["since"],
             invariant=VALIDATION_DIVERGENCE.says(noise=self._noise, sustain=self._sustain),
             observed=observed,
@@ -259,11 +257,10 @@ class ValidationDetector(PerJobDetector):
             if active
             else f"job {job_id} reported a validation again (step {step})"
         )
-        return VALIDATION_MISSING.finding(
-            key=(job_id,),
-            active=active,
-            ts=ts,
-            job_id=job_id,
+        return VALIDATION_MISSING.for_job(
+            job_id,
+            active,
+            ts,
             invariant=VALIDATION_MISSING.says(period=period, missing=self._missing),
             observed=float(step - last),
             expected=period,

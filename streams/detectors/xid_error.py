@@ -49,9 +49,7 @@ class XidErrorDetector(GpuFaultDetector):
         self._critical = {int(x) for x in self.p["xid_critical"]}
         self._reemit = int(float(self.p["reemit_s"]) * 1000)
 
-    def defaults(self) -> dict[str, Any]:
-        """This rule's knobs."""
-        return DEFAULTS
+    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def new_gpu(self) -> dict[str, Any]:
         """No XID condition yet."""

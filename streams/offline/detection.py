@@ -8,7 +8,6 @@ event-time order. The same records give the worker's alerts.
 from __future__ import annotations
 
 import heapq
-import zlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,9 +15,15 @@ from schemas.eventtime import MIN_EVENT_TS, event_ts
 from schemas.records import Event
 from streams.alerting.routing import Router, load_router
 from streams.config import EngineConfig
-from streams.detectors.base import Detector, dumps_state, loads_state
-from streams.errors import StreamsError
-from streams.stages.engine import JOB_LEVEL, SNAPSHOT_VERSION, StageEngine, empty_stats, tiebreak
+from streams.detectors.base import Detector
+from streams.stages.engine import (
+    JOB_LEVEL,
+    StageEngine,
+    empty_stats,
+    pack_snapshot,
+    tiebreak,
+    unpack_snapshot,
+)
 from streams.stages.placement import FaultCopies, Placement
 from streams.stages.routes import NodeRoutes
 
@@ -231,9 +236,8 @@ class DetectionEngine:
 
     # -- snapshots ---------------------------------------------------------------------
     def snapshot(self) -> bytes:
-        """Both stages' state as deterministic, compressed bytes."""
+        """Both stages' state as deterministic, compressed bytes (each stage engine's own snapshot)."""
         state = {
-            "version": SNAPSHOT_VERSION,
             "partitions": self.partitions,
             "max_ts": self.max_ts,
             "watermark": self.watermark,
@@ -245,19 +249,14 @@ class DetectionEngine:
             "rank": [eng.snapshot().hex() for eng in self.rank_stages],
             "job": [eng.snapshot().hex() for eng in self.job_stages],
         }
-        return zlib.compress(dumps_state(state), 6)
+        return pack_snapshot(state)
 
     @classmethod
     def restore(
         cls, data: bytes, config: EngineConfig | None = None, router: Router | None = None
     ) -> DetectionEngine:
-        """Both stages continuing exactly where `snapshot()` left off."""
-        try:
-            state = loads_state(zlib.decompress(data))
-        except (zlib.error, ValueError) as exc:
-            raise StreamsError(
-                f"engine snapshot is corrupt ({exc}); delete it to start from empty state"
-            ) from None
+        """Both stages continuing exactly where `snapshot()` left off (each stage engine restores its own)."""
+        state = unpack_snapshot(data)
         engine = cls(config, router, partitions=int(state["partitions"]))
         engine.max_ts, engine.watermark = state["max_ts"], state["watermark"]
         for node, node_state in state["routes"].items():

@@ -50,8 +50,10 @@ __all__ = [
     "SNAPSHOT_VERSION",
     "StageEngine",
     "empty_stats",
+    "pack_snapshot",
     "stage_of",
     "tiebreak",
+    "unpack_snapshot",
 ]
 
 log = logging.getLogger("ranksight.worker")
@@ -749,7 +751,6 @@ class StageEngine:
     def snapshot(self) -> bytes:
         """The whole engine state as deterministic, compressed bytes."""
         state = {
-            "version": SNAPSHOT_VERSION,
             "max_ts": self.max_ts,
             "watermark": self.watermark,
             "advanced_to": self._advanced_to,
@@ -777,7 +778,7 @@ class StageEngine:
             "early_fps": dict(sorted(self._early_fps.items())),
             "failed_at": sorted(self._failed_at.items()),
         }
-        return zlib.compress(dumps_state(state), 6)
+        return pack_snapshot(state)
 
     @classmethod
     def restore(
@@ -789,17 +790,7 @@ class StageEngine:
         holds: Callable[[str, str | None], bool] | None = None,
     ) -> StageEngine:
         """An engine continuing exactly where `snapshot()` left off."""
-        try:
-            state = loads_state(zlib.decompress(data))
-        except (zlib.error, ValueError) as exc:
-            raise StreamsError(
-                f"engine snapshot is corrupt ({exc}); delete it to start from empty state"
-            ) from None
-        if state.get("version") not in _READABLE:
-            raise StreamsError(
-                f"engine snapshot version {state.get('version')} is not supported (expected {SNAPSHOT_VERSION}); "
-                "delete it to start from empty state"
-            )
+        state = unpack_snapshot(data)
         engine = cls(config, router, stage, holds)
         engine.max_ts = state["max_ts"]
         engine.watermark = state["watermark"]
@@ -839,6 +830,28 @@ class StageEngine:
         engine._early_fps = {str(k): int(v) for k, v in state.get("early_fps", {}).items()}
         engine._failed_at = {str(j): int(t) for j, t in state.get("failed_at", [])}
         return engine
+
+
+def pack_snapshot(state: dict[str, Any]) -> bytes:
+    """An engine's state as deterministic, compressed bytes, stamped with this snapshot version."""
+    return zlib.compress(dumps_state({"version": SNAPSHOT_VERSION, **state}), 6)
+
+
+def unpack_snapshot(data: bytes) -> dict[str, Any]:
+    """The state `pack_snapshot` wrote; one sentence when the bytes are corrupt or of a version
+    this code does not read."""
+    try:
+        state: dict[str, Any] = loads_state(zlib.decompress(data))
+    except (zlib.error, ValueError) as exc:
+        raise StreamsError(
+            f"engine snapshot is corrupt ({exc}); delete it to start from empty state"
+        ) from None
+    if state.get("version") not in _READABLE:
+        raise StreamsError(
+            f"engine snapshot version {state.get('version')} is not supported (expected {SNAPSHOT_VERSION}); "
+            "delete it to start from empty state"
+        )
+    return state
 
 
 def empty_stats() -> dict[str, Any]:

@@ -232,7 +232,7 @@ def test_a_stall_page_shows_its_newest_refresh_not_its_first_minute(ui_store: Ui
     ).result_rows
     assert len({r[0] for r in rows}) == 1, rows
     newest = rows[-1]
-    page = queries.alert_page(ui_store.client, newest[0])["alert"]
+    page = alert_page(ui_store.client, newest[0])["alert"]
     assert page["observed_fired"] == newest[2] >= 120.0, (page["observed_fired"], newest)
     assert page["summary"] == newest[3] and f"for {newest[2]:.0f} s" in page["summary"]
     assert page["history"][-1] == [newest[1], newest[2]]  # the chart ends at the newest record

@@ -341,7 +341,9 @@ def test_each_service_user_may_do_what_its_command_does_and_no_more_writes() -> 
             assert not _allows(users[user], "Write", "topic", topic), f"{user} may write {topic}"
     # The job states the worker believes (--job-states=scheduler): only the scheduler watcher's.
     for user in ("ranksight-agent", "ranksight-training"):
-        assert not _allows(users[user], "Write", "topic", "rs.scheduler.states"), f"{user} may write job states"
+        assert not _allows(users[user], "Write", "topic", "rs.scheduler.states"), (
+            f"{user} may write job states"
+        )
     assert not _allows(users["ranksight-scheduler"], "Write", "topic", "rs.training.events")
     assert _allows(users["ranksight-worker"], "Read", "group", DEFAULT_APP_ID)
     assert _allows(users["ranksight-sink"], "Read", "group", "ranksight-sink")

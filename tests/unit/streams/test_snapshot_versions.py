@@ -54,3 +54,16 @@ def test_a_snapshot_of_an_unknown_version_is_refused_with_what_to_do() -> None:
     state["version"] = 1
     with pytest.raises(StreamsError, match=r"version 1 is not supported.*delete it"):
         StageEngine.restore(zlib.compress(dumps_state(state)), load_config(None), stage="job")
+
+
+def test_the_offline_driver_reads_its_envelope_as_a_stage_engine_does() -> None:
+    """Review note D6: one envelope (version, compression, errors) for both; a stage's own
+    snapshot travels inside."""
+    engine = DetectionEngine(load_config(None), partitions=2)
+    state = loads_state(zlib.decompress(engine.snapshot()))
+    assert state["version"] == SNAPSHOT_VERSION and len(state["rank"]) == 2
+    state["version"] = 1
+    with pytest.raises(StreamsError, match=r"version 1 is not supported.*delete it"):
+        DetectionEngine.restore(zlib.compress(dumps_state(state)), load_config(None))
+    with pytest.raises(StreamsError, match="corrupt"):
+        DetectionEngine.restore(b"not a snapshot", load_config(None))
