@@ -106,8 +106,9 @@ def test_a_page_the_ordered_pass_never_raises_is_withdrawn_once_event_time_passe
     fault = _fault(1, T0 + 6_000)
     paged = _alerts(engine.instant(fault, received_ts=T0 + 6_000), "rank_failed")
     assert paged
-    # In event time the job had failed just before the fault: the ordered pass raises nothing.
-    engine.process(job_state(JOB, T0 + 5_990, "failed"), received_ts=T0 + 5_990)
+    # In event time the job had completed just before the fault: the ordered pass raises nothing
+    # (after `failed` it would: a cause within the late-cause grace still pages).
+    engine.process(job_state(JOB, T0 + 5_990, "completed"), received_ts=T0 + 5_990)
     assert _alerts(engine.process(fault, received_ts=T0 + 6_000), "rank_failed") == []
     out = engine.advance(T0 + 8_000)
     withdrawn = _alerts(out, "rank_failed")
@@ -173,3 +174,17 @@ def test_a_backlog_read_ahead_of_its_turn_and_a_job_not_started_yet_wait_for_the
         other.instant(nan, received_ts=T0 + 2_000) == []
     )  # its team is not known: not paged to the platform
     assert _alerts(other.process(nan, received_ts=T0 + 2_000), "nonfinite_loss")  # raised in order
+
+
+def test_a_cause_just_after_a_failed_state_is_paged_ahead_and_kept_by_the_ordered_pass() -> None:
+    """The late-cause grace (a killed rank's fault after a peer's error failed the job) holds for
+    the instant path and the ordered pass alike: paged once, never withdrawn."""
+    engine = _engine()
+    _start(engine)
+    fault = _fault(1, T0 + 6_000)
+    paged = _alerts(engine.instant(fault, received_ts=T0 + 6_000), "rank_failed")
+    assert paged
+    engine.process(job_state(JOB, T0 + 5_990, "failed"), received_ts=T0 + 5_990)
+    assert _alerts(engine.process(fault, received_ts=T0 + 6_000), "rank_failed") == []  # sent already
+    engine.advance(T0 + 8_000)
+    assert engine.stats.get("instant_withdrawn", 0) == 0
