@@ -20,7 +20,11 @@ snapshot.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
+
+from schemas.records import Event
+from streams.detectors.base import Finding
+from streams.detectors.infra_signal import GpuDetector
 
 __all__ = ["ClassNormals"]
 
@@ -113,3 +117,47 @@ def _low(bins: list[int], n: int) -> float:
         if seen >= target:
             return i / _BINS
     return 1.0
+
+
+class LearningGpuDetector(GpuDetector):
+    """A per-GPU rule whose limit a GPU class's healthy runs can loosen (`normals`, made by the
+    subclass): a job's end teaches its class (completed) or nothing (failed, cancelled, preempted).
+    The subclass says which knob it learns (`learned_knob`) and how (`limit`)."""
+
+    reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "JobStateChanged"})
+    learned_knob: ClassVar[str] = ""
+    normals: ClassNormals
+
+    def limit(self, gpu_class: str) -> tuple[float, str]:
+        """The limit a job of `gpu_class` is held to, and where it comes from ("" = the knob)."""
+        raise NotImplementedError
+
+    def learned_knobs(self, gpu_class: str) -> dict[str, tuple[float, str]]:
+        """The knobs a job of `gpu_class` gets from what its class taught (for `rules explain`)."""
+        value, why = self.limit(gpu_class)
+        return {self.learned_knob: (value, why)} if why else {}
+
+    def observe(self, event: Event) -> list[Finding]:
+        """GpuSamples are judged; a job's end teaches its GPU class (completed) or nothing (otherwise)."""
+        if event.type == "JobStateChanged":
+            r = event.record
+            job = self.topology.jobs.get(r["job_id"])
+            if r["state"] == "completed":
+                self.normals.completed(r["job_id"], job.gpu_class if job else "", r["ts"])
+            elif r["state"] in ("failed", "cancelled", "preempted"):
+                self.normals.forget(r["job_id"])
+            return []
+        return super().observe(event)
+
+    def state(self) -> dict[str, Any]:
+        """Per GPU, and what each GPU class taught."""
+        return {**super().state(), "learned": self.normals.state()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore from `state()`."""
+        super().load_state(state)
+        self.normals.load_state(state.get("learned") or {})
+
+    def forget_job(self, job_id: str) -> None:
+        """A job that ended: its unfinished summary goes (a completed one was taken at its end)."""
+        self.normals.forget(job_id)

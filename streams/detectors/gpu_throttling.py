@@ -17,11 +17,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from schemas.records import Event
 from streams.detectors.base import Finding, Topology
 from streams.detectors.catalogue import Rule
-from streams.detectors.class_normals import ClassNormals
-from streams.detectors.infra_signal import GpuDetector
+from streams.detectors.class_normals import ClassNormals, LearningGpuDetector
 
 __all__ = ["DEFAULTS", "THROTTLE_REASONS", "GpuThrottlingDetector"]
 
@@ -55,12 +53,13 @@ GPU_THROTTLING = Rule(
 )
 
 
-class GpuThrottlingDetector(GpuDetector):
+class GpuThrottlingDetector(LearningGpuDetector):
     """Thermal and power throttling per GPU."""
 
     section: ClassVar[str] = "infrastructure"
     stage: ClassVar[str] = "rank"
     rules: ClassVar[tuple[str, ...]] = ("gpu_throttling",)
+    learned_knob: ClassVar[str] = "throttle_clock_ratio"
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
@@ -82,36 +81,6 @@ class GpuThrottlingDetector(GpuDetector):
             if value < self._ratio:
                 return value, f"learned from {learned[1]} healthy runs of {gpu_class}"
         return self._ratio, ""
-
-    def learned_knobs(self, gpu_class: str) -> dict[str, tuple[float, str]]:
-        """The knobs a job of `gpu_class` gets from what its class taught (for `rules explain`)."""
-        value, why = self.limit(gpu_class)
-        return {"throttle_clock_ratio": (value, why)} if why else {}
-
-    def observe(self, event: Event) -> list[Finding]:
-        """GpuSamples are judged; a job's end teaches its GPU class (completed) or nothing (otherwise)."""
-        if event.type == "JobStateChanged":
-            r = event.record
-            job = self.topology.jobs.get(r["job_id"])
-            if r["state"] == "completed":
-                self.normals.completed(r["job_id"], job.gpu_class if job else "", r["ts"])
-            elif r["state"] in ("failed", "cancelled", "preempted"):
-                self.normals.forget(r["job_id"])
-            return []
-        return super().observe(event)
-
-    def state(self) -> dict[str, Any]:
-        """Per GPU, and what each GPU class taught."""
-        return {**super().state(), "learned": self.normals.state()}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore from `state()`."""
-        super().load_state(state)
-        self.normals.load_state(state.get("learned") or {})
-
-    def forget_job(self, job_id: str) -> None:
-        """A job that ended: its unfinished summary goes (a completed one was taken at its end)."""
-        self.normals.forget(job_id)
 
     defaults: ClassVar[dict[str, Any]] = DEFAULTS
 

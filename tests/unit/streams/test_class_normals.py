@@ -17,9 +17,9 @@ GIB = 2**30
 POWER_CAP = 0x4
 
 
-def _run(
-    det: Detector, job: str, gpu_class: str, start: int, *, end: str | None = "completed", **sample: Any
-) -> list[Finding]:
+def _events(
+    job: str, gpu_class: str, start: int, *, end: str | None = "completed", **sample: Any
+) -> list[Event]:
     """One job on its own node's GPU 0: 30 samples 10 s apart, then its end state."""
     node = f"node-{job}"
     events = [
@@ -42,8 +42,15 @@ def _run(
     ]
     if end:
         events.append(job_state(job, start + 320_000, end))
+    return events
+
+
+def _run(
+    det: Detector, job: str, gpu_class: str, start: int, *, end: str | None = "completed", **sample: Any
+) -> list[Finding]:
+    """`_events` through one detector."""
     out: list[Finding] = []
-    for ev in events:
+    for ev in _events(job, gpu_class, start, end=end, **sample):
         det.topology.observe(ev)
         out += det.observe(ev)
     return out
@@ -141,3 +148,17 @@ def test_what_a_class_learned_survives_a_snapshot_and_stays_bounded() -> None:
         normals.completed(f"j{n}", "L4", T0 + n)
     assert [run[1] for run in normals.classes["L4"]] == ["j6", "j7", "j8", "j9"], "the newest max_runs runs"
     assert normals.learned("L4") == (0.04, 4)
+
+
+def test_the_stage_engine_hands_job_ends_to_the_learning_rules() -> None:
+    """Through the engine's per-type dispatch, not only the detector: a GPU rule that learns from
+    job ends must be handed JobStateChanged (it was not, once rules declared what they read)."""
+    from streams.stages.engine import StageEngine
+
+    engine = StageEngine(stage="rank")
+    full = {"mem_used": int(0.985 * 80 * GIB)}
+    for n in range(3):
+        for ev in _events(f"e{n}", "A100-40GB", T0 + n * 10**6, **full):
+            engine.process(ev, received_ts=int(ev.record["ts"]))
+    (det,) = [d for d in engine.detectors if isinstance(d, GpuMemoryPressureDetector)]
+    assert det.limit("A100-40GB")[1] == "learned from 3 healthy runs of A100-40GB"
