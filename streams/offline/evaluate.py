@@ -252,8 +252,16 @@ def _related(alert: dict[str, Any], label: dict[str, Any]) -> bool:
     rules = {label.get("alert"), *(label.get("also") or ())} - {None}
     if alert["rule"] not in rules:
         return False
+    if alert.get("job_id") and alert["job_id"] != label["job_id"]:
+        # A node's fault pages every job on the node through its co-firing node rules (a degraded
+        # port, a host): another job's copy on the same node is explained too.
+        return (
+            alert["rule"] in (label.get("also") or ())
+            and label.get("node") is not None
+            and alert.get("node") == label["node"]
+        )
     if alert.get("job_id"):
-        return bool(alert["job_id"] == label["job_id"])
+        return True
     return label.get("node") is None or alert.get("node") == label.get("node")
 
 

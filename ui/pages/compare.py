@@ -212,12 +212,11 @@ def assemble(
 
 
 def compare(client: Client, jobs: Sequence[str], run_ids: Sequence[str] = ()) -> dict[str, Any]:
-    """Runs overlaid by step or by tokens (`ui.compare`): one job and its workload family, or a choice.
+    """Runs overlaid by step or by tokens (`ui.pages.compare`): one job and its workload family, or a choice.
 
     Step time and its segments (mean over ranks), rank 0's loss and tokens per GPU-second per bucket
     of steps; each run's goodput from `run_efficiency`; the configuration diff from `JobStarted`.
     """
-    from ui.compare import BucketRow, Run, assemble, choose_runs, config_of, step_bucket
 
     lo, hi = plausible_bounds()
     known = [

@@ -846,7 +846,7 @@ def job_report(
     `sources` (the same source events without detection), the detectors run once: pass 1 keeps the
     job's derived rank windows (six numbers each) and pass 2 reads `sources`.
     """
-    from ui.efficiency import RunTally
+    from ui.pages.efficiency import RunTally
 
     lo, hi = plausible_bounds()
     found, tally = Scan(lo, hi), RunTally()

@@ -178,3 +178,15 @@ def test_a_ramped_fault_counts_from_its_start_and_says_how_it_stood_to_full_stre
 def test_a_label_detected_too_late_says_when_its_alert_came() -> None:
     lab = evaluate_alerts("s", [_alert(ts=T0 + 200_000)], [LABEL], CFG).labels[0]
     assert not lab.detected and lab.late_s == 200.0
+
+
+def test_a_node_faults_co_firing_rule_on_another_job_of_the_node_is_explained() -> None:
+    """A degraded port pages every job on its node: the co-located job's copy is not a false page;
+    the fault's own rule on another job, or a co-firing rule on another node, still is."""
+    from streams.offline.evaluate import _related
+
+    label = {"alert": "network_degradation", "also": ["ib_port_degraded"], "job_id": "a", "node": "n1"}
+    assert _related({"rule": "ib_port_degraded", "job_id": "b", "node": "n1"}, label)
+    assert not _related({"rule": "ib_port_degraded", "job_id": "b", "node": "n2"}, label)
+    assert not _related({"rule": "network_degradation", "job_id": "b", "node": "n1"}, label)
+    assert _related({"rule": "network_degradation", "job_id": "a", "node": "n1"}, label)
