@@ -144,9 +144,12 @@ def test_two_workers_split_the_jobs_and_survive_losing_one(
     assert len(expected) >= 10, expected
     a, b = two_workers.workers
     # The end of the finite input is flushed in rounds, each after `--finish-idle` of quiet (rank
-    # stage, then job stage): a short one keeps the wait after the sources' lag reaches 0 short.
-    a.start("--finish-idle", "2")
-    b.start("--finish-idle", "2")
+    # stage, then job stage). It must stay above the group's 10 s session timeout, as the default
+    # (20 s) does: with 2 s the survivor took its own quiet input for the end of the stream before
+    # the dead worker's partitions were reassigned, and the victim's job lost its last alerts
+    # (failed under load in `make test`, passed alone).
+    a.start("--finish-idle", "12")
+    b.start("--finish-idle", "12")
     started = time.monotonic()
 
     def split() -> bool:
@@ -191,8 +194,8 @@ def test_two_workers_split_the_jobs_and_survive_losing_one(
         while not complete(reader.records) and time.monotonic() < deadline:
             finished = group_lag(kafka_bootstrap, group, sources) == 0
             # The sources' offsets reach their end at the first finishing round; the job stage's
-            # last alerts come a round or two (2 s of quiet each) later.
-            reader.poll_until(complete, 60 if finished else 5)
+            # last alerts come a round or two (12 s of quiet each) later.
+            reader.poll_until(complete, 90 if finished else 5)
             if finished:
                 break
         assert must <= {(r["fingerprint"], r["status"]) for r in reader.records}, (
