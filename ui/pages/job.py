@@ -544,6 +544,8 @@ def _meta(job_id: str, job: ScannedJob) -> dict[str, Any]:
         "target_tokens": job.optional.get("target_tokens", (0, None))[1],
         "target_epochs": rounded(job.optional.get("target_epochs", (0, None))[1], 6),
         "checkpoint_max_age_s": rounded(job.optional.get("checkpoint_max_age_s", (0, None))[1], 6),
+        "image": r.get("image") or "",  # where the job runs (issue 35.5), as the store's argMax
+        "workspace": r.get("workspace") or "",
         "started_ms": int(job.started_min or r["ts"]),
     }
 
