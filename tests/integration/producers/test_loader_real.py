@@ -79,7 +79,9 @@ def test_a_stock_loader_reports_read_bytes_file_opens_and_prefetch(folder: Path)
     samples = _samples(publisher)
     assert sum(s["batches"] for s in samples) == SAMPLES // 4
     read = sum(s["read_bytes_s"] * s["interval_s"] for s in samples if s["read_bytes_s"] is not None)
-    assert read >= SAMPLES * ROW * 8, f"the workers read {read:.0f} bytes"
+    # /proc/<pid>/io of a worker that already exited cannot be read: what a worker read after the
+    # last sample before it stopped is not counted (under load ~3 % of this small run was missed).
+    assert read >= 0.9 * SAMPLES * ROW * 8, f"the workers read {read:.0f} bytes"
     opens = sum(s["file_opens_s"] * s["interval_s"] for s in samples if s["file_opens_s"] is not None)
     assert opens == pytest.approx(SAMPLES, abs=0.5), "one open per .npy file"
     assert all(s["workers"] == s["workers_expected"] == 2 for s in samples)
