@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -161,10 +161,24 @@ class AlertTracker:
 
     def end_nodes(self, nodes: frozenset[str], ts: int, topology: Topology) -> list[dict[str, Any]]:
         """These nodes' state was evicted: resolve their firing alerts and drop their pending ones."""
+        return self._end(lambda f: f.get("node") in nodes, ts, topology)
+
+    def end_job(self, job_id: str, ts: int, topology: Topology) -> list[dict[str, Any]]:
+        """The job ended: resolve its firing alerts (ends_at = `ts`) and drop its pending ones."""
+        out = self._end(lambda f: f["job_id"] == job_id, ts, topology)
+        for record in out:
+            self._job_last_resolved[job_id] = max(self._job_last_resolved.get(job_id, 0), record["ends_at"])
+        return out
+
+    def _end(
+        self, whose: Callable[[dict[str, Any]], bool], ts: int, topology: Topology
+    ) -> list[dict[str, Any]]:
+        """Resolve the firing alerts whose finding `whose` selects (ends_at = `ts`, never before
+        their start) and drop the pending ones."""
         out = []
         for fp in sorted(self._entries):
             entry = self._entries[fp]
-            if entry["finding"].get("node") not in nodes:
+            if not whose(entry["finding"]):
                 continue
             del self._entries[fp]
             if entry["status"] == "firing":
@@ -172,21 +186,6 @@ class AlertTracker:
                 out.append(
                     self._record(finding, entry, "resolved", ts, max(ts, entry["starts_at"]), topology)
                 )
-        return out
-
-    def end_job(self, job_id: str, ts: int, topology: Topology) -> list[dict[str, Any]]:
-        """The job ended: resolve its firing alerts (ends_at = `ts`) and drop its pending ones."""
-        out = []
-        for fp in sorted(self._entries):
-            entry = self._entries[fp]
-            if entry["finding"]["job_id"] != job_id:
-                continue
-            del self._entries[fp]
-            if entry["status"] == "firing":
-                finding = _finding_from_dict(entry["finding"])
-                ends_at = max(ts, entry["starts_at"])
-                out.append(self._record(finding, entry, "resolved", ts, ends_at, topology))
-                self._job_last_resolved[job_id] = max(self._job_last_resolved.get(job_id, 0), ends_at)
         return out
 
     # -- queries -----------------------------------------------------------------------
