@@ -14,11 +14,20 @@ import typer
 
 from ranksight.console import console, err_console, fail, user_errors
 from ranksight.signals import StopRequested, StopSignals, stop_signals
-from schemas.topics import ALERTS_REPLAY, TELEMETRY_GPU, TELEMETRY_HOST, TRAINING_EVENTS, TRAINING_STEPS
+from schemas.topics import (
+    ALERTS_REPLAY,
+    SCHEDULER_STATES,
+    TELEMETRY_GPU,
+    TELEMETRY_HOST,
+    TRAINING_EVENTS,
+    TRAINING_STEPS,
+)
 
 __all__ = ["SOURCES", "parse_time", "publish", "record", "register", "replay_kafka"]
 
-SOURCES = f"{TELEMETRY_GPU},{TELEMETRY_HOST},{TRAINING_STEPS},{TRAINING_EVENTS}"
+# The producers' topics and the scheduler's: a recording holds what the worker would read. The
+# scheduler's topic is skipped where a cluster has none (it was added after the others).
+SOURCES = f"{TELEMETRY_GPU},{TELEMETRY_HOST},{TRAINING_STEPS},{TRAINING_EVENTS},{SCHEDULER_STATES}"
 _RELATIVE = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -61,6 +70,11 @@ def _topics(spec: str, prefix: str) -> list[str]:
     return [prefix + t for t in names]
 
 
+def _optional(spec: str, prefix: str) -> frozenset[str]:
+    """The default list's scheduler topic may be missing; a topic the user names may not."""
+    return frozenset({prefix + SCHEDULER_STATES}) if spec == SOURCES else frozenset()
+
+
 def record(
     out: Path = typer.Option(..., "-o", "--out", help="Avro container file to write."),
     start: str = typer.Option(
@@ -81,7 +95,9 @@ def record(
     )
     # A bounded read: SIGINT/SIGTERM (also when started with SIGINT ignored) end it where it is.
     with user_errors(), stop_signals(name="record", interrupt=True):
-        stats = record_range(conf, names, start_ms, end_ms, out, progress=console.print)
+        stats = record_range(
+            conf, names, start_ms, end_ms, out, progress=console.print, optional=_optional(topics, prefix)
+        )
     console.print(
         f"wrote {stats.events} events to {out} ({stats.partitions} partitions, {stats.undecodable} undecodable skipped)"
     )
@@ -129,6 +145,7 @@ def replay_kafka(
             alerts_topic=prefix + alerts_topic,
             progress=console.print,
             publish=not dry_run,
+            optional=_optional(topics, prefix),
         )
     for a in alerts:
         console.print(alert_line(a.record), highlight=False, soft_wrap=True)

@@ -79,8 +79,12 @@ def read_range(
     stats: RangeStats | None = None,
     progress: Progress | None = None,
     timeout_s: float = 30.0,
+    optional: frozenset[str] = frozenset(),
 ) -> Iterator[Event]:
-    """Every decodable event of `topics` with a record timestamp in [start_ms, end_ms], partition by partition order."""
+    """Every decodable event of `topics` with a record timestamp in [start_ms, end_ms], partition by partition order.
+
+    A topic the cluster does not have is an error, but for those in `optional` (skipped, said once).
+    """
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     if end_ms < start_ms:
@@ -99,10 +103,16 @@ def read_range(
         for topic in topics:
             meta = metadata.topics.get(topic)
             if meta is None or meta.error is not None:
+                if topic in optional:
+                    if progress is not None:
+                        progress(f"no topic {topic} on this cluster: skipped")
+                    continue
                 raise KafkaReplayError(
                     f"no topic {topic!r} on this cluster (check the name and RANKSIGHT_TOPIC_PREFIX)"
                 )
             wanted.extend(TopicPartition(topic, p, start_ms) for p in sorted(meta.partitions))
+        if not wanted:
+            return
         starts = consumer.offsets_for_times(wanted, timeout=timeout_s)
         ends: dict[tuple[str, int], int] = {}
         assign: list[Any] = []
@@ -178,11 +188,21 @@ def record_range(
     *,
     codec: Codec | None = None,
     progress: Progress | None = None,
+    optional: frozenset[str] = frozenset(),
 ) -> RangeStats:
     """Write the events of a time range to an Avro container file, sorted by event time (atomic)."""
     stats = RangeStats()
     events = _sorted_range(
-        read_range(kafka_conf, topics, start_ms, end_ms, codec=codec, stats=stats, progress=progress)
+        read_range(
+            kafka_conf,
+            topics,
+            start_ms,
+            end_ms,
+            codec=codec,
+            stats=stats,
+            progress=progress,
+            optional=optional,
+        )
     )
     write_container(out, events)
     return stats
@@ -199,6 +219,7 @@ def replay_kafka(
     codec: Codec | None = None,
     progress: Progress | None = None,
     publish: bool = True,
+    optional: frozenset[str] = frozenset(),
 ) -> tuple[RangeStats, list[Event]]:
     """Run `engine` over a time range (event-time order) and publish its alerts to `alerts_topic`."""
     from confluent_kafka import KafkaException, Producer
@@ -206,7 +227,16 @@ def replay_kafka(
     codec = codec or Codec()
     stats = RangeStats()
     events = _sorted_range(
-        read_range(kafka_conf, topics, start_ms, end_ms, codec=codec, stats=stats, progress=progress)
+        read_range(
+            kafka_conf,
+            topics,
+            start_ms,
+            end_ms,
+            codec=codec,
+            stats=stats,
+            progress=progress,
+            optional=optional,
+        )
     )
     alerts: list[Event] = []
     for event in events:

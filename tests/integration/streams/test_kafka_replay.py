@@ -134,6 +134,23 @@ def test_unknown_topic_is_a_clear_error(kafka_bootstrap: str) -> None:
         list(read_range({"bootstrap.servers": kafka_bootstrap}, ["no.such.topic.xyz"], 0, 1))
 
 
+def test_an_optional_missing_topic_is_skipped_and_said(kafka_bootstrap: str) -> None:
+    # `ranksight record`'s default list names rs.scheduler.states, which an older cluster lacks.
+    said: list[str] = []
+    events = list(
+        read_range(
+            {"bootstrap.servers": kafka_bootstrap},
+            ["no.such.topic.xyz"],
+            0,
+            1,
+            progress=said.append,
+            optional=frozenset({"no.such.topic.xyz"}),
+        )
+    )
+    assert events == []
+    assert said == ["no topic no.such.topic.xyz on this cluster: skipped"]
+
+
 def _read_all(bootstrap: str, topic: str, count: int, wait_s: float = 20) -> list[dict[str, Any]]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "enable.auto.commit": False})
     meta = consumer.list_topics(topic, timeout=10).topics[topic]
