@@ -97,15 +97,22 @@ def _ts(record: Mapping[str, Any]) -> int:
 
 def transitions(records: Iterable[Mapping[str, Any]], ts: Any = lambda v: v) -> list[dict[str, Any]]:
     """An alert's status history from its records in time order: one row per change, not one per
-    routed copy (routing writes the same transition once for each receiving team). `ts` turns a
-    record's time into what the page shows."""
+    routed copy (routing writes the same transition once for each receiving team) nor one per
+    refresh while it fires. A firing row is dated when the alert began (`starts_at`) and says what
+    its newest firing record says and when that was (`updated`): the store keeps only the newest
+    firing record of an alert once merged, a recording keeps them all, and both give these rows.
+    `ts` turns a record's time into what the page shows."""
     out: list[dict[str, Any]] = []
-    seen: set[tuple[Any, Any, Any]] = set()
+    rows: dict[tuple[Any, Any], dict[str, Any]] = {}
     for r in records:
-        key = (r["ts"], r["status"], r["summary"])
-        if key not in seen:
-            seen.add(key)
-            out.append({"ts": ts(r["ts"]), "status": r["status"], "summary": r["summary"]})
+        firing = r["status"] == "firing" and r.get("starts_at") is not None
+        since = r["starts_at"] if firing else r["ts"]
+        row = rows.get((r["status"], since))
+        if row is None:
+            row = rows[(r["status"], since)] = {"ts": ts(since), "status": r["status"]}
+            out.append(row)
+        row["summary"] = r["summary"]
+        row["updated"] = ts(r["ts"])
     return out
 
 

@@ -1361,7 +1361,7 @@
       actionsPanel(a.actions, 'alert-actions'),
       REPORT || a.status !== 'firing' ? null : silenceForm(a),
       el('h2', {}, 'Status history'),
-      el('table', { class: 'grid' }, el('tbody', {}, a.transitions.map((t) => el('tr', {}, el('td', { class: 'nowrap' }, fmtDateTime(t.ts)), el('td', {}, t.status), el('td', { class: 'summary' }, t.summary))))),
+      el('table', { class: 'grid' }, el('tbody', {}, a.transitions.map((t) => el('tr', {}, el('td', { class: 'nowrap' }, fmtDateTime(t.ts)), el('td', {}, t.status), el('td', { class: 'summary' }, t.summary, t.updated != null && t.updated !== t.ts ? el('span', { class: 'muted' }, ` (as of ${fmtDateTime(t.updated)})`) : null))))),
       el('section', { class: 'panel', id: 'panel-history' }, el('h3', {}, chartSpec.title), el('div', { id: 'history', class: 'chart', style: 'height:170px' })));
     root.replaceChildren(head);
     const hist = echarts.init(document.getElementById('history'));
