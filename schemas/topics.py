@@ -14,6 +14,7 @@ __all__ = [
     "RECORD_TOPIC",
     "SCHEDULER_RECORD_TOPIC",
     "SCHEDULER_STATES",
+    "SINK_TOPICS",
     "TELEMETRY_GPU",
     "TELEMETRY_HOST",
     "TELEMETRY_JOB",
@@ -81,6 +82,21 @@ WORKER_SOURCES: tuple[str, ...] = (
     SCHEDULER_STATES,
     TELEMETRY_JOB,
     TELEMETRY_UNATTRIBUTED,
+)
+
+# What the ClickHouse sink stores (a table per record type): every canonical topic but the replayed
+# alerts and the dead letters, and not rs.telemetry.job/unattributed (the worker's copies of samples
+# already on rs.telemetry.gpu/host: each sample is stored once).
+SINK_TOPICS: tuple[str, ...] = (
+    TELEMETRY_GPU,
+    TELEMETRY_HOST,
+    TRAINING_STEPS,
+    TRAINING_EVENTS,
+    SCHEDULER_STATES,  # the scheduler's job states (ranksight scheduler): table `job_states` too
+    DERIVED_RANK,
+    DERIVED_JOB,
+    ALERTS,
+    ACTIONS,  # remediation decisions (ranksight remediate): table `actions`
 )
 
 # Record short name -> topic. Telemetry is keyed by node, training by job, alerts by team.

@@ -34,6 +34,7 @@ from schemas.records import RECORD_TYPES
 from schemas.topics import (
     DEADLETTER,
     SCHEDULER_STATES,
+    SINK_TOPICS,
     TELEMETRY_GPU,
     TELEMETRY_HOST,
     TRAINING_EVENTS,
@@ -65,21 +66,6 @@ _CONSUMER_ONLY = frozenset(
         "fetch.wait.max.ms", "fetch.max.bytes", "max.partition.fetch.bytes", "queued.min.messages",
     }
 )  # fmt: skip
-
-# Canonical topics whose records have tables (replayed alerts and the dead letters are not stored).
-# Not rs.telemetry.job: it holds job-keyed copies of samples already on rs.telemetry.gpu/host, and
-# each sample is stored once.
-SINK_TOPICS: tuple[str, ...] = (
-    "rs.telemetry.gpu",
-    "rs.telemetry.host",
-    "rs.training.steps",
-    "rs.training.events",
-    "rs.scheduler.states",  # the scheduler's job states (ranksight scheduler): table `job_states` too
-    "rs.derived.rank",
-    "rs.derived.job",
-    "rs.alerts",
-    "rs.actions",  # remediation decisions (ranksight remediate): table `actions`
-)
 
 # Topics whose producers stamp event times from their own clocks: records there must pass the time bound.
 # (Derived windows and alerts are stamped by the worker from records that already passed it.)

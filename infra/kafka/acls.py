@@ -30,6 +30,7 @@ from schemas.topics import (
     DERIVED_JOB,
     DERIVED_RANK,
     SCHEDULER_STATES,
+    SINK_TOPICS,
     TELEMETRY_GPU,
     TELEMETRY_HOST,
     TELEMETRY_JOB,
@@ -60,16 +61,6 @@ TELEMETRY: tuple[str, ...] = (TELEMETRY_GPU, TELEMETRY_HOST, TELEMETRY_JOB, TELE
 TRAINING: tuple[str, ...] = (TRAINING_STEPS, TRAINING_EVENTS)
 # Written by the worker only (with the internal and changelog topics, by prefix).
 WORKER_OUTPUTS: tuple[str, ...] = (ALERTS, DERIVED_RANK, DERIVED_JOB, DEADLETTER)
-# Stored by the sink (sinks.consumer.SINK_TOPICS; not imported: infra depends on schemas only).
-SINK_READS: tuple[str, ...] = (
-    *TELEMETRY[:2],
-    *TRAINING,
-    SCHEDULER_STATES,
-    DERIVED_RANK,
-    DERIVED_JOB,
-    ALERTS,
-    ACTIONS,
-)
 
 
 @dataclass(frozen=True)
@@ -146,7 +137,7 @@ def grants(principals: Principals, *, prefix: str = "", app_id: str = "ranksight
     out += _topics("remediate", p.remediate, (ACTIONS,), ("WRITE",), prefix)
     out.append(Grant("remediate", p.remediate, "READ", "GROUP", "ranksight-remediate-", "PREFIXED"))
     # The sink stores, and dead-letters what it cannot.
-    out += _topics("sink", p.sink, SINK_READS, consume, prefix)
+    out += _topics("sink", p.sink, SINK_TOPICS, consume, prefix)
     out += _topics("sink", p.sink, (DEADLETTER,), produce, prefix)
     out.append(Grant("sink", p.sink, "READ", "GROUP", f"{prefix}ranksight-sink", "PREFIXED"))
     # Readers read every ranksight topic, write none.
