@@ -27,13 +27,7 @@ SEED = 0
 
 # (case, rule, what went wrong) on seed 0's cases FIRST..CASES, as `ranksight evaluate --generated`
 # prints them.
-KNOWN_GAPS: set[tuple[str, str, str]] = {
-    # A slow GPU from the start (straggler paged at 35 s); 50 s later `throughput_drop` fires for the
-    # same job ("compute expanded 1.35x", no infrastructure signal) and the straggler does not mute
-    # it. Seen after this round's merges (the generator's new workload_mix class moved this case
-    # into cycles 1-3); one of the two false pages of the 1,000-case run. Open.
-    ("gen-0-0188-straggler_gpu", "throughput_drop", "false positive"),
-}
+KNOWN_GAPS: set[tuple[str, str, str]] = set()
 
 
 def test_generated_cases_reach_full_recall_and_precision_but_for_the_known_gaps() -> None:

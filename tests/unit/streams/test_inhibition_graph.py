@@ -192,10 +192,31 @@ def test_a_resolved_stall_still_mutes_the_throughput_drop_of_the_steps_that_span
     (drop,) = later.fire(_finding("throughput_drop", ended + edge.after_ms + 1_000))
     assert drop["inhibited_by"] is None
     # Edges without after_s stop explaining when the cause resolves.
-    straggler = _Engine()
-    straggler.fire(_finding("straggler", T0 + 10_000))
-    straggler.fire(_finding("straggler", T0 + 60_000, active=False))
-    (drop,) = straggler.fire(_finding("throughput_drop", T0 + 61_000))
+    assert not [
+        r for c, s, r in EDGES if (c, s) == ("host_memory_pressure", "throughput_drop") and r.after_ms
+    ]
+    host = _Engine()
+    (cause,) = host.fire(_finding("host_memory_pressure", T0 + 10_000))
+    (while_firing,) = host.fire(_finding("throughput_drop", T0 + 20_000))
+    assert while_firing["inhibited_by"] == cause["alert_id"]
+    host.fire(_finding("throughput_drop", T0 + 30_000, active=False))
+    host.fire(_finding("host_memory_pressure", T0 + 60_000, active=False))
+    (drop,) = host.fire(_finding("throughput_drop", T0 + 61_000))
+    assert drop["inhibited_by"] is None
+
+
+def test_a_resolved_straggler_still_mutes_the_throughput_drop_of_the_windows_that_spanned_it() -> None:
+    """A GPU slow for 150 s: the straggler resolved, the job's drop over the windows it spanned fired 5 s later."""
+    (edge,) = [r for c, s, r in EDGES if (c, s) == ("straggler", "throughput_drop")]
+    engine = _Engine()
+    (straggler,) = engine.fire(_finding("straggler", T0 + 10_000))
+    engine.fire(_finding("straggler", T0 + 160_000, active=False))
+    (drop,) = engine.fire(_finding("throughput_drop", T0 + 165_000))
+    assert drop["inhibited_by"] == straggler["alert_id"]
+    later = _Engine()
+    later.fire(_finding("straggler", T0 + 10_000))
+    later.fire(_finding("straggler", T0 + 160_000, active=False))
+    (drop,) = later.fire(_finding("throughput_drop", T0 + 160_000 + edge.after_ms + 1_000))
     assert drop["inhibited_by"] is None
 
 
