@@ -21,6 +21,7 @@ Usage: KAFKA_BOOTSTRAP=127.0.0.1:9092 python bench/bench_worker.py [--scenario n
        [--cprofile worker.prof]   # the (first) worker under cProfile
        python bench/bench_worker.py --giant 4096:20   # one job of 4,096 ranks, 20 s of event time
        BENCH_WORKER_ARGS="--checkpoint-events 5000" python bench/bench_worker.py ...   # worker flags
+       BENCH_WORKER_PYTHONPATH=/path/to/other/checkout python bench/bench_worker.py ...   # its worker
 (without KAFKA_BOOTSTRAP a local broker is started in a temporary directory and stopped after).
 """
 
@@ -589,6 +590,8 @@ def _workers_rate(
                     "RANKSIGHT_TOPIC_PREFIX": prefix,
                     "RANKSIGHT_HOME": str(Path(home) / f"w{i}"),
                 }
+                if os.environ.get("BENCH_WORKER_PYTHONPATH"):  # another checkout's worker (before/after)
+                    env["PYTHONPATH"] = os.environ["BENCH_WORKER_PYTHONPATH"]
                 log_path = Path(home) / f"worker-{i}.log"
                 logs.append(log_path)
                 spy = []
