@@ -24,7 +24,7 @@ __all__ = ["Handoff"]
 
 # Records waiting to be read back at most; past it the rest are decoded as before (a job stage that
 # stops reading, or a partition revoked before they came back, must not grow this without bound).
-MAX_WAITING = 100_000
+MAX_WAITING = 20_000
 
 
 class Handoff:
