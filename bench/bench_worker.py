@@ -1,17 +1,27 @@
 """Events/s of `ranksight worker` through Kafka next to a bare loop doing the same work, and the offline engine.
 
 All on the same events in the same run. The events are published first (a backlog an hour old).
-Then the bare loop drains them: one `confluent_kafka` consumer of the worker's topics, decoding,
-one `Aligner` + `DetectionEngine` per partition (event-time order: 0 dropped as late), every output
-encoded and produced; no state, no checkpoints, no side path: the work the worker cannot avoid.
-Then `ranksight worker` (one or `--workers N` in a group, each runtime of `--runtime`) drains its
-own copy; each is timed from its partition assignment to its last event. Printed: every rate, the
-worker's ratio to the bare loop (issue 18.5 target: >= 0.8), the offline engine on the events in
-memory, and the Faust read limit when the Faust runtime is measured.
+Then the bare loop drains them (`_BareStages`, issue 37.2): one `confluent_kafka` consumer of the
+worker's source topics, decoding and checking each record as the worker does, one event-time merge
+of every source partition (0 dropped as late), and the worker's own engines: per partition one
+rank-stage and one job-stage `StageEngine`, with the side path's routes for unattributed telemetry
+and GPU faults. Every record the worker produces (alerts and derived records, the job copies,
+re-keyed telemetry, bindings, summaries, markers, learned baselines) is encoded and produced to the
+loop's own topics; what the worker reads back through Kafka the loop hands on in memory, and it
+takes no checkpoint. Then `ranksight worker` (one or `--workers N` in a group, each runtime of
+`--runtime`) drains its own copy; each is timed from its partition assignment to its last event.
+After one direct worker, every internal round trip it made is read back from its topics and
+accounted for (`_round_trips`: records, bytes, and the time to produce, read and decode them; a
+checkpoint's snapshot encoding). Printed: every rate and CPU time, the worker's ratio to the bare
+loop (issue 37.2 target: >= 0.85), the offline engine on the events in memory, and the Faust read
+limit when the Faust runtime is measured.
 
 Usage: KAFKA_BOOTSTRAP=127.0.0.1:9092 python bench/bench_worker.py [--scenario nan_loss] [--workers 1,2]
        [--runtime direct,faust] [--profile prof.raw]   # the (first) worker under py-spy
-       python bench/bench_worker.py --giant 16384:30 --workers 1,2   # one job of 16,384 ranks (issue 19.3)
+       [--cprofile worker.prof]   # the (first) worker under cProfile
+       python bench/bench_worker.py --giant 4096:20   # one job of 4,096 ranks, 20 s of event time
+       BENCH_WORKER_ARGS="--checkpoint-events 5000" python bench/bench_worker.py ...   # worker flags
+       BENCH_WORKER_PYTHONPATH=/path/to/other/checkout python bench/bench_worker.py ...   # its worker
 (without KAFKA_BOOTSTRAP a local broker is started in a temporary directory and stopped after).
 """
 
@@ -20,40 +30,70 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import heapq
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from infra.kafka.topics import create_topics, delete_topics, prefixed
+from infra.kafka.topics import TopicSpec, create_topics, delete_topics, prefixed
 from producers.publisher import open_publisher
 from producers.simulator import load_scenario, simulate
 from ranksight.signals import run_main
 from schemas.codec import Codec
-from schemas.eventtime import event_ts, reference_ms
+from schemas.eventtime import MIN_EVENT_TS, event_ts, reference_ms
 from schemas.records import Event
 from schemas.topics import (
+    TELEMETRY_UNATTRIBUTED,
     WORKER_SOURCES,
     key_for,
     telemetry_copies,
     topic_for,
 )
-from streams.offline.detection import DetectionEngine
+from streams import gc_policy
+from streams.alerting.routing import load_router
+from streams.config import load_config
+from streams.offline.detection import DEFAULT_PARTITIONS, DetectionEngine
 from streams.runtime.aligner import Aligner
-from streams.runtime.options import BINDINGS, CONTROL, SUMMARIES, TELEMETRY_BY_JOB
+from streams.runtime.changelog import SNAPSHOT_TABLE, changelog_topic, topic_specs
+from streams.runtime.intake import align_ts, check_record
+from streams.runtime.options import (
+    BINDINGS,
+    CONTROL,
+    DEFAULT_APP_ID,
+    SUMMARIES,
+    TELEMETRY_BY_JOB,
+    env_options,
+)
+from streams.runtime.task import decode_snapshot_meta
+from streams.stages.engine import StageEngine, tiebreak
+from streams.stages.placement import BROADCAST, FaultCopies, Placement
+from streams.stages.routes import NodeRoutes
 
 _DONE = re.compile(r"^\[([\d-]+ [\d:,]+)\].*worker: ([\d,]+) source events handled", re.M)
 _ASSIGNED_AT = re.compile(r"^\[([\d-]+ [\d:,]+)\].*assigned partitions \[", re.M)
 # The topics a worker of group ranksight-detect creates for itself (Faust's leader topic too).
 _WORKER_OWN = ("engine-snapshot-changelog", "node-routes-changelog", "__assignor-__leader")
 _ASSIGNED = re.compile(r"assigned partitions \[([\d, ]*)\]")
+_PARTITIONS = DEFAULT_PARTITIONS  # the worker's default `--partitions`, which the topics get
+# The round trip each record of the worker's internal topics makes, by topic and record type.
+_TRIPS_BY_TOPIC: dict[str, Callable[[str], str]] = {
+    CONTROL: lambda _: "job copies",
+    TELEMETRY_BY_JOB: lambda _: "re-keyed telemetry",
+    BINDINGS: lambda _: "bindings and faults",
+    SUMMARIES: lambda kind: {"StageProgress": "markers", "BaselineRun": "learned baselines"}.get(
+        kind, "summaries"
+    ),
+}
 
 
 def _subscribed(bootstrap: str, group: str, topics: list[str], assigned_at: list[float]) -> Any:
@@ -72,62 +112,373 @@ def _subscribed(bootstrap: str, group: str, topics: list[str], assigned_at: list
     return consumer
 
 
-def _bare_loop(bootstrap: str, prefix: str, records: int, timeout_s: float) -> float:
-    """Records/s of the bare loop: the worker's topics, one `Aligner` and one `DetectionEngine` per
-    partition (event-time order, nothing dropped as late), every output encoded and produced; no
-    state, no checkpoints. Timed from assignment to the last record."""
+class _BareStages:
+    """The worker's engines without the worker: per partition one rank-stage and one job-stage
+    `StageEngine` (`streams.stages`), fed in one event-time order of every source partition.
+
+    What the worker sends through Kafka and reads back (control copies of a job's start and state,
+    unattributed telemetry re-keyed by job, bindings and GPU faults for the side path, the rank
+    stages' summaries and markers, learned baselines) is encoded and produced here as the worker
+    produces it, to this loop's own topics, and handed on in memory: the produce half of each
+    internal round trip is in this loop's time, the read-back half is not (`_round_trips` measures it).
+    No checkpoint, no changelog, no commit.
+    """
+
+    def __init__(self, produce: Callable[[str, str, bytes | None, bytes, int | None], None]) -> None:
+        config, router = load_config(), load_router()
+        self.config = config
+        self.codec = Codec()
+        self.place = Placement(_PARTITIONS)
+        self.rank = [StageEngine(config, router, "rank", self.place.holder(p)) for p in range(_PARTITIONS)]
+        self.job = [StageEngine(config, router, "job") for _ in range(_PARTITIONS)]
+        self.routes = NodeRoutes(10_000)  # the side path's node -> job routes, from the bindings
+        self.faults: FaultCopies[tuple[Event, bytes]] = FaultCopies()
+        self.produce = produce  # (round trip, topic, key, value, partition)
+        self.end_states = frozenset(config.job_end_states)
+        self.telemetry_front: int | None = None
+        self.marker_sent: list[int | None] = [None] * _PARTITIONS
+        self._to_job: list[tuple[int, tuple[Any, ...], int, Event]] = []
+        self._seq = 0
+        self.newest: int | None = None
+
+    def take(self, topic: str, p: int, key: bytes | None, value: bytes, event: Event, reference: int) -> None:
+        """One released source record, where the worker sends it (its task or the side path)."""
+        kind, r = event.type, event.record
+        if kind in ("GpuSample", "HostSample"):
+            ts = int(r["ts"])
+            if self.telemetry_front is None or ts > self.telemetry_front:
+                self.telemetry_front = ts
+        if topic == TELEMETRY_UNATTRIBUTED:
+            parts = self.place.routed(self.routes, event)
+            for q, job_key in sorted(parts.items()):
+                self.produce("re-keyed telemetry", TELEMETRY_BY_JOB, job_key.encode(), value, q)
+                self._rank(q, event, reference)
+            if kind == "GpuSample":
+                self._share_fault(event, value, parts, reference, through_side_path=False)
+            return
+        self._rank(p, event, reference)
+        if kind == "GpuSample":  # attributed: a fault goes through the side path to the node's other jobs
+            self._share_fault(event, value, [p], reference, through_side_path=True)
+        elif kind == "RankBound":
+            self.routes.bind(r)
+            self.produce(
+                "bindings and faults", BINDINGS, str(r["node"]).encode(), value, self.place.node(r["node"])
+            )
+        elif kind in BROADCAST:
+            if kind == "JobStateChanged" and r["state"] in self.end_states:
+                self.routes.end_job(str(r["job_id"]))
+                for q in self.place.every():
+                    self.produce("bindings and faults", BINDINGS, str(r["job_id"]).encode(), value, q)
+            for q in self.place.copies(event, p):
+                self.produce("job copies", CONTROL, key, value, q)
+                self.rank[q].process(event, received_ts=reference, forward=False)
+
+    def _share_fault(
+        self, event: Event, value: bytes, own: Any, reference: int, *, through_side_path: bool
+    ) -> None:
+        """A GPU fault (after the GPU's last healthy sample) to the node's other jobs, as the side
+        path shares it: an attributed one after a trip through its node's partition of the bindings
+        topic, an unattributed one naming the GPU's job."""
+        copies = self.faults.copies(event.record, (event, value))
+        shared = self.place.shared(self.routes, event, own) if copies else {}
+        node = str(event.record["node"])
+        for copy, copy_value in copies:
+            if through_side_path:
+                self.produce(
+                    "bindings and faults", BINDINGS, node.encode(), copy_value, self.place.node(node)
+                )
+            else:
+                named = self.routes.with_holder(copy)
+                if named is not copy:
+                    copy, copy_value = named, self.codec.encode(named)
+            for q, key in sorted(shared.items()):
+                self.produce("re-keyed telemetry", TELEMETRY_BY_JOB, key.encode(), copy_value, q)
+                self.rank[q].process(copy, received_ts=reference, shared=True)
+
+    def _rank(self, p: int, event: Event, reference: int) -> None:
+        self._out(self.rank[p].process(event, received_ts=reference))
+
+    def step(self, newest: int) -> None:
+        """After a released batch: the rank stages follow the newest event time (as the worker's
+        idle tasks follow their worker's), what they pass on goes to the job stages."""
+        for eng in self.rank:
+            eng.topology.telemetry_front = self.telemetry_front
+        if self.newest is None or newest > self.newest:
+            self.newest = newest
+            for eng in self.rank:
+                self._out(eng.advance(newest - self.config.allowed_lateness_ms))
+        self._to_job_stage(final=False)
+
+    def finish(self) -> None:
+        """The end of the input: every stage moves to its newest event time (`WorkerCore.finish`)."""
+        for eng in self.rank:
+            self._out(eng.finish())
+        self._to_job_stage(final=True)
+        for p, eng in enumerate(self.job):
+            self._job_out(p, eng.finish())
+
+    def _to_job_stage(self, *, final: bool) -> None:
+        """Summaries and markers produced as the rank-stage tasks send them; the job stages fed in
+        event-time order as far as every rank stage released (the markers' front)."""
+        bucket = self.config.summary_bucket_ms
+        for p, eng in enumerate(self.rank):
+            for item in eng.drain_forwarded():
+                job = str(item.record.get("job_id") or "")
+                self.produce(
+                    "summaries", SUMMARIES, job.encode(), self.codec.encode(item), self.place.job(job)
+                )
+                self._seq += 1
+                heapq.heappush(self._to_job, (event_ts(item), tiebreak(item), self._seq, item))
+            front, last = eng.release_front(), self.marker_sent[p]
+            if front is not None and (last is None or front >= last + bucket):
+                self.marker_sent[p] = front
+                marker = self.codec.encode(Event("StageProgress", {"ts": front, "source": p, "idle": False}))
+                for q in self.place.every():
+                    self.produce("markers", SUMMARIES, None, marker, q)
+        fronts = [eng.release_front() for eng in self.rank]
+        front = None if final or None in fronts else min(f for f in fronts if f is not None)
+        if not final and front is None:
+            return
+        heap = self._to_job
+        while heap and (front is None or heap[0][0] <= front):
+            item = heapq.heappop(heap)[3]
+            q = self.place.job(item.record.get("job_id"))
+            self._job_out(q, self.job[q].process(item))
+        if front is not None:
+            for q, eng in enumerate(self.job):
+                self._job_out(q, eng.advance(front))
+
+    def _job_out(self, p: int, outputs: list[Event]) -> None:
+        for out in outputs:
+            if out.type != "BaselineRun":
+                self._out([out])
+                continue
+            shared = Event("BaselineRun", {**out.record, "source": p})
+            value = self.codec.encode(shared)
+            for q in self.place.others(p):
+                self.produce("learned baselines", SUMMARIES, None, value, q)
+                self.job[q].process(shared)
+
+    def _out(self, outputs: list[Event]) -> None:
+        for out in outputs:
+            name = topic_for(out.type)
+            self.produce(
+                "outputs (alerts, derived)", name, key_for(name, out.record), self.codec.encode(out), None
+            )
+
+    def late(self) -> int:
+        """Records any engine dropped as late (the bare loop's promise: none)."""
+        return sum(e.stats["late_dropped"] for e in (*self.rank, *self.job))
+
+
+def _bare_loop(
+    bootstrap: str, prefix: str, records: int, timeout_s: float
+) -> tuple[float, float, dict[str, list[float]]]:
+    """Records/s of the bare loop (`_BareStages`): the worker's source topics read by one consumer,
+    decoded and checked as the worker does, merged in event time (one `Aligner` over every source
+    partition: 0 dropped as late), the worker's engines, every output and internal record encoded and
+    produced (to this loop's own topics) as the worker produces it. Timed from assignment to the last
+    record and the producer's flush. Returns records/s, CPU seconds and, per internal round trip,
+    [records, bytes, seconds in produce calls]."""
     from confluent_kafka import Producer, TopicPartition
 
     assigned_at: list[float] = []
     consumer = _subscribed(bootstrap, f"{prefix}bare-loop", [prefix + t for t in WORKER_SOURCES], assigned_at)
+    own = f"{prefix}bare."  # its own output and internal topics: the worker's are the worker's
+    create_topics(bootstrap, prefix=own)
+    create_topics(bootstrap, topic_specs(env_options(bootstrap=bootstrap)), prefix=own)
 
     def lag(tp: str, last: int | None) -> int | None:
         topic, _, part = tp.rpartition(":")
         _, high = consumer.get_watermark_offsets(TopicPartition(prefix + topic, int(part)), cached=True)
         return None if high < 0 else max(0, high - ((-1 if last is None else last) + 1))
 
-    codec = Codec()
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 5, "compression.type": "lz4", "acks": "all"}
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "partitioner": "murmur2_random",
+            "linger.ms": 5,
+            "compression.type": "lz4",
+        }
     )
-    aligners: dict[int, Aligner] = {}
-    engines: dict[int, DetectionEngine] = {}
-    done = produced = 0
+    trips: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0, 0.0])
+
+    def produce(trip: str, topic: str, key: bytes | None, value: bytes, partition: int | None) -> None:
+        t0 = time.perf_counter()
+        if partition is None:
+            producer.produce(own + topic, value, key)
+        else:
+            producer.produce(own + topic, value, key, partition=partition)
+        account = trips[trip]
+        account[0] += 1
+        account[1] += len(value)
+        account[2] += time.perf_counter() - t0
+
+    stages = _BareStages(produce)
+    aligner = Aligner(2.0, 200_000, end_grace_s=0.5)
+    aligner.expect([f"{t}:{p}" for t in WORKER_SOURCES for p in range(_PARTITIONS)], time.monotonic())
+    codec = Codec()
+    max_skew_ms = int(stages.config.max_clock_skew_ms)
+    done = 0
+    # The worker's collector (`ranksight worker` sets it): this process also holds the bench's
+    # events, which Python's default collector would walk again and again on the loop's time.
+    gc_policy.for_long_lived_state()
     start = time.perf_counter()
+    cpu_start = time.process_time()  # this process's threads, librdkafka's included, as the worker's
     try:
         while done < records and time.perf_counter() - start < timeout_s:
             now = time.monotonic()
-            for msg in consumer.consume(5_000, 0.1):
+            wall_ms = int(time.time() * 1000)
+            for msg in consumer.consume(2_000, 0.05):
                 if msg.error() is not None:
                     continue
-                p, topic = msg.partition() or 0, (msg.topic() or "")[len(prefix) :]
-                aligner = aligners.get(p)
-                if aligner is None:
-                    aligner = aligners[p] = Aligner(2.0, 200_000, end_grace_s=0.5)
-                    aligner.expect([f"{t}:{p}" for t in WORKER_SOURCES], now)
-                    engines[p] = DetectionEngine()
-                event = codec.decode(msg.value() or b"")
-                reference = reference_ms(msg.timestamp()[1], int(time.time() * 1000))
-                aligner.push(f"{topic}:{p}", msg.offset() or 0, event_ts(event), (event, reference), now)
-            for p, aligner in aligners.items():
-                for _, _, (event, reference) in aligner.pop_ready(time.monotonic(), lag):
-                    for out in engines[p].process(event, received_ts=reference):
-                        name = topic_for(out.type)
-                        producer.produce(prefix + name, codec.encode(out), key_for(name, out.record))
-                        produced += 1
-                    done += 1
+                topic = (msg.topic() or "")[len(prefix) :]
+                p, offset, value = msg.partition() or 0, msg.offset() or 0, msg.value() or b""
+                event = check_record(codec, value, topic)
+                kafka_ms = msg.timestamp()[1]
+                held = align_ts(event_ts(event), kafka_ms, max_skew_ms, wall_ms)
+                item = (topic, p, msg.key(), value, event, reference_ms(kafka_ms, wall_ms))
+                aligner.push(f"{topic}:{p}", offset, MIN_EVENT_TS if held is None else held, item, now)
+            newest = None
+            for _, _, (topic, p, key, value, event, reference) in aligner.pop_ready(time.monotonic(), lag):
+                stages.take(topic, p, key, value, event, reference)
+                ts = event_ts(event)
+                newest = ts if newest is None or ts > newest else newest
+                done += 1
+            if newest is not None:
+                stages.step(newest)
             producer.poll(0)
         producer.flush(60)
         elapsed = time.perf_counter() - (assigned_at[0] if assigned_at else start)
+        cpu_s = time.process_time() - cpu_start
+        stages.finish()
+        producer.flush(60)
     finally:
         consumer.close()
-    late = sum(e.stats["late_dropped"] for e in engines.values())
+        gc_policy.python_default()
+    produced = sum(int(n) for n, _, _ in trips.values())
     print(
-        f"bare loop (consume, decode, aligner + engine per partition, outputs produced): {done:,} records"
-        f" in {elapsed:.2f} s = {done / elapsed:,.0f} records/s ({late:,} dropped as late, {produced:,}"
-        " outputs produced; no state, no checkpoints)"
+        f"bare loop (consume, decode, event-time merge, the worker's rank- and job-stage engines, outputs"
+        f" and internal records produced): {done:,} records in {elapsed:.2f} s = {done / elapsed:,.0f}"
+        f" records/s ({stages.late():,} dropped as late, {produced:,} records produced; no read-back of"
+        f" its internal records, no checkpoints); CPU {cpu_s:.1f} s = {done / max(cpu_s, 1e-9):,.0f} records"
+        f" per CPU-second; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
-    return done / elapsed
+    return done / elapsed, cpu_s, dict(trips)
+
+
+def _read_topic(bootstrap: str, topic: str) -> tuple[list[tuple[bytes | None, bytes]], float]:
+    """Every record of `topic` (key, value) and the seconds the consumer took to read them."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"roundtrip-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return [], 0.0
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in meta.partitions
+        }
+        todo = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in todo])
+        out: list[tuple[bytes | None, bytes]] = []
+        t0 = time.perf_counter()
+        while todo and time.perf_counter() - t0 < 120:
+            for msg in consumer.consume(2_000, 0.01):
+                if msg.error() is not None:
+                    continue
+                out.append((msg.key(), msg.value() or b""))
+                if (msg.offset() or 0) + 1 >= ends[msg.partition() or 0]:
+                    todo.discard(msg.partition() or 0)
+        return out, time.perf_counter() - t0
+    finally:
+        consumer.close()
+
+
+def _round_trips(bootstrap: str, prefix: str, worker_s: float) -> None:
+    """What each internal round trip of the worker cost in this run: its records and bytes (read back
+    from the worker's own topics after it drained), and the time to produce them again (one producer
+    with the worker's settings, flushed), to read them (one consumer) and to decode them (the Avro
+    codec; a checkpoint: its engine snapshot encoded again from the restored state). The bare loop
+    makes the produce half of the first five (not checkpoints); the worker makes all of them."""
+    from confluent_kafka import Producer
+
+    codec = Codec()
+    config, router = load_config(), load_router()
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "message.max.bytes": 16 * 1024 * 1024,
+        }
+    )
+    scratch = f"{prefix}roundtrip"
+    create_topics(
+        bootstrap,
+        [TopicSpec(scratch, _PARTITIONS, 3_600_000, "delete", {"max.message.bytes": str(16 * 1024 * 1024)})],
+    )
+    rows: list[tuple[str, int, int, float, float, float]] = []
+    for topic in (
+        CONTROL,
+        TELEMETRY_BY_JOB,
+        BINDINGS,
+        SUMMARIES,
+        changelog_topic(DEFAULT_APP_ID, SNAPSHOT_TABLE),
+    ):
+        values, read_s = _read_topic(bootstrap, prefix + topic)
+        kinds: dict[str, list[bytes]] = collections.defaultdict(list)
+        decode_s: dict[str, float] = collections.defaultdict(float)
+        for key, value in values:
+            t0 = time.perf_counter()
+            if topic.endswith("-changelog"):
+                if not value:
+                    continue
+                _, body = decode_snapshot_meta(value)
+                kind = "job" if key and b"jobs@" in key else "rank"
+                engine = StageEngine.restore(body, config, router, kind)
+                t0 = time.perf_counter()  # the snapshot's encoding, as a checkpoint does it
+                engine.snapshot()
+                name = "checkpoints (engine snapshots)"
+            else:
+                event = codec.decode(value)
+                name = _TRIPS_BY_TOPIC[topic](event.type)
+            decode_s[name] += time.perf_counter() - t0
+            kinds[name].append(value)
+        for name, batch in kinds.items():
+            t0 = time.perf_counter()
+            for value in batch:
+                producer.produce(scratch, value)
+                producer.poll(0)
+            producer.flush(60)
+            produce_s = time.perf_counter() - t0
+            share = len(batch) / max(len(values), 1)  # the topic's read time, split by records
+            rows.append((name, len(batch), sum(map(len, batch)), produce_s, read_s * share, decode_s[name]))
+    delete_topics(bootstrap, [scratch])
+    print(
+        f"the worker's internal round trips (records it wrote and read back while draining; {worker_s:.2f} s):"
+    )
+    total = 0.0
+    for name, n, size, produce_s, read_s, coded_s in rows:
+        spent = produce_s + read_s + coded_s
+        total += spent
+        print(
+            f"  {name:32s} {n:>8,} records {size / 1e6:7.2f} MB: produce+flush {produce_s:6.2f} s,"
+            f" read {read_s:5.2f} s, {'encode' if 'checkpoint' in name else 'decode'} {coded_s:5.2f} s"
+            f" = {spent:6.2f} s ({1e6 * spent / max(n, 1):,.0f} us each; {100 * spent / worker_s:4.1f} % of the worker's time)"
+        )
+    print(f"  {'all round trips':32s} {total:6.2f} s = {100 * total / worker_s:.1f} % of the worker's time")
 
 
 def _faust_read(bootstrap: str, prefix: str, events: list[Event], timeout_s: float) -> float | None:
@@ -224,8 +575,10 @@ def _workers_rate(
     workers: int,
     timeout_s: float,
     profile: Path | None,
-) -> float | None:
-    """Events/s of `workers` `ranksight worker --runtime runtime` processes draining the backlog."""
+    cprofile: Path | None = None,
+) -> tuple[float, float] | None:
+    """Events/s of `workers` `ranksight worker --runtime runtime` processes draining the backlog, and
+    their CPU seconds from the group settling to the end. `cprofile`: worker 0 under cProfile."""
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with tempfile.TemporaryDirectory() as home:
@@ -237,6 +590,8 @@ def _workers_rate(
                     "RANKSIGHT_TOPIC_PREFIX": prefix,
                     "RANKSIGHT_HOME": str(Path(home) / f"w{i}"),
                 }
+                if os.environ.get("BENCH_WORKER_PYTHONPATH"):  # another checkout's worker (before/after)
+                    env["PYTHONPATH"] = os.environ["BENCH_WORKER_PYTHONPATH"]
                 log_path = Path(home) / f"worker-{i}.log"
                 logs.append(log_path)
                 spy = []
@@ -246,12 +601,16 @@ def _workers_rate(
                     spy += ["--rate", "50", "-o", str(profile), "--"]
                     if not Path(spy[0]).exists():
                         raise SystemExit("--profile needs py-spy: pip install py-spy")
+                command = [str(Path(sys.executable).parent / "ranksight")]
+                if cprofile is not None and i == 0:
+                    # Deterministic profile of the worker (written when it stops on SIGTERM).
+                    command = [sys.executable, "-m", "cProfile", "-o", str(cprofile), "-m", "ranksight.cli"]
                 with open(log_path, "wb") as log:
                     procs.append(
                         subprocess.Popen(
                             [
                                 *spy,
-                                str(Path(sys.executable).parent / "ranksight"),
+                                *command,
                                 "worker",
                                 "--runtime",
                                 runtime,
@@ -259,6 +618,7 @@ def _workers_rate(
                                 os.environ.get("BENCH_WORKER_LOG_LEVEL", "info"),
                                 "--stats-interval",
                                 "0.1",
+                                *shlex.split(os.environ.get("BENCH_WORKER_ARGS", "")),
                             ],
                             env=env,
                             stdout=log,
@@ -322,7 +682,7 @@ def _workers_rate(
             procs = []
             if profile is not None and profile.exists():
                 _top_frames(profile)
-            return rate
+            return rate, sum(cpu)
     finally:
         for proc in procs:
             _stop(proc)
@@ -351,6 +711,8 @@ def _bench(
     runtimes: list[str],
     profile: Path | None = None,
     giant: tuple[int, int] | None = None,
+    trips: bool = True,
+    cprofile: Path | None = None,
 ) -> None:
     if giant is not None:
         events = _giant_job(*giant)
@@ -371,18 +733,28 @@ def _bench(
     # runtime gets its own copy of the topics (the worker's internal topics are per prefix).
     prefix = _publish(bootstrap, events)
     rates: dict[tuple[str, int], float | None] = {}
+    cpus: dict[tuple[str, int], float] = {}
     try:
         records = sum(len(telemetry_copies(e.type, e.record)) or 1 for e in events)
-        bare_rate = _bare_loop(bootstrap, prefix, records, timeout_s) * len(events) / records
+        bare_records_s, bare_cpu_s, bare_trips = _bare_loop(bootstrap, prefix, records, timeout_s)
+        bare_rate = bare_records_s * len(events) / records
+        print("  of it, produced (records, MB, seconds in produce calls):")
+        for trip, (n, size, spent) in sorted(bare_trips.items()):
+            print(f"    {trip:32s} {int(n):>8,} records {size / 1e6:7.2f} MB {spent:6.2f} s")
         faust_rate = _faust_read(bootstrap, prefix, events, timeout_s) if "faust" in runtimes else None
         runs = [(runtime, n) for runtime in runtimes for n in workers]
         for i, (runtime, n) in enumerate(runs):
             if i:
                 _drop(bootstrap, prefix)
                 prefix = _publish(bootstrap, events)
-            rates[(runtime, n)] = _workers_rate(
-                bootstrap, prefix, events, runtime, n, timeout_s, profile if i == 0 else None
+            measured = _workers_rate(
+                bootstrap, prefix, events, runtime, n, timeout_s, profile if i == 0 else None, cprofile
             )
+            rates[(runtime, n)] = measured[0] if measured else None
+            if measured:
+                cpus[(runtime, n)] = measured[1]
+            if measured and n == 1 and runtime == "direct" and trips:
+                _round_trips(bootstrap, prefix, len(events) / measured[0])
     finally:
         _drop(bootstrap, prefix)
     for (runtime, n), rate in rates.items():
@@ -391,8 +763,8 @@ def _bench(
         one = rates.get((runtime, 1))
         print(
             f"{n} {runtime} worker(s): {rate:,.0f} events/s, {rate / n:,.0f} per worker;"
-            f" / bare loop doing the same work: {rate / bare_rate:.2f} (issue 18.5 target:"
-            " >= 0.8 for one worker of the default runtime)"
+            f" / bare loop doing the same work: {rate / bare_rate:.2f} (issue 37.2 target:"
+            " >= 0.85 for one worker of the default runtime)"
             + (
                 f"; / one worker: {rate / one:.2f}x (issue 19.3 target: >= 1.7 for 2)"
                 if one and n > 1
@@ -400,6 +772,11 @@ def _bench(
             )
             + (f"; / do-nothing Faust agent: {rate / faust_rate:.2f}" if faust_rate else "")
         )
+        if (runtime, n) in cpus:
+            print(
+                f"  by CPU time: the worker(s) {cpus[(runtime, n)]:.1f} s, the bare loop {bare_cpu_s:.1f} s:"
+                f" {bare_cpu_s / max(cpus[(runtime, n)], 1e-9):.2f} of the bare loop's events per CPU-second"
+            )
 
 
 def _cpu_s(proc: subprocess.Popen[bytes]) -> float:
@@ -449,6 +826,10 @@ def main() -> None:
         help="comma-separated worker runtimes to measure (direct, faust), each on its own copy of the backlog",
     )
     parser.add_argument("--profile", type=Path, help="run the first worker under py-spy, raw stacks here")
+    parser.add_argument("--cprofile", type=Path, help="run the first worker under cProfile, its stats here")
+    parser.add_argument(
+        "--no-round-trips", action="store_true", help="skip reading back the worker's internal topics"
+    )
     args = parser.parse_args()
     runtimes = [r.strip() for r in args.runtime.split(",") if r.strip()]
     workers = [int(n) for n in args.workers.split(",")]
@@ -456,14 +837,35 @@ def main() -> None:
     if args.giant:
         ranks, _, seconds = args.giant.partition(":")
         giant = (int(ranks), int(seconds or 30))
+    trips = not args.no_round_trips
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
     if bootstrap:
-        _bench(bootstrap, args.scenario, args.timeout, workers, runtimes, args.profile, giant)
+        _bench(
+            bootstrap,
+            args.scenario,
+            args.timeout,
+            workers,
+            runtimes,
+            args.profile,
+            giant,
+            trips,
+            args.cprofile,
+        )
         return
     from infra.kafka.local import LocalKafka, ensure_jars
 
     with tempfile.TemporaryDirectory() as tmp, LocalKafka(Path(tmp), libs=ensure_jars()) as broker:
-        _bench(broker.bootstrap, args.scenario, args.timeout, workers, runtimes, args.profile, giant)
+        _bench(
+            broker.bootstrap,
+            args.scenario,
+            args.timeout,
+            workers,
+            runtimes,
+            args.profile,
+            giant,
+            trips,
+            args.cprofile,
+        )
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ def worker(
     config: _Config = None,
     routing: _Routing = None,
     checkpoint_interval_ms: _CheckpointIntervalMs = 10_000,
-    checkpoint_events: _CheckpointEvents = 5_000,
+    checkpoint_events: _CheckpointEvents = 50_000,
     partitions: _Partitions = 6,
     log_level: _LogLevel = "warning",
     stats_interval_s: _StatsIntervalS = 30.0,

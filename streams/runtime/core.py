@@ -37,6 +37,7 @@ from streams.runtime.aligner import Aligner, LagFn, tp_key
 from streams.runtime.changelog import Restored
 from streams.runtime.checkpoint import Action, Flow, Send
 from streams.runtime.guard import InputSilence, WallClockGuard
+from streams.runtime.handoff import Handoff
 from streams.runtime.intake import Intake, Record
 from streams.runtime.options import (
     CONTROL,
@@ -127,6 +128,8 @@ class WorkerCore:
         self.record_at: float | None = None  # monotonic time of the last record of any input
         self.tasks: dict[int, PartitionTask] = {}  # rank stage, by partition
         self.job_tasks: dict[int, PartitionTask] = {}  # job stage, by partition
+        # Summaries a rank stage sends a job stage of this worker, not decoded again when read back.
+        self.handoff = Handoff(self.job_tasks)
         self.side = SidePath(options, self.intake, self.totals, frozenset(self.config.job_end_states))
         self.assigned: set[int] = set()
         self._front_at = -1e18
@@ -143,6 +146,7 @@ class WorkerCore:
                     p, self.config, self.router, self.options, self.codec, self.intake, now, kind
                 )
                 task.restore(restored.snapshots.get(task.snapshot_name))
+                task.handoff = self.handoff
                 tasks[p] = task
         self.assigned |= parts
         self.side.assign(parts, restored.routes, now)
@@ -165,6 +169,7 @@ class WorkerCore:
         redelivered to the next owner, which restores the last checkpoint."""
         self.tasks.clear()
         self.job_tasks.clear()
+        self.handoff.clear()
         self.side.forget()
         self.assigned.clear()
         self.paused.clear()

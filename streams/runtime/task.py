@@ -46,6 +46,7 @@ from streams.runtime.aligner import Aligner, LagFn, tp_key
 from streams.runtime.changelog import MAX_SNAPSHOT_BYTES, SNAPSHOT_TABLE, changelog_topic, state_key
 from streams.runtime.checkpoint import Action, Checkpoint, Send
 from streams.runtime.guard import WallClockGuard
+from streams.runtime.handoff import Handoff
 from streams.runtime.intake import ClockRejected, Intake, Record
 from streams.runtime.options import (
     CONTROL,
@@ -243,6 +244,8 @@ class PartitionTask:
         self._prune_at = _TAKEN_PRUNE_AT
         # (target, records processed) of the last `finish`: not repeated until one of them changes.
         self._finished: tuple[int | None, int] | None = None
+        # What this process's rank stages sent its job stages, not decoded again (`Handoff`; the core sets it).
+        self.handoff: Handoff | None = None
 
     # -- state -----------------------------------------------------------------------------
     def restore(self, value: bytes | None) -> None:
@@ -339,13 +342,15 @@ class PartitionTask:
         what to send now: its dead letter, or the alerts its instant rules raise on arrival."""
         tp = rec.tp
         self.last_receive = now
+        # Job stage: a summary this process's rank stage sent (taken here whatever happens next).
+        local = self.handoff.take(rec.value) if self.kind == "job" and self.handoff is not None else None
         if self.already_seen(tp, rec.offset):
             self.uncommitted += 1  # its offset is committed with the next checkpoint
             self.counts["skipped"] += 1
             self.aligner.note(tp, rec.offset, None, now)  # read: no longer part of the backlog
             return None, []
         self.counts["events"] += 1
-        event, dead = self.intake.read(rec)
+        event, dead = (local, []) if local is not None else self.intake.read(rec)
         if event is None:
             self.counts["rejected"] += 1
             self._mark(tp, rec.offset)
@@ -513,7 +518,10 @@ class PartitionTask:
                 log.error("dropped a record for the job stage the worker cannot encode: %s", exc)
                 continue
             job = str(item.record.get("job_id") or "")
-            out.append(Send(SUMMARIES, job.encode(), value, partition=self.place.job(job)))
+            q = self.place.job(job)
+            out.append(Send(SUMMARIES, job.encode(), value, partition=q))
+            if self.handoff is not None:
+                self.handoff.put(q, value, item)
             self.counts["forwarded"] += 1
         front = self.engine.release_front()
         # Idle (the job stage stops waiting for it) only with nothing left to send: a record held

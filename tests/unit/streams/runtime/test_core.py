@@ -17,6 +17,7 @@ from schemas.records import Event
 from schemas.topics import DEADLETTER, TELEMETRY_JOB, TRAINING_STEPS
 from streams.offline.replay import replay_offline
 from streams.runtime.core import WorkerCore
+from streams.runtime.handoff import Handoff
 from streams.runtime.options import BINDINGS, WorkerOptions
 from tests.unit.streams.runtime.fake_kafka import FakeIO, FakeKafka, alerts_of, drive, restored_from
 
@@ -200,3 +201,25 @@ def test_a_finite_input_finishes_with_the_offline_replays_last_alerts(tmp_path: 
     drive(kafka, WorkerOptions(bootstrap="x", workdir=tmp_path, finish_idle_s=0.0))
     missing = offline - _ids(alerts_of(kafka, CODEC))
     assert [status for _, status in missing] == ["resolved"]
+
+
+def test_summaries_handed_to_the_same_workers_job_stage_raise_the_alerts_decoding_them_raises(
+    nan_loss: list[Event],
+    nan_loss_offline: set[tuple[str, str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 37.2: the job stage takes its own worker's summaries as the rank stage made them (not
+    decoded again); every alert record is the same, field by field, as when it decodes them all."""
+    kafka = FakeKafka(6)
+    kafka.publish(nan_loss, CODEC)
+    core, _ = drive(kafka, WorkerOptions(bootstrap="x", workdir=tmp_path))
+    handed = alerts_of(kafka, CODEC)
+    assert core.handoff.taken > 1_000 and len(core.handoff) == 0  # nearly every summary, none left over
+    monkeypatch.setattr(Handoff, "put", lambda *args: None)  # every summary decoded from its bytes
+    kafka = FakeKafka(6)
+    kafka.publish(nan_loss, CODEC)
+    core, _ = drive(kafka, WorkerOptions(bootstrap="x", workdir=tmp_path / "decoded"))
+    assert core.handoff.taken == 0
+    assert _ids(handed) == nan_loss_offline
+    assert handed == alerts_of(kafka, CODEC)
