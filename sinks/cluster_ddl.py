@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from sinks.ddl import _MIGRATIONS_TABLE, MIGRATIONS, ROLLUP_TABLES, TABLE_NAMES, table_specs
 from sinks.efficiency_sql import ENERGY_ROLLUP, STEP_ROLLUP
 from sinks.errors import SinkError
+from sinks.page_rollups import PAGE_ROLLUPS
 
 __all__ = ["DEFAULT_SHARDS_PATH", "SHARDING_KEYS", "cluster_statements"]
 
@@ -82,6 +83,9 @@ SHARDING_KEYS: dict[str, str | None] = {
     # merge them (see above). No key can name that placement, so none is given.
     "job_step_minute": None,
     STEP_ROLLUP: None,
+    # The job page's roll-ups (`sinks.page_rollups`) likewise: keyed by job and minute (and a block of
+    # ranks, or an op), fed from per-rank rows spread by (job, rank).
+    **dict.fromkeys(PAGE_ROLLUPS),
     # Job-level records are few (a job's lifecycle, checkpoints, evaluations, windows): by job.
     TABLE_NAMES["JobStarted"]: _BY_JOB,
     TABLE_NAMES["JobStateChanged"]: _BY_JOB,
