@@ -407,7 +407,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         10,
-        "job page roll-ups per minute (rank windows per block of ranks, data loader, collectives)",
+        "job page roll-ups per minute (rank windows per block of ranks, data loader, collectives, GPM per node)",
         lambda ttl: [*page_rollup_sql(ttl, DEDUP_WINDOW), *page_backfill_sql(), *page_view_sql()],
     ),
 )

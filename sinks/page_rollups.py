@@ -2,7 +2,7 @@
 
 A 16,384-rank job writes ~33,000 derived rank windows and ~16,000 data-loader and collective
 samples a minute; the page's panels aggregate them per bucket (a minute over a 2-hour range).
-Three `AggregatingMergeTree` tables, each fed by a materialized view on every insert into its raw
+Four `AggregatingMergeTree` tables, each fed by a materialized view on every insert into its raw
 table (and backfilled from rows stored before, by `sinks.ddl` version 10), hold what those panels
 compute, so a page reads a few hundred thousand rows instead of millions:
 
@@ -13,6 +13,8 @@ compute, so a page reads a few hundred thousand rows instead of millions:
   queue depth's sums, counts and extremes, the worst rank of each data-path measure, error sums.
 - `collective_minute` (from `collective_samples`): per job, op and minute: collective time, interval
   and bus-bandwidth sums.
+- `gpm_node_minute` (from `gpu_samples`): per node and minute: the least SM and tensor-pipe activity
+  (NVML GPM) of its GPUs' samples, and how many samples carried GPM.
 
 Everything here is decomposable (sums, counts, extremes with their rank), so a minute's partial rows
 from several inserts, parts or shards merge to the answer the raw rows give; medians are not (the
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 __all__ = [
     "COLLECTIVE_ROLLUP",
+    "GPM_ROLLUP",
+    "GPM_SAMPLE",
     "LOADER_ROLLUP",
     "LOADER_WORST",
     "PAGE_ROLLUPS",
@@ -42,6 +46,7 @@ __all__ = [
 WINDOW_ROLLUP = "rank_window_minute"
 LOADER_ROLLUP = "loader_minute"
 COLLECTIVE_ROLLUP = "collective_minute"
+GPM_ROLLUP = "gpm_node_minute"
 
 # Ranks per block of `rank_window_minute`: a node of 8 GPUs, so a node row (or a group of nodes) of a
 # job placed in rank order is a whole number of blocks.
@@ -143,6 +148,14 @@ COLLECTIVE_AGGREGATES: tuple[tuple[str, str, str], ...] = (
     *_mean("bus_bw", "bus_bw_gbps"),
 )
 
+# NVML GPM (Hopper and newer; null on older GPUs): the least active SMs and tensor pipes of a node's GPUs.
+GPM_SAMPLE = "(sm_active_pct IS NOT NULL OR tensor_active_pct IS NOT NULL)"
+GPM_AGGREGATES: tuple[tuple[str, str, str], ...] = (
+    ("gpm_samples", _SUM_N, f"countIf({GPM_SAMPLE})"),
+    ("sm_active_min", _MIN_F, "min(toFloat64(sm_active_pct))"),
+    ("tensor_active_min", _MIN_F, "min(toFloat64(tensor_active_pct))"),
+)
+
 _MINUTE = "toStartOfMinute(toDateTime({}))"
 
 # Each roll-up: its raw table, time column, key (name, type, SQL over the raw rows) and aggregates.
@@ -175,6 +188,16 @@ _SPECS: dict[str, tuple[str, str, tuple[tuple[str, str, str], ...], tuple[tuple[
             ("minute", "DateTime('UTC')", _MINUTE.format("ts")),
         ),
         COLLECTIVE_AGGREGATES,
+    ),
+    GPM_ROLLUP: (
+        "gpu_samples",
+        "ts",
+        (
+            ("cluster", "LowCardinality(String)", "cluster"),
+            ("node", "LowCardinality(String)", "node"),
+            ("minute", "DateTime('UTC')", _MINUTE.format("ts")),
+        ),
+        GPM_AGGREGATES,
     ),
 }
 

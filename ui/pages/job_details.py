@@ -11,7 +11,17 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
-from sinks.page_rollups import COLLECTIVE_ROLLUP, LOADER_ROLLUP, LOADER_WORST, top_rank, top_sql, top_value
+from sinks.page_rollups import (
+    COLLECTIVE_ROLLUP,
+    GPM_ROLLUP,
+    GPM_SAMPLE,
+    LOADER_ROLLUP,
+    LOADER_WORST,
+    rollup_rows,
+    top_rank,
+    top_sql,
+    top_value,
+)
 from ui.pages.common import (
     GIB,
     JOB_WHERE,
@@ -243,7 +253,7 @@ def _gpus_grouped(
 
 # NVML GPM (Hopper and newer): what share of the interval the SMs and their tensor pipes were busy; a
 # collective spinning on a GPU keeps `util` at 100 % with little tensor work. Null on older GPUs.
-_GPM_FILTER = "(sm_active_pct IS NOT NULL OR tensor_active_pct IS NOT NULL)"
+_GPM_FILTER = GPM_SAMPLE
 
 
 def _gpm(
@@ -271,12 +281,35 @@ def _gpm(
             **params,
         )[0][0]:
             return {"columns": ["bucket index", "row", "sm_active", "tensor_active"], "cells": []}
+        cut = rollup_cut(t0, t1, width)
+        if cut is None:
+            sql = (
+                f"SELECT intDiv({ms_of('ts')} - {{t0:Int64}}, {{width:Int64}}) AS x, "
+                "transform(node, {node_keys:Array(String)}, {node_rows:Array(Int32)}, -1) AS i, "
+                f"{round_sql('min(sm_active_pct)', 1)}, {round_sql('min(tensor_active_pct)', 1)} FROM gpu_samples "
+                f"WHERE {where} AND {_GPM_FILTER} GROUP BY x, i ORDER BY x, i"
+            )
+        else:
+            # Whole minutes from `gpm_node_minute` (a node's least active GPU sample per minute), the
+            # minute the range's end cuts from the raw samples.
+            nodes = "cluster = {cluster:String} AND node IN {nodes:Array(String)}"
+            rows = rollup_rows(
+                GPM_ROLLUP,
+                f"{nodes} AND gpm_samples > 0 AND minute >= toDateTime(intDiv({{t0:Int64}}, 1000), 'UTC') "
+                "AND minute < toDateTime(intDiv({cut:Int64}, 1000), 'UTC')",
+                f"{nodes} AND {_GPM_FILTER} AND ts >= fromUnixTimestamp64Milli({{cut:Int64}}, 'UTC') "
+                "AND ts < fromUnixTimestamp64Milli({t1:Int64}, 'UTC')",
+            )
+            sql = (
+                "SELECT intDiv(toInt64(toUnixTimestamp(minute)) * 1000 - {t0:Int64}, {width:Int64}) AS x, "
+                "transform(node, {node_keys:Array(String)}, {node_rows:Array(Int32)}, -1) AS i, "
+                f"{round_sql('min(sm_active_min)', 1)}, {round_sql('min(tensor_active_min)', 1)} FROM ({rows}) "
+                "GROUP BY x, i ORDER BY x, i"
+            )
+            params["cut"] = cut
         cells = json_columns(
             client,
-            f"SELECT intDiv({ms_of('ts')} - {{t0:Int64}}, {{width:Int64}}) AS x, "
-            "transform(node, {node_keys:Array(String)}, {node_rows:Array(Int32)}, -1) AS i, "
-            f"{round_sql('min(sm_active_pct)', 1)}, {round_sql('min(tensor_active_pct)', 1)} FROM gpu_samples "
-            f"WHERE {where} AND {_GPM_FILTER} GROUP BY x, i ORDER BY x, i",
+            sql,
             node_keys=layout.node_keys,
             node_rows=layout.node_rows,
             width=width,

@@ -30,15 +30,17 @@ RANKS = 1024
 STRAGGLER = 137
 JOB = job_name(RANKS)
 DATABASE = "ui_page_rollups"
-# The panels the roll-ups answer: the rank heatmap and step segments, the loader, data path and collectives.
+# The panels the roll-ups answer: the rank heatmap and step segments, the loader, data path, collectives
+# and GPM (SM and tensor-pipe activity).
 PAGE_KEYS = ("heatmap", "steps")
-DETAIL_KEYS = ("dataloader", "datapath", "collectives")
+DETAIL_KEYS = ("dataloader", "datapath", "collectives", "gpm")
 T = f"toDateTime64('{START}', 3, 'UTC')"
 
 
 def _late_rows(client: Client) -> None:
     """Rows of minutes the roll-ups already hold: rank 3's window ties rank 137's compute at minute 20,
-    rank 900 waits longest for data at minute 5, and one more all-reduce sample at minute 7."""
+    rank 900 waits longest for data at minute 5, one more all-reduce sample at minute 7, and the
+    straggler's GPU reports its SMs 12.5 % active at minute 9."""
     client.command(
         "INSERT INTO derived_rank_windows (window_start, window_end, job_id, run_id, rank, steps, step_time_s, "
         f"compute_s, data_wait_s, comm_s, straggler_score) SELECT {T} + toIntervalSecond(20 * 60 + 10), "
@@ -54,6 +56,11 @@ def _late_rows(client: Client) -> None:
     client.command(
         "INSERT INTO collective_samples (ts, job_id, run_id, rank, op, interval_s, count, time_s, bus_bw_gbps) "
         f"VALUES ({T} + toIntervalSecond(7 * 60 + 1), '{JOB}', '{JOB}-r0', 5, 'allreduce', 60, 7, 30, NULL)"
+    )
+    client.command(
+        "INSERT INTO gpu_samples (ts, cluster, node, gpu_index, gpu_uuid, gpu_util_pct, sm_active_pct, job_id) "
+        f"VALUES ({T} + toIntervalSecond(9 * 60 + 3), 'bench', '{node_of(STRAGGLER)}', 1, 'GPU-{STRAGGLER}', 50, "
+        f"12.5, '{JOB}')"
     )
 
 
@@ -124,6 +131,8 @@ def test_the_rollup_heatmap_names_the_straggler_and_of_equal_values_the_lowest_r
     worst = {b: (v, r) for b, v, r in page["datapath"]["batch_prep_s"]["worst"]}
     assert worst[start + 5 * 60_000] == (2.5, 900)
     assert [start + 5 * 60_000, 3, 0] in page["datapath"]["errors"]
+    gpm = {(x, row): sm for x, row, sm, _ in zip(*page["gpm"]["cells"], strict=True)}
+    assert gpm[(9, straggler_row)] == 12.5
 
 
 def test_migrating_a_store_backfills_the_roll_ups_with_the_same_answers(store: Client) -> None:
