@@ -8,6 +8,7 @@ detectors' 30 s rank windows and a few alerts. Then measures, warm, median of --
       over its rank windows (the rows the heatmap reads),
   (b) `ui.pages.job.job_page` (every panel's query, what /api/jobs/<job> runs; above 512 ranks its GPU,
       host and loader panels are `ui.pages.job.job_details`, /api/jobs/<job>/details, timed apart),
+      and both again over the raw rows instead of the page's per-minute roll-ups (`sinks.page_rollups`),
   (c) the same over HTTP (`/api/jobs/<job>`, aiohttp + JSON), as a browser would fetch it,
   (d) the fleet page and a 10-minute zoom,
   (e) the efficiency panel (`job_efficiency` + `run_efficiency`) and the fleet's goodput column,
@@ -33,12 +34,13 @@ Issue 34.5's targets at 16,384 ranks x 2 h: first render < 1 s, every panel < 2 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,8 @@ import httpx
 from sinks.clickhouse import close, connect
 from sinks.ddl import migrate
 from sinks.efficiency import PriceList
+from ui.pages import job_details as job_detail_panels
+from ui.pages import job_steps
 from ui.pages.compare import compare
 from ui.pages.efficiency import efficiency, fleet_goodput
 from ui.pages.job import job_details, job_page
@@ -204,6 +208,21 @@ def _median_ms(fn: Callable[[], Any], repeat: int, name: str = "") -> tuple[floa
     return statistics.median(times), result
 
 
+@contextlib.contextmanager
+def _raw_rows() -> Iterator[None]:
+    """The job page's panels read the raw rows, as before `sinks.page_rollups` (and as a zoomed-in page does)."""
+    saved = job_steps.rollup_cut, job_detail_panels.rollup_cut
+
+    def none(t0: int, t1: int, width: int) -> None:
+        return None
+
+    job_steps.rollup_cut = job_detail_panels.rollup_cut = none
+    try:
+        yield
+    finally:
+        job_steps.rollup_cut, job_detail_panels.rollup_cut = saved
+
+
 def _burst(url: str, n: int) -> dict[str, Any]:
     """`n` concurrent GETs: how many got 200 and 503, the slowest answer, the whole burst's time."""
     import concurrent.futures
@@ -347,6 +366,16 @@ def main() -> None:
             )
             span = (page["range"]["from_ms"], page["range"]["to_ms"])
             details_ms, _ = _median_ms(lambda: job_details(client, job, *span), args.repeat, "details")
+            # The same two answers over the raw rows (the page's roll-ups off): the baseline of issue 34.5.
+            with _raw_rows():
+                raw_page_ms, _ = _median_ms(
+                    lambda: job_page(client, job, with_efficiency=False, defer_details=True),
+                    args.repeat,
+                    "raw_page",
+                )
+                raw_details_ms, _ = _median_ms(
+                    lambda: job_details(client, job, *span), args.repeat, "raw_details"
+                )
             prices = PriceList.parse(["default=2.5"])
             server = UiServer(client, "127.0.0.1", 0, prices=prices)
             url = server.start()
@@ -388,6 +417,10 @@ def main() -> None:
                 f"(b) job page queries (heatmap from {page['heatmap']['source']}, GPUs from {page['gpus']['source'] if 'gpus' in page else 'the details'}, "
                 f"bucket {page['range']['bucket_ms'] // 1000} s, {_page_rows(page)}) {page_ms:8.1f} ms  "
                 f"CPU {_CPU['page']:7.1f} ms"
+            )
+            print(
+                f"(b) the same page and panels over the raw rows (roll-ups off): {raw_page_ms:8.1f} ms  "
+                f"CPU {_CPU['raw_page']:7.1f} ms; {raw_details_ms:8.1f} ms  CPU {_CPU['raw_details']:7.1f} ms"
             )
             deferred = "details" in page
             print(

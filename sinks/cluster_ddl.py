@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from sinks.ddl import _MIGRATIONS_TABLE, MIGRATIONS, ROLLUP_TABLES, TABLE_NAMES, table_specs
 from sinks.efficiency_sql import ENERGY_ROLLUP, STEP_ROLLUP
 from sinks.errors import SinkError
+from sinks.page_rollups import GPM_ROLLUP, PAGE_ROLLUPS
 
 __all__ = ["DEFAULT_SHARDS_PATH", "SHARDING_KEYS", "cluster_statements"]
 
@@ -66,6 +67,7 @@ SHARDING_KEYS: dict[str, str | None] = {
     # `gpu_samples_local` received the sample: the same key describes where their rows are.
     "gpu_minute": _BY_NODE,
     ENERGY_ROLLUP: _BY_NODE,
+    GPM_ROLLUP: _BY_NODE,
     # Per-rank records by (job, rank): one big job's steps spread over every shard (a 16,384-rank
     # job is ~42,000 steps/s, more than one shard should take alone, and its page reads in
     # parallel), and each rank's series stays whole on one shard in its (job_id, rank, ts) order.
@@ -82,6 +84,9 @@ SHARDING_KEYS: dict[str, str | None] = {
     # merge them (see above). No key can name that placement, so none is given.
     "job_step_minute": None,
     STEP_ROLLUP: None,
+    # The job page's roll-ups (`sinks.page_rollups`) likewise: keyed by job and minute (and a block of
+    # ranks, or an op), fed from per-rank rows spread by (job, rank).
+    **dict.fromkeys(name for name in PAGE_ROLLUPS if name != GPM_ROLLUP),
     # Job-level records are few (a job's lifecycle, checkpoints, evaluations, windows): by job.
     TABLE_NAMES["JobStarted"]: _BY_JOB,
     TABLE_NAMES["JobStateChanged"]: _BY_JOB,

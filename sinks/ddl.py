@@ -1,8 +1,8 @@
 """ClickHouse tables for every ranksight record, generated from the Avro schemas, and versioned migrations.
 
 One raw table per record type (columns mapped from the Avro fields by `clickhouse_type`), the
-derived window tables, the alert table, the `baselines` view, two per-minute roll-ups and the
-efficiency roll-ups and views (`sinks.efficiency_sql`).
+derived window tables, the alert table, the `baselines` view, two per-minute roll-ups, the
+efficiency roll-ups and views (`sinks.efficiency_sql`) and the job page's roll-ups (`sinks.page_rollups`).
 Every table records the Kafka position of each row (`_topic`, `_partition`, `_offset`): the
 sink uses it to skip offsets already stored after a crash, and users use it to trace a row back.
 `migrate()` applies the missing versions; every statement is `IF NOT EXISTS` (a view `OR REPLACE`,
@@ -24,6 +24,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError as _DriverError
 from schemas.records import RECORD_TYPES, default_schemas
 from sinks.efficiency_sql import ROLLUP_TIME_COLUMNS, backfill_sql, rollup_sql, rollup_view_sql, view_sql
 from sinks.errors import ClickHouseError
+from sinks.page_rollups import PAGE_ROLLUPS, page_backfill_sql, page_rollup_sql, page_view_sql
 
 __all__ = [
     "BASELINE_METRICS",
@@ -315,6 +316,7 @@ ROLLUP_TABLES: dict[str, str] = {
     "job_step_minute": "steps",
     "run_step_progress": "steps",  # efficiency: sinks/efficiency_sql.py
     "gpu_energy_minute": "gpu_samples",
+    **PAGE_ROLLUPS,  # the job page's panels: sinks/page_rollups.py
 }
 
 
@@ -403,6 +405,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         "efficiency roll-ups fed by inserts (per-step run progress, per-minute GPU energy), views over them",
         lambda ttl: [*rollup_sql(ttl, DEDUP_WINDOW), *backfill_sql(), *rollup_view_sql(), *view_sql()],
     ),
+    Migration(
+        10,
+        "job page roll-ups per minute (rank windows per block of ranks, data loader, collectives, GPM per node)",
+        lambda ttl: [*page_rollup_sql(ttl, DEDUP_WINDOW), *page_backfill_sql(), *page_view_sql()],
+    ),
 )
 
 _MIGRATIONS_TABLE = (
@@ -472,6 +479,7 @@ _TTL_RE = re.compile(r"toIntervalDay\((\d+)\)")
 def _ttl_tables() -> dict[str, str]:
     tables = {spec.name: spec.time_column for spec in table_specs().values()}
     tables.update({"gpu_minute": "minute", "job_step_minute": "minute", **ROLLUP_TIME_COLUMNS})
+    tables.update(dict.fromkeys(PAGE_ROLLUPS, "minute"))
     return tables
 
 

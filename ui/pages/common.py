@@ -25,6 +25,7 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 
 from schemas.eventtime import MIN_EVENT_TS
+from sinks.page_rollups import rollup_rows
 from ui.alerts import copies_of
 from ui.rows import RowLayout
 
@@ -59,6 +60,8 @@ __all__ = [
     "ms_of",
     "plain",
     "plausible_bounds",
+    "rollup_cut",
+    "rollup_source",
     "round_sql",
     "rounded",
     "store_actions",
@@ -155,6 +158,26 @@ def between(column: str) -> str:
 def bucket_sql(column_ms: str) -> str:
     """The start of `column_ms`'s bucket: the width is the parameter `width` (ms)."""
     return f"intDiv({column_ms}, {{width:Int64}}) * {{width:Int64}}"
+
+
+def rollup_cut(t0: int, t1: int, width: int) -> int | None:
+    """Where a range's per-minute roll-ups (`sinks.page_rollups`) stop answering it: the start of the
+    minute its end cuts (UTC ms). None when its buckets are not whole minutes (zoomed in: raw rows)."""
+    if width % MINUTE_MS or t0 % MINUTE_MS or t1 <= t0:
+        return None
+    return t1 // MINUTE_MS * MINUTE_MS
+
+
+def rollup_source(rollup: str, time_column: str) -> str:
+    """A job's rows of `rollup` over [t0, cut) and its raw rows over [cut, t1) rolled up alike (`rollup_rows`):
+    parameters `job`, `t0`, `cut` (`rollup_cut`) and `t1`."""
+    return rollup_rows(
+        rollup,
+        f"{JOB_WHERE} AND minute >= toDateTime(intDiv({{t0:Int64}}, 1000), 'UTC') "
+        "AND minute < toDateTime(intDiv({cut:Int64}, 1000), 'UTC')",
+        f"{JOB_WHERE} AND {time_column} >= fromUnixTimestamp64Milli({{cut:Int64}}, 'UTC') "
+        f"AND {time_column} < fromUnixTimestamp64Milli({{t1:Int64}}, 'UTC')",
+    )
 
 
 # Row filters on the plausible times (parameters `lo`, `hi` from `plausible_bounds`).

@@ -21,7 +21,7 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 
 from schemas.records import Event
-from sinks.efficiency import PriceList, job_rows, run_rows
+from sinks.efficiency import PriceList, job_and_runs, job_rows
 from sinks.errors import QueryError
 from ui.pages.common import rounded
 
@@ -440,16 +440,19 @@ def fleet_goodput(client: Client) -> dict[str, float | None]:
 def efficiency(client: Client, job_id: str, prices: PriceList | None = None) -> dict[str, Any] | None:
     """The job's efficiency panel: `job_efficiency` and its runs, priced by `prices` (None: unknown)."""
     prices = prices or PriceList()
-    rows = _efficiency_rows(client, prices, job_id)
-    if not rows or rows[0]["runs"] == 0:
+    # The job's row and its runs from one statement: the run SQL is planned and run once, not twice.
+    try:
+        row, run_list = job_and_runs(client, prices, job_id)
+    except QueryError:  # a store the efficiency views are missing from answers "unknown"
         return None
-    row = rows[0]
+    if row is None or row["runs"] == 0:
+        return None
     out: dict[str, Any] = {k: _figure(row[k]) for k in _JOB_FIGURES}
     out["price_per_gpu_h"] = prices.price(row["gpu_class"])
     out["spent_gpu_h"] = {k: rounded(row[f"{k}_gpu_h"], 6) for k in _SPENT}
     out["queue_gpu_h"] = rounded((row["queue_s"] or 0) * (row["gpus"] or 0) / 3600, 6)
     runs = []
-    for run in run_rows(client, job=job_id, prices=prices):
+    for run in run_list:
         item = {k: _figure(run[k]) for k in _RUN_FIGURES}
         gpus = run["gpus"] or 0
         item["spent_gpu_h"] = {

@@ -11,6 +11,17 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from sinks.page_rollups import (
+    COLLECTIVE_ROLLUP,
+    GPM_ROLLUP,
+    GPM_SAMPLE,
+    LOADER_ROLLUP,
+    LOADER_WORST,
+    rollup_rows,
+    top_rank,
+    top_sql,
+    top_value,
+)
 from ui.pages.common import (
     GIB,
     JOB_WHERE,
@@ -25,6 +36,8 @@ from ui.pages.common import (
     fetch_rows,
     json_columns,
     ms_of,
+    rollup_cut,
+    rollup_source,
     round_sql,
     rounded,
 )
@@ -196,10 +209,13 @@ def _gpus_grouped(
     }
     cells = json_columns(
         client,
+        # The least busy GPU's name is made once per cell, not once per GPU-minute (2 M strings at 16,384 GPUs).
+        f"SELECT x, i, {round_sql('least', 1)}, if(least IS NULL, NULL, "
+        "concat(tupleElement(gpu, 1), '/gpu', toString(tupleElement(gpu, 2)))) FROM ("
         "SELECT intDiv(t - {t0:Int64}, {width:Int64}) AS x, "
         "transform(node, {node_keys:Array(String)}, {node_rows:Array(Int32)}, -1) AS i, "
-        f"{round_sql('min(util)', 1)}, argMin(concat(node, '/gpu', toString(gpu_index)), util) FROM ({rows}) "
-        "WHERE t >= {t0:Int64} GROUP BY x, i ORDER BY x, i",
+        f"min(util) AS least, argMin((node, gpu_index), util) AS gpu FROM ({rows}) "
+        "WHERE t >= {t0:Int64} GROUP BY x, i) ORDER BY x, i",
         node_keys=layout.node_keys,
         node_rows=layout.node_rows,
         **params,
@@ -237,7 +253,7 @@ def _gpus_grouped(
 
 # NVML GPM (Hopper and newer): what share of the interval the SMs and their tensor pipes were busy; a
 # collective spinning on a GPU keeps `util` at 100 % with little tensor work. Null on older GPUs.
-_GPM_FILTER = "(sm_active_pct IS NOT NULL OR tensor_active_pct IS NOT NULL)"
+_GPM_FILTER = GPM_SAMPLE
 
 
 def _gpm(
@@ -265,12 +281,35 @@ def _gpm(
             **params,
         )[0][0]:
             return {"columns": ["bucket index", "row", "sm_active", "tensor_active"], "cells": []}
+        cut = rollup_cut(t0, t1, width)
+        if cut is None:
+            sql = (
+                f"SELECT intDiv({ms_of('ts')} - {{t0:Int64}}, {{width:Int64}}) AS x, "
+                "transform(node, {node_keys:Array(String)}, {node_rows:Array(Int32)}, -1) AS i, "
+                f"{round_sql('min(sm_active_pct)', 1)}, {round_sql('min(tensor_active_pct)', 1)} FROM gpu_samples "
+                f"WHERE {where} AND {_GPM_FILTER} GROUP BY x, i ORDER BY x, i"
+            )
+        else:
+            # Whole minutes from `gpm_node_minute` (a node's least active GPU sample per minute), the
+            # minute the range's end cuts from the raw samples.
+            nodes = "cluster = {cluster:String} AND node IN {nodes:Array(String)}"
+            rows = rollup_rows(
+                GPM_ROLLUP,
+                f"{nodes} AND gpm_samples > 0 AND minute >= toDateTime(intDiv({{t0:Int64}}, 1000), 'UTC') "
+                "AND minute < toDateTime(intDiv({cut:Int64}, 1000), 'UTC')",
+                f"{nodes} AND {_GPM_FILTER} AND ts >= fromUnixTimestamp64Milli({{cut:Int64}}, 'UTC') "
+                "AND ts < fromUnixTimestamp64Milli({t1:Int64}, 'UTC')",
+            )
+            sql = (
+                "SELECT intDiv(toInt64(toUnixTimestamp(minute)) * 1000 - {t0:Int64}, {width:Int64}) AS x, "
+                "transform(node, {node_keys:Array(String)}, {node_rows:Array(Int32)}, -1) AS i, "
+                f"{round_sql('min(sm_active_min)', 1)}, {round_sql('min(tensor_active_min)', 1)} FROM ({rows}) "
+                "GROUP BY x, i ORDER BY x, i"
+            )
+            params["cut"] = cut
         cells = json_columns(
             client,
-            f"SELECT intDiv({ms_of('ts')} - {{t0:Int64}}, {{width:Int64}}) AS x, "
-            "transform(node, {node_keys:Array(String)}, {node_rows:Array(Int32)}, -1) AS i, "
-            f"{round_sql('min(sm_active_pct)', 1)}, {round_sql('min(tensor_active_pct)', 1)} FROM gpu_samples "
-            f"WHERE {where} AND {_GPM_FILTER} GROUP BY x, i ORDER BY x, i",
+            sql,
             node_keys=layout.node_keys,
             node_rows=layout.node_rows,
             width=width,
@@ -375,79 +414,132 @@ def _hosts(
 # The data-path panel: per bucket, the median rank's value and the worst rank's (which rank it was),
 # "worst" being the highest latency or preparation time, or the lowest throughput, cache hit ratio or
 # share of live loader workers. Name, SQL of the value, digits, whether low is worst.
-DATAPATH_METRICS: tuple[tuple[str, str, int, bool], ...] = (
-    ("batch_prep_s", "batch_prep_s", 4, False),
-    ("read_latency_s", "read_latency_s", 5, False),
-    ("read_mb_s", "read_bytes_s / 1000000", 2, True),
-    ("cache_hit_ratio", "cache_hit_ratio", 4, True),
-    ("workers_live", "workers / nullIf(workers_expected, 0)", 3, True),
-    ("file_opens_s", "file_opens_s", 2, False),
+_DIGITS = {
+    "batch_prep_s": 4,
+    "read_latency_s": 5,
+    "read_mb_s": 2,
+    "cache_hit_ratio": 4,
+    "workers_live": 3,
+    "file_opens_s": 2,
+}
+DATAPATH_METRICS: tuple[tuple[str, str, int, bool], ...] = tuple(
+    (name, value, _DIGITS[name], low) for name, value, low in LOADER_WORST
 )
+# A bucket's minute roll-ups (`sinks.page_rollups`) start at the bucket's whole minute.
+_MINUTE_BUCKET = "intDiv(toInt64(toUnixTimestamp(minute)) * 1000, {width:Int64}) * {width:Int64}"
 
 
 def _datapath(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict[str, Any]:
     """Data wait aside (the data-loader panel), the loader's own measurements: median and worst rank per
-    bucket, and the loader errors summed (`DataLoaderSample`)."""
-    parts = []
-    for _, value, _, low in DATAPATH_METRICS:
-        fn, pick = ("min", "argMin") if low else ("max", "argMax")
-        parts.append(f"quantileExact(0.5)({value}), {fn}({value}), {pick}(rank, {value})")
-    rows = fetch_rows(
-        client,
-        f"SELECT {bucket_sql(ms_of('ts'))} AS b, {', '.join(parts)}, sum(errors), sum(file_open_errors) "
-        f"FROM dataloader_samples WHERE {JOB_WHERE} AND {between('ts')} GROUP BY b ORDER BY b",
-        job=job_id,
-        t0=t0,
-        t1=t1,
-        width=width,
-    )
+    bucket, and the loader errors summed (`DataLoaderSample`).
+
+    Over whole minutes the worst ranks and the errors come from `loader_minute`; the medians (which no
+    partial sum holds) from the raw samples, in a second query.
+    """
+    params = {"job": job_id, "t0": t0, "t1": t1, "width": width}
+    cut = rollup_cut(t0, t1, width)
+    medians = ", ".join(f"quantileExact(0.5)({value})" for _, value, _, _ in DATAPATH_METRICS)
+    if cut is None:
+        parts = []
+        for _, value, _, low in DATAPATH_METRICS:
+            kind = "min" if low else "max"
+            top = top_sql(kind, value)
+            parts.append(f"{top_value(top)}, {top_rank(top, kind)}")
+        worst_sql = (
+            f"SELECT {bucket_sql(ms_of('ts'))} AS b, {', '.join(parts)}, sum(errors), sum(file_open_errors) "
+            f"FROM dataloader_samples WHERE {JOB_WHERE} AND {between('ts')} GROUP BY b ORDER BY b"
+        )
+    else:
+        parts = []
+        for name, _, _, low in DATAPATH_METRICS:
+            top = f"{'min' if low else 'max'}({name}_top)"
+            parts.append(f"{top_value(top)}, {top_rank(top, 'min' if low else 'max')}")
+        worst_sql = (
+            f"SELECT {_MINUTE_BUCKET} AS b, {', '.join(parts)}, sum(errors_sum), sum(file_open_errors_sum) "
+            f"FROM ({rollup_source(LOADER_ROLLUP, 'ts')}) GROUP BY b ORDER BY b"
+        )
+        params["cut"] = cut
+    worst_rows = fetch_rows(client, worst_sql, **params)
+    median_of = {
+        int(r[0]): r[1:]
+        for r in fetch_rows(
+            client,
+            f"SELECT {bucket_sql(ms_of('ts'))} AS b, {medians} FROM dataloader_samples "
+            f"WHERE {JOB_WHERE} AND {between('ts')} GROUP BY b ORDER BY b",
+            job=job_id,
+            t0=t0,
+            t1=t1,
+            width=width,
+        )
+    }
     out: dict[str, Any] = {}
     for i, (name, _, digits, _) in enumerate(DATAPATH_METRICS):
         median: list[list[Any]] = []
         worst: list[list[Any]] = []
-        for r in rows:
-            value, rank = r[2 + 3 * i], r[3 + 3 * i]
-            if r[1 + 3 * i] is not None:
-                median.append([int(r[0]), rounded(r[1 + 3 * i], digits)])
+        for r in worst_rows:
+            b = int(r[0])
+            middle = median_of.get(b, [None] * len(DATAPATH_METRICS))[i]
+            value, rank = r[1 + 2 * i], r[2 + 2 * i]
+            if middle is not None:
+                median.append([b, rounded(middle, digits)])
             if value is not None:
-                worst.append([int(r[0]), rounded(value, digits), int(rank)])
+                worst.append([b, rounded(value, digits), int(rank)])
         out[name] = {"median": median, "worst": worst}
-    n = 1 + 3 * len(DATAPATH_METRICS)
-    out["errors"] = [[int(r[0]), int(r[n] or 0), int(r[n + 1] or 0)] for r in rows if r[n] or r[n + 1]]
+    n = 1 + 2 * len(DATAPATH_METRICS)
+    out["errors"] = [[int(r[0]), int(r[n] or 0), int(r[n + 1] or 0)] for r in worst_rows if r[n] or r[n + 1]]
     return out
 
 
 def _dataloader(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict[str, Any]:
-    rows = fetch_rows(
-        client,
-        f"SELECT {bucket_sql(ms_of('ts'))} AS b, avg(wait_s / nullIf(interval_s, 0)), "
-        "max(wait_s / nullIf(interval_s, 0)), argMax(rank, wait_s / nullIf(interval_s, 0)), "
-        "avg(queue_depth), min(queue_depth) "
-        f"FROM dataloader_samples WHERE {JOB_WHERE} AND {between('ts')} GROUP BY b ORDER BY b",
-        job=job_id,
-        t0=t0,
-        t1=t1,
-        width=width,
-    )
+    """Data-wait fraction (mean and worst rank) and queue depth (mean and lowest) per bucket; over whole
+    minutes from `loader_minute`."""
+    params = {"job": job_id, "t0": t0, "t1": t1, "width": width}
+    cut = rollup_cut(t0, t1, width)
+    if cut is None:
+        frac = "wait_s / nullIf(interval_s, 0)"
+        sql = (
+            f"SELECT {bucket_sql(ms_of('ts'))} AS b, avg({frac}), {top_value(top_sql('max', frac))}, "
+            f"{top_rank(top_sql('max', frac), 'max')}, "
+            "avg(queue_depth), min(queue_depth) "
+            f"FROM dataloader_samples WHERE {JOB_WHERE} AND {between('ts')} GROUP BY b ORDER BY b"
+        )
+    else:
+        sql = (
+            f"SELECT {_MINUTE_BUCKET} AS b, sum(wait_frac_sum) / sum(wait_frac_n), "
+            f"{top_value('max(wait_frac_top)')}, {top_rank('max(wait_frac_top)', 'max')}, "
+            "sum(queue_sum) / sum(queue_n), min(queue_min) "
+            f"FROM ({rollup_source(LOADER_ROLLUP, 'ts')}) GROUP BY b ORDER BY b"
+        )
+        params["cut"] = cut
+    rows = fetch_rows(client, sql, **params)
     return {
         "wait_frac_avg": [[int(r[0]), rounded(r[1])] for r in rows],
-        "wait_frac_max": [[int(r[0]), rounded(r[2]), int(r[3])] for r in rows],
+        "wait_frac_max": [[int(r[0]), rounded(r[2]), int(r[3])] for r in rows if r[2] is not None],
         "queue_depth_avg": [[int(r[0]), rounded(r[4], 2)] for r in rows],
         "queue_depth_min": [[int(r[0]), rounded(r[5], 2)] for r in rows],
     }
 
 
 def _collectives(client: Client, job_id: str, t0: int, t1: int, width: int) -> dict[str, Any]:
+    """Each collective op's share of the time and its bus bandwidth per bucket; over whole minutes from
+    `collective_minute`."""
+    params = {"job": job_id, "t0": t0, "t1": t1, "width": width}
+    cut = rollup_cut(t0, t1, width)
+    if cut is None:
+        sql = (
+            f"SELECT op, {bucket_sql(ms_of('ts'))} AS b, sum(time_s) / nullIf(sum(interval_s), 0), "
+            f"avg(bus_bw_gbps) FROM collective_samples WHERE {JOB_WHERE} AND {between('ts')} "
+            "GROUP BY op, b ORDER BY op, b"
+        )
+    else:
+        sql = (
+            f"SELECT op, {_MINUTE_BUCKET} AS b, sum(time_sum) / nullIf(sum(interval_sum), 0), "
+            f"sum(bus_bw_sum) / sum(bus_bw_n) FROM ({rollup_source(COLLECTIVE_ROLLUP, 'ts')}) "
+            "GROUP BY op, b ORDER BY op, b"
+        )
+        params["cut"] = cut
     out: dict[str, dict[str, list[list[Any]]]] = {}
-    for op, b, frac, bw in fetch_rows(
-        client,
-        f"SELECT op, {bucket_sql(ms_of('ts'))} AS b, sum(time_s) / nullIf(sum(interval_s), 0), avg(bus_bw_gbps) "
-        f"FROM collective_samples WHERE {JOB_WHERE} AND {between('ts')} GROUP BY op, b ORDER BY op, b",
-        job=job_id,
-        t0=t0,
-        t1=t1,
-        width=width,
-    ):
+    for op, b, frac, bw in fetch_rows(client, sql, **params):
         series = out.setdefault(op, {"time_frac": [], "bus_bw_gbps": []})
         series["time_frac"].append([int(b), rounded(frac)])
         series["bus_bw_gbps"].append([int(b), rounded(bw, 2)])

@@ -12,6 +12,7 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from sinks.page_rollups import RANK_BLOCK, WINDOW_ROLLUP, top_rank, top_sql, top_value
 from ui.pages.common import (
     DERIVED_HOP_MS,
     JOB_WHERE,
@@ -23,6 +24,8 @@ from ui.pages.common import (
     fetch_rows,
     json_columns,
     ms_of,
+    rollup_cut,
+    rollup_source,
     round_sql,
     rounded,
 )
@@ -59,6 +62,10 @@ def rank_heatmap(
             f"SELECT count() FROM (SELECT 1 FROM derived_rank_windows WHERE {where} LIMIT 1)",
             **params,
         )[0][0]:
+            cut = rollup_cut(t0, t1, width)
+            per_row = layout.ranks_per_row if layout is not None else None
+            if cut is not None and layout is not None and per_row is not None and per_row % RANK_BLOCK == 0:
+                return _rollup_heatmap(client, layout, {**params, "cut": cut}, width, per_row)
             if layout is not None:
                 return _rows_heatmap(
                     client, "derived_rank_windows", "window_start", _WINDOW_VALUES, layout, params, width
@@ -116,8 +123,14 @@ def _rows_heatmap(
         # One level: the slowest window of any of the row's ranks (a per-rank mean first would be a
         # second aggregation over ranks x buckets, millions of groups at 16k ranks). Which rank it
         # was for compute and step time, the slow views (each argMax costs as much as the max).
+        # Which rank: of equal values the lowest (`sinks.page_rollups.top_sql`), as the roll-up names it.
+        tops = [top_sql("max", v) for v in values[:2]]
         select = ", ".join(
-            [*(round_sql(f"max({v})") for v in values), *(f"argMax(rank, {v})" for v in values[:2])]
+            [
+                *(round_sql(top_value(t)) for t in tops),
+                *(round_sql(f"max({v})") for v in values[2:]),
+                *(top_rank(t, "max") for t in tops),
+            ]
         )
         columns = ["bucket index", "row", "compute", "step", "comm", "wait", "compute rank", "step rank"]
     else:
@@ -131,6 +144,34 @@ def _rows_heatmap(
         **params,
     )
     return {"source": table, "columns": columns, "cells": cells, "rows": layout.as_dict()}
+
+
+def _rollup_heatmap(
+    client: Client, layout: RowLayout, params: dict[str, Any], width: int, per_row: int
+) -> dict[str, Any]:
+    """`_rows_heatmap` of a grouped layout over the derived windows, from `rank_window_minute`: the same
+    slowest values and ranks, from blocks of `RANK_BLOCK` ranks per minute instead of every window."""
+    rows = rollup_source(WINDOW_ROLLUP, "window_start")
+    select = ", ".join(
+        [
+            round_sql(top_value("max(compute_top)")),
+            round_sql(top_value("max(step_top)")),
+            round_sql("max(comm_max)"),
+            round_sql("max(wait_max)"),
+            top_rank("max(compute_top)", "max"),
+            top_rank("max(step_top)", "max"),
+        ]
+    )
+    cells = json_columns(
+        client,
+        "SELECT intDiv(toInt64(toUnixTimestamp(minute)) * 1000 - {t0:Int64}, {width:Int64}) AS x, "
+        f"intDiv(rank_block, {{blocks:Int32}}) AS row, {select} FROM ({rows}) GROUP BY x, row ORDER BY x, row",
+        width=width,
+        blocks=per_row // RANK_BLOCK,
+        **params,
+    )
+    columns = ["bucket index", "row", "compute", "step", "comm", "wait", "compute rank", "step rank"]
+    return {"source": "derived_rank_windows", "columns": columns, "cells": cells, "rows": layout.as_dict()}
 
 
 _SEGMENTS = ("data_wait_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "checkpoint_s")
@@ -154,7 +195,18 @@ def step_series(
         f"WHERE {JOB_WHERE} AND rank = 0 AND {between('ts')} GROUP BY b ORDER BY b",
         **params,
     )
-    if from_windows:
+    cut = rollup_cut(t0, t1, width)
+    if from_windows and cut is not None:
+        # The mean over ranks per bucket from `rank_window_minute`'s sums and counts (avg's own arithmetic).
+        rows = fetch_rows(
+            client,
+            "SELECT intDiv(toInt64(toUnixTimestamp(minute)) * 1000, {width:Int64}) * {width:Int64} AS b, "
+            + ", ".join(round_sql(f"sum({v}_sum) / sum({v}_n)") for v in ("wait", "compute", "comm", "other"))
+            + f" FROM ({rollup_source(WINDOW_ROLLUP, 'window_start')}) GROUP BY b ORDER BY b",
+            cut=cut,
+            **params,
+        )
+    elif from_windows:
         rows = fetch_rows(
             client,
             f"SELECT {bucket_sql(ms_of('window_start'))} AS b, {round_sql('avg(data_wait_s)')}, {round_sql('avg(compute_s)')}, "
@@ -163,6 +215,7 @@ def step_series(
             "GROUP BY b ORDER BY b",
             **params,
         )
+    if from_windows:
         names = ("data_wait", "compute", "comm", "other")
         segments = {name: [[r[0], r[i + 1]] for r in rows] for i, name in enumerate(names)}
         source = "derived_rank_windows"

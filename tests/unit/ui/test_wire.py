@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ui.shell
-from ui.pages.common import BUCKET_STEPS_MS, TARGET_BUCKETS, RawJson, bucket_ms, to_json
+from ui.pages.common import BUCKET_STEPS_MS, TARGET_BUCKETS, RawJson, bucket_ms, rollup_cut, to_json
 from ui.shell import page_html, report_html
 
 
@@ -35,6 +35,21 @@ def test_a_range_is_cut_into_at_most_the_target_number_of_nice_buckets(span_ms: 
 def test_two_hours_use_one_minute_buckets_the_roll_ups_answer() -> None:
     """A 2-hour job page reads per-minute roll-ups (gpu_minute, job_step_minute resolution)."""
     assert bucket_ms(2 * 3600_000) == 60_000
+
+
+@given(st.integers(min_value=0, max_value=10**9), st.integers(min_value=1, max_value=10**7))
+def test_the_page_rollups_answer_whole_minute_buckets_up_to_the_minute_the_end_cuts(
+    minutes: int, length: int
+) -> None:
+    """Minute-aligned buckets of a minute or more: the roll-ups answer [t0, cut), the raw rows [cut, t1)."""
+    t0 = minutes * 60_000
+    for width in (60_000, 300_000):
+        t0w = t0 // width * width
+        cut = rollup_cut(t0w, t0w + length, width)
+        assert cut is not None and cut % 60_000 == 0 and t0w <= cut <= t0w + length < cut + 60_000
+    # Zoomed in (buckets under a minute) or a start inside a minute: the raw rows answer it all.
+    assert rollup_cut(t0, t0 + length, 30_000) is None
+    assert rollup_cut(t0 + 1, t0 + length + 1, 60_000) is None
 
 
 def test_raw_json_parts_are_spliced_in_unparsed() -> None:
