@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from schemas.progress import Estimate
 from schemas.records import Event
 from streams.detectors.pace import JobPace
+
+if TYPE_CHECKING:
+    from streams.detectors.catalogue import Rule
 
 __all__ = [
     "LEADER_RANK",
@@ -437,13 +440,29 @@ class Detector:
     # "rank": runs where a job's node's records are (per rank, per node, per GPU); "job": on the
     # job's records and the rank stage's summaries of its ranks (streams/stages/engine.py).
     stage: ClassVar[str] = ""
+    # The config section whose knobs it reads ("": its own, named after the class; see
+    # `streams.config.config_section`): rules split out of one detector keep its section.
+    section: ClassVar[str] = ""
+    # The catalogue entry of a class that raises one rule (its `rules` is then that rule's name).
+    declared: ClassVar[Rule]
     # The record types `observe` reads (None: every type). The engine hands a detector only these:
     # most records concern a few rules, and a call that returns at once is still a call per record.
     reads: ClassVar[frozenset[str] | None] = None
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A class that declares its one rule (`declared`, a catalogue `Rule`) raises that rule."""
+    def __init_subclass__(
+        cls, *, rule: Rule | None = None, stage: str = "", section: str = "", **kwargs: Any
+    ) -> None:
+        """The class line says what is constant about a rule's detector: the catalogue `Rule` it
+        raises (`rule=`, kept as `declared`; its `rules` is then that rule's name), the stage it
+        runs in and the config section it reads, e.g.
+        `class GradSpikeDetector(PerJobDetector, rule=GRAD_SPIKE, stage="job", section="numerical")`."""
         super().__init_subclass__(**kwargs)
+        if rule is not None:
+            cls.declared = rule
+        if stage:
+            cls.stage = stage
+        if section:
+            cls.section = section
         declared = cls.__dict__.get("declared")
         if declared is not None and "rules" not in cls.__dict__:
             cls.rules = (declared.name,)

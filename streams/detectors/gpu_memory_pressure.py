@@ -40,12 +40,11 @@ GPU_MEMORY_PRESSURE = Rule(
 )
 
 
-class GpuMemoryPressureDetector(LearningGpuDetector):
+class GpuMemoryPressureDetector(
+    LearningGpuDetector, rule=GPU_MEMORY_PRESSURE, stage="rank", section="infrastructure"
+):
     """Device memory pressure per GPU."""
 
-    section: ClassVar[str] = "infrastructure"
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("gpu_memory_pressure",)
     learned_knob: ClassVar[str] = "gpu_mem_ratio"
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
@@ -65,8 +64,6 @@ class GpuMemoryPressureDetector(LearningGpuDetector):
             if value > self._ratio:
                 return value, f"learned from {learned[1]} healthy runs of {gpu_class}"
         return self._ratio, ""
-
-    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def new_gpu(self) -> dict[str, Any]:
         """No condition yet."""

@@ -53,12 +53,9 @@ GPU_THROTTLING = Rule(
 )
 
 
-class GpuThrottlingDetector(LearningGpuDetector):
+class GpuThrottlingDetector(LearningGpuDetector, rule=GPU_THROTTLING, stage="rank", section="infrastructure"):
     """Thermal and power throttling per GPU."""
 
-    section: ClassVar[str] = "infrastructure"
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("gpu_throttling",)
     learned_knob: ClassVar[str] = "throttle_clock_ratio"
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
@@ -81,8 +78,6 @@ class GpuThrottlingDetector(LearningGpuDetector):
             if value < self._ratio:
                 return value, f"learned from {learned[1]} healthy runs of {gpu_class}"
         return self._ratio, ""
-
-    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def new_gpu(self) -> dict[str, Any]:
         """The condition and the recent SM clock ratios."""
