@@ -125,19 +125,22 @@ class LearningGpuDetector(GpuDetector):
 
     The subclass names the knob it learns (`learned_knob`), how (`learns`: "max", a ceiling the
     class's healthy peaks may raise; "low", a floor their low values may lower) and the prefix of
-    its learning knobs (`<learn_prefix>_learn_runs`, `_learn_margin`, and the bound `_learn_max`
-    for a ceiling or `_learn_min` for a floor). Its invariant has the fields `ratio_pct` and `why`.
+    its knobs (`<learn_prefix>_sustain_s`, how long the limit must be broken to fire; `_learn_runs`,
+    `_learn_margin`, and the bound `_learn_max` for a ceiling or `_learn_min` for a floor). Its
+    invariant has the fields `ratio_pct` and `why`.
     """
 
     reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "JobStateChanged"})
     learned_knob: ClassVar[str] = ""
     learns: ClassVar[Literal["max", "low"]] = "max"
     learn_prefix: ClassVar[str] = ""
+    history_metric: ClassVar[str] = ""  # the metric its findings' history holds
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
         p, prefix = self.p, self.learn_prefix
         self._ratio = float(p[self.learned_knob])
+        self._sustain = int(float(p[f"{prefix}_sustain_s"]) * 1000)
         # Learned only where nobody set the knob (its value is the shipped default).
         self._learn = self._ratio == (module_defaults(type(self)) or {})[self.learned_knob]
         self._margin = float(p[f"{prefix}_learn_margin"])
@@ -185,6 +188,8 @@ class LearningGpuDetector(GpuDetector):
             ),
             observed=cond["ratio"],
             expected=limit,
+            history_metric=self.history_metric,
+            sustain_ms=self._sustain,
             **evidence,
         )
 

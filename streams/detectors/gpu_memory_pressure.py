@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from streams.detectors.base import Finding, Topology
+from streams.detectors.base import Finding
 from streams.detectors.catalogue import Rule
 from streams.detectors.class_normals import LearningGpuDetector
 
@@ -48,10 +48,7 @@ class GpuMemoryPressureDetector(
     learned_knob: ClassVar[str] = "gpu_mem_ratio"
     learns: ClassVar[Literal["max", "low"]] = "max"  # the highest healthy peak plus the margin
     learn_prefix: ClassVar[str] = "gpu_mem"
-
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        self._sustain = int(float(self.p["gpu_mem_sustain_s"]) * 1000)
+    history_metric: ClassVar[str] = "gpu_mem_used_ratio"
 
     def new_gpu(self) -> dict[str, Any]:
         """No condition yet."""
@@ -91,15 +88,5 @@ class GpuMemoryPressureDetector(
             if active
             else f"{self.where(node, g)} memory use is back to {100 * cond['ratio']:.1f}%"
         )
-        return self.limit_finding(
-            node,
-            uuid,
-            g,
-            ts,
-            active,
-            cond,
-            summary=summary,
-            history_metric="gpu_mem_used_ratio",
-            history=tuple((int(t), float(v)) for t, v in cond["points"]),
-            sustain_ms=self._sustain,
-        )
+        history = tuple((int(t), float(v)) for t, v in cond["points"])
+        return self.limit_finding(node, uuid, g, ts, active, cond, summary=summary, history=history)

@@ -59,11 +59,11 @@ class GpuThrottlingDetector(LearningGpuDetector, rule=GPU_THROTTLING, stage="ran
     learned_knob: ClassVar[str] = "throttle_clock_ratio"  # throttled: the SM clock below this ratio
     learns: ClassVar[Literal["max", "low"]] = "low"  # healthy runs' low clock ratio less the margin
     learn_prefix: ClassVar[str] = "throttle"
+    history_metric: ClassVar[str] = "sm_clock_ratio"
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
         self._mask = int(self.p["throttle_mask"])
-        self._sustain = int(float(self.p["throttle_sustain_s"]) * 1000)
 
     def new_gpu(self) -> dict[str, Any]:
         """The condition and the recent SM clock ratios."""
@@ -103,15 +103,5 @@ class GpuThrottlingDetector(LearningGpuDetector, rule=GPU_THROTTLING, stage="ran
             if active
             else f"{self.where(node, g)} is no longer throttled"
         )
-        return self.limit_finding(
-            node,
-            uuid,
-            g,
-            ts,
-            active,
-            cond,
-            summary=summary,
-            history_metric="sm_clock_ratio",
-            history=tuple((int(t), float(v)) for t, v in g["clock"]),
-            sustain_ms=self._sustain,
-        )
+        history = tuple((int(t), float(v)) for t, v in g["clock"])
+        return self.limit_finding(node, uuid, g, ts, active, cond, summary=summary, history=history)
