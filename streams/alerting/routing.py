@@ -286,23 +286,24 @@ def _check_matcher_key(name: Any, where: str) -> str:
     )
 
 
-def _matchers(data: Any, key: str, where: str) -> tuple[dict[str, str], dict[str, re.Pattern[str]]]:
-    """`<key>_match` and `<key>_match_re` of a mapping, validated."""
+def _matchers(data: Any, field: str, where: str) -> tuple[dict[str, str], dict[str, re.Pattern[str]]]:
+    """The matchers `<field>` (exact values) and `<field>_re` (regular expressions) of a mapping,
+    validated: a route's `match`, an inhibit rule's `source_match` and `target_match`."""
     match: dict[str, str] = {}
-    raw = data.get(f"{key}_match") or {}
-    raw_re = data.get(f"{key}_match_re") or {}
+    raw = data.get(field) or {}
+    raw_re = data.get(f"{field}_re") or {}
     if not isinstance(raw, dict) or not isinstance(raw_re, dict):
-        raise RoutingError(f"{where}: `{key}_match` and `{key}_match_re` must be mappings")
+        raise RoutingError(f"{where}: `{field}` and `{field}_re` must be mappings")
     for name, value in raw.items():
-        match[_check_matcher_key(name, f"{where}.{key}_match")] = str(value)
+        match[_check_matcher_key(name, f"{where}.{field}")] = str(value)
     match_re: dict[str, re.Pattern[str]] = {}
     for name, value in raw_re.items():
-        field_name = _check_matcher_key(name, f"{where}.{key}_match_re")
+        field_name = _check_matcher_key(name, f"{where}.{field}_re")
         try:
             match_re[field_name] = re.compile(str(value))
         except re.error as exc:
             raise RoutingError(
-                f"{where}.{key}_match_re.{field_name}: invalid regular expression {value!r} ({exc})"
+                f"{where}.{field}_re.{field_name}: invalid regular expression {value!r} ({exc})"
             ) from None
     return match, match_re
 
@@ -342,8 +343,8 @@ def _parse_inhibit(data: Any, where: str) -> InhibitRule:
     if "cause" in data or "mutes" in data:
         return _parse_edge(data, where)
     refuse_unknown_keys(data, _INHIBIT_KEYS, where, RoutingError)
-    source_match, source_re = _matchers(data, "source", where)
-    target_match, target_re = _matchers(data, "target", where)
+    source_match, source_re = _matchers(data, "source_match", where)
+    target_match, target_re = _matchers(data, "target_match", where)
     if not (source_match or source_re) or not (target_match or target_re):
         raise RoutingError(f"{where}: an inhibit rule needs a source and a target matcher")
     equal = data.get("equal") or []
@@ -372,18 +373,7 @@ def _parse_route(data: Any, where: str) -> Route:
     for required in ("team", "receiver"):
         if not isinstance(data.get(required), str) or not data[required]:
             raise RoutingError(f"{where}: `{required}` is required (a non-empty string)")
-    match: dict[str, str] = {}
-    for name, value in (data.get("match") or {}).items():
-        match[_check_matcher_key(name, f"{where}.match")] = str(value)
-    match_re: dict[str, re.Pattern[str]] = {}
-    for name, value in (data.get("match_re") or {}).items():
-        key = _check_matcher_key(name, f"{where}.match_re")
-        try:
-            match_re[key] = re.compile(str(value))
-        except re.error as exc:
-            raise RoutingError(
-                f"{where}.match_re.{key}: invalid regular expression {value!r} ({exc})"
-            ) from None
+    match, match_re = _matchers(data, "match", where)
     cont = data.get("continue", False)
     if not isinstance(cont, bool):
         raise RoutingError(f"{where}: `continue` must be true or false")

@@ -242,12 +242,10 @@ def _finite(value: Any) -> float | None:
     return float(value)
 
 
-class AcceptanceDetector(PerJobDetector):
+class AcceptanceDetector(PerJobDetector, rule=ACCEPTANCE_VIOLATION, section="acceptance"):
     """The teams' declared acceptance rules, judged on validation results and leader-rank steps."""
 
-    section: ClassVar[str] = "acceptance"
     stage: ClassVar[str] = "job"  # validation results are job records; the leader's steps reach it
-    rules: ClassVar[tuple[str, ...]] = (RULE,)
 
     @classmethod
     def check_params(cls, params: dict[str, Any], source: str) -> None:

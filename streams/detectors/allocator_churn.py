@@ -42,11 +42,9 @@ ALLOCATOR_CHURN = Rule(
 )
 
 
-class AllocatorChurnDetector(PerJobDetector):
+class AllocatorChurnDetector(PerJobDetector, rule=ALLOCATOR_CHURN, stage="rank"):
     """Sustained growth of a rank's allocator retry counter."""
 
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("allocator_churn",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"StepCompleted"})
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:

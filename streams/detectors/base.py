@@ -9,12 +9,15 @@ resolved alerts, so no detector re-implements sustain periods or de-duplication.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Literal
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from schemas.progress import Estimate
 from schemas.records import Event
 from streams.detectors.pace import JobPace
+
+if TYPE_CHECKING:
+    from streams.detectors.catalogue import Rule
 
 __all__ = [
     "LEADER_RANK",
@@ -125,6 +128,22 @@ class JobInfo:
     started_ts: int = 0
     restart_count: int = 0
 
+    @classmethod
+    def started(cls, r: dict[str, Any], restart_count: int) -> JobInfo:
+        """What a JobStarted record `r` says of its job, running from its time: each field it states
+        (one it lacks or leaves null keeps the default here), its nodes and labels copied."""
+        stated = {name: r[name] for name in _STATED if r.get(name) is not None}
+        return cls(
+            job_id=r["job_id"],
+            nodes=list(r.get("nodes") or []),
+            labels=dict(r.get("labels") or {}),
+            state="running",
+            state_since=r["ts"],
+            started_ts=r["ts"],
+            restart_count=restart_count,
+            **stated,
+        )
+
     def node_set(self) -> frozenset[str]:
         """`nodes` as a set, made once per list the job names (a JobStarted may list 32,768 nodes:
         a rule asking "is this node the job's" must not walk the list at every check)."""
@@ -132,6 +151,15 @@ class JobInfo:
         if cached is None or cached[0] is not self.nodes or cached[1] != len(self.nodes):
             cached = self.__dict__["_node_set"] = (self.nodes, len(self.nodes), frozenset(self.nodes))
         return cached[2]
+
+
+# The JobInfo fields a JobStarted states as they are (the rest: the identity, the copied containers
+# and what the states that follow set).
+_STATED = tuple(
+    f.name
+    for f in fields(JobInfo)
+    if f.name not in ("job_id", "nodes", "labels", "state", "state_since", "started_ts", "restart_count")
+)
 
 
 @dataclass
@@ -217,45 +245,7 @@ class Topology:
             old = self.pace.get(r["job_id"])
             if old is not None and old.run_id != (r.get("run_id") or ""):
                 del self.pace[r["job_id"]]  # a new run: its own pace
-            self.jobs[r["job_id"]] = JobInfo(
-                job_id=r["job_id"],
-                run_id=r.get("run_id", ""),
-                owner=r.get("owner", ""),
-                team=r.get("team", ""),
-                cluster=r.get("cluster", ""),
-                model_name=r.get("model_name", ""),
-                model_version=r.get("model_version", ""),
-                dataset_version=r.get("dataset_version", ""),
-                workload_family=r.get("workload_family", ""),
-                world_size=r.get("world_size", 0),
-                nodes=list(r.get("nodes") or []),
-                gpu_class=r.get("gpu_class", ""),
-                global_batch_size=r.get("global_batch_size"),
-                seq_len=r.get("seq_len"),
-                checkpoint_max_age_s=r.get("checkpoint_max_age_s"),
-                checkpoint_timeout_s=r.get("checkpoint_timeout_s"),
-                target_steps=r.get("target_steps"),
-                target_tokens=r.get("target_tokens"),
-                target_epochs=r.get("target_epochs"),
-                labels=dict(r.get("labels") or {}),
-                data_parallel=r.get("data_parallel"),
-                tensor_parallel=r.get("tensor_parallel"),
-                pipeline_parallel=r.get("pipeline_parallel"),
-                expert_parallel=r.get("expert_parallel"),
-                zero_stage=r.get("zero_stage"),
-                sharding=r.get("sharding") or "",
-                storage_tier=r.get("storage_tier") or "",
-                code_version=r.get("code_version") or "",
-                runtime_version=r.get("runtime_version") or "",
-                config_hash=r.get("config_hash") or "",
-                checkpoint_format=r.get("checkpoint_format") or "",
-                image=r.get("image") or "",
-                workspace=r.get("workspace") or "",
-                state="running",
-                state_since=r["ts"],
-                started_ts=r["ts"],
-                restart_count=restart_count,
-            )
+            self.jobs[r["job_id"]] = JobInfo.started(r, restart_count)
         elif kind == "JobStateChanged":
             job = self.jobs.setdefault(r["job_id"], JobInfo(job_id=r["job_id"]))
             if job.state != r["state"]:
@@ -437,13 +427,29 @@ class Detector:
     # "rank": runs where a job's node's records are (per rank, per node, per GPU); "job": on the
     # job's records and the rank stage's summaries of its ranks (streams/stages/engine.py).
     stage: ClassVar[str] = ""
+    # The config section whose knobs it reads ("": its own, named after the class; see
+    # `streams.config.config_section`): rules split out of one detector keep its section.
+    section: ClassVar[str] = ""
+    # The catalogue entry of a class that raises one rule (its `rules` is then that rule's name).
+    declared: ClassVar[Rule]
     # The record types `observe` reads (None: every type). The engine hands a detector only these:
     # most records concern a few rules, and a call that returns at once is still a call per record.
     reads: ClassVar[frozenset[str] | None] = None
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A class that declares its one rule (`declared`, a catalogue `Rule`) raises that rule."""
+    def __init_subclass__(
+        cls, *, rule: Rule | None = None, stage: str = "", section: str = "", **kwargs: Any
+    ) -> None:
+        """The class line says what is constant about a rule's detector: the catalogue `Rule` it
+        raises (`rule=`, kept as `declared`; its `rules` is then that rule's name), the stage it
+        runs in and the config section it reads, e.g.
+        `class GradSpikeDetector(PerJobDetector, rule=GRAD_SPIKE, stage="job", section="numerical")`."""
         super().__init_subclass__(**kwargs)
+        if rule is not None:
+            cls.declared = rule
+        if stage:
+            cls.stage = stage
+        if section:
+            cls.section = section
         declared = cls.__dict__.get("declared")
         if declared is not None and "rules" not in cls.__dict__:
             cls.rules = (declared.name,)

@@ -32,14 +32,10 @@ CACHE_HIT_COLLAPSE = Rule(
 )
 
 
-class CacheHitCollapseDetector(LoaderSignalDetector):
+class CacheHitCollapseDetector(LoaderSignalDetector, rule=CACHE_HIT_COLLAPSE, stage="rank"):
     """The cache-hit ratio collapsing against the run's own baseline, per rank or node."""
 
-    declared: ClassVar[Rule] = CACHE_HIT_COLLAPSE
-    stage: ClassVar[str] = "rank"
     metrics: ClassVar[tuple[str, ...]] = ("cache_hit_ratio",)
-
-    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def deviates(self, metric: str, recent: float, ref: float) -> bool:
         """At least `drop` lower and below `relative` x the normal."""

@@ -28,13 +28,10 @@ CHECKPOINT_FAILED = Rule(
 )
 
 
-class CheckpointFailedDetector(FailuresInARow):
+class CheckpointFailedDetector(FailuresInARow, rule=CHECKPOINT_FAILED, stage="job", section="recovery"):
     """Failed checkpoints per job, until one completes."""
 
-    declared: ClassVar[Rule] = CHECKPOINT_FAILED
     history_metric: ClassVar[str] = "failed_checkpoints"
-    section: ClassVar[str] = "recovery"
-    stage: ClassVar[str] = "job"
 
     def observe(self, event: Event) -> list[Finding]:
         """A `failed` checkpoint fires; a `completed` or `verified` one resolves."""

@@ -20,7 +20,7 @@ window between a completion and its verification is the policy's own.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
@@ -40,11 +40,8 @@ CHECKPOINT_RETENTION = Rule(
 )
 
 
-class CheckpointRetentionDetector(PerJobDetector):
+class CheckpointRetentionDetector(PerJobDetector, rule=CHECKPOINT_RETENTION, stage="job"):
     """Whether retention leaves the job a verified checkpoint."""
-
-    stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("checkpoint_retention",)
 
     def new_job_state(self) -> dict[str, Any]:
         """Checkpoints by id in completion order, the latest verified one, the policy, the condition."""

@@ -9,7 +9,7 @@ Checked on `advance(watermark)`, in event time.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobInfo, PerJobDetector, Topology
@@ -33,12 +33,8 @@ CHECKPOINT_STALE = Rule(
 )
 
 
-class CheckpointStaleDetector(PerJobDetector):
+class CheckpointStaleDetector(PerJobDetector, rule=CHECKPOINT_STALE, stage="job", section="recovery"):
     """The age of each running job's latest verified checkpoint against its policy."""
-
-    section: ClassVar[str] = "recovery"
-    stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("checkpoint_stale",)
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)

@@ -10,7 +10,7 @@ are checked on `advance(watermark)`, in event time.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobInfo, PerJobDetector
@@ -36,12 +36,8 @@ CHECKPOINT_STUCK = Rule(
 )
 
 
-class CheckpointStuckDetector(PerJobDetector):
+class CheckpointStuckDetector(PerJobDetector, rule=CHECKPOINT_STUCK, stage="job", section="recovery"):
     """Checkpoints open past their timeout, per job and checkpoint."""
-
-    section: ClassVar[str] = "recovery"
-    stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("checkpoint_stuck",)
 
     def configure(self, p: dict[str, Any]) -> None:
         """The knobs (DEFAULTS under the configured values) and empty state."""

@@ -8,7 +8,7 @@ error; further failures update it. It resolves when a later checkpoint of the jo
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
@@ -28,11 +28,8 @@ CHECKPOINT_VERIFY_FAILED = Rule(
 )
 
 
-class CheckpointVerifyFailedDetector(PerJobDetector):
+class CheckpointVerifyFailedDetector(PerJobDetector, rule=CHECKPOINT_VERIFY_FAILED, stage="job"):
     """Failed checkpoint verifications, one alert per job."""
-
-    stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("checkpoint_verify_failed",)
 
     def new_job_state(self) -> dict[str, Any]:
         """The open condition and the job's recent failures."""

@@ -23,7 +23,7 @@ import math
 from typing import Any, ClassVar, Literal
 
 from schemas.records import Event
-from streams.detectors.base import Finding
+from streams.detectors.base import Finding, Topology, module_defaults
 from streams.detectors.infra_signal import GpuDetector
 
 __all__ = ["ClassNormals"]
@@ -120,17 +120,78 @@ def _low(bins: list[int], n: int) -> float:
 
 
 class LearningGpuDetector(GpuDetector):
-    """A per-GPU rule whose limit a GPU class's healthy runs can loosen (`normals`, made by the
-    subclass): a job's end teaches its class (completed) or nothing (failed, cancelled, preempted).
-    The subclass says which knob it learns (`learned_knob`) and how (`limit`)."""
+    """A per-GPU rule whose limit (a ratio) a GPU class's healthy runs can loosen: a job's end
+    teaches its class (completed) or nothing (failed, cancelled, preempted).
+
+    The subclass names the knob it learns (`learned_knob`), how (`learns`: "max", a ceiling the
+    class's healthy peaks may raise; "low", a floor their low values may lower) and the prefix of
+    its knobs (`<learn_prefix>_sustain_s`, how long the limit must be broken to fire; `_learn_runs`,
+    `_learn_margin`, and the bound `_learn_max` for a ceiling or `_learn_min` for a floor). Its
+    invariant has the fields `ratio_pct` and `why`.
+    """
 
     reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "JobStateChanged"})
     learned_knob: ClassVar[str] = ""
-    normals: ClassNormals
+    learns: ClassVar[Literal["max", "low"]] = "max"
+    learn_prefix: ClassVar[str] = ""
+    history_metric: ClassVar[str] = ""  # the metric its findings' history holds
+
+    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
+        super().__init__(topology, params)
+        p, prefix = self.p, self.learn_prefix
+        self._ratio = float(p[self.learned_knob])
+        self._sustain = int(float(p[f"{prefix}_sustain_s"]) * 1000)
+        # Learned only where nobody set the knob (its value is the shipped default).
+        self._learn = self._ratio == (module_defaults(type(self)) or {})[self.learned_knob]
+        self._margin = float(p[f"{prefix}_learn_margin"])
+        self._bound = float(p[f"{prefix}_learn_{'max' if self.learns == 'max' else 'min'}"])
+        self.normals = ClassNormals(self.learns, min_runs=int(p[f"{prefix}_learn_runs"]))
 
     def limit(self, gpu_class: str) -> tuple[float, str]:
-        """The limit a job of `gpu_class` is held to, and where it comes from ("" = the knob)."""
-        raise NotImplementedError
+        """The limit a job of `gpu_class` is held to, and where it comes from ("" = the knob): its
+        class's healthy runs widened by the margin and held to the bound, where that is looser."""
+        learned = self.normals.learned(gpu_class) if self._learn and gpu_class else None
+        if learned is not None:
+            if self.learns == "max":
+                value = min(self._bound, learned[0] + self._margin)
+                looser = value > self._ratio
+            else:
+                value = max(self._bound, learned[0] - self._margin)
+                looser = value < self._ratio
+            if looser:
+                return value, f"learned from {learned[1]} healthy runs of {gpu_class}"
+        return self._ratio, ""
+
+    def limit_finding(
+        self,
+        node: str,
+        uuid: str,
+        g: dict[str, Any],
+        ts: int,
+        active: bool,
+        cond: dict[str, Any],
+        **evidence: Any,
+    ) -> Finding:
+        """The rule's finding about a GPU whose condition `cond` (`since`, `ratio`, and the `limit`
+        it was judged by with `why`) holds or ended: the limit is the invariant's and the expected value."""
+        limit = cond.get("limit", self._ratio)
+        return self.gpu_finding(
+            self.declared,
+            node,
+            uuid,
+            g,
+            ts,
+            active=active,
+            since=cond["since"],
+            invariant=self.declared.says(
+                ratio_pct=round(100 * limit, 2), why=f" ({cond['why']})" if cond.get("why") else ""
+            ),
+            observed=cond["ratio"],
+            expected=limit,
+            history_metric=self.history_metric,
+            sustain_ms=self._sustain,
+            **evidence,
+        )
 
     def learned_knobs(self, gpu_class: str) -> dict[str, tuple[float, str]]:
         """The knobs a job of `gpu_class` gets from what its class taught (for `rules explain`)."""

@@ -74,11 +74,9 @@ CLOCK_SKEW = Rule(
 )
 
 
-class ClockDetector(Detector):
+class ClockDetector(Detector, rule=CLOCK_SKEW, stage="rank"):
     """Tracks sources whose records the engine rejected for their timestamps."""
 
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("clock_skew",)
     reads: ClassVar[frozenset[str] | None] = frozenset()  # told of rejected records (`rejected`), no others
 
     def configure(self, p: dict[str, Any]) -> None:

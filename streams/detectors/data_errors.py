@@ -34,12 +34,9 @@ DATA_ERRORS = Rule(
 )
 
 
-class DataErrorsDetector(PerJobDetector):
+class DataErrorsDetector(PerJobDetector, rule=DATA_ERRORS, stage="rank", section="datapath"):
     """Sustained data-loader errors, per rank."""
 
-    section: ClassVar[str] = "datapath"
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("data_errors",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"DataLoaderSample"})
 
     def configure(self, p: dict[str, Any]) -> None:

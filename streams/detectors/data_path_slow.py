@@ -42,14 +42,10 @@ DATA_PATH_SLOW = Rule(
 )
 
 
-class DataPathSlowDetector(LoaderSignalDetector):
+class DataPathSlowDetector(LoaderSignalDetector, rule=DATA_PATH_SLOW, stage="rank"):
     """Read latency or batch preparation time rising against the run's own baseline, per rank or node."""
 
-    declared: ClassVar[Rule] = DATA_PATH_SLOW
-    stage: ClassVar[str] = "rank"
     metrics: ClassVar[tuple[str, ...]] = ("read_latency_s", "batch_prep_s")
-
-    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def deviates(self, metric: str, recent: float, ref: float) -> bool:
         """`ratio` x the normal and the minimum increase of the metric."""

@@ -13,7 +13,7 @@ answers again), when a new run starts, or when the job ends.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
@@ -35,11 +35,8 @@ DEPENDENCY_TIMEOUT = Rule(
 )
 
 
-class DependencyTimeoutDetector(PerJobDetector):
+class DependencyTimeoutDetector(PerJobDetector, rule=DEPENDENCY_TIMEOUT, stage="job"):
     """Collective and storage timeouts, one alert per job and kind."""
-
-    stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = (DEPENDENCY_TIMEOUT.name,)
 
     def new_job_state(self) -> dict[str, Any]:
         """Open timeouts by kind, and the job's run."""

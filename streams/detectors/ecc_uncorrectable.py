@@ -32,16 +32,13 @@ ECC_UNCORRECTABLE = Rule(
 )
 
 
-class EccUncorrectableDetector(GpuFaultDetector):
+class EccUncorrectableDetector(
+    GpuFaultDetector, rule=ECC_UNCORRECTABLE, stage="rank", section="infrastructure"
+):
     """New uncorrectable ECC errors per GPU."""
 
-    section: ClassVar[str] = "infrastructure"
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("ecc_uncorrectable",)
     slot: ClassVar[str] = "ecc"
     quiet_knob: ClassVar[str] = "ecc_quiet_s"
-
-    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def new_gpu(self) -> dict[str, Any]:
         """The counters of the last sample and the condition."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
 from streams.detectors.history import add_point
 
 __all__ = ["FailuresInARow"]
@@ -20,7 +19,6 @@ __all__ = ["FailuresInARow"]
 class FailuresInARow(PerJobDetector):
     """A job's open failure of one kind, until it succeeds; a subclass says what failed (`summary`)."""
 
-    declared: ClassVar[Rule]
     history_metric: ClassVar[str]
 
     def new_job_state(self) -> dict[str, Any]:

@@ -36,14 +36,10 @@ FILE_OPEN_DROP = Rule(
 )
 
 
-class FileOpenDropDetector(LoaderSignalDetector):
+class FileOpenDropDetector(LoaderSignalDetector, rule=FILE_OPEN_DROP, stage="rank"):
     """The file-open rate dropping against the run's own baseline, per rank or node."""
 
-    declared: ClassVar[Rule] = FILE_OPEN_DROP
-    stage: ClassVar[str] = "rank"
     metrics: ClassVar[tuple[str, ...]] = ("file_opens_s",)
-
-    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def metric_value(self, metric: str, r: dict[str, Any]) -> float | None:
         """Files opened per batch taken in the sample (None without batches: nothing asked for)."""

@@ -39,11 +39,9 @@ GPU_IDLE_ALLOCATED = Rule(
 )
 
 
-class GpuIdleAllocatedDetector(PerJobDetector):
+class GpuIdleAllocatedDetector(PerJobDetector, rule=GPU_IDLE_ALLOCATED, stage="rank"):
     """Allocated GPUs a job never uses during a run."""
 
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("gpu_idle_allocated",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "JobStarted", "StepCompleted"})
 
     def configure(self, p: dict[str, Any]) -> None:

@@ -12,11 +12,11 @@ healthy runs fill 98.5 % of memory by design is not paged at 97 %.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from streams.detectors.base import Finding, Topology
+from streams.detectors.base import Finding
 from streams.detectors.catalogue import Rule
-from streams.detectors.class_normals import ClassNormals, LearningGpuDetector
+from streams.detectors.class_normals import LearningGpuDetector
 
 __all__ = ["DEFAULTS", "GpuMemoryPressureDetector"]
 
@@ -40,33 +40,15 @@ GPU_MEMORY_PRESSURE = Rule(
 )
 
 
-class GpuMemoryPressureDetector(LearningGpuDetector):
+class GpuMemoryPressureDetector(
+    LearningGpuDetector, rule=GPU_MEMORY_PRESSURE, stage="rank", section="infrastructure"
+):
     """Device memory pressure per GPU."""
 
-    section: ClassVar[str] = "infrastructure"
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("gpu_memory_pressure",)
     learned_knob: ClassVar[str] = "gpu_mem_ratio"
-
-    def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
-        super().__init__(topology, params)
-        self._ratio = float(self.p["gpu_mem_ratio"])
-        self._sustain = int(float(self.p["gpu_mem_sustain_s"]) * 1000)
-        self._learn = float(self.p["gpu_mem_ratio"]) == DEFAULTS["gpu_mem_ratio"]  # nobody set the knob
-        self._margin = float(self.p["gpu_mem_learn_margin"])
-        self._cap = float(self.p["gpu_mem_learn_max"])
-        self.normals = ClassNormals("max", min_runs=int(self.p["gpu_mem_learn_runs"]))
-
-    def limit(self, gpu_class: str) -> tuple[float, str]:
-        """The memory ratio a job of `gpu_class` is held to, and where it comes from ("" = the knob)."""
-        learned = self.normals.learned(gpu_class) if self._learn and gpu_class else None
-        if learned is not None:
-            value = min(self._cap, learned[0] + self._margin)
-            if value > self._ratio:
-                return value, f"learned from {learned[1]} healthy runs of {gpu_class}"
-        return self._ratio, ""
-
-    defaults: ClassVar[dict[str, Any]] = DEFAULTS
+    learns: ClassVar[Literal["max", "low"]] = "max"  # the highest healthy peak plus the margin
+    learn_prefix: ClassVar[str] = "gpu_mem"
+    history_metric: ClassVar[str] = "gpu_mem_used_ratio"
 
     def new_gpu(self) -> dict[str, Any]:
         """No condition yet."""
@@ -106,22 +88,5 @@ class GpuMemoryPressureDetector(LearningGpuDetector):
             if active
             else f"{self.where(node, g)} memory use is back to {100 * cond['ratio']:.1f}%"
         )
-        return self.gpu_finding(
-            GPU_MEMORY_PRESSURE,
-            node,
-            uuid,
-            g,
-            ts,
-            active=active,
-            since=cond["since"],
-            invariant=GPU_MEMORY_PRESSURE.says(
-                ratio_pct=round(100 * cond.get("limit", self._ratio), 2),
-                why=f" ({cond['why']})" if cond.get("why") else "",
-            ),
-            observed=cond["ratio"],
-            expected=cond.get("limit", self._ratio),
-            summary=summary,
-            history_metric="gpu_mem_used_ratio",
-            history=tuple((int(t), float(v)) for t, v in cond["points"]),
-            sustain_ms=self._sustain,
-        )
+        history = tuple((int(t), float(v)) for t, v in cond["points"])
+        return self.limit_finding(node, uuid, g, ts, active, cond, summary=summary, history=history)

@@ -37,11 +37,9 @@ GPU_OUTSIDE_ALLOCATION = Rule(
 )
 
 
-class GpuOutsideAllocationDetector(Detector):
+class GpuOutsideAllocationDetector(Detector, rule=GPU_OUTSIDE_ALLOCATION, stage="rank"):
     """A job's bound processes on GPUs no rank of the job is bound to."""
 
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("gpu_outside_allocation",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "RankBound"})
 
     def configure(self, p: dict[str, Any]) -> None:

@@ -15,11 +15,11 @@ and `throttle_clock_ratio` is at its shipped value (no config or override set it
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from streams.detectors.base import Finding, Topology
 from streams.detectors.catalogue import Rule
-from streams.detectors.class_normals import ClassNormals, LearningGpuDetector
+from streams.detectors.class_normals import LearningGpuDetector
 
 __all__ = ["DEFAULTS", "THROTTLE_REASONS", "GpuThrottlingDetector"]
 
@@ -53,36 +53,17 @@ GPU_THROTTLING = Rule(
 )
 
 
-class GpuThrottlingDetector(LearningGpuDetector):
+class GpuThrottlingDetector(LearningGpuDetector, rule=GPU_THROTTLING, stage="rank", section="infrastructure"):
     """Thermal and power throttling per GPU."""
 
-    section: ClassVar[str] = "infrastructure"
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("gpu_throttling",)
-    learned_knob: ClassVar[str] = "throttle_clock_ratio"
+    learned_knob: ClassVar[str] = "throttle_clock_ratio"  # throttled: the SM clock below this ratio
+    learns: ClassVar[Literal["max", "low"]] = "low"  # healthy runs' low clock ratio less the margin
+    learn_prefix: ClassVar[str] = "throttle"
+    history_metric: ClassVar[str] = "sm_clock_ratio"
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
         self._mask = int(self.p["throttle_mask"])
-        self._ratio = float(self.p["throttle_clock_ratio"])
-        self._sustain = int(float(self.p["throttle_sustain_s"]) * 1000)
-        self._learn = (
-            float(self.p["throttle_clock_ratio"]) == DEFAULTS["throttle_clock_ratio"]
-        )  # nobody set it
-        self._margin = float(self.p["throttle_learn_margin"])
-        self._floor = float(self.p["throttle_learn_min"])
-        self.normals = ClassNormals("low", min_runs=int(self.p["throttle_learn_runs"]))
-
-    def limit(self, gpu_class: str) -> tuple[float, str]:
-        """The clock ratio under which a job of `gpu_class` counts as throttled, and why ("" = the knob)."""
-        learned = self.normals.learned(gpu_class) if self._learn and gpu_class else None
-        if learned is not None:
-            value = max(self._floor, learned[0] - self._margin)
-            if value < self._ratio:
-                return value, f"learned from {learned[1]} healthy runs of {gpu_class}"
-        return self._ratio, ""
-
-    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def new_gpu(self) -> dict[str, Any]:
         """The condition and the recent SM clock ratios."""
@@ -122,22 +103,5 @@ class GpuThrottlingDetector(LearningGpuDetector):
             if active
             else f"{self.where(node, g)} is no longer throttled"
         )
-        return self.gpu_finding(
-            GPU_THROTTLING,
-            node,
-            uuid,
-            g,
-            ts,
-            active=active,
-            since=cond["since"],
-            invariant=GPU_THROTTLING.says(
-                ratio_pct=round(100 * cond.get("limit", self._ratio), 2),
-                why=f" ({cond['why']})" if cond.get("why") else "",
-            ),
-            observed=cond["ratio"],
-            expected=cond.get("limit", self._ratio),
-            summary=summary,
-            history_metric="sm_clock_ratio",
-            history=tuple((int(t), float(v)) for t, v in g["clock"]),
-            sustain_ms=self._sustain,
-        )
+        history = tuple((int(t), float(v)) for t, v in g["clock"])
+        return self.limit_finding(node, uuid, g, ts, active, cond, summary=summary, history=history)

@@ -12,7 +12,7 @@ it is a spike when the norm is above `grad_spike_factor` x the median of the pre
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
@@ -44,12 +44,8 @@ GRAD_SPIKE = Rule(
 )
 
 
-class GradSpikeDetector(PerJobDetector):
+class GradSpikeDetector(PerJobDetector, rule=GRAD_SPIKE, stage="job", section="numerical"):
     """Gradient-norm spikes against the rolling median, per job."""
-
-    section: ClassVar[str] = "numerical"
-    stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("grad_spike",)
 
     def configure(self, p: dict[str, Any]) -> None:
         """The knobs (DEFAULTS under the configured values) and empty state."""

@@ -36,12 +36,9 @@ HOST_MEMORY_PRESSURE = Rule(
 )
 
 
-class HostMemoryPressureDetector(Detector):
+class HostMemoryPressureDetector(Detector, rule=HOST_MEMORY_PRESSURE, stage="rank", section="infrastructure"):
     """Host memory pressure and OOM kills per node, reported to each job on it."""
 
-    section: ClassVar[str] = "infrastructure"
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("host_memory_pressure",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"HostSample"})
 
     def configure(self, p: dict[str, Any]) -> None:

@@ -46,12 +46,9 @@ IB_PORT_DEGRADED = Rule(
 )
 
 
-class IbPortDegradedDetector(Detector):
+class IbPortDegradedDetector(Detector, rule=IB_PORT_DEGRADED, stage="rank", section="infrastructure"):
     """InfiniBand / RoCE ports down or erroring per node, reported to each job on it (or to nobody's job)."""
 
-    section: ClassVar[str] = "infrastructure"
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("ib_port_degraded",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"HostSample"})
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:

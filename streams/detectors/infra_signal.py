@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Detector, Finding, Topology, drop_nodes
+from streams.detectors.base import Detector, Finding, Topology, drop_nodes, module_defaults
 from streams.detectors.catalogue import Rule
 
 __all__ = ["CHECK_DEFAULTS", "GpuDetector", "GpuFaultDetector", "NodeJobs", "PeriodicCheck"]
@@ -92,11 +92,10 @@ class GpuDetector(Detector):
     """A rule judged per GPU from its GpuSamples; see the module doc."""
 
     reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample"})
-    defaults: ClassVar[dict[str, Any]] = {}  # the subclass's knobs (its module's DEFAULTS)
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
-        self.p = {**self.defaults, **self.params}
+        self.p = {**(module_defaults(type(self)) or {}), **self.params}  # the subclass module's knobs
         self._gpus: dict[str, dict[str, Any]] = {}  # "node|uuid" -> per-GPU state
 
     def forget_nodes(self, nodes: frozenset[str]) -> None:

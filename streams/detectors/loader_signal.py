@@ -31,8 +31,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from schemas.records import Event
-from streams.detectors.base import Finding, PerJobDetector, Topology
-from streams.detectors.catalogue import Rule
+from streams.detectors.base import Finding, PerJobDetector, Topology, module_defaults
 from streams.detectors.placement import rank_place, ranks_text
 from streams.detectors.stats import median
 
@@ -61,14 +60,12 @@ class LoaderSignalDetector(PerJobDetector):
     """One DataLoaderSample signal per rank against the run's own normal; see the module doc."""
 
     reads: ClassVar[frozenset[str] | None] = frozenset({"DataLoaderSample", "StepCompleted"})
-    declared: ClassVar[Rule]  # the one rule of the subclass (also its `rules`): category, invariant, layer
-    defaults: ClassVar[dict[str, Any]] = {}  # the subclass's own knobs (its module's DEFAULTS)
     metrics: ClassVar[tuple[str, ...]] = ()
     needs_batches: ClassVar[bool] = True  # skip samples of a loop that received no batch
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)
-        p = {**LOADER_DEFAULTS, **self.defaults, **self.params}
+        p = {**LOADER_DEFAULTS, **(module_defaults(type(self)) or {}), **self.params}  # the subclass's own
         self.p = p
         self._recent = max(1, int(p["recent_samples"]))
         self._history = max(2, int(p["history_samples"]))

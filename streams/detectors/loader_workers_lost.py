@@ -35,15 +35,11 @@ LOADER_WORKERS_LOST = Rule(
 )
 
 
-class LoaderWorkersLostDetector(LoaderSignalDetector):
+class LoaderWorkersLostDetector(LoaderSignalDetector, rule=LOADER_WORKERS_LOST, stage="rank"):
     """Live loader workers below the configured count (or the run's own maximum), per rank or node."""
 
-    declared: ClassVar[Rule] = LOADER_WORKERS_LOST
-    stage: ClassVar[str] = "rank"
     metrics: ClassVar[tuple[str, ...]] = ("workers",)
     needs_batches: ClassVar[bool] = False
-
-    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def reference(self, metric: str, hist: list[float], r: dict[str, Any]) -> float | None:
         """The configured worker count, else the most seen alive in this run; None for an in-process loader."""

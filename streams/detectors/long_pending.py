@@ -8,7 +8,7 @@ in event time.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
@@ -32,12 +32,8 @@ LONG_PENDING = Rule(
 )
 
 
-class LongPendingDetector(PerJobDetector):
+class LongPendingDetector(PerJobDetector, rule=LONG_PENDING, stage="job", section="platform"):
     """Jobs pending for too long, per job."""
-
-    section: ClassVar[str] = "platform"
-    stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("long_pending",)
 
     def configure(self, p: dict[str, Any]) -> None:
         """The knobs (DEFAULTS under the configured values) and empty state."""

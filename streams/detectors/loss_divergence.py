@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
@@ -46,12 +46,8 @@ LOSS_DIVERGENCE = Rule(
 )
 
 
-class LossDivergenceDetector(PerJobDetector):
+class LossDivergenceDetector(PerJobDetector, rule=LOSS_DIVERGENCE, stage="job", section="numerical"):
     """The median loss of event-time windows rising above its running minimum, per job."""
-
-    section: ClassVar[str] = "numerical"
-    stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("loss_divergence",)
 
     def configure(self, p: dict[str, Any]) -> None:
         """The knobs (DEFAULTS under the configured values) and empty state."""

@@ -11,7 +11,7 @@ schedules reach ~10); set a tighter range per workload with an override file.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import LEADER_RANK, Finding, PerJobDetector
@@ -34,12 +34,8 @@ LR_INVALID = Rule(
 )
 
 
-class LrInvalidDetector(PerJobDetector):
+class LrInvalidDetector(PerJobDetector, rule=LR_INVALID, stage="job", section="numerical"):
     """The learning rate is finite and within [lr_min, lr_max], per job."""
-
-    section: ClassVar[str] = "numerical"
-    stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("lr_invalid",)
 
     def configure(self, p: dict[str, Any]) -> None:
         """The knobs (DEFAULTS under the configured values) and empty state."""

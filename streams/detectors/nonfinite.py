@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import LEADER_RANK, Finding, PerJobDetector, Topology
-from streams.detectors.catalogue import Rule
 from streams.detectors.placement import rank_place
 
 __all__ = ["NONFINITE_DEFAULTS", "NonfiniteDetector", "is_finite"]
@@ -43,7 +42,6 @@ class NonfiniteDetector(PerJobDetector):
     """One value of a job's steps that must stay finite; see the module doc."""
 
     reads: ClassVar[frozenset[str] | None] = frozenset({"StepCompleted"})
-    declared: ClassVar[Rule]  # the one rule of the subclass (also its `rules`): its catalogue entry
     what: ClassVar[str] = ""  # the value in words: "loss", "gradient norm"
     history_metric: ClassVar[str] = ""  # the running count of non-finite values, e.g. `nonfinite_loss_steps`
 

@@ -35,12 +35,9 @@ NONFINITE_GRAD = Rule(
 )
 
 
-class NonfiniteGradDetector(NonfiniteDetector):
+class NonfiniteGradDetector(NonfiniteDetector, rule=NONFINITE_GRAD, stage="rank", section="numerical"):
     """A non-finite gradient norm, per job; overflow-skipped steps count only in a run."""
 
-    section: ClassVar[str] = "numerical"
-    stage: ClassVar[str] = "rank"
-    declared: ClassVar[Rule] = NONFINITE_GRAD
     what: ClassVar[str] = "gradient norm"
     history_metric: ClassVar[str] = "nonfinite_grad_steps"
 

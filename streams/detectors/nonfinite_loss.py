@@ -29,12 +29,9 @@ NONFINITE_LOSS = Rule(
 )
 
 
-class NonfiniteLossDetector(NonfiniteDetector):
+class NonfiniteLossDetector(NonfiniteDetector, rule=NONFINITE_LOSS, stage="rank", section="numerical"):
     """A non-finite loss, per job."""
 
-    section: ClassVar[str] = "numerical"
-    stage: ClassVar[str] = "rank"
-    declared: ClassVar[Rule] = NONFINITE_LOSS
     what: ClassVar[str] = "loss"
     history_metric: ClassVar[str] = "nonfinite_loss_steps"
 

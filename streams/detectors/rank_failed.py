@@ -45,11 +45,9 @@ RANK_FAILED = Rule(
 )
 
 
-class RankFailedDetector(PerJobDetector):
+class RankFailedDetector(PerJobDetector, rule=RANK_FAILED, stage="rank"):
     """Failed ranks, one alert per job and rank, with the reason."""
 
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("rank_failed",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"JobStarted", "RankFault", "StepCompleted"})
 
     def configure(self, p: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ resolves when no rank of the job is bound there any more, or a JobStarted lists 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
@@ -30,11 +30,8 @@ RANK_OUTSIDE_NODES = Rule(
 )
 
 
-class RankOutsideNodesDetector(PerJobDetector):
+class RankOutsideNodesDetector(PerJobDetector, rule=RANK_OUTSIDE_NODES, stage="job"):
     """Ranks bound on nodes outside the job's node list, one alert per job and node."""
-
-    stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("rank_outside_nodes",)
 
     def __init__(self, topology: Topology, params: dict[str, Any] | None = None) -> None:
         super().__init__(topology, params)

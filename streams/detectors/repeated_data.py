@@ -39,12 +39,9 @@ REPEATED_DATA = Rule(
 )
 
 
-class RepeatedDataDetector(PerJobDetector):
+class RepeatedDataDetector(PerJobDetector, rule=REPEATED_DATA, stage="rank", section="datapath"):
     """Repeated batches, per rank."""
 
-    section: ClassVar[str] = "datapath"
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("repeated_data",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"StepCompleted"})
 
     def configure(self, p: dict[str, Any]) -> None:

@@ -31,11 +31,9 @@ FOREIGN_PROCESS = Rule(
 )
 
 
-class ResourceDetector(Detector):
+class ResourceDetector(Detector, rule=FOREIGN_PROCESS, stage="rank"):
     """Processes on a job's GPU that do not belong to the job."""
 
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("foreign_process",)
     reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "RankBound"})
 
     def configure(self, p: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ The restarts of a job outlive the end of one run (a crash loop ends each run as 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
@@ -37,12 +37,8 @@ RESTART_LOOP = Rule(
 )
 
 
-class RestartLoopDetector(PerJobDetector):
+class RestartLoopDetector(PerJobDetector, rule=RESTART_LOOP, stage="job", section="platform"):
     """Restart loops, per job."""
-
-    section: ClassVar[str] = "platform"
-    stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("restart_loop",)
 
     def configure(self, p: dict[str, Any]) -> None:
         """The knobs (DEFAULTS under the configured values) and empty state."""

@@ -51,13 +51,10 @@ RESTORE_TEST_FAILED = Rule(
 )
 
 
-class RestoreTestFailedDetector(FailuresInARow):
+class RestoreTestFailedDetector(FailuresInARow, rule=RESTORE_TEST_FAILED, stage="job", section="readiness"):
     """Failed restore tests per job, until one passes."""
 
-    declared: ClassVar[Rule] = RESTORE_TEST_FAILED
     history_metric: ClassVar[str] = "failed_restore_tests"
-    section: ClassVar[str] = "readiness"
-    stage: ClassVar[str] = "job"
 
     def observe(self, event: Event) -> list[Finding]:
         """A failed RestoreTest fires (or updates); a passing one resolves."""

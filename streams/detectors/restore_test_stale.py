@@ -20,7 +20,7 @@ A passing test with the job's current values resolves it.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobInfo, PerJobDetector
@@ -71,12 +71,8 @@ RESTORE_TEST_STALE = Rule(
 )
 
 
-class RestoreTestStaleDetector(PerJobDetector):
+class RestoreTestStaleDetector(PerJobDetector, rule=RESTORE_TEST_STALE, stage="job", section="readiness"):
     """The age of each running job's newest restore-tested checkpoint against its policy."""
-
-    section: ClassVar[str] = "readiness"
-    stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("restore_test_stale",)
 
     def configure(self, p: dict[str, Any]) -> None:
         """The knobs (DEFAULTS under the configured values) and empty state."""

@@ -12,7 +12,7 @@ fresh window.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
@@ -41,11 +41,8 @@ STEP_SKIP_RATE = Rule(
 )
 
 
-class StepSkipRateDetector(PerJobDetector):
+class StepSkipRateDetector(PerJobDetector, rule=STEP_SKIP_RATE, stage="job"):
     """The share of skipped steps over a window of the job's steps."""
-
-    stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("step_skip_rate",)
 
     def configure(self, p: dict[str, Any]) -> None:
         """The knobs (DEFAULTS under the configured values) and empty state."""

@@ -73,11 +73,9 @@ TELEMETRY_MISSING = Rule(
 )
 
 
-class TelemetryMissingDetector(Detector):
+class TelemetryMissingDetector(Detector, stage="rank", section="infrastructure"):
     """Nodes of running jobs whose telemetry stopped, reported to each job on them."""
 
-    section: ClassVar[str] = "infrastructure"
-    stage: ClassVar[str] = "rank"
     reads: ClassVar[frozenset[str] | None] = frozenset({"GpuSample", "HostSample"})
     rules: ClassVar[tuple[str, ...]] = (TELEMETRY_MISSING.name,)
 

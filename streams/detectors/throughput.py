@@ -115,12 +115,10 @@ THROUGHPUT_DROP = Rule(
 )
 
 
-class ThroughputDetector(JobAndHostDetector):
+class ThroughputDetector(JobAndHostDetector, rule=THROUGHPUT_DROP):
     """A run against its own recent history: one `throughput_drop` per slowdown, with its cause."""
 
     stage: ClassVar[str] = "job"  # reads the rank stage's summaries of the job's ranks
-
-    rules: ClassVar[tuple[str, ...]] = (THROUGHPUT_DROP.name,)
 
     def configure(self, p: dict[str, Any]) -> None:
         """The knobs (DEFAULTS under the configured values) and empty state."""

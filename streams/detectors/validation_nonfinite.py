@@ -9,7 +9,7 @@ finite value for it resolves it. Event time only.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
@@ -28,11 +28,8 @@ VALIDATION_NONFINITE = Rule(
 _MAX_OPEN = 64  # metrics held open per job (a record cannot make the state grow without bound)
 
 
-class ValidationNonfiniteDetector(PerJobDetector):
+class ValidationNonfiniteDetector(PerJobDetector, rule=VALIDATION_NONFINITE, stage="job"):
     """Non-finite validation metrics, per job and metric."""
-
-    stage: ClassVar[str] = "job"
-    rules: ClassVar[tuple[str, ...]] = ("validation_nonfinite",)
 
     def new_job_state(self) -> dict[str, Any]:
         """Metric -> event time it turned non-finite."""

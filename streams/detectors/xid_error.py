@@ -35,12 +35,9 @@ XID_ERROR = Rule(
 )
 
 
-class XidErrorDetector(GpuFaultDetector):
+class XidErrorDetector(GpuFaultDetector, rule=XID_ERROR, stage="rank", section="infrastructure"):
     """XID errors per GPU."""
 
-    section: ClassVar[str] = "infrastructure"
-    stage: ClassVar[str] = "rank"
-    rules: ClassVar[tuple[str, ...]] = ("xid_error",)
     slot: ClassVar[str] = "xid"
     quiet_knob: ClassVar[str] = "xid_quiet_s"
 
@@ -48,8 +45,6 @@ class XidErrorDetector(GpuFaultDetector):
         super().__init__(topology, params)
         self._critical = {int(x) for x in self.p["xid_critical"]}
         self._reemit = int(float(self.p["reemit_s"]) * 1000)
-
-    defaults: ClassVar[dict[str, Any]] = DEFAULTS
 
     def new_gpu(self) -> dict[str, Any]:
         """No XID condition yet."""
