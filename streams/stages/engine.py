@@ -145,8 +145,7 @@ class StageEngine:
         self.stats: dict[str, Any] = empty_stats()
         # Why the last `process` call rejected its record (one of REJECT_REASONS), None if it did not.
         self.rejection: str | None = None
-        # The last record taken, as the detectors read it (after `clean`).
-        self.accepted: Event | None = None
+        self.accepted: Event | None = None  # the last record taken, as the detectors read it (cleaned)
         # Rank stage: summaries, and what the job stage reads, released in event-time order once
         # the watermark passes them (`drain_forwarded`).
         self.summarizer = (
@@ -239,12 +238,9 @@ class StageEngine:
         return self._accepted(event, ts, forward, cleaned)
 
     def _accepted(self, event: Event, ts: int, forward: bool, cleaned: bool = False) -> list[Event]:
-        """A record whose time is believable: into the topology, the detectors, the summaries.
-        `cleaned`: the record has been through `clean` already (offline, the gate's copy)."""
-        # This runs for every record in every stage: the common checks are written out here and
-        # the rare work (a new job, rank or node; an end; a detector advance) is called.
-        watermark = self.watermark
-        stats = self.stats
+        """A record whose time is believable (`cleaned`: through `clean` already) into the topology,
+        the detectors, the summaries. Every record in every stage: the common checks inline."""
+        watermark, stats = self.watermark, self.stats
         if watermark is not None and ts < watermark:
             stats["late_dropped"] += 1
             return []
@@ -288,7 +284,7 @@ class StageEngine:
             ):  # `to_job_stage`
                 self._queue(event)
         readers = self._readers.get(kind)
-        if readers is None:
+        if readers is None:  # (an empty list is an answer: the gate's, for every type)
             readers = self._reading(kind)
         findings: list[Finding] = []
         for det in readers:
@@ -305,10 +301,8 @@ class StageEngine:
                 out += [Event("BaselineRun", learned) for learned in det.drain_learned()]
         # `_move_watermark`'s common case: the watermark moves within the bucket last advanced to.
         watermark = max_ts - self._lateness_ms
-        current = self.watermark
-        if current is None or watermark > current:
-            advanced = self._advanced_to
-            if advanced is not None and watermark // self._advance_ms <= advanced:
+        if self.watermark is None or watermark > self.watermark:
+            if self._advanced_to is not None and watermark // self._advance_ms <= self._advanced_to:
                 self.watermark = watermark
             else:
                 self._move_watermark(watermark, out)
