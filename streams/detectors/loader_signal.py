@@ -150,11 +150,13 @@ class LoaderSignalDetector(PerJobDetector):
         return self._settle(r["job_id"], job, rank, r["ts"], changed)
 
     def _step(self, r: dict[str, Any]) -> None:
+        job = self._jobs.get(r["job_id"])
+        if job is None:
+            return  # no loader sample of this job yet (most jobs, every step: asked first)
         wait, total = r.get("data_wait_s"), r.get("step_time_s")
         if wait is None or not total or total <= 0 or wait != wait or total != total:
             return
-        job = self._jobs.get(r["job_id"])
-        state = job["ranks"].get(str(r["rank"])) if job is not None else None
+        state = job["ranks"].get(str(r["rank"]))
         if state is None or state["run"] != r.get("run_id", ""):
             return  # no loader sample of this rank (and run) yet: nothing to judge its wait against
         frac = min(1.0, max(0.0, float(wait) / float(total)))

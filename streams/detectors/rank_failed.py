@@ -67,7 +67,7 @@ class RankFailedDetector(PerJobDetector, rule=RANK_FAILED, stage="rank"):
             return self._fault(r)
         if event.type == "StepCompleted":
             job = self._jobs.get(r["job_id"])
-            cond = job["failed"].get(str(r["rank"])) if job else None
+            cond = job["failed"].get(str(r["rank"])) if job and job["failed"] else None
             if job is not None and cond is not None and r["ts"] > cond["last"]:
                 del job["failed"][str(r["rank"])]
                 return [self._finding(r["job_id"], job, int(r["rank"]), cond, r["ts"], active=False)]

@@ -121,6 +121,7 @@ def robust_scorer(values: Sequence[float], min_scale: float = 0.0) -> Callable[[
 
 
 # -- the Stats of a rank summary ------------------------------------------------------
+_isfinite = math.isfinite
 MAX_VALUES = 8  # values kept in a Stat: up to this many, a window median over buckets is exact
 
 Stat = dict[str, Any]  # {"n", "sum", "min", "max", "med", "values"}: see schemas RankSummary
@@ -137,16 +138,20 @@ PackedStat = tuple[int, float, float, float, float, tuple[float, ...] | None]
 def stat_of(values: list[float], *, keep_values: bool = True) -> Stat | None:
     """The Stat of some values (None for none); `keep_values=False` leaves the values out (a
     field read as one bucket's median only)."""
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    if not finite:
+    # A rank summary makes ~17 of these per rank per bucket: `median` inlined, on one sorted copy.
+    finite = [v for v in values if v is not None and _isfinite(v)]
+    n = len(finite)
+    if not n:
         return None
+    s = sorted(finite)
+    mid = n // 2
     return {
-        "n": len(finite),
+        "n": n,
         "sum": math.fsum(finite),
         "min": min(finite),
         "max": max(finite),
-        "med": median(finite),
-        "values": list(finite) if keep_values and len(finite) <= MAX_VALUES else None,
+        "med": s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2.0,
+        "values": finite if keep_values and n <= MAX_VALUES else None,
     }
 
 

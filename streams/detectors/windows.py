@@ -124,6 +124,14 @@ def _opt_sum(*values: float | None) -> float | None:
     return math.fsum(v for v in values if v is not None)
 
 
+def _med(stat: dict[str, Any] | Sequence[Any] | None) -> float | None:
+    """One bucket's median, of a Stat or a packed one: `stat_median([stat])` without building the
+    lists (the median of a Stat's values is the `med` the summary computed from the same values)."""
+    if not stat:
+        return None
+    return float(stat["med"] if isinstance(stat, dict) else stat[4])
+
+
 def _throttle_names(mask: int) -> list[str]:
     return [name for bit, name in sorted(_THROTTLE_BITS.items()) if mask & bit]
 
@@ -273,19 +281,20 @@ class ImbalanceWindows(JobAndHostDetector):
             )
             if job["decided"] is None or ts > job["decided"]:
                 # Kept apart until the bucket is decided (the window rows below are pruned per hop).
+                # One bucket's median is its Stat's `med` (`stat_median` of one Stat gives it too).
                 job["bucket"].setdefault(str(ts), []).append(
                     [
                         rank,
                         r.get("node") or "",
-                        stat_median([busy]),
-                        stat_median([compute]),
-                        stat_median([wait]),
-                        stat_median([comm]),
+                        _med(busy),
+                        _med(compute),
+                        _med(wait),
+                        _med(comm),
                         int(r["ts"]) - ts,
                         int(r["steps"]),
-                        stat_median([r.get("forward_s")]),
-                        stat_median([r.get("backward_s")]),
-                        stat_median([r.get("optimizer_s")]),
+                        _med(r.get("forward_s")),
+                        _med(r.get("backward_s")),
+                        _med(r.get("optimizer_s")),
                         _gpu_busy(r),
                     ]
                 )
@@ -420,7 +429,7 @@ def _gpu_busy(r: dict[str, Any]) -> float | None:
     """A rank's GPU-busy seconds per step over a bucket: its GPM SM activity times its median step
     time (None without GPM samples or steps). NVML's utilisation counts a spinning NCCL kernel as
     busy; SM activity does not, so a rank its peers wait for is the busiest."""
-    active, step_time = stat_median([r.get("sm_active_pct")]), stat_median([r.get("step_time_s")])
+    active, step_time = _med(r.get("sm_active_pct")), _med(r.get("step_time_s"))
     if active is None or step_time is None or step_time <= 0:
         return None
     return float(active) / 100.0 * float(step_time)

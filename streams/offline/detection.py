@@ -140,10 +140,12 @@ class DetectionEngine:
         sources agree) and drops it when it is late for the input's watermark; the stages then take
         it as judged, so every count of records is the gate's.
         """
-        late = self.gate.stats["late_dropped"]
-        out = self.gate.process(event, received_ts=received_ts)
-        self.rejection = self.gate.rejection
-        if self.rejection is not None or self.gate.stats["late_dropped"] != late:
+        gate = self.gate
+        gate.accepted = None
+        out = gate.process(event, received_ts=received_ts)
+        self.rejection = gate.rejection
+        taken = gate.accepted  # None: rejected or late
+        if taken is None:
             return out
         ts = event_ts(event)
         if event.type in ("GpuSample", "HostSample") and ts > self._telemetry_front:
@@ -152,13 +154,17 @@ class DetectionEngine:
             for eng in self.rank_stages:
                 eng.topology.telemetry_front = ts
         self._shared = []
+        # The stages read the record as the gate cleaned it (placement reads the record as sent).
         for p, forward in self._targets(event):
-            out += self.rank_stages[p].process(event, received_ts=ts, forward=forward)
+            out += self.rank_stages[p].process(taken, received_ts=ts, forward=forward, cleaned=True)
         for p, copy in self._shared:
             out += self.rank_stages[p].process(copy, received_ts=ts, shared=True)
-        self.max_ts = self.gate.max_ts
-        if self.max_ts is not None:
-            self._follow(self.max_ts - self.config.allowed_lateness_ms, out)
+        self.max_ts = max_ts = gate.max_ts
+        if max_ts is not None:
+            watermark = max_ts - self.config.allowed_lateness_ms
+            every = self.config.advance_every_ms
+            if self.watermark is None or watermark // every > self.watermark // every:
+                self._follow(watermark, out)
         return out
 
     def advance(self, watermark: int) -> list[Event]:

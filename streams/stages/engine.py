@@ -39,7 +39,7 @@ from streams.detectors.validate import clean
 from streams.errors import StreamsError
 from streams.overrides import build_detector, detector_class
 from streams.stages.instant import INSTANT_RULES, Lookahead, early_key, may_page
-from streams.stages.order import JOB_LEVEL, tiebreak, to_job_stage
+from streams.stages.order import FORWARDED, JOB_LEVEL, tiebreak
 from streams.stages.summary import RankSummarizer
 
 __all__ = [
@@ -136,6 +136,7 @@ class StageEngine:
         # The job stage reads what the rank stage already checked, in event-time order.
         self._checks_time = stage != "job"
         self._lateness_ms = 0 if stage == "job" else self.config.allowed_lateness_ms
+        self._advance_ms = self.config.advance_every_ms
         self._skew_ms = self.config.max_clock_skew_ms
         # 0 switches the "too old for its Kafka time" check off (the default: see detectors.yaml).
         self._max_age_ms = self.config.max_record_age_ms or 10**15
@@ -144,6 +145,7 @@ class StageEngine:
         self.stats: dict[str, Any] = empty_stats()
         # Why the last `process` call rejected its record (one of REJECT_REASONS), None if it did not.
         self.rejection: str | None = None
+        self.accepted: Event | None = None  # the last record taken, as the detectors read it (cleaned)
         # Rank stage: summaries, and what the job stage reads, released in event-time order once
         # the watermark passes them (`drain_forwarded`).
         self.summarizer = (
@@ -184,7 +186,13 @@ class StageEngine:
 
     # -- the per-event path ------------------------------------------------------------
     def process(
-        self, event: Event, *, received_ts: int | None = None, forward: bool = True, shared: bool = False
+        self,
+        event: Event,
+        *,
+        received_ts: int | None = None,
+        forward: bool = True,
+        shared: bool = False,
+        cleaned: bool = False,
     ) -> list[Event]:
         """Take one event; return the Alert and derived events it caused, in order.
 
@@ -192,7 +200,8 @@ class StageEngine:
         A record whose time is impossible is rejected: nothing happens but counting it, and
         `self.rejection` says why (None after an accepted or late record). Rank stage: `forward`
         False for a job-level event another engine forwards to the job stage (a broadcast copy);
-        `shared` True for a GPU sample of a co-located job's GPU (a fault it shares).
+        `shared` True for a GPU sample of a co-located job's GPU (a fault it shares). `cleaned`:
+        the record is another engine's `accepted` (offline: the gate's), already through `clean`.
         """
         if event.type == "Alert" and self.stage == "job":
             return self._observe_external(event.record)
@@ -226,33 +235,42 @@ class StageEngine:
         if shared and event.type == "GpuSample":
             r = event.record
             self.foreign.add((r["node"], r.get("gpu_uuid")))
-        return self._accepted(event, ts, forward)
+        return self._accepted(event, ts, forward, cleaned)
 
-    def _accepted(self, event: Event, ts: int, forward: bool) -> list[Event]:
-        """A record whose time is believable: into the topology, the detectors, the summaries."""
-        if self.watermark is not None and ts < self.watermark:
-            self.stats["late_dropped"] += 1
+    def _accepted(self, event: Event, ts: int, forward: bool, cleaned: bool = False) -> list[Event]:
+        """A record whose time is believable (`cleaned`: through `clean` already) into the topology,
+        the detectors, the summaries. Every record in every stage: the common checks inline."""
+        watermark, stats = self.watermark, self.stats
+        if watermark is not None and ts < watermark:
+            stats["late_dropped"] += 1
             return []
-        self.stats["events"] += 1
-        if self.max_ts is None or ts > self.max_ts:
-            self.max_ts = ts
-        event, fixed = clean(event)
-        if fixed:
-            invalid = self.stats["invalid_values"]
-            for name in fixed:
-                field_key = f"{event.type}.{name}"
-                invalid[field_key] = invalid.get(field_key, 0) + 1
+        stats["events"] += 1
+        max_ts = self.max_ts
+        if max_ts is None or ts > max_ts:
+            self.max_ts = max_ts = ts
+        kind = event.type
+        if not cleaned:
+            event, fixed = clean(event)
+            if fixed:
+                invalid = stats["invalid_values"]
+                for name in fixed:
+                    field_key = f"{kind}.{name}"
+                    invalid[field_key] = invalid.get(field_key, 0) + 1
+        self.accepted = event
+        r = event.record
         out: list[Event] = []
-        job_id = event.record.get("job_id")
+        job_id = r.get("job_id")
         if job_id:
             heard = self._jobs_heard
             if heard.pop(job_id, None) is None and len(heard) >= self.config.max_jobs:
                 self._evict(next(iter(heard)), ts, out)
             heard[job_id] = ts
-            rank = event.record.get("rank")
+            rank = r.get("rank")
             if rank is not None:
-                self._hold_rank(job_id, rank, ts, out)
-        node = event.record.get("node")
+                held = self._job_ranks.get(job_id)
+                if held is None or rank not in held:
+                    self._hold_rank(job_id, rank, ts, out)
+        node = r.get("node")
         if node:
             nodes = self._nodes_heard
             if nodes.pop(node, None) is None and len(nodes) >= self.config.max_nodes:
@@ -261,22 +279,33 @@ class StageEngine:
         self.topology.observe(event)  # bindings, jobs and their pace (the step every alert carries)
         if self.summarizer is not None:
             self.summarizer.observe(event)
-            if forward and to_job_stage(event):
+            if forward and (
+                kind in FORWARDED or (kind == "StepCompleted" and r.get("rank") == LEADER_RANK)
+            ):  # `to_job_stage`
                 self._queue(event)
+        readers = self._readers.get(kind)
+        if readers is None:  # (an empty list is an answer: the gate's, for every type)
+            readers = self._reading(kind)
         findings: list[Finding] = []
-        for det in self._readers.get(event.type) or self._reading(event.type):
+        for det in readers:
             found = det.observe(event)
             if found:
                 findings.extend(found)
         if findings:
             self._handle(findings, out)
-        if event.type == "JobStateChanged" and event.record["state"] in self.config.job_end_states:
-            self._end_job(event.record["job_id"], ts, out)
-            if event.record["state"] == "failed" and self.config.late_cause_grace_ms > 0:
-                self._failed_at[event.record["job_id"]] = ts
+        if kind == "JobStateChanged" and r["state"] in self.config.job_end_states:
+            self._end_job(r["job_id"], ts, out)
+            if r["state"] == "failed" and self.config.late_cause_grace_ms > 0:
+                self._failed_at[r["job_id"]] = ts
             for det in self._learners:
-                out += [Event("BaselineRun", r) for r in det.drain_learned()]
-        self._move_watermark(self.max_ts - self._lateness_ms, out)
+                out += [Event("BaselineRun", learned) for learned in det.drain_learned()]
+        # `_move_watermark`'s common case: the watermark moves within the bucket last advanced to.
+        watermark = max_ts - self._lateness_ms
+        if self.watermark is None or watermark > self.watermark:
+            if self._advanced_to is not None and watermark // self._advance_ms <= self._advanced_to:
+                self.watermark = watermark
+            else:
+                self._move_watermark(watermark, out)
         return out
 
     # -- the instant rules (rank stage) ---------------------------------------------------

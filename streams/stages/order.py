@@ -8,7 +8,7 @@ from typing import Any
 from schemas.records import Event
 from streams.detectors.base import LEADER_RANK
 
-__all__ = ["JOB_LEVEL", "tiebreak", "to_job_stage"]
+__all__ = ["FORWARDED", "JOB_LEVEL", "tiebreak", "to_job_stage"]
 
 # What the rank stage passes to the job stage besides its summaries and alerts: job-level records
 # (from the engine that owns the job's key), bindings and rank faults, and the leader rank's steps
@@ -16,7 +16,7 @@ __all__ = ["JOB_LEVEL", "tiebreak", "to_job_stage"]
 JOB_LEVEL = frozenset(
     {"JobStarted", "JobStateChanged", "CheckpointEvent", "EvaluationEvent", "ValidationResult", "RestoreTest"}
 )
-_FORWARDED = JOB_LEVEL | {"RankBound", "RankFault"}
+FORWARDED = JOB_LEVEL | {"RankBound", "RankFault"}
 # Tie order of records of one event time in the job stage's input (then job, rank, node).
 _ORDER = {
     "JobStarted": 0,
@@ -36,7 +36,7 @@ _ORDER = {
 
 def to_job_stage(event: Event) -> bool:
     """Whether the rank stage passes this record on to the job stage."""
-    if event.type in _FORWARDED:
+    if event.type in FORWARDED:
         return True
     return event.type == "StepCompleted" and event.record.get("rank") == LEADER_RANK
 

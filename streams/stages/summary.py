@@ -21,12 +21,6 @@ from streams.detectors.stats import stat_of
 __all__ = ["RankSummarizer"]
 
 
-def _opt_sum(*values: float | None) -> float | None:
-    if any(v is None for v in values):
-        return None
-    return math.fsum(v for v in values if v is not None)
-
-
 def _row(job_id: str, run_id: str, node: str, rank: int | None, start: int) -> dict[str, Any]:
     return {
         "job_id": job_id,
@@ -71,16 +65,18 @@ class RankSummarizer:
         # "job|node|rank|start" (rank "" for a node row) -> the bucket being filled. Which jobs run
         # on a node, and their processes, are the topology's bindings.
         self.rows: dict[str, dict[str, Any]] = {}
-
-    def _bucket(self, ts: int) -> int:
-        return (ts // self.bucket_ms) * self.bucket_ms
+        # No open bucket ends before this (None: no row open): `advance` looks at the rows only
+        # once the watermark reaches it (it runs once a second, a bucket ends every `bucket_ms`).
+        self._due: int | None = None
 
     def _get(self, job_id: str, run_id: str, node: str, rank: int | None, ts: int) -> dict[str, Any]:
-        start = self._bucket(ts)
+        start = (ts // self.bucket_ms) * self.bucket_ms
         key = f"{job_id}|{node}|{'' if rank is None else rank}|{start}"
         row = self.rows.get(key)
         if row is None:
             row = self.rows[key] = _row(job_id, run_id, node, rank, start)
+            if self._due is None or start + self.bucket_ms < self._due:
+                self._due = start + self.bucket_ms
         elif run_id:
             row["run_id"] = run_id
         return row
@@ -116,44 +112,63 @@ class RankSummarizer:
         return binding.node if binding is not None else None
 
     def _step(self, r: dict[str, Any]) -> None:
-        node = self._node_of(r)
+        node = r.get("node") or self._node_of(r)
         if node is None:
             node = ""  # a rank not bound (yet) and a producer that does not name its node
-        row = self._get(r["job_id"], r.get("run_id") or "", node, int(r["rank"]), r["ts"])
+        row = self._get(r["job_id"], r.get("run_id") or "", str(node), int(r["rank"]), r["ts"])
         step, ts = int(r["step"]), int(r["ts"])
         row["steps"] += 1
-        row["first_step"] = step if row["first_step"] is None else min(row["first_step"], step)
+        first = row["first_step"]
+        if first is None or step < first:
+            row["first_step"] = step
         if row["last_step"] is None or step >= row["last_step"]:
             row["last_step"], row["last_step_ts"] = step, ts
-        compute = _opt_sum(r.get("forward_s"), r.get("backward_s"), r.get("optimizer_s"))
-        wait = r.get("data_wait_s")
-        step_time = r.get("step_time_s")
+        # This runs for every step of every rank: the fields are read once and each value list is
+        # appended to in place (`_add`'s order, so a bucket's values read the same).
+        get = r.get
+        forward, backward, optimizer = get("forward_s"), get("backward_s"), get("optimizer_s")
+        wait, step_time, comm = get("data_wait_s"), get("step_time_s"), get("comm_s")
+        compute = (
+            None
+            if forward is None or backward is None or optimizer is None
+            else math.fsum((forward, backward, optimizer))
+        )
         busy = compute + (wait or 0.0) if compute is not None else step_time
-        _add(row, "busy_s", busy)
-        _add(row, "compute_s", compute)
-        _add(row, "data_wait_s", wait)
-        _add(row, "comm_s", r.get("comm_s"))
-        _add(row, "step_time_s", step_time)
-        if r.get("comm_s") is None:
+        v = row["v"]
+        for name, value in (
+            ("busy_s", busy),
+            ("compute_s", compute),
+            ("data_wait_s", wait),
+            ("comm_s", comm),
+            ("step_time_s", step_time),
+        ):
+            if value is not None:
+                values = v.get(name)
+                if values is None:
+                    v[name] = [float(value)]
+                else:
+                    values.append(float(value))
+        if comm is None:
             # Only a step that times no collective (DDP: the wait hides in backward) is judged on
             # its forward, backward and optimizer (the straggler rule's work-before-the-first-wait
             # score and its cross-rank path).
-            _add(row, "forward_s", r.get("forward_s"))
-            _add(row, "backward_s", r.get("backward_s"))
-            _add(row, "optimizer_s", r.get("optimizer_s"))
-        loss = r.get("loss")
+            _add(row, "forward_s", forward)
+            _add(row, "backward_s", backward)
+            _add(row, "optimizer_s", optimizer)
+        loss = get("loss")
         if loss is not None and math.isfinite(loss):
             _add(row, "loss", loss)
-        for field in ("tokens", "samples"):
-            value = r.get(field)
-            if value is not None:
-                row[field] = (row[field] or 0.0) + float(value)
+        tokens, samples = get("tokens"), get("samples")
+        if tokens is not None:
+            row["tokens"] = (row["tokens"] or 0.0) + float(tokens)
+        if samples is not None:
+            row["samples"] = (row["samples"] or 0.0) + float(samples)
         if compute is not None and step_time is not None:
             attr = row["attr"]
             attr[0] += step_time
             attr[1] += max(0.0, step_time - compute)
             attr[2] += wait or 0.0
-            attr[3] += r.get("comm_s") or 0.0
+            attr[3] += comm or 0.0
 
     def _gpu(self, r: dict[str, Any]) -> None:
         binding = self.topology.binding_for_gpu(r["node"], r["gpu_uuid"])
@@ -174,15 +189,18 @@ class RankSummarizer:
         ts = int(r["ts"])
         row["gpu_last_ts"] = ts if row["gpu_last_ts"] is None else max(row["gpu_last_ts"], ts)
         pids = r.get("pids") or ()
-        if binding.pid in pids:
+        pid = binding.pid
+        if pid in pids:
             row["pid_seen_ts"] = ts if row["pid_seen_ts"] is None else max(row["pid_seen_ts"], ts)
         topology = self.topology
         # An ended job holds no process on its GPUs any more: every one seen there is another's.
+        # (The common sample shows only the rank's own process: nothing to look up.)
         ended = topology.ended(binding.job_id)
-        own = () if ended else {b.pid for b in topology.ranks_on_node(binding.job_id, binding.node)}
-        foreign = sorted(p for p in pids if p not in own)
-        if foreign:
-            row["foreign"] = [foreign[0], ts]
+        if ended or any(p != pid for p in pids):
+            own = () if ended else {b.pid for b in topology.ranks_on_node(binding.job_id, binding.node)}
+            foreign = sorted(p for p in pids if p not in own)
+            if foreign:
+                row["foreign"] = [foreign[0], ts]
 
     def _host(self, r: dict[str, Any]) -> None:
         node, ts = str(r["node"]), int(r["ts"])
@@ -198,7 +216,13 @@ class RankSummarizer:
 
     def advance(self, watermark: int) -> list[Event]:
         """RankSummary records of every bucket that ended at or before the watermark, in order."""
+        if self._due is not None and watermark < self._due:
+            return []
         done = [k for k, row in self.rows.items() if row["start"] + self.bucket_ms <= watermark]
+        self._due = min(
+            (end for end in (row["start"] + self.bucket_ms for row in self.rows.values()) if end > watermark),
+            default=None,
+        )
         if not done:
             return []
         rows = [self.rows.pop(k) for k in done]
@@ -258,10 +282,12 @@ class RankSummarizer:
             "cpu_util_pct",
             "tcp_retrans_segs_s",
         ):
-            out[field] = stat_of(v.get(field, []))
+            values = v.get(field)
+            out[field] = stat_of(values) if values else None
         for field in ("forward_s", "backward_s", "optimizer_s"):
             # Read as one bucket's median only: the values would add ~80 B to the summary.
-            out[field] = stat_of(v.get(field, []), keep_values=False)
+            values = v.get(field)
+            out[field] = stat_of(values, keep_values=False) if values else None
         return out
 
     def forget_job(self, job_id: str) -> None:
@@ -275,3 +301,4 @@ class RankSummarizer:
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore from `state()`."""
         self.rows = dict(state.get("rows", {}))  # an older snapshot's "placed" is the topology's
+        self._due = min((int(row["start"]) + self.bucket_ms for row in self.rows.values()), default=None)
