@@ -105,7 +105,10 @@ def test_worker_killed_mid_run_loses_and_duplicates_no_alert(
     expected = pairs(offline_alerts)
     assert expected, "the offline replay of the scenario raised no alert"
     publish(kafka_bootstrap, topic_prefix, scenario_events[0])
-    worker.start()
+    # Checkpoints every 5,000 records of a partition (the default, 50,000, is more than this
+    # scenario's 46,784): the kill lands after several, not only racing the first alert's.
+    every = ("--checkpoint-events", "5000")
+    worker.start(*every)
     reader = AlertReader(kafka_bootstrap, topics[ALERTS])
     try:
         # Kill as soon as the first alert is out: the rest of the run is still to come.
@@ -113,7 +116,7 @@ def test_worker_killed_mid_run_loses_and_duplicates_no_alert(
         worker.kill()
         before = len(reader.records)
         restarted = time.monotonic()
-        worker.start()
+        worker.start(*every)
         assert reader.poll_until(lambda rs: pairs(rs) >= expected, 150), (
             expected - pairs(reader.records),
             worker.log(),
