@@ -838,8 +838,8 @@ def main() -> None:
         ranks, _, seconds = args.giant.partition(":")
         giant = (int(ranks), int(seconds or 30))
     trips = not args.no_round_trips
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
-    if bootstrap:
+
+    def bench(bootstrap: str) -> None:
         _bench(
             bootstrap,
             args.scenario,
@@ -851,21 +851,15 @@ def main() -> None:
             trips,
             args.cprofile,
         )
+
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+    if bootstrap:
+        bench(bootstrap)
         return
     from infra.kafka.local import LocalKafka, ensure_jars
 
     with tempfile.TemporaryDirectory() as tmp, LocalKafka(Path(tmp), libs=ensure_jars()) as broker:
-        _bench(
-            broker.bootstrap,
-            args.scenario,
-            args.timeout,
-            workers,
-            runtimes,
-            args.profile,
-            giant,
-            trips,
-            args.cprofile,
-        )
+        bench(broker.bootstrap)
 
 
 if __name__ == "__main__":

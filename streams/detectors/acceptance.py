@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import LEADER_RANK, Finding, JobInfo, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.errors import ConfigError
 
 __all__ = ["DEFAULTS", "AcceptanceDetector", "AcceptanceRule", "parse_rules"]
@@ -58,13 +58,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 # The severity and the invariant are each declared rule's own (the finding names them).
-ACCEPTANCE_VIOLATION = Rule(
-    "acceptance_violation",
-    category="model",
-    severity="warning",
-    invariant="the team's declared acceptance rule holds",
-    suspected_layer="model",
-)
+ACCEPTANCE_VIOLATION = catalogued("acceptance_violation")
 RULE = ACCEPTANCE_VIOLATION.name
 _POINTS = 8  # observations carried on a finding's history
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.placement import rank_place
 
 __all__ = ["DEFAULTS", "AllocatorChurnDetector"]
@@ -33,13 +33,7 @@ _POINTS = 8  # points of the cumulative retry count carried on a finding
 _MAX_RANKS = 131_072  # ranks remembered per job (the engine's own cap on a job's ranks)
 
 
-ALLOCATOR_CHURN = Rule(
-    "allocator_churn",
-    category="model",
-    severity="warning",
-    invariant="the CUDA caching allocator does not keep retrying allocations for {sustain_s:g} s",
-    suspected_layer="gpu",
-)
+ALLOCATOR_CHURN = catalogued("allocator_churn")
 
 
 class AllocatorChurnDetector(PerJobDetector, rule=ALLOCATOR_CHURN, stage="rank"):

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.stats import MAD_TO_SIGMA, mad, median
 
 __all__ = ["DEFAULTS", "METRICS", "BaselineDetector", "key_words"]
@@ -107,20 +107,9 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-BASELINE_DEVIATION = Rule(
-    "baseline_deviation",
-    category="platform",
-    severity="warning",
-    invariant="{metric} stays within tolerance of the baseline of earlier runs of {key}",
-)  # the suspected layer is the deviating metric's (`_layer`): each finding names it
+BASELINE_DEVIATION = catalogued("baseline_deviation")
 
-SCALING_EFFICIENCY_LOW = Rule(
-    "scaling_efficiency_low",
-    category="platform",
-    severity="warning",
-    invariant="tokens/s per GPU stay at or above {floor:.0%} of the same configuration on {nodes} node(s)",
-    suspected_layer="network",  # usually communication; each finding names the step part that grew (`_layer`)
-)
+SCALING_EFFICIENCY_LOW = catalogued("scaling_efficiency_low")
 
 
 class BaselineDetector(Detector):

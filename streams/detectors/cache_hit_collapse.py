@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.loader_signal import LOADER_DEFAULTS, LoaderSignalDetector
 
 __all__ = ["DEFAULTS", "CacheHitCollapseDetector"]
@@ -23,13 +23,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-CACHE_HIT_COLLAPSE = Rule(
-    "cache_hit_collapse",
-    category="data",
-    severity="warning",  # info while prefetching still hides it from the GPUs
-    invariant="a rank's cache-hit ratio stays near the run's own normal",
-    suspected_layer="storage",
-)
+CACHE_HIT_COLLAPSE = catalogued("cache_hit_collapse")
 
 
 class CacheHitCollapseDetector(LoaderSignalDetector, rule=CACHE_HIT_COLLAPSE, stage="rank"):

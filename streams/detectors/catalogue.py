@@ -1,27 +1,34 @@
-"""The rule catalogue: what is constant about each rule, declared once beside the rule's logic.
+"""The rule catalogue: what is constant about each rule, in one table (`streams/rules.yaml`).
 
-A rule module declares its `Rule` (name, category, severity, invariant, runbook, suspected layer) at
-the top, and its findings state only what varies: the identity, the time, the evidence
-(`Rule.finding`). An invariant that names a knob is a template (`Rule.says` fills it). A rule whose
-severity, category or layer depends on the evidence (an XID class, an OOM, the kind of a rank's
-failure) declares the usual one and its finding names the other. `catalogue()` lists every rule
-the detectors declare, for docs and checks.
+Every rule's name, category, severity, invariant, runbook and suspected layer are one entry of
+`streams/rules.yaml`, read once; a rule module takes its `Rule` from there at the top
+(`X = catalogued("x")`), and its findings state only what varies: the identity, the time, the
+evidence (`Rule.finding`). An invariant that names a knob is a template (`Rule.says` fills it). A
+rule whose severity, category or layer depends on the evidence (an XID class, an OOM, the kind of a
+rank's failure) declares the usual one and its finding names the other. `catalogue()` lists every
+rule the detectors take, for docs and checks; a test holds the table and the detectors equal.
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_args
+
+import yaml
 
 from streams.detectors.base import Category, Finding, Severity
 
 if TYPE_CHECKING:
     from streams.detectors.placement import Place
 
-__all__ = ["RUNBOOKS", "Rule", "catalogue"]
+__all__ = ["RULES_PATH", "RUNBOOKS", "Rule", "catalogue", "catalogued", "table"]
 
 RUNBOOKS = "docs/runbooks"  # each rule's runbook is RUNBOOKS/<runbook>.md in the repository
+RULES_PATH = Path(__file__).resolve().parent.parent / "rules.yaml"
+_FIELDS = ("category", "severity", "invariant", "suspected_layer", "runbook")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,3 +93,41 @@ def catalogue() -> dict[str, Rule]:
                 if isinstance(value, Rule):
                     out[value.name] = value
     return dict(sorted(out.items()))
+
+
+@cache
+def table() -> dict[str, Rule]:
+    """Every rule of `streams/rules.yaml`, checked: known fields, a category and severity the
+    engine knows, an invariant. A shipped file that breaks these is a bug: it fails at import."""
+    raw = yaml.safe_load(RULES_PATH.read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise ValueError(f"{RULES_PATH}: expected one mapping of rule name -> fields")
+    out: dict[str, Rule] = {}
+    for name, fields in raw.items():
+        where = f"{RULES_PATH}: rule {name!r}"
+        if not isinstance(fields, dict) or not isinstance(fields.get("invariant"), str):
+            raise ValueError(f"{where}: expected fields with at least an invariant")
+        unknown = sorted(set(fields) - set(_FIELDS))
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(_FIELDS)})")
+        if fields.get("category") not in get_args(Category):
+            raise ValueError(f"{where}: category must be one of {', '.join(get_args(Category))}")
+        if fields.get("severity") not in get_args(Severity):
+            raise ValueError(f"{where}: severity must be one of {', '.join(get_args(Severity))}")
+        out[str(name)] = Rule(
+            str(name),
+            category=fields["category"],
+            severity=fields["severity"],
+            invariant=fields["invariant"],
+            suspected_layer=str(fields.get("suspected_layer", "unknown")),
+            runbook=str(fields.get("runbook", "")),
+        )
+    return out
+
+
+def catalogued(name: str) -> Rule:
+    """The catalogue's entry for rule `name` (a rule module's declaration of the rule it raises)."""
+    try:
+        return table()[name]
+    except KeyError:
+        raise KeyError(f"rule {name!r} is not in {RULES_PATH}: add its entry there") from None

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.failures import FailuresInARow
 
 __all__ = ["DEFAULTS", "CheckpointFailedDetector"]
@@ -19,13 +19,7 @@ __all__ = ["DEFAULTS", "CheckpointFailedDetector"]
 DEFAULTS: dict[str, Any] = {}  # no knobs: every failure counts at once
 
 
-CHECKPOINT_FAILED = Rule(
-    "checkpoint_failed",
-    category="platform",
-    severity="critical",
-    invariant="every checkpoint that starts completes",
-    suspected_layer="checkpoint",
-)
+CHECKPOINT_FAILED = catalogued("checkpoint_failed")
 
 
 class CheckpointFailedDetector(FailuresInARow, rule=CHECKPOINT_FAILED, stage="job", section="recovery"):

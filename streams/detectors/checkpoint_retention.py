@@ -24,20 +24,14 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 
 __all__ = ["CheckpointRetentionDetector"]
 
 _KEEP = 64  # checkpoints remembered per job (bounded state)
 
 
-CHECKPOINT_RETENTION = Rule(
-    "checkpoint_retention",
-    category="platform",
-    severity="warning",
-    invariant="retention never deletes a job's latest verified checkpoint before a newer one is verified",
-    suspected_layer="checkpoint",
-)
+CHECKPOINT_RETENTION = catalogued("checkpoint_retention")
 
 
 class CheckpointRetentionDetector(PerJobDetector, rule=CHECKPOINT_RETENTION, stage="job"):

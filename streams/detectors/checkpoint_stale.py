@@ -13,7 +13,7 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobInfo, PerJobDetector, Topology
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.durations import age_text
 from streams.detectors.history import add_point
 
@@ -24,13 +24,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-CHECKPOINT_STALE = Rule(
-    "checkpoint_stale",
-    category="platform",
-    severity="warning",
-    invariant="the latest verified checkpoint is younger than {max_s:g}s",
-    suspected_layer="checkpoint",
-)
+CHECKPOINT_STALE = catalogued("checkpoint_stale")
 
 
 class CheckpointStaleDetector(PerJobDetector, rule=CHECKPOINT_STALE, stage="job", section="recovery"):

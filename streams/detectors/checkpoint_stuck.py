@@ -14,7 +14,7 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobInfo, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.durations import age_text
 from streams.detectors.history import add_point
 from streams.detectors.placement import rank_place
@@ -27,13 +27,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-CHECKPOINT_STUCK = Rule(
-    "checkpoint_stuck",
-    category="platform",
-    severity="warning",
-    invariant="a checkpoint completes within {timeout_s:g}s of its start",
-    suspected_layer="checkpoint",
-)
+CHECKPOINT_STUCK = catalogued("checkpoint_stuck")
 
 
 class CheckpointStuckDetector(PerJobDetector, rule=CHECKPOINT_STUCK, stage="job", section="recovery"):

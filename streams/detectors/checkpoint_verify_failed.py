@@ -12,20 +12,14 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 
 __all__ = ["CheckpointVerifyFailedDetector"]
 
 _POINTS = 10
 
 
-CHECKPOINT_VERIFY_FAILED = Rule(
-    "checkpoint_verify_failed",
-    category="platform",
-    severity="critical",
-    invariant="every checkpoint that is verified passes verification",
-    suspected_layer="checkpoint",
-)
+CHECKPOINT_VERIFY_FAILED = catalogued("checkpoint_verify_failed")
 
 
 class CheckpointVerifyFailedDetector(PerJobDetector, rule=CHECKPOINT_VERIFY_FAILED, stage="job"):

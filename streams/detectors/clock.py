@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, drop_nodes
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 
 __all__ = ["DEFAULTS", "ClockDetector", "source_of"]
 
@@ -65,13 +65,7 @@ def _iso(ts: int) -> str:
         return f"{ts} ms"
 
 
-CLOCK_SKEW = Rule(
-    "clock_skew",
-    category="infra",
-    severity="warning",
-    invariant="every record's event time is within engine.max_clock_skew_s of the time it arrived",
-    suspected_layer="infra",
-)
+CLOCK_SKEW = catalogued("clock_skew")
 
 
 class ClockDetector(Detector, rule=CLOCK_SKEW, stage="rank"):

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.placement import rank_place
 
 __all__ = ["DEFAULTS", "DataErrorsDetector"]
@@ -25,13 +25,7 @@ DEFAULTS: dict[str, Any] = {
 _POINTS = 10  # metric history carried on a finding
 
 
-DATA_ERRORS = Rule(
-    "data_errors",
-    category="data",
-    severity="warning",
-    invariant="a data loader does not report errors in {err_sustain} samples in a row",
-    suspected_layer="data",
-)
+DATA_ERRORS = catalogued("data_errors")
 
 
 class DataErrorsDetector(PerJobDetector, rule=DATA_ERRORS, stage="rank", section="datapath"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.loader_signal import LOADER_DEFAULTS, LoaderSignalDetector
 
 __all__ = ["DEFAULTS", "DataPathSlowDetector"]
@@ -33,13 +33,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
-DATA_PATH_SLOW = Rule(
-    "data_path_slow",
-    category="data",
-    severity="warning",  # info while prefetching still hides it from the GPUs
-    invariant="a rank's read latency and batch preparation time stay near the run's own normal",
-    suspected_layer="data",
-)
+DATA_PATH_SLOW = catalogued("data_path_slow")
 
 
 class DataPathSlowDetector(LoaderSignalDetector, rule=DATA_PATH_SLOW, stage="rank"):

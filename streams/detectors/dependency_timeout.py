@@ -17,7 +17,7 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.placement import rank_place, ranks_text
 
 __all__ = ["DependencyTimeoutDetector"]
@@ -26,13 +26,7 @@ _KINDS = {"collective_timeout": "a collective", "storage_timeout": "a storage ca
 _POINTS = 10
 
 # A collective's timeout (the declared case) is the network's; a storage call's is data's.
-DEPENDENCY_TIMEOUT = Rule(
-    "dependency_timeout",
-    category="infra",
-    severity="critical",
-    invariant="{what} a rank depends on answers before its timeout",
-    suspected_layer="network",
-)
+DEPENDENCY_TIMEOUT = catalogued("dependency_timeout")
 
 
 class DependencyTimeoutDetector(PerJobDetector, rule=DEPENDENCY_TIMEOUT, stage="job"):

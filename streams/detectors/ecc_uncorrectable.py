@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from streams.detectors.base import Finding
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.history import add_point, points_of
 from streams.detectors.infra_signal import CHECK_DEFAULTS, GpuFaultDetector
 
@@ -23,13 +23,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-ECC_UNCORRECTABLE = Rule(
-    "ecc_uncorrectable",
-    category="infra",
-    severity="critical",
-    invariant="the uncorrectable ECC error count of a GPU does not increase",
-    suspected_layer="gpu",
-)
+ECC_UNCORRECTABLE = catalogued("ecc_uncorrectable")
 
 
 class EccUncorrectableDetector(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.loader_signal import LOADER_DEFAULTS, LoaderSignalDetector
 
 __all__ = ["DEFAULTS", "FileOpenDropDetector"]
@@ -27,13 +27,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-FILE_OPEN_DROP = Rule(
-    "file_open_drop",
-    category="data",
-    severity="warning",  # info while prefetching still hides it from the GPUs
-    invariant="a rank's loader keeps opening files at the run's own normal rate",
-    suspected_layer="storage",
-)
+FILE_OPEN_DROP = catalogued("file_open_drop")
 
 
 class FileOpenDropDetector(LoaderSignalDetector, rule=FILE_OPEN_DROP, stage="rank"):

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 
 __all__ = ["DEFAULTS", "GpuIdleAllocatedDetector"]
 
@@ -30,13 +30,7 @@ DEFAULTS: dict[str, Any] = {
 _POINTS = 10
 
 
-GPU_IDLE_ALLOCATED = Rule(
-    "gpu_idle_allocated",
-    category="platform",
-    severity="warning",
-    invariant="every GPU allocated to a training job is used by it",
-    suspected_layer="gpu",
-)
+GPU_IDLE_ALLOCATED = catalogued("gpu_idle_allocated")
 
 
 class GpuIdleAllocatedDetector(PerJobDetector, rule=GPU_IDLE_ALLOCATED, stage="rank"):

@@ -8,19 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from streams.detectors.base import Finding
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.stats import median, robust_scorer
 from streams.detectors.windows import ImbalanceWindows, _history
 
 __all__ = ["GPU_IMBALANCE", "GpuImbalanceRule"]
 
-GPU_IMBALANCE = Rule(
-    "gpu_imbalance",
-    category="infra",
-    severity="warning",
-    invariant="the GPUs of one job show similar activity and power",
-    suspected_layer="gpu",
-)
+GPU_IMBALANCE = catalogued("gpu_imbalance")
 
 
 class GpuImbalanceRule(ImbalanceWindows):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from streams.detectors.base import Finding
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.class_normals import LearningGpuDetector
 
 __all__ = ["DEFAULTS", "GpuMemoryPressureDetector"]
@@ -31,13 +31,7 @@ DEFAULTS: dict[str, Any] = {
 _POINTS = 8  # memory ratios carried on a finding
 
 
-GPU_MEMORY_PRESSURE = Rule(
-    "gpu_memory_pressure",
-    category="infra",
-    severity="warning",
-    invariant="GPU memory in use stays below {ratio_pct:g}% of total{why}",
-    suspected_layer="gpu",
-)
+GPU_MEMORY_PRESSURE = catalogued("gpu_memory_pressure")
 
 
 class GpuMemoryPressureDetector(

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Binding, Detector, Finding
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 
 __all__ = ["DEFAULTS", "GpuOutsideAllocationDetector"]
 
@@ -28,13 +28,7 @@ DEFAULTS: dict[str, Any] = {
 _POINTS = 10
 
 
-GPU_OUTSIDE_ALLOCATION = Rule(
-    "gpu_outside_allocation",
-    category="platform",
-    severity="warning",
-    invariant="a job's processes run only on the GPUs its ranks are bound to",
-    suspected_layer="gpu",
-)
+GPU_OUTSIDE_ALLOCATION = catalogued("gpu_outside_allocation")
 
 
 class GpuOutsideAllocationDetector(Detector, rule=GPU_OUTSIDE_ALLOCATION, stage="rank"):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from streams.detectors.base import Finding, Topology
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.class_normals import LearningGpuDetector
 
 __all__ = ["DEFAULTS", "THROTTLE_REASONS", "GpuThrottlingDetector"]
@@ -44,13 +44,7 @@ THROTTLE_REASONS: dict[int, str] = {
 _POINTS = 8  # SM clock ratios carried on a finding
 
 
-GPU_THROTTLING = Rule(
-    "gpu_throttling",
-    category="infra",
-    severity="warning",
-    invariant="no thermal or power throttling with the SM clock below {ratio_pct:g}% of max{why}",
-    suspected_layer="gpu",
-)
+GPU_THROTTLING = catalogued("gpu_throttling")
 
 
 class GpuThrottlingDetector(LearningGpuDetector, rule=GPU_THROTTLING, stage="rank", section="infrastructure"):

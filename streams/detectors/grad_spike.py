@@ -16,7 +16,7 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.placement import rank_place
 from streams.detectors.stats import median
 
@@ -35,13 +35,7 @@ DEFAULTS: dict[str, Any] = {
 _POINTS = 8  # gradient norms carried on a finding
 
 
-GRAD_SPIKE = Rule(
-    "grad_spike",
-    category="model",
-    severity="warning",
-    invariant="gradient norm stays below {spike_factor:g}x its rolling median of {grad_k} steps",
-    suspected_layer="model",
-)
+GRAD_SPIKE = catalogued("grad_spike")
 
 
 class GradSpikeDetector(PerJobDetector, rule=GRAD_SPIKE, stage="job", section="numerical"):

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, drop_nodes
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.infra_signal import NodeJobs
 
 __all__ = ["DEFAULTS", "HostMemoryPressureDetector"]
@@ -27,13 +27,7 @@ DEFAULTS: dict[str, Any] = {
 _POINTS = 8  # available-memory ratios carried on a finding
 
 
-HOST_MEMORY_PRESSURE = Rule(
-    "host_memory_pressure",
-    category="infra",
-    severity="warning",
-    invariant="host memory available stays above {ratio_pct:g}% of total and the kernel kills no process for lack of memory",
-    suspected_layer="host",
-)
+HOST_MEMORY_PRESSURE = catalogued("host_memory_pressure")
 
 
 class HostMemoryPressureDetector(Detector, rule=HOST_MEMORY_PRESSURE, stage="rank", section="infrastructure"):

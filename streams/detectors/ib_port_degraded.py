@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, Topology, drop_nodes
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.infra_signal import NodeJobs
 
 __all__ = ["DEFAULTS", "IbPortDegradedDetector"]
@@ -37,13 +37,7 @@ DEFAULTS: dict[str, Any] = {
 
 _POINTS = 8  # error increments carried on a finding
 
-IB_PORT_DEGRADED = Rule(
-    "ib_port_degraded",
-    category="infra",
-    severity="warning",
-    invariant="every InfiniBand / RoCE port of the node is up and counts fewer than {errors} link errors in {window_s:g} s",
-    suspected_layer="network",
-)
+IB_PORT_DEGRADED = catalogued("ib_port_degraded")
 
 
 class IbPortDegradedDetector(Detector, rule=IB_PORT_DEGRADED, stage="rank", section="infrastructure"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.loader_signal import LOADER_DEFAULTS, LoaderSignalDetector
 
 __all__ = ["DEFAULTS", "LoaderWorkersLostDetector"]
@@ -26,13 +26,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-LOADER_WORKERS_LOST = Rule(
-    "loader_workers_lost",
-    category="data",
-    severity="warning",  # info while prefetching still hides it from the GPUs
-    invariant="every data-loader worker a rank started stays alive",
-    suspected_layer="data",
-)
+LOADER_WORKERS_LOST = catalogued("loader_workers_lost")
 
 
 class LoaderWorkersLostDetector(LoaderSignalDetector, rule=LOADER_WORKERS_LOST, stage="rank"):

@@ -12,7 +12,7 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.history import add_point
 
 __all__ = ["DEFAULTS", "LongPendingDetector"]
@@ -23,13 +23,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-LONG_PENDING = Rule(
-    "long_pending",
-    category="platform",
-    severity="warning",
-    invariant="a job starts running within {pending_min} min of being queued",
-    suspected_layer="scheduler",
-)
+LONG_PENDING = catalogued("long_pending")
 
 
 class LongPendingDetector(PerJobDetector, rule=LONG_PENDING, stage="job", section="platform"):

@@ -20,7 +20,7 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.stats import median
 
 __all__ = ["DEFAULTS", "LossDivergenceDetector"]
@@ -37,13 +37,7 @@ DEFAULTS: dict[str, Any] = {
 _POINTS = 8  # window medians kept (at least) and carried on a finding
 
 
-LOSS_DIVERGENCE = Rule(
-    "loss_divergence",
-    category="model",
-    severity="critical",
-    invariant="the median loss of a {window_s}s window stays within {tol_pct:g}% of its running minimum",
-    suspected_layer="model",
-)
+LOSS_DIVERGENCE = catalogued("loss_divergence")
 
 
 class LossDivergenceDetector(PerJobDetector, rule=LOSS_DIVERGENCE, stage="job", section="numerical"):

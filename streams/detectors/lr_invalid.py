@@ -15,7 +15,7 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import LEADER_RANK, Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 
 __all__ = ["DEFAULTS", "LrInvalidDetector"]
 
@@ -25,13 +25,7 @@ DEFAULTS: dict[str, Any] = {
 }
 _POINTS = 8
 
-LR_INVALID = Rule(
-    "lr_invalid",
-    category="model",
-    severity="warning",
-    invariant="the learning rate is finite and within [{lr_min:g}, {lr_max:g}]",
-    suspected_layer="model",
-)
+LR_INVALID = catalogued("lr_invalid")
 
 
 class LrInvalidDetector(PerJobDetector, rule=LR_INVALID, stage="job", section="numerical"):

@@ -9,20 +9,14 @@ import math
 from typing import Any
 
 from streams.detectors.base import Finding, JobInfo
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.gpu_imbalance import GpuImbalanceRule
 from streams.detectors.stats import MAD_TO_SIGMA, finite, mad, mean, median
 from streams.detectors.windows import _history, _named_outlier
 
 __all__ = ["NETWORK_DEGRADATION", "NetworkDegradationRule"]
 
-NETWORK_DEGRADATION = Rule(
-    "network_degradation",
-    category="infra",
-    severity="warning",
-    invariant="collective communication per step stays within {ratio}x of the job's normal",
-    suspected_layer="network",
-)
+NETWORK_DEGRADATION = catalogued("network_degradation")
 
 
 class NetworkDegradationRule(GpuImbalanceRule):

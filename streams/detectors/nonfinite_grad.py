@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, Topology
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.nonfinite import NONFINITE_DEFAULTS, NonfiniteDetector, is_finite
 
 __all__ = ["DEFAULTS", "NonfiniteGradDetector"]
@@ -26,13 +26,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-NONFINITE_GRAD = Rule(
-    "nonfinite_grad",
-    category="model",
-    severity="critical",
-    invariant="the gradient norm is finite on every step",
-    suspected_layer="model",
-)
+NONFINITE_GRAD = catalogued("nonfinite_grad")
 
 
 class NonfiniteGradDetector(NonfiniteDetector, rule=NONFINITE_GRAD, stage="rank", section="numerical"):

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.nonfinite import NONFINITE_DEFAULTS, NonfiniteDetector
 
 __all__ = ["DEFAULTS", "NonfiniteLossDetector"]
@@ -20,13 +20,7 @@ __all__ = ["DEFAULTS", "NonfiniteLossDetector"]
 DEFAULTS: dict[str, Any] = {**NONFINITE_DEFAULTS}
 
 
-NONFINITE_LOSS = Rule(
-    "nonfinite_loss",
-    category="model",
-    severity="critical",
-    invariant="the loss is finite on every step",
-    suspected_layer="model",
-)
+NONFINITE_LOSS = catalogued("nonfinite_loss")
 
 
 class NonfiniteLossDetector(NonfiniteDetector, rule=NONFINITE_LOSS, stage="rank", section="numerical"):

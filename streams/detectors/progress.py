@@ -58,7 +58,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import Rule, catalogued
 from streams.detectors.hang_evidence import _activity, _gpu_row, _sm, _tensor, hung_rank
 from streams.detectors.placement import rank_place
 from streams.detectors.stats import median, stat_mean
@@ -102,40 +102,11 @@ _POWER_HISTORY = 64  # GPU power readings while training kept per job (its refer
 
 # The rules' layers are the evidence's (what the ranks do since the stall began); the declared one
 # is the usual cause. An evaluation that never ends names no layer.
-JOB_STALL = Rule(
-    "job_stall",
-    category="platform",
-    severity="critical",
-    invariant="every running job completes a step within its normal interval unless a checkpoint or evaluation is open",
-    suspected_layer="platform",
-)
-RANK_HANG = Rule(
-    "rank_hang",
-    category="platform",
-    severity="critical",
-    invariant="every rank keeps stepping with its peers",
-    suspected_layer="platform",
-)
-ZOMBIE_JOB = Rule(
-    "zombie_job",
-    category="platform",
-    severity="warning",
-    invariant="a job holding GPUs makes progress",
-    suspected_layer="platform",
-)
-EVALUATION_STUCK = Rule(
-    "evaluation_stuck",
-    category="platform",
-    severity="critical",
-    invariant="an evaluation finishes within its expected (or learned) duration",
-)
-STARTUP_HANG = Rule(
-    "startup_hang",
-    category="platform",
-    severity="critical",
-    invariant="a run completes its first step within its start-up allowance (learned per workload family)",
-    suspected_layer="platform",
-)
+JOB_STALL = catalogued("job_stall")
+RANK_HANG = catalogued("rank_hang")
+ZOMBIE_JOB = catalogued("zombie_job")
+EVALUATION_STUCK = catalogued("evaluation_stuck")
+STARTUP_HANG = catalogued("startup_hang")
 
 
 def _blank_job() -> dict[str, Any]:

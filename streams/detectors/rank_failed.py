@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.placement import rank_place
 
 __all__ = ["DEFAULTS", "RankFailedDetector"]
@@ -36,13 +36,7 @@ _WORDS = {
 _POINTS = 10
 
 
-RANK_FAILED = Rule(
-    "rank_failed",
-    category="platform",
-    severity="critical",
-    invariant="no rank of a running job fails",
-    suspected_layer="platform",
-)
+RANK_FAILED = catalogued("rank_failed")
 
 
 class RankFailedDetector(PerJobDetector, rule=RANK_FAILED, stage="rank"):

@@ -15,19 +15,13 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector, Topology
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.placement import rank_place, ranks_text, short_host
 
 __all__ = ["RankOutsideNodesDetector"]
 
 
-RANK_OUTSIDE_NODES = Rule(
-    "rank_outside_nodes",
-    category="platform",
-    severity="warning",
-    invariant="every rank of a job runs on a node allocated to the job",
-    suspected_layer="platform",
-)
+RANK_OUTSIDE_NODES = catalogued("rank_outside_nodes")
 
 
 class RankOutsideNodesDetector(PerJobDetector, rule=RANK_OUTSIDE_NODES, stage="job"):

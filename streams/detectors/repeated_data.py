@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.placement import rank_place
 
 __all__ = ["DEFAULTS", "RepeatedDataDetector"]
@@ -30,13 +30,7 @@ DEFAULTS: dict[str, Any] = {
 _POINTS = 10  # metric history carried on a finding
 
 
-REPEATED_DATA = Rule(
-    "repeated_data",
-    category="data",
-    severity="warning",
-    invariant="at least {min_distinct:.0%} of a rank's last {window} batches are distinct",
-    suspected_layer="data",
-)
+REPEATED_DATA = catalogued("repeated_data")
 
 
 class RepeatedDataDetector(PerJobDetector, rule=REPEATED_DATA, stage="rank", section="datapath"):

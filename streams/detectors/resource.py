@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, drop_nodes
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 
 __all__ = ["DEFAULTS", "ResourceDetector"]
 
@@ -22,13 +22,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-FOREIGN_PROCESS = Rule(
-    "foreign_process",
-    category="infra",
-    severity="warning",
-    invariant="a GPU bound to a job runs only that job's processes",
-    suspected_layer="gpu",
-)
+FOREIGN_PROCESS = catalogued("foreign_process")
 
 
 class ResourceDetector(Detector, rule=FOREIGN_PROCESS, stage="rank"):

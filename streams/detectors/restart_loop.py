@@ -16,7 +16,7 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 
 __all__ = ["DEFAULTS", "RestartLoopDetector"]
 
@@ -28,13 +28,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-RESTART_LOOP = Rule(
-    "restart_loop",
-    category="platform",
-    severity="critical",
-    invariant="fewer than {threshold} restarts within {window_min} min",
-    suspected_layer="scheduler",
-)
+RESTART_LOOP = catalogued("restart_loop")
 
 
 class RestartLoopDetector(PerJobDetector, rule=RESTART_LOOP, stage="job", section="platform"):

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.failures import FailuresInARow
 
 __all__ = ["DEFAULTS", "RestoreTestFailedDetector"]
@@ -42,13 +42,7 @@ def _what_failed(r: dict[str, Any]) -> str:
     return "; ".join(parts) or "reported as failed"
 
 
-RESTORE_TEST_FAILED = Rule(
-    "restore_test_failed",
-    category="platform",
-    severity="critical",
-    invariant="a checkpoint restores (model, optimizer, scheduler, data position) and training resumes",
-    suspected_layer="checkpoint",
-)
+RESTORE_TEST_FAILED = catalogued("restore_test_failed")
 
 
 class RestoreTestFailedDetector(FailuresInARow, rule=RESTORE_TEST_FAILED, stage="job", section="readiness"):

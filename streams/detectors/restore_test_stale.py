@@ -24,7 +24,7 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobInfo, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.durations import age_text
 from streams.detectors.history import add_point
 
@@ -59,16 +59,7 @@ def _changes(info: JobInfo | None, passed: dict[str, Any] | None) -> list[tuple[
     return out
 
 
-RESTORE_TEST_STALE = Rule(
-    "restore_test_stale",
-    category="platform",
-    severity="warning",
-    invariant=(
-        "the newest restore-tested checkpoint is younger than {max_s:g}s and was restored with the job's "
-        "current code, runtime, configuration and checkpoint format"
-    ),
-    suspected_layer="checkpoint",
-)
+RESTORE_TEST_STALE = catalogued("restore_test_stale")
 
 
 class RestoreTestStaleDetector(PerJobDetector, rule=RESTORE_TEST_STALE, stage="job", section="readiness"):

@@ -16,7 +16,7 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 
 __all__ = ["DEFAULTS", "StepSkipRateDetector"]
 
@@ -32,13 +32,7 @@ DEFAULTS: dict[str, Any] = {
 _POINTS = 10
 
 
-STEP_SKIP_RATE = Rule(
-    "step_skip_rate",
-    category="model",
-    severity="warning",
-    invariant="fewer than {min:.0%} of a job's last {window} steps are skipped",
-    suspected_layer="model",
-)
+STEP_SKIP_RATE = catalogued("step_skip_rate")
 
 
 class StepSkipRateDetector(PerJobDetector, rule=STEP_SKIP_RATE, stage="job"):

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from streams.detectors.base import Finding
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.network_degradation import NetworkDegradationRule
 from streams.detectors.stats import MAD_TO_SIGMA, finite, mad, median, stat_mean
 from streams.detectors.windows import (
@@ -36,16 +36,7 @@ from streams.detectors.windows import (
 
 __all__ = ["STRAGGLER", "StragglerRule"]
 
-STRAGGLER = Rule(
-    "straggler",
-    category="platform",  # "data" where its data path is the suspect
-    severity="warning",
-    invariant=(
-        "every rank's straggler score (job median busy time / rank busy time; data wait + forward when"
-        " the all-reduce overlaps backward) stays >= {threshold}"
-    ),
-    suspected_layer="gpu",  # or "data", or "unknown": the evidence says which
-)
+STRAGGLER = catalogued("straggler")
 
 
 class StragglerRule(NetworkDegradationRule):

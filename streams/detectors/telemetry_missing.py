@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Detector, Finding, drop_nodes
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.history import add_point, points_of
 from streams.detectors.infra_signal import CHECK_DEFAULTS, NodeJobs, PeriodicCheck
 from streams.detectors.stats import median
@@ -64,13 +64,7 @@ def _heard(n: dict[str, Any]) -> int:
     return max(int(n["last"]), int(n.get("heard") or 0))
 
 
-TELEMETRY_MISSING = Rule(
-    "telemetry_missing",
-    category="infra",
-    severity="warning",
-    invariant="every node of a running job sends telemetry",
-    suspected_layer="telemetry",
-)
+TELEMETRY_MISSING = catalogued("telemetry_missing")
 
 
 class TelemetryMissingDetector(Detector, stage="rank", section="infrastructure"):

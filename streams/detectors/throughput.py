@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, JobAndHostDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.stats import finite, mean, median, stat_mean
 
 __all__ = ["DEFAULTS", "ThroughputDetector"]
@@ -106,13 +106,7 @@ def _by_node(ranks: list[dict[str, Any]]) -> dict[str, list[Any]]:
 
 
 # The layer is the evidence's (the segment that grew, the node's signals); GPU is the usual one.
-THROUGHPUT_DROP = Rule(
-    "throughput_drop",
-    category="platform",
-    severity="warning",
-    invariant="a run's step time stays within {ratio:.2f}x of its own recent windows",
-    suspected_layer="gpu",
-)
+THROUGHPUT_DROP = catalogued("throughput_drop")
 
 
 class ThroughputDetector(JobAndHostDetector, rule=THROUGHPUT_DROP):

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.history import add_point, points_of
 
 __all__ = ["DEFAULTS", "ValidationDetector"]
@@ -68,21 +68,9 @@ def _median(values: list[int]) -> float:
     return float(s[mid]) if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
-VALIDATION_DIVERGENCE = Rule(
-    "validation_divergence",
-    category="model",
-    severity="warning",
-    invariant="validation loss does not rise (>{noise:.0%}) while training loss falls for {sustain} evaluations in a row",
-    suspected_layer="model",
-)
+VALIDATION_DIVERGENCE = catalogued("validation_divergence")
 
-VALIDATION_MISSING = Rule(
-    "validation_missing",
-    category="model",
-    severity="warning",
-    invariant="a validation is reported every {period:g} steps (within {missing:g} periods)",
-    suspected_layer="model",
-)
+VALIDATION_MISSING = catalogued("validation_missing")
 
 
 class ValidationDetector(PerJobDetector):

@@ -13,18 +13,12 @@ from typing import Any
 
 from schemas.records import Event
 from streams.detectors.base import Finding, PerJobDetector
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 
 __all__ = ["DEFAULTS", "ValidationNonfiniteDetector"]
 
 DEFAULTS: dict[str, Any] = {}
-VALIDATION_NONFINITE = Rule(
-    "validation_nonfinite",
-    category="model",
-    severity="warning",
-    invariant="every validation metric is finite ({metric})",
-    suspected_layer="model",
-)
+VALIDATION_NONFINITE = catalogued("validation_nonfinite")
 _MAX_OPEN = 64  # metrics held open per job (a record cannot make the state grow without bound)
 
 

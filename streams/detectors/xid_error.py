@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from streams.detectors.base import Finding, Severity, Topology
-from streams.detectors.catalogue import Rule
+from streams.detectors.catalogue import catalogued
 from streams.detectors.history import add_point, points_of
 from streams.detectors.infra_signal import CHECK_DEFAULTS, GpuFaultDetector
 
@@ -26,13 +26,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-XID_ERROR = Rule(
-    "xid_error",
-    category="infra",
-    severity="warning",  # critical for the XID classes in xid_critical (the finding says so)
-    invariant="the GPU driver reports no XID errors",
-    suspected_layer="gpu",
-)
+XID_ERROR = catalogued("xid_error")
 
 
 class XidErrorDetector(GpuFaultDetector, rule=XID_ERROR, stage="rank", section="infrastructure"):

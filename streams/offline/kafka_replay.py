@@ -192,19 +192,10 @@ def record_range(
 ) -> RangeStats:
     """Write the events of a time range to an Avro container file, sorted by event time (atomic)."""
     stats = RangeStats()
-    events = _sorted_range(
-        read_range(
-            kafka_conf,
-            topics,
-            start_ms,
-            end_ms,
-            codec=codec,
-            stats=stats,
-            progress=progress,
-            optional=optional,
-        )
+    events = read_range(
+        kafka_conf, topics, start_ms, end_ms, codec=codec, progress=progress, optional=optional, stats=stats
     )
-    write_container(out, events)
+    write_container(out, _sorted_range(events))
     return stats
 
 
@@ -233,9 +224,9 @@ def replay_kafka(
             start_ms,
             end_ms,
             codec=codec,
-            stats=stats,
             progress=progress,
             optional=optional,
+            stats=stats,
         )
     )
     alerts: list[Event] = []
