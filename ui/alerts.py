@@ -16,7 +16,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["copies_of", "fold_muted", "routed_copies", "scope_text", "transitions", "units_of"]
+__all__ = [
+    "copies_of",
+    "fold_muted",
+    "latest_order",
+    "routed_copies",
+    "scope_text",
+    "transitions",
+    "units_of",
+]
 
 # What a receiver's copy does, by the ownership file's receiver kinds.
 _KIND_WORDS = {"page": "paged", "escalate": "escalated", "inform": "informed"}
@@ -93,6 +101,13 @@ def _ts(record: Mapping[str, Any]) -> int:
         aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
         return round(aware.timestamp() * 1000)
     return int(value or 0)
+
+
+def latest_order(record: Mapping[str, Any]) -> tuple[Any, bool]:
+    """Sort key of an alert's records, oldest to latest: by time, and of two at one time the
+    resolution last (an alert_id resolves once and nothing follows it; a refresh while it fires may
+    carry the resolution's own time). The store's queries order the same (`ui.pages.common._LATEST`)."""
+    return (record["ts"], record.get("status") == "resolved")
 
 
 def transitions(records: Iterable[Mapping[str, Any]], ts: Any = lambda v: v) -> list[dict[str, Any]]:

@@ -60,7 +60,7 @@ def alert_page(
     rows = client.query(
         # FINAL: the table keeps one record per (team, fingerprint, alert_id, status) once merged
         # (ReplacingMergeTree(ts)); without it the history would depend on whether a merge ran.
-        "SELECT * FROM alerts FINAL WHERE alert_id = {id:String} ORDER BY ts",
+        "SELECT * FROM alerts FINAL WHERE alert_id = {id:String} ORDER BY ts, status = 'resolved'",
         parameters={"id": alert_id},
     )
     if not rows.result_rows:

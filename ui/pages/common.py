@@ -266,9 +266,12 @@ def latest_version(client: Client) -> dict[str, int]:
 
 # --- alerts ------------------------------------------------------------------------------------------
 
+# An alert's latest record: the newest, and of two at one time the resolution (an alert_id resolves
+# once and nothing follows it; a refresh while firing may carry the resolution's own time).
+_LATEST = "(ts, raw_status = 'resolved')"
 _ALERT_COLUMNS = (
     "alert_id",
-    "argMax(status, ts) AS status",
+    f"argMax(raw_status, {_LATEST}) AS status",
     "any(rule) AS rule",
     "any(severity) AS severity",
     "any(category) AS category",
@@ -278,7 +281,7 @@ _ALERT_COLUMNS = (
     # (raw_*: the subquery's copies of the columns; the aliases below shadow the column names.)
     "if(countIf(raw_status = 'firing') > 0, argMaxIf(raw_summary, ts, raw_status = 'firing'), "
     "argMax(raw_summary, ts)) AS summary",
-    "if(argMax(raw_status, ts) = 'resolved', argMax(raw_summary, ts), '') AS resolution",
+    f"if(argMax(raw_status, {_LATEST}) = 'resolved', argMax(raw_summary, {_LATEST}), '') AS resolution",
     "any(job_id) AS job_id",
     "any(run_id) AS run_id",
     "any(cluster) AS cluster",
@@ -287,13 +290,13 @@ _ALERT_COLUMNS = (
     "any(gpu_index) AS gpu_index",
     "any(gpu_uuid) AS gpu_uuid",
     f"{ms_of('min(starts_at)')} AS starts_ms",
-    f"{ms_of('argMax(ends_at, ts)')} AS ends_ms",
+    f"{ms_of(f'argMax(ends_at, {_LATEST})')} AS ends_ms",
     f"{ms_of('max(ts)')} AS updated_ms",
     "any(suspected_layer) AS suspected_layer",
     "any(runbook_url) AS runbook_url",
     "any(fingerprint) AS fingerprint",
     # The cause that muted it (the latest record's: a cause that fires later re-sends its symptom muted).
-    "argMax(ifNull(raw_inhibited_by, ''), ts) AS inhibited_by",
+    f"argMax(ifNull(raw_inhibited_by, ''), {_LATEST}) AS inhibited_by",
     # Every routed copy (one record per team and receiver).
     "arraySort(groupUniqArray((raw_team, raw_receiver))) AS copies",
 )

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.records import Event
-from ui.alerts import copies_of, fold_muted
+from ui.alerts import copies_of, fold_muted, latest_order
 from ui.pages.common import ACTION_COLUMNS, MINUTE_MS, plausible_bounds, rounded
 from ui.pages.compare import Run
 
@@ -183,9 +183,9 @@ def alert_rows(
         if not kept:
             continue
         first = kept[0]
-        latest = max(kept, key=lambda a: a["ts"])
+        latest = max(kept, key=latest_order)
         firing = [a for a in kept if a["status"] == "firing"]
-        ends = max(kept, key=lambda a: a["ts"]).get("ends_at")
+        ends = latest.get("ends_at")
         out.append(
             {
                 "alert_id": alert_id,
@@ -225,4 +225,4 @@ def _as_merged(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         key = (r.get("team"), r.get("fingerprint"), r.get("status"))
         if key not in kept or r["ts"] >= kept[key]["ts"]:
             kept[key] = r
-    return sorted(kept.values(), key=lambda a: a["ts"])
+    return sorted(kept.values(), key=latest_order)

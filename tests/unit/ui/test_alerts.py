@@ -36,3 +36,20 @@ def test_refreshes_while_firing_are_one_row_dated_when_the_alert_began() -> None
     ]
     assert transitions([first, refresh, resolved]) == want  # a recording
     assert transitions([refresh, resolved]) == want  # a merged store
+
+
+def test_a_refresh_at_the_resolutions_own_time_does_not_make_a_resolved_alert_firing() -> None:
+    """The stall's last refresh and its resolution share one time (seen in job_stall): the alert
+    is resolved, in the recording's fold as in the store's query (`_LATEST`)."""
+    from ui.alerts import latest_order
+    from ui.pages.recording import alert_rows
+
+    base = {"alert_id": "a1", "rule": "job_stall", "severity": "critical", "category": "platform"}
+    base |= {"team": "t", "receiver": "r", "starts_at": 1_000, "fingerprint": "job_stall/j"}
+    fired = {**base, "ts": 1_000, "status": "firing", "summary": "no progress for 61 s", "ends_at": None}
+    resolved = {**base, "ts": 9_000, "status": "resolved", "summary": "steps again", "ends_at": 9_000}
+    refresh = {**fired, "ts": 9_000, "summary": "no progress for 481 s"}
+    assert max([fired, refresh, resolved], key=latest_order) is resolved  # the engine's order
+    (row,) = alert_rows({"a1": [fired, refresh, resolved]}, 0, 10_000)
+    assert (row["status"], row["resolution"], row["ends_ms"]) == ("resolved", "steps again", 9_000)
+    assert row["summary"] == "no progress for 481 s"
